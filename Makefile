@@ -1,0 +1,48 @@
+# One command to serve, one to test. Everything lands in a project-local venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+
+.PHONY: install test test-unit test-integration serve model tritonserver bench clean
+
+$(STAMP): pyproject.toml requirements/cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch first, so nothing below pulls CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements/cpu.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+tritonserver: $(STAMP)
+	$(PY) -m clients.tritonserver install
+
+model: $(STAMP)
+	$(PY) -m builder default --repository model_repository
+
+test: $(STAMP) tritonserver
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+test-integration: $(STAMP) tritonserver
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration
+
+serve: $(STAMP) tritonserver model
+	exec $(PY) -m clients.tritonserver serve --model-repository model_repository \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+bench: $(STAMP) tritonserver model
+	$(PY) -m clients.bench offline
+	$(PY) -m clients.bench serve --start-server
+
+clean:
+	rm -rf $(VENV) third_party model_repository/llm

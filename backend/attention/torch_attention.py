@@ -1,0 +1,119 @@
+"""Paged attention in plain torch: the reference path, and the one that runs on CPU.
+
+Decode rows (one query per sequence) are batched into one padded matmul; prefill
+chunks run one sequence at a time through scaled_dot_product_attention with an
+explicit mask (causal within the chunk, full over the cached context before it).
+Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
+see exactly the same values, FP8 cache included.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's K/V ([T, KVH, D]) into the paged cache through slot_mapping."""
+    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    k_flat = cache.key.view(-1, num_kv_heads, head_dim)
+    v_flat = cache.value.view(-1, num_kv_heads, head_dim)
+    if cache.is_fp8:
+        key, value = quantize_fp8(key, cache.k_scale), quantize_fp8(value, cache.v_scale)
+        # index_copy_ has no FP8 kernel on every device; bytes are bytes.
+        k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
+        key, value = key.view(torch.uint8), value.view(torch.uint8)
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        slot_mapping, key, value = slot_mapping[valid], key[valid], value[valid]
+    k_flat.index_copy_(0, slot_mapping, key.to(k_flat.dtype))
+    v_flat.index_copy_(0, slot_mapping, value.to(v_flat.dtype))
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """[..., nblk] block ids -> [..., nblk * block_size, KVH, D] in `dtype`."""
+    x = cache[block_ids]
+    x = x.flatten(-4, -3) if x.dim() == 5 else x.flatten(0, 1)
+    if cache.dtype == torch.float8_e4m3fn:
+        return (x.float() * scale).to(dtype)
+    return x.to(dtype)
+
+
+class TorchPagedAttention:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: Optional[int] = None) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D]."""
+        write_kv(k, v, cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        qsl = meta.query_start_loc.tolist()
+        decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        if decode_seqs:
+            rows = [qsl[i] for i in decode_seqs]
+            if len(rows) == q.shape[0]:
+                out[:] = self._decode(q, cache, meta, None)
+            else:
+                idx = torch.tensor(rows, dtype=torch.long, device=q.device)
+                out[idx] = self._decode(q[idx], cache, meta, decode_seqs)
+        for i, n in enumerate(meta.query_lens_cpu):
+            if n > 1:
+                s = qsl[i]
+                out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i])
+        return out
+
+    def _decode(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
+                seq_ids: Optional[list[int]]) -> torch.Tensor:
+        bs = cache.block_size
+        seq_lens = meta.seq_lens_cpu if seq_ids is None else [meta.seq_lens_cpu[i] for i in seq_ids]
+        max_len = max(seq_lens)
+        nblk = -(-max_len // bs)
+        tables = meta.block_tables if seq_ids is None else meta.block_tables[seq_ids]
+        tables = tables[:, :nblk].long()
+        k = _gather(cache.key, tables, cache.k_scale, q.dtype)    # [B, L, KVH, D]
+        v = _gather(cache.value, tables, cache.v_scale, q.dtype)
+        B, L = k.shape[0], k.shape[1]
+        group = self.num_heads // self.num_kv_heads
+        qg = q.view(B, self.num_kv_heads, group, self.head_dim)
+        scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * self.scale
+        lens = torch.tensor(seq_lens, device=q.device)
+        pos = torch.arange(L, device=q.device)
+        masked = pos[None, :] >= lens[:, None]
+        if self.sliding_window is not None:
+            masked |= pos[None, :] <= (lens[:, None] - 1 - self.sliding_window)
+        scores.masked_fill_(masked[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.einsum("bkgl,blkd->bkgd", probs, v).reshape(B, self.num_heads, self.head_dim)
+
+    def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
+                 seq_len: int) -> torch.Tensor:
+        n = q.shape[0]
+        nblk = -(-seq_len // cache.block_size)
+        blocks = block_table[:nblk].long()
+        k = _gather(cache.key, blocks, cache.k_scale, q.dtype)[:seq_len]
+        v = _gather(cache.value, blocks, cache.v_scale, q.dtype)[:seq_len]
+        q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        allowed = k_pos[None, :] <= q_pos[:, None]
+        if self.sliding_window is not None:
+            allowed &= k_pos[None, :] > (q_pos[:, None] - self.sliding_window)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=allowed, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
+        return o.transpose(0, 1)

@@ -1,0 +1,57 @@
+"""Engine arguments, validated once at load.
+
+Names follow vLLM's engine arguments so that operators can carry their settings over.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A bad engine argument; the message names the field."""
+
+
+class EngineArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Path to a local Hugging Face checkpoint folder.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    block_size: int = Field(16, ge=1, le=1024)
+    num_kv_blocks: Optional[int] = Field(None, ge=1)
+    # Used only when num_kv_blocks is unset: bytes of KV cache to allocate. On CUDA the
+    # default is a fraction of the free device memory (gpu_memory_utilization).
+    kv_cache_memory_bytes: Optional[int] = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=1)
+    max_model_len: Optional[int] = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    max_queue_size: Optional[int] = Field(None, ge=0)
+    seed: int = 0
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # Decode-step CUDA graphs; ignored on CPU.
+    enforce_eager: bool = False
+
+    @classmethod
+    def create(cls, **kwargs) -> "EngineArgs":
+        """Validate, turning pydantic's report into one message that names each bad field."""
+        try:
+            return cls(**kwargs)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, "engine argument")) from None
+
+
+def format_validation_error(e: ValidationError, what: str) -> str:
+    parts = []
+    for err in e.errors():
+        name = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown {what} '{name}'")
+        else:
+            parts.append(f"invalid {what} '{name}': {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)

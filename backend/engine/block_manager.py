@@ -1,0 +1,223 @@
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-request block tables and
+prefix caching.
+
+Prefix caching follows vLLM v1's design: a full block is identified by a hash chained
+over its parent's hash and its own token ids, so a block can be shared only when the
+whole prefix before it matches. A hit is also checked token for token. Blocks whose
+reference count drops to zero go back to the free queue but keep their contents and
+hash, so a later request can revive them; allocation takes the least recently freed
+block and evicts its hash. Every operation is O(1) per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from backend.engine.request import Request
+
+BlockHash = bytes
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    # Set once the block is full and registered in the prefix cache.
+    block_hash: Optional[BlockHash] = None
+    parent_hash: Optional[BlockHash] = None
+    token_ids: tuple[int, ...] = ()
+
+
+def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> BlockHash:
+    # A cryptographic hash makes an accidental match of two different prefixes
+    # practically impossible; the token check on a hit guards the block itself.
+    h = hashlib.sha256(parent_hash or b"")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockPool:
+    """The free queue and the hash -> block map. Knows nothing about requests."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Insertion order is eviction order: the front is reused first.
+        self.free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached: dict[BlockHash, KVBlock] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self) -> KVBlock:
+        _, block = self.free_queue.popitem(last=False)
+        self._evict(block)
+        block.ref_cnt = 1
+        return block
+
+    def touch(self, block: KVBlock) -> None:
+        """Take a reference on a block found in the prefix cache."""
+        if block.ref_cnt == 0:
+            del self.free_queue[block.block_id]
+        block.ref_cnt += 1
+
+    def release(self, block: KVBlock) -> None:
+        assert block.ref_cnt > 0, f"block {block.block_id} released twice"
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_queue[block.block_id] = block
+            if block.block_hash is None:
+                # Nothing worth keeping: reuse it before any cached block.
+                self.free_queue.move_to_end(block.block_id, last=False)
+
+    def lookup(self, block_hash: BlockHash, parent_hash: Optional[BlockHash],
+               token_ids: tuple[int, ...]) -> Optional[KVBlock]:
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != token_ids or block.parent_hash != parent_hash:
+            return None
+        return block
+
+    def register(self, block: KVBlock, block_hash: BlockHash, parent_hash: Optional[BlockHash],
+                 token_ids: tuple[int, ...]) -> None:
+        if block.block_hash is not None or block_hash in self.cached:
+            # Already cached, or the same content was computed twice: keep the first copy.
+            return
+        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
+        self.cached[block_hash] = block
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+
+    def reset_prefix_cache(self) -> None:
+        for block in list(self.cached.values()):
+            self._evict(block)
+
+
+class KVCacheManager:
+    """Maps requests to blocks: block tables, slot mapping and prefix-cache hits."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        # How many leading blocks of each request are registered in the prefix cache.
+        self._num_registered: dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hit_tokens = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def slot(self, request_id: str, position: int) -> int:
+        block = self.req_blocks[request_id][position // self.block_size]
+        return block.block_id * self.block_size + position % self.block_size
+
+    # ------------------------------------------------------------ prefix cache
+    def _update_block_hashes(self, request: Request) -> None:
+        bs = self.block_size
+        tokens = request.all_token_ids
+        hashes = request.block_hashes
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = hashes[i - 1] if i else None
+            hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
+
+    def find_cached_blocks(self, request: Request) -> list[KVBlock]:
+        """Longest run of cached full blocks matching the request's leading tokens.
+
+        At least one token is always left to compute, since the step must produce the
+        logits of the last one.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self._update_block_hashes(request)
+        bs = self.block_size
+        tokens = request.all_token_ids
+        max_blocks = (len(tokens) - 1) // bs
+        found: list[KVBlock] = []
+        for i in range(max_blocks):
+            parent = request.block_hashes[i - 1] if i else None
+            block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            found.append(block)
+        self.prefix_cache_queries += len(tokens)
+        self.prefix_cache_hit_tokens += len(found) * bs
+        return found
+
+    # --------------------------------------------------------------- allocation
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached_blocks: Sequence[KVBlock] = ()) -> bool:
+        """Reserve blocks for `num_new_tokens` more tokens after the computed ones.
+
+        `cached_blocks` are prefix-cache hits to attach first (only on admission).
+        Returns False, changing nothing, when the pool cannot supply the blocks.
+        """
+        blocks = self.req_blocks.setdefault(request.request_id, [])
+        bs = self.block_size
+        num_computed = request.num_computed_tokens + len(cached_blocks) * bs
+        num_required = -(-(num_computed + num_new_tokens) // bs)
+        num_new_blocks = num_required - len(blocks) - len(cached_blocks)
+        # Cached hits that sit in the free queue are taken out of it by touching them.
+        num_evictable_hits = sum(1 for b in cached_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            if not blocks:
+                del self.req_blocks[request.request_id]
+            return False
+        for block in cached_blocks:
+            self.pool.touch(block)
+        blocks.extend(cached_blocks)
+        for _ in range(max(num_new_blocks, 0)):
+            blocks.append(self.pool.allocate())
+        if cached_blocks:
+            self._num_registered[request.request_id] = len(blocks) - max(num_new_blocks, 0)
+        return True
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's newly filled blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self.req_blocks.get(request.request_id)
+        if not blocks:
+            return
+        self._update_block_hashes(request)
+        bs = self.block_size
+        num_full = min(request.num_computed_tokens // bs, len(blocks))
+        start = self._num_registered.get(request.request_id, 0)
+        tokens = request.all_token_ids
+        for i in range(start, num_full):
+            parent = request.block_hashes[i - 1] if i else None
+            self.pool.register(blocks[i], request.block_hashes[i], parent,
+                               tuple(tokens[i * bs:(i + 1) * bs]))
+        self._num_registered[request.request_id] = max(start, num_full)
+
+    def free(self, request: Request) -> None:
+        """Give back every block of the request. Tail blocks are queued first, so
+        they are evicted before the shared prefix blocks."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self._num_registered.pop(request.request_id, None)
+        for block in reversed(blocks):
+            self.pool.release(block)
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()

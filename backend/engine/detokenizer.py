@@ -1,0 +1,64 @@
+"""Incremental detokenization and stop-string handling for one request.
+
+Each new token is decoded together with a few tokens before it (vLLM's prefix/read
+offsets), and the text that window adds over the window without the new token is the
+delta. Decoding a window instead of a lone token keeps the spaces that tokenizers
+attach to word starts; a window that ends in an incomplete UTF-8 sequence decodes to
+U+FFFD and is held back until the next token completes it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from backend.sampling_params import SamplingParams
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.params = params
+        self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.token_ids)
+        self.output_text = ""
+        # Characters already handed out; stop strings may cut the text back only past it.
+        self._num_sent = 0
+        self._hold = max((len(s) for s in params.stop), default=1) - 1
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def add_token(self, token_id: int, check_stop: bool = True) -> Optional[str]:
+        """Append a token. Returns the stop string matched, if any (output_text is then cut)."""
+        self.token_ids.append(token_id)
+        if self.tokenizer is None:
+            return None
+        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(self.token_ids[self.prefix_offset:])
+        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+            return None
+        new_text = full_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        search_from = max(len(self.output_text) - self._hold, 0)
+        self.output_text += new_text
+        if not check_stop:
+            return None
+        for stop in self.params.stop:
+            idx = self.output_text.find(stop, search_from)
+            if idx != -1:
+                end = idx + len(stop) if self.params.include_stop_str_in_output else idx
+                self.output_text = self.output_text[:end]
+                return stop
+        return None
+
+    def take_delta(self, finished: bool) -> str:
+        """Text not yet handed out. While a stop string could still be forming at the
+        end, its possible start is held back."""
+        end = len(self.output_text) if finished else max(len(self.output_text) - self._hold, self._num_sent)
+        delta = self.output_text[self._num_sent:end]
+        self._num_sent = end
+        return delta

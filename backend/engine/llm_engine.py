@@ -1,0 +1,245 @@
+"""The engine: requests in, one scheduled step at a time, outputs out.
+
+Data flows one way: add_request -> Scheduler.schedule -> ModelRunner.execute (model and
+sampler) -> stop checks and detokenization -> RequestOutput. The engine is single
+threaded; EngineLoop (engine_loop.py) drives it from a thread for servers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Optional, Sequence, Union
+
+import torch
+
+from backend.config import ConfigError, EngineArgs
+from backend.engine.block_manager import KVCacheManager
+from backend.engine.detokenizer import IncrementalDetokenizer
+from backend.engine.errors import InvalidRequestError, QueueFullError
+from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
+from backend.engine.outputs import RequestOutput
+from backend.engine.request import FinishReason, Request
+from backend.engine.sampler import Sampler
+from backend.engine.scheduler import Scheduler
+from backend.models.config import ModelConfig, load_model_config
+from backend.models.loader import load_model, load_tokenizer
+from backend.attention import make_attention_factory, resolve_attention_backend
+from backend.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_KV_CACHE_BYTES = 1 << 30
+
+Prompt = Union[str, Sequence[int]]
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("invalid engine argument 'device': 'cuda' requested but no CUDA device is available")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, static_batching: bool = False) -> None:
+        self.args = args
+        self.model_config: ModelConfig = load_model_config(args.model)
+        cfg = self.model_config
+        self.device = _resolve_device(args.device)
+        self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
+                             else ("float32" if args.dtype == "auto" else args.dtype)]
+        self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
+        kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else self.dtype
+
+        max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
+        self.model = load_model(args.model, cfg, self.dtype, self.device,
+                                make_attention_factory(self.attention_backend), max_position)
+        self.tokenizer = load_tokenizer(args.model)
+
+        bytes_per_block = kv_cache_bytes_per_block(cfg, args.block_size, kv_dtype)
+        self.num_kv_blocks = args.num_kv_blocks or self._blocks_from_budget(bytes_per_block)
+        self.max_model_len = self._resolve_max_model_len(self.num_kv_blocks * args.block_size)
+        self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
+
+        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
+                                   static_batching=static_batching)
+        kv_layers = allocate_kv_cache(cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
+        self.runner = ModelRunner(self.model, kv_layers, args.block_size, self.device,
+                                  Sampler(args.seed), self.kv_cache.block_table)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    # ------------------------------------------------------------------ sizing
+    def _blocks_from_budget(self, bytes_per_block: int) -> int:
+        budget = self.args.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * self.args.gpu_memory_utilization)
+            else:
+                budget = _CPU_KV_CACHE_BYTES
+        num = budget // bytes_per_block
+        if num < 1:
+            raise ConfigError(f"invalid engine argument 'kv_cache_memory_bytes': {budget} bytes "
+                              f"hold no KV block ({bytes_per_block} bytes each)")
+        return num
+
+    def _resolve_max_model_len(self, pool_tokens: int) -> int:
+        limit = self.model_config.max_position_embeddings
+        if self.args.max_model_len is not None:
+            if self.args.max_model_len > pool_tokens:
+                raise ConfigError(
+                    f"invalid engine argument 'max_model_len': {self.args.max_model_len} tokens do not fit "
+                    f"the KV cache ({self.num_kv_blocks} blocks x {self.args.block_size} = {pool_tokens} tokens)")
+            return self.args.max_model_len
+        # One sequence must always fit the pool alone, or preemption could not save it.
+        return min(limit, pool_tokens)
+
+    # --------------------------------------------------------------- requests
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(
+                    "this checkpoint has no tokenizer files: send token ids (input_ids) instead of text")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id '{request_id}' is already in use")
+        max_queue = self.args.max_queue_size
+        if max_queue is not None and len(self.scheduler.waiting) >= max_queue:
+            raise QueueFullError(f"waiting queue is full (max_queue_size={max_queue})")
+        token_ids = self.tokenize(prompt)
+        self._validate_prompt(token_ids)
+        max_tokens = self._effective_max_tokens(len(token_ids), params)
+        eos = frozenset(self.model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not eos:
+            eos = frozenset([self.tokenizer.eos_token_id])
+        request = Request(
+            request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
+            arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens,
+            eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
+            generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None)
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        self.scheduler.add_request(request)
+        self.num_prompt_tokens_total += len(token_ids)
+        return request
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
+                "which must leave room for at least one generated token")
+
+    def _effective_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.max_model_len - prompt_len
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise InvalidRequestError(
+                f"max_tokens={params.max_tokens} with a {prompt_len}-token prompt exceeds "
+                f"max_model_len={self.max_model_len} (at most {room} new tokens)")
+        return params.max_tokens
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort now; the request's blocks are free when this returns."""
+        request = self.scheduler.abort_request(request_id)
+        if request is None:
+            return None
+        return self._final_output(request, self._detokenizers.pop(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        next_tokens = self.runner.execute(sched)
+        self.scheduler.update_after_step(sched.scheduled)
+        now = time.monotonic()
+        outputs: list[RequestOutput] = []
+        for s, token in zip(sched.scheduled, next_tokens):
+            if token is None:
+                continue
+            request = s.request
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.output_token_ids.append(token)
+            self.num_generation_tokens_total += 1
+            detok = self._detokenizers[request.request_id]
+            reason = self._check_stop(request, token, detok)
+            if reason is not None:
+                self.scheduler.finish_request(request, reason)
+                outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id), [token]))
+            else:
+                outputs.append(RequestOutput(
+                    request_id=request.request_id, new_token_ids=[token],
+                    new_text=detok.take_delta(finished=False), finished=False,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_output_tokens=request.num_output_tokens,
+                    num_cached_tokens=request.num_cached_tokens))
+        return outputs
+
+    def _check_stop(self, request: Request, token: int, detok: IncrementalDetokenizer) -> Optional[FinishReason]:
+        params = request.sampling_params
+        past_min = request.num_output_tokens >= params.min_tokens
+        stop_str = detok.add_token(token, check_stop=past_min)
+        if past_min:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return FinishReason.STOP
+            if token in params.stop_token_ids or stop_str is not None:
+                return FinishReason.STOP
+        if request.num_output_tokens >= request.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _final_output(self, request: Request, detok: IncrementalDetokenizer,
+                      new_token_ids: Optional[list[int]] = None) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id, new_token_ids=new_token_ids or [],
+            new_text=detok.take_delta(finished=True), finished=True,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens, prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids), text=detok.output_text)
+
+    # ------------------------------------------------------------------ stats
+    def kv_cache_stats(self) -> dict[str, float]:
+        kv = self.kv_cache
+        total = kv.num_total_blocks
+        free = kv.num_free_blocks
+        return {
+            "num_total_blocks": total,
+            "num_free_blocks": free,
+            "num_used_blocks": total - free,
+            "usage_ratio": (total - free) / total,
+            "block_size": self.args.block_size,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_dtype": str(self.runner.kv_caches[0].key.dtype).replace("torch.", ""),
+            "num_cached_blocks": len(kv.pool.cached),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": kv.prefix_cache_queries,
+            "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "max_model_len": self.max_model_len,
+        }

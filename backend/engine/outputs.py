@@ -1,0 +1,29 @@
+"""What the engine hands back after each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress in one step.
+
+    `new_token_ids` and `new_text` are the deltas since the previous output of the same
+    request (what a stream sends). `token_ids` and `text` are cumulative and are filled
+    in on the final output.
+    """
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: Optional[str] = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    # Set when the request ended on an error rather than normally.
+    error: Optional[str] = None

@@ -1,0 +1,68 @@
+"""State of one request as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from backend.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"        # EOS, a stop token id or a stop string
+    LENGTH = "length"    # max_tokens or max_model_len
+    ABORT = "abort"      # cancelled by the caller
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    # Effective limit on generated tokens after max_model_len is taken into account.
+    max_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    prompt: Optional[str] = None
+
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: Optional[FinishReason] = None
+    # Tokens whose K/V are in the cache. Reset to 0 on preemption (recompute).
+    num_computed_tokens: int = 0
+    # Prompt tokens served from the prefix cache on the latest admission.
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    generator: Optional[torch.Generator] = None
+    # Hashes of this request's full blocks, chained; extended as tokens are added.
+    block_hashes: list[int] = field(default_factory=list)
+    first_token_time: Optional[float] = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED

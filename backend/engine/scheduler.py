@@ -1,0 +1,140 @@
+"""Iteration-level scheduler.
+
+Every step has one token budget (`max_num_batched_tokens`). A request is a number of
+computed tokens chasing its number of tokens; there is no separate prefill or decode
+phase, so decodes (1 token) and prefill chunks share a step naturally. Running requests
+are served first, in admission order, so a long prompt never stalls running decodes;
+waiting requests are admitted FIFO only while the budget, `max_num_seqs` and the block
+pool allow. When the pool runs dry the most recently admitted request is preempted:
+its blocks are freed and it recomputes later (its generated tokens are kept).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from backend.engine.block_manager import KVCacheManager
+from backend.engine.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        """True when after this step every token of the request has its K/V, so the
+        logits of the last one give the next token."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 static_batching: bool = False) -> None:
+        self.kv_cache = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # For benchmarks only: admit a batch and wait until all of it finishes.
+        self.static_batching = static_batching
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> Optional[Request]:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self.finish_request(request, FinishReason.ABORT)
+        return request
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        """Finish a request and free its blocks at once."""
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # -------------------------------------------------------------- scheduling
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            request = self.running[idx]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv_cache.allocate_slots(request, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                idx += 1
+                continue
+            break  # the request itself was preempted: nothing after it can run either
+
+        can_admit = not out.preempted and not (self.static_batching and self.running)
+        while can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.kv_cache.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            if not self.kv_cache.allocate_slots(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            request.num_cached_tokens = len(cached) * self.kv_cache.block_size
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_after_step(self, scheduled: Iterable[ScheduledRequest]) -> None:
+        """Advance computed-token counts and register newly filled blocks."""
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.kv_cache.cache_computed_blocks(s.request)

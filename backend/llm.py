@@ -1,0 +1,47 @@
+"""Offline API: `LLM(path, ...).generate(prompts, params)`, no server involved."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from backend.config import EngineArgs
+from backend.engine.llm_engine import LLMEngine, Prompt
+from backend.engine.outputs import RequestOutput
+from backend.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args) -> None:
+        static_batching = engine_args.pop("static_batching", False)
+        self.engine = LLMEngine(EngineArgs.create(model=model, **engine_args), static_batching=static_batching)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None
+                 ) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs in prompt order.
+
+        A prompt is a string or a list of token ids. A single prompt may be passed bare.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("one SamplingParams per prompt, or a single one for all")
+        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompts, sampling_params)]
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+        return [results[i] for i in ids]
+
+    def kv_cache_stats(self) -> dict:
+        return self.engine.kv_cache_stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.kv_cache.reset_prefix_cache()

@@ -1,0 +1,129 @@
+"""The architecture facts the engine needs, read from a checkpoint's config.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: Optional[dict[str, Any]]
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    mlp_bias: bool
+    hidden_act: str
+    torch_dtype: str
+    # Per layer: None for full attention, else the window length.
+    sliding_windows: tuple[Optional[int], ...]
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token, in elements (multiply by the element size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def _as_list(v: Any) -> list[int]:
+    if v is None:
+        return []
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def load_model_config(path: str) -> ModelConfig:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise UnsupportedModelError(f"no config.json in checkpoint folder '{path}'")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedModelError(
+            f"unsupported architecture {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    family = SUPPORTED_ARCHITECTURES[arch]
+
+    num_heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    num_layers = cfg["num_hidden_layers"]
+
+    # transformers >= 5 writes rope_parameters; older checkpoints rope_theta + rope_scaling.
+    rope = dict(cfg.get("rope_parameters") or {})
+    rope_theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not rope:
+        rope = dict(cfg.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise UnsupportedModelError(f"unsupported rope_type '{rope_type}' (supported: default, llama3)")
+    rope_scaling = rope if rope_type == "llama3" else None
+
+    window = cfg.get("sliding_window")
+    if family == "qwen2" or family == "qwen3":
+        layer_types = cfg.get("layer_types")
+        if layer_types:
+            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+        else:
+            windows = tuple(window if cfg.get("use_sliding_window") else None for _ in range(num_layers))
+    elif family == "mistral":
+        windows = tuple(window for _ in range(num_layers))
+    else:
+        windows = tuple(None for _ in range(num_layers))
+
+    eos = _as_list(cfg.get("eos_token_id"))
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            eos = _as_list(json.load(f).get("eos_token_id")) or eos
+
+    hidden_act = cfg.get("hidden_act", "silu")
+    if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
+        raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
+
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qk_norm=family == "qwen3",
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        hidden_act=hidden_act,
+        torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+        sliding_windows=windows,
+        eos_token_ids=tuple(eos),
+    )

@@ -1,0 +1,51 @@
+"""Load a local Hugging Face checkpoint folder: weights and tokenizer."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Callable, Optional
+
+import torch
+from safetensors.torch import load_file
+
+from backend.models.config import ModelConfig
+from backend.models.llama import CausalLM
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def load_weights(path: str) -> dict[str, torch.Tensor]:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in checkpoint folder '{path}'")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
+
+
+def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+               attn_factory: Callable[..., object], max_position: int) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(cfg, attn_factory, max_position)
+    state = load_weights(path)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model.load_state_dict(state, strict=False, assign=True)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"checkpoint '{path}' lacks weights: {missing[:5]}")
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # Buffers (rotary tables) were built on meta: rebuild them for real.
+    model.rotary = type(model.rotary)(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer, or None when the folder has none (token-id prompts only)."""
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)

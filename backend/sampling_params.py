@@ -1,0 +1,75 @@
+"""Per-request sampling parameters (vLLM's names and meanings)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from backend.config import format_validation_error
+
+
+class SamplingParamsError(ValueError):
+    """Bad sampling parameters; the message names the field."""
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: Optional[int] = Field(16, ge=1)
+    min_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_k: int = Field(-1, ge=-1)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: Optional[int] = None
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: Union[None, str, list]) -> list:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_nonempty(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "SamplingParams":
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def create(cls, **kwargs) -> "SamplingParams":
+        try:
+            return cls(**kwargs)
+        except ValidationError as e:
+            raise SamplingParamsError(format_validation_error(e, "sampling parameter")) from None
