@@ -237,6 +237,7 @@ class LLMEngine:
             "kv_cache_dtype": str(self.runner.kv_caches[0].key.dtype).replace("torch.", ""),
             "num_cached_blocks": len(kv.pool.cached),
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_chunked_prefills": self.scheduler.num_chunked_prefills,
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "num_running": len(self.scheduler.running),

@@ -25,5 +25,5 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    # Set when the request ended on an error rather than normally.
-    error: Optional[str] = None
+    # Set when the request ended on an error rather than normally (finished is True).
+    error: Optional[Exception] = None

@@ -57,6 +57,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # Steps in which a prompt was cut short by the token budget (chunked prefill).
+        self.num_chunked_prefills = 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -101,7 +103,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(request, num_new))
+                self._record(out, request, num_new)
                 budget -= num_new
                 idx += 1
                 continue
@@ -120,9 +122,14 @@ class Scheduler:
             request.num_cached_tokens = len(cached) * self.kv_cache.block_size
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            out.scheduled.append(ScheduledRequest(request, num_new))
+            self._record(out, request, num_new)
             budget -= num_new
         return out
+
+    def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        if request.num_computed_tokens + num_new < request.num_tokens:
+            self.num_chunked_prefills += 1
+        out.scheduled.append(ScheduledRequest(request, num_new))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -33,11 +33,12 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        # assign=True replaced the embedding's tensor; point the head at the new one.
+        model.lm_head.weight = model.model.embed_tokens.weight
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"checkpoint '{path}' lacks weights: {missing[:5]}")
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
     # Buffers (rotary tables) were built on meta: rebuild them for real.
     model.rotary = type(model.rotary)(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

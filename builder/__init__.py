@@ -1,0 +1,1 @@
+"""Turns a local Hugging Face checkpoint into a Triton model-repository entry."""

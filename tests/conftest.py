@@ -1,0 +1,40 @@
+import os
+import random
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests.helpers.checkpoints import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpts")
+
+
+@pytest.fixture(scope="session")
+def llama_ckpt(ckpt_dir):
+    return make_checkpoint(str(ckpt_dir / "llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(ckpt_dir):
+    """The default model (real BPE tokenizer)."""
+    from builder.tiny import build_tiny
+    return build_tiny(str(ckpt_dir / "tiny"))
+
+
+def random_prompts(n: int, lengths, vocab: int = 320, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def assert_pool_free(llm_or_engine) -> None:
+    engine = getattr(llm_or_engine, "engine", llm_or_engine)
+    stats = engine.kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], stats
+    assert all(b.ref_cnt == 0 for b in engine.kv_cache.pool.blocks)

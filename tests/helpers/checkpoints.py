@@ -1,0 +1,65 @@
+"""Random-weight Hugging Face checkpoints of each supported architecture, and greedy
+references from transformers itself."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# initializer_range well above the default 0.02: small random models otherwise repeat one
+# token forever, which would make exactness tests pass for the wrong reason.
+COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+              initializer_range=0.25, bos_token_id=1, eos_token_id=2)
+
+
+def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
+    import transformers as tf
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    kw = {**COMMON, **overrides}
+    if arch == "llama":
+        cfg, cls = tf.LlamaConfig(**kw), tf.LlamaForCausalLM
+    elif arch == "llama3":
+        kw.setdefault("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        kw.setdefault("rope_theta", 500000.0)
+        cfg, cls = tf.LlamaConfig(**kw), tf.LlamaForCausalLM
+    elif arch == "mistral":
+        kw.setdefault("sliding_window", 48)
+        kw.setdefault("head_dim", 16)
+        cfg, cls = tf.MistralConfig(**kw), tf.MistralForCausalLM
+    elif arch == "qwen2":
+        kw.setdefault("tie_word_embeddings", True)
+        cfg, cls = tf.Qwen2Config(**kw), tf.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        kw.setdefault("head_dim", 32)
+        cfg, cls = tf.Qwen3Config(**kw), tf.Qwen3ForCausalLM
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    if arch == "qwen2":
+        # Random init leaves biases at zero; make them matter.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    model.save_pretrained(path)
+    return path
+
+
+def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy output, one prompt at a time (no padding), EOS masked like
+    min_tokens = max_tokens does in the engine."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False,
+                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            outs.append(ids[0, len(p):].tolist())
+    return outs

@@ -1,0 +1,142 @@
+"""Block pool and KV-cache manager: reference counts, free pool, prefix hits, eviction."""
+
+from hypothesis import given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from backend.engine.block_manager import BlockPool, KVCacheManager
+from backend.engine.request import Request
+from backend.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    return Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=SamplingParams(),
+                   arrival_time=0.0, max_tokens=16)
+
+
+def admit(kv: KVCacheManager, req: Request) -> bool:
+    cached = kv.find_cached_blocks(req)
+    ok = kv.allocate_slots(req, req.num_tokens - len(cached) * BS, cached)
+    if ok:
+        req.num_computed_tokens = req.num_tokens
+        kv.cache_computed_blocks(req)
+    return ok
+
+
+def test_slot_mapping_and_block_table():
+    kv = KVCacheManager(8, BS, enable_prefix_caching=False)
+    req = make_request("a", list(range(10)))
+    assert kv.allocate_slots(req, 10)
+    table = kv.block_table("a")
+    assert len(table) == 3
+    assert kv.slot("a", 9) == table[2] * BS + 1
+    assert kv.num_free_blocks == 5
+
+
+def test_allocation_failure_changes_nothing():
+    kv = KVCacheManager(2, BS, enable_prefix_caching=False)
+    req = make_request("a", list(range(12)))
+    assert not kv.allocate_slots(req, 12)
+    assert kv.num_free_blocks == 2 and kv.block_table("a") == []
+
+
+def test_prefix_hit_shares_blocks_and_checks_tokens():
+    kv = KVCacheManager(16, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(10)))
+    assert admit(kv, a)
+    b = make_request("b", list(range(8)) + [99, 98, 97])
+    hits = kv.find_cached_blocks(b)
+    assert [h.block_id for h in hits] == kv.block_table("a")[:2]
+    assert admit(kv, b)
+    assert kv.block_table("b")[:2] == kv.block_table("a")[:2]
+    assert all(blk.ref_cnt == 2 for blk in kv.req_blocks["b"][:2])
+    # Same hash input but different parent: no hit past the first differing block.
+    c = make_request("c", [0, 1, 2, 77] + list(range(4, 8)) + [1])
+    assert kv.find_cached_blocks(c) == []
+
+
+def test_freed_cached_blocks_are_revived_then_evicted_lru():
+    kv = KVCacheManager(6, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(9)))
+    assert admit(kv, a)
+    kv.free(a)
+    assert kv.num_free_blocks == 6 and len(kv.pool.cached) == 2
+    again = make_request("a2", list(range(9)))
+    assert len(kv.find_cached_blocks(again)) == 2
+    # A big request takes every block: cached ones are evicted, hashes dropped.
+    big = make_request("big", [50 + i for i in range(24)])
+    assert admit(kv, big)
+    assert kv.num_free_blocks == 0
+    kv.free(big)
+    assert kv.find_cached_blocks(make_request("a3", list(range(9)))) == []
+
+
+def test_free_queue_prefers_uncached_blocks():
+    pool = BlockPool(3)
+    blocks = [pool.allocate() for _ in range(3)]
+    pool.register(blocks[0], b"h0", None, (1, 2))
+    for b in blocks:
+        pool.release(b)
+    # The cached block is last in line for reuse.
+    assert pool.allocate() is not blocks[0]
+    assert pool.allocate() is not blocks[0]
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate / share / grow / free / evict sequences keep the books straight."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(12, BS, enable_prefix_caching=True)
+        self.live: dict[str, Request] = {}
+        self.n = 0
+
+    @rule(prefix=st.sampled_from([[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9]]),
+          tail=st.lists(st.integers(0, 5), max_size=9))
+    def add(self, prefix, tail):
+        self.n += 1
+        req = make_request(f"r{self.n}", prefix + tail)
+        if admit(self.kv, req):
+            self.live[req.request_id] = req
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), k=st.integers(1, 6))
+    def grow(self, data, k):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        req = self.live[rid]
+        if self.kv.allocate_slots(req, k):
+            req.prompt_token_ids.extend([7] * k)
+            req.num_computed_tokens += k
+            self.kv.cache_computed_blocks(req)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.kv.free(self.live.pop(rid))
+
+    @invariant()
+    def books_balance(self):
+        pool = self.kv.pool
+        refs = {}
+        for blocks in self.kv.req_blocks.values():
+            for b in blocks:
+                refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        for b in pool.blocks:
+            assert b.ref_cnt == refs.get(b.block_id, 0)
+            assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue)
+        for h, b in pool.cached.items():
+            assert b.block_hash == h
+        # Every live request owns enough slots for its tokens.
+        for rid, req in self.live.items():
+            assert len(self.kv.req_blocks[rid]) * BS >= req.num_tokens
+
+    def teardown(self):
+        for req in list(self.live.values()):
+            self.kv.free(req)
+        assert self.kv.num_free_blocks == 12
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,0 +1,62 @@
+"""Streaming text equals decoding all tokens at once: no half UTF-8 characters, no
+dropped spaces."""
+
+import pytest
+
+from backend.engine.detokenizer import IncrementalDetokenizer
+from backend.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_ckpt):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_ckpt)
+
+
+@pytest.mark.parametrize("text", [
+    "Hello world, this is a test of the streaming detokenizer.",
+    "ünïcödé 你好 🙂 — multi-byte characters split across byte tokens",
+    "  leading spaces and\nnew lines\n\n  indented",
+])
+def test_stream_concatenation_equals_full_decode(tokenizer, text):
+    ids = tokenizer.encode(text)
+    prompt, gen = ids[:3], ids[3:]
+    d = IncrementalDetokenizer(tokenizer, prompt, SamplingParams())
+    pieces = []
+    for t in gen:
+        d.add_token(t)
+        piece = d.take_delta(finished=False)
+        assert "\ufffd" not in piece
+        pieces.append(piece)
+    pieces.append(d.take_delta(finished=True))
+    assert "".join(pieces) == tokenizer.decode(gen)
+
+
+def test_multibyte_character_is_held_until_complete(tokenizer):
+    ids = tokenizer.encode("a🙂")
+    d = IncrementalDetokenizer(tokenizer, ids[:1], SamplingParams())
+    emitted = []
+    for t in ids[1:]:
+        d.add_token(t)
+        emitted.append(d.take_delta(finished=False))
+    assert len(ids) > 3  # the emoji really is several byte tokens
+    assert emitted[:-1] == [""] * (len(emitted) - 1) and emitted[-1] == "🙂"
+
+
+def test_stop_string_is_never_streamed_partially(tokenizer):
+    text = "one two three STOP four"
+    ids = tokenizer.encode(text)
+    d = IncrementalDetokenizer(tokenizer, [], SamplingParams(stop=["STOP"]))
+    streamed = ""
+    for t in ids:
+        hit = d.add_token(t)
+        streamed += d.take_delta(finished=hit is not None)
+        if hit:
+            break
+    assert hit == "STOP"
+    assert streamed == "one two three "
+
+
+def test_without_tokenizer_only_ids():
+    d = IncrementalDetokenizer(None, [1, 2], SamplingParams())
+    assert d.add_token(5) is None and d.take_delta(True) == ""

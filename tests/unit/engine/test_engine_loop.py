@@ -1,0 +1,104 @@
+"""The threaded loop the server uses: streams of deltas, aborts, errors, shutdown."""
+
+import threading
+import time
+
+import pytest
+
+from backend import LLM, EngineArgs, InvalidRequestError, QueueFullError, SamplingParams
+from backend.engine.engine_loop import EngineLoop, RequestCancelled
+from backend.engine.errors import EngineDeadError
+from backend.engine.llm_engine import LLMEngine
+from tests.conftest import assert_pool_free, random_prompts
+
+P = SamplingParams(max_tokens=12, min_tokens=12, temperature=0)
+
+
+@pytest.fixture
+def loop(llama_ckpt):
+    engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=96, max_num_seqs=4,
+                                         max_num_batched_tokens=32, max_queue_size=64))
+    lp = EngineLoop(engine).start()
+    yield lp
+    lp.stop()
+    assert_pool_free(engine)
+
+
+def test_streams_concatenate_to_offline_output(loop, llama_ckpt):
+    prompts = random_prompts(10, [3, 40, 90, 17], seed=11)
+    expected = LLM(llama_ckpt, block_size=4, num_kv_blocks=512).generate(prompts, P)
+    streams = [loop.add_request(p, P, f"s{i}") for i, p in enumerate(prompts)]
+    for stream, exp in zip(streams, expected):
+        outs = list(stream)
+        assert [t for o in outs for t in o.new_token_ids] == exp.token_ids
+        assert outs[-1].finished and outs[-1].finish_reason == "length" and outs[-1].error is None
+        assert sum(not o.finished for o in outs) == len(exp.token_ids) - 1
+
+
+def test_abort_mid_stream_frees_blocks_and_others_finish(loop):
+    prompts = random_prompts(4, [30], seed=12)
+    long = SamplingParams(max_tokens=60, min_tokens=60, temperature=0)
+    streams = [loop.add_request(p, long, f"a{i}") for i, p in enumerate(prompts)]
+    it = iter(streams[0])
+    next(it)
+    loop.abort("a0")
+    rest = list(it)
+    assert rest[-1].finished and isinstance(rest[-1].error, RequestCancelled)
+    for s in streams[1:]:
+        assert list(s)[-1].finish_reason == "length"
+
+
+def test_bad_request_fails_alone(loop):
+    bad = loop.add_request([], P, "bad")
+    good = loop.add_request([5, 6, 7], P, "good")
+    out = list(bad)
+    assert len(out) == 1 and isinstance(out[0].error, InvalidRequestError)
+    assert list(good)[-1].finish_reason == "length"
+
+
+def test_queue_limit_sheds_load(llama_ckpt):
+    engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=64, max_num_seqs=1,
+                                         max_queue_size=2))
+    lp = EngineLoop(engine)  # not started: fill the inbox first, then run
+    streams = [lp.add_request([3, 4, 5], P, f"q{i}") for i in range(6)]
+    lp.start()
+    results = [list(s)[-1] for s in streams]
+    shed = [r for r in results if isinstance(r.error, QueueFullError)]
+    assert shed and "max_queue_size=2" in str(shed[0].error)
+    assert sum(r.finish_reason == "length" for r in results) == len(results) - len(shed)
+    lp.stop()
+    assert_pool_free(engine)
+
+
+def test_stop_grace_then_cancel(llama_ckpt):
+    engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=256))
+    lp = EngineLoop(engine).start()
+    short = lp.add_request([3, 4], SamplingParams(max_tokens=2, temperature=0), "short")
+    endless = lp.add_request([3, 4], SamplingParams(max_tokens=900, temperature=0, ignore_eos=True), "endless")
+    time.sleep(0.2)
+    lp.stop(grace_period_s=0.3)
+    assert list(short)[-1].finish_reason == "length"
+    last = list(endless)[-1]
+    assert isinstance(last.error, EngineDeadError) and "shutting down" in str(last.error)
+    refused = list(lp.add_request([3], P, "late"))[-1]
+    assert isinstance(refused.error, EngineDeadError)
+    assert_pool_free(engine)
+
+
+def test_crashed_step_fails_in_flight_requests(llama_ckpt):
+    engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=64))
+    calls = {"n": 0}
+    real_step = engine.step
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device fell over")
+        return real_step()
+
+    engine.step = flaky_step
+    lp = EngineLoop(engine).start()
+    out = list(lp.add_request([3, 4, 5], SamplingParams(max_tokens=50, temperature=0), "x"))
+    assert isinstance(out[-1].error, EngineDeadError) and "device fell over" in str(out[-1].error)
+    assert not lp.is_alive
+    assert_pool_free(engine)
