@@ -1,0 +1,99 @@
+"""Engine metrics on Triton's metrics endpoint, through the python backend's custom
+metrics API. Names are prefixed `llm_`; each carries the label model=<name>."""
+
+from __future__ import annotations
+
+import time
+
+import triton_python_backend_utils as pb_utils
+
+from backend.engine.outputs import RequestOutput
+
+LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+REJECT_REASONS = ("invalid_request", "queue_full", "engine_unavailable", "cancelled")
+
+GAUGES = {
+    "llm_num_requests_running": "Requests currently scheduled in the running batch",
+    "llm_num_requests_waiting": "Requests waiting for admission",
+    "llm_kv_cache_blocks_used": "KV-cache blocks referenced by requests",
+    "llm_kv_cache_blocks_total": "KV-cache blocks in the pool",
+    "llm_kv_cache_usage_ratio": "Fraction of KV-cache blocks in use",
+}
+COUNTERS = {
+    "llm_prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache",
+    "llm_num_preemptions_total": "Requests preempted (recomputed) because KV blocks ran out",
+    "llm_prompt_tokens_total": "Prompt tokens accepted",
+    "llm_generation_tokens_total": "Tokens generated",
+}
+HISTOGRAMS = {
+    "llm_time_to_first_token_seconds": "Time from arrival to the first generated token",
+    "llm_time_per_output_token_seconds": "Mean time between generated tokens of a request, after the first",
+    "llm_e2e_request_latency_seconds": "Time from arrival to the final response",
+}
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, engine) -> None:
+        self.engine = engine
+        labels = {"model": model_name}
+        MF = pb_utils.MetricFamily
+        self._families = []  # keep families alive as long as their metrics
+
+        def family(name, desc, kind):
+            f = MF(name=name, description=desc, kind=kind)
+            self._families.append(f)
+            return f
+
+        self.gauges = {n: family(n, d, MF.GAUGE).Metric(labels=labels) for n, d in GAUGES.items()}
+        self.counters = {n: family(n, d, MF.COUNTER).Metric(labels=labels) for n, d in COUNTERS.items()}
+        rejected = family("llm_requests_rejected_total", "Requests that ended in an error, by reason", MF.COUNTER)
+        self.rejected = {r: rejected.Metric(labels={**labels, "reason": r}) for r in REJECT_REASONS}
+        self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
+                           for n, d in HISTOGRAMS.items()}
+        self._last = {n: 0 for n in COUNTERS}
+
+    def _totals(self) -> dict[str, int]:
+        stats = self.engine.kv_cache_stats()
+        return {
+            "llm_prefix_cache_hit_tokens_total": stats["prefix_cache_hit_tokens"],
+            "llm_num_preemptions_total": stats["num_preemptions"],
+            "llm_prompt_tokens_total": self.engine.num_prompt_tokens_total,
+            "llm_generation_tokens_total": self.engine.num_generation_tokens_total,
+        }
+
+    def on_step(self, outputs) -> None:
+        """Called on the engine thread after each step: counters move with the engine."""
+        for name, total in self._totals().items():
+            if total > self._last[name]:
+                self.counters[name].increment(total - self._last[name])
+                self._last[name] = total
+
+    def update_gauges(self) -> None:
+        s = self.engine.kv_cache_stats()
+        self.gauges["llm_num_requests_running"].set(s["num_running"])
+        self.gauges["llm_num_requests_waiting"].set(s["num_waiting"])
+        self.gauges["llm_kv_cache_blocks_used"].set(s["num_used_blocks"])
+        self.gauges["llm_kv_cache_blocks_total"].set(s["num_total_blocks"])
+        self.gauges["llm_kv_cache_usage_ratio"].set(s["usage_ratio"])
+
+    def on_rejected(self, reason: str) -> None:
+        self.rejected[reason].increment(1)
+
+    def on_finished(self, out: RequestOutput, arrival: float, first_token_time) -> None:
+        now = time.monotonic()
+        if out.error is not None:
+            from backend.engine.engine_loop import RequestCancelled
+            from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
+            reason = ("invalid_request" if isinstance(out.error, InvalidRequestError) else
+                      "queue_full" if isinstance(out.error, QueueFullError) else
+                      "cancelled" if isinstance(out.error, RequestCancelled) else "engine_unavailable")
+            self.on_rejected(reason)
+            self.update_gauges()
+            return
+        self.histograms["llm_e2e_request_latency_seconds"].observe(now - arrival)
+        if first_token_time is not None:
+            self.histograms["llm_time_to_first_token_seconds"].observe(first_token_time - arrival)
+            if out.num_output_tokens > 1:
+                self.histograms["llm_time_per_output_token_seconds"].observe(
+                    (now - first_token_time) / (out.num_output_tokens - 1))
+        self.update_gauges()

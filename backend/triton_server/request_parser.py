@@ -1,0 +1,198 @@
+"""Triton request tensors -> (prompt, SamplingParams, response options).
+
+The contract is Triton's vLLM backend's (text_input, stream, sampling_parameters JSON,
+exclude_input_in_output, return_*), plus the scalar inputs of TensorRT-LLM's ensemble
+and an optional pre-tokenized `input_ids`. Pure Python over numpy arrays so that it can
+be tested, and fuzzed, without a server. Every problem raises InvalidRequestError with
+a message that names the input at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from backend.engine.errors import InvalidRequestError
+from backend.sampling_params import SamplingParams, SamplingParamsError
+
+BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
+               "return_num_output_tokens", "ignore_eos")
+
+# TensorRT-LLM ensemble scalar inputs -> SamplingParams field.
+SCALAR_INPUTS = {
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "seed": "seed",
+    "random_seed": "seed",
+    "min_tokens": "min_tokens",
+    "min_length": "min_tokens",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+# Everything model.py declares; any other input is refused by Triton itself.
+INPUT_SPECS: list[dict[str, Any]] = (
+    [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+     {"name": "input_ids", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+     {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+     {"name": "stop_words", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+     {"name": "end_id", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
+     {"name": "beam_width", "data_type": "TYPE_INT32", "dims": [1], "optional": True}]
+    + [{"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in BOOL_INPUTS]
+    + [{"name": n, "data_type": t, "dims": [1], "optional": True} for n, t in (
+        ("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_k", "TYPE_INT32"),
+        ("top_p", "TYPE_FP32"), ("min_p", "TYPE_FP32"), ("seed", "TYPE_UINT64"),
+        ("random_seed", "TYPE_UINT64"), ("min_tokens", "TYPE_INT32"), ("min_length", "TYPE_INT32"),
+        ("repetition_penalty", "TYPE_FP32"), ("presence_penalty", "TYPE_FP32"),
+        ("frequency_penalty", "TYPE_FP32"))]
+)
+
+OUTPUT_SPECS: list[dict[str, Any]] = [
+    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
+    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
+    {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
+]
+
+
+@dataclass
+class ParsedRequest:
+    prompt: Union[str, list[int]]
+    params: SamplingParams
+    stream: bool = False
+    exclude_input_in_output: bool = True
+    return_finish_reason: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    prompt_text: str = ""
+
+
+def _scalar(name: str, arr: np.ndarray) -> Any:
+    if arr.size != 1:
+        raise InvalidRequestError(f"input '{name}' must hold exactly one value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+def _text(name: str, value: Any) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidRequestError(f"input '{name}' is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidRequestError(f"input '{name}' must be a string (BYTES), got {type(value).__name__}")
+
+
+def _bool(name: str, arr: np.ndarray) -> bool:
+    v = _scalar(name, arr)
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise InvalidRequestError(f"input '{name}' must be BOOL")
+
+
+def _number(name: str, arr: np.ndarray) -> Union[int, float]:
+    v = _scalar(name, arr)
+    if isinstance(v, (np.integer, int)) and not isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        if not math.isfinite(f):
+            raise InvalidRequestError(f"input '{name}' must be a finite number, got {f}")
+        return f
+    raise InvalidRequestError(f"input '{name}' must be numeric")
+
+
+def parse_sampling_json(raw: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(f"input 'sampling_parameters' is not valid JSON: {e.msg} "
+                                  f"(line {e.lineno} column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise InvalidRequestError("input 'sampling_parameters' must be a JSON object")
+    return obj
+
+
+def _coerce_json_value(key: str, value: Any) -> Any:
+    """vLLM's backend accepts values as strings ("0.8", "true", "[1, 2]"); so do we."""
+    if isinstance(value, str) and key in ("stop_token_ids",):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise InvalidRequestError(f"sampling parameter '{key}' must be a list of integers") from None
+    if isinstance(value, str) and key == "stop" and value.startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def parse_request(inputs: dict[str, np.ndarray],
+                  tokenize: Optional[Callable[[str], list[int]]] = None) -> ParsedRequest:
+    """`inputs` maps input name -> numpy array as Triton delivered it (absent = not sent)."""
+    text: Optional[str] = None
+    if "text_input" in inputs:
+        text = _text("text_input", _scalar("text_input", inputs["text_input"]))
+    input_ids: Optional[list[int]] = None
+    if "input_ids" in inputs:
+        arr = inputs["input_ids"]
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidRequestError("input 'input_ids' must be INT32 token ids")
+        input_ids = [int(t) for t in arr.reshape(-1)]
+
+    if input_ids:
+        if text and tokenize is not None and tokenize(text) != input_ids:
+            raise InvalidRequestError("inputs 'text_input' and 'input_ids' disagree: "
+                                      "the text does not tokenize to those ids; send one of them")
+        prompt: Union[str, list[int]] = input_ids
+    elif text:
+        prompt = text
+    else:
+        raise InvalidRequestError("the request has no prompt: 'text_input' is missing or empty "
+                                  "(and no 'input_ids' were sent)")
+
+    fields: dict[str, Any] = {}
+    if "sampling_parameters" in inputs:
+        raw = _text("sampling_parameters", _scalar("sampling_parameters", inputs["sampling_parameters"]))
+        for key, value in parse_sampling_json(raw).items():
+            fields[key] = _coerce_json_value(key, value)
+
+    def merge(key: str, value: Any, source: str) -> None:
+        if key in fields and fields[key] != value:
+            raise InvalidRequestError(f"'{key}' is given twice with different values "
+                                      f"({fields[key]!r} in sampling_parameters, {value!r} in input '{source}')")
+        fields[key] = value
+
+    for name, key in SCALAR_INPUTS.items():
+        if name in inputs:
+            merge(key, _number(name, inputs[name]), name)
+    if "ignore_eos" in inputs:
+        merge("ignore_eos", _bool("ignore_eos", inputs["ignore_eos"]), "ignore_eos")
+    if "stop_words" in inputs:
+        words = [_text("stop_words", w) for w in inputs["stop_words"].reshape(-1)]
+        stop = fields.get("stop") or []
+        fields["stop"] = ([stop] if isinstance(stop, str) else list(stop)) + [w for w in words if w]
+    if "end_id" in inputs:
+        end_id = _number("end_id", inputs["end_id"])
+        fields["stop_token_ids"] = list(fields.get("stop_token_ids") or []) + [end_id]
+    if "beam_width" in inputs and _number("beam_width", inputs["beam_width"]) != 1:
+        raise InvalidRequestError("input 'beam_width' must be 1: beam search is not supported")
+
+    try:
+        params = SamplingParams.create(**fields)
+    except SamplingParamsError as e:
+        raise InvalidRequestError(str(e)) from None
+
+    flags = {n: _bool(n, inputs[n]) for n in BOOL_INPUTS if n in inputs and n != "ignore_eos"}
+    return ParsedRequest(prompt=prompt, params=params, prompt_text=text or "", **flags)

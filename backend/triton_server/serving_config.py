@@ -1,0 +1,66 @@
+"""config.pbtxt `parameters` -> validated engine and server settings, once, at load.
+
+Every value arrives as a string (Triton's `string_value`); pydantic converts and checks
+it, and a bad one fails the model load with a message naming the parameter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backend.config import ConfigError, EngineArgs, format_validation_error
+
+
+class ServerSettings(BaseModel):
+    """Settings of the Triton adapter itself (not the engine)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # On unload/shutdown, how long in-flight streams may run before they are cancelled.
+    grace_period_s: float = Field(10.0, ge=0.0)
+    # How often client cancellations are polled.
+    cancel_poll_interval_s: float = Field(0.02, gt=0.0, le=1.0)
+    # The engine loop must show a heartbeat this often while it has work, or the model
+    # is marked not ready.
+    health_timeout_s: float = Field(60.0, gt=0.0)
+    report_metrics: bool = True
+
+
+SERVER_KEYS = set(ServerSettings.model_fields)
+
+
+def parameters_from_model_config(model_config: dict[str, Any]) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, ServerSettings]:
+    server = {k: v for k, v in params.items() if k in SERVER_KEYS}
+    engine = {k: v for k, v in params.items() if k not in SERVER_KEYS and v != ""}
+    if "model" not in engine:
+        raise ConfigError("missing parameter 'model': the checkpoint folder (relative to the model directory)")
+    path = engine["model"]
+    engine["model"] = path if os.path.isabs(path) else os.path.normpath(os.path.join(model_dir, path))
+    if not os.path.isdir(engine["model"]):
+        raise ConfigError(f"invalid parameter 'model': checkpoint folder '{engine['model']}' does not exist")
+    try:
+        settings = ServerSettings(**server)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "parameter")) from None
+    try:
+        args = EngineArgs(**engine)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "parameter")) from None
+    return args, settings
+
+
+def render_parameters(values: dict[str, Any]) -> str:
+    """config.pbtxt `parameters` blocks for the given (already validated) values."""
+    lines = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
+    return "\n".join(lines)

@@ -1,0 +1,233 @@
+"""Install and run a real Triton Inference Server 2.51 on a machine without NVIDIA's image.
+
+The server binary, its python backend and the python-backend stubs come from the
+`nvidia-pytriton` 0.7.0 wheel (Triton 2.51.0, the 24.10 release), unpacked into
+third_party/ without installing PyTriton's Python package or its dependencies.
+
+    python -m clients.tritonserver install
+    python -m clients.tritonserver serve --model-repository model_repository
+
+`serve` execs tritonserver in the foreground (Ctrl-C stops it). `TritonServer` starts
+one in the background for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+import zipfile
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THIRD_PARTY = os.path.join(ROOT, "third_party")
+WHEEL_SPEC = "nvidia-pytriton==0.7.0"
+UNPACKED = os.path.join(THIRD_PARTY, "pytriton")
+BACKENDS = os.path.join(THIRD_PARTY, "backends")
+EXTRA_LIBS = os.path.join(THIRD_PARTY, "lib")
+# Our Python-based backend: <backend-directory>/<name>/model.py, as Triton's vLLM backend.
+BACKEND_NAME = "paged_llm"
+BACKEND_SOURCE = os.path.join(ROOT, "backend", "triton_server")
+
+
+def server_binary() -> str:
+    return os.path.join(UNPACKED, "pytriton", "tritonserver", "bin", "tritonserver")
+
+
+def _stub_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def install(force: bool = False) -> None:
+    """Idempotent: unpack the wheel and lay out the backends directory."""
+    if force and os.path.isdir(THIRD_PARTY):
+        shutil.rmtree(THIRD_PARTY)
+    if not os.path.isfile(server_binary()):
+        wheels = os.path.join(THIRD_PARTY, "wheels")
+        os.makedirs(wheels, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", wheels, WHEEL_SPEC],
+                       check=True)
+        wheel = glob.glob(os.path.join(wheels, "nvidia_pytriton-*.whl"))[0]
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(UNPACKED)
+        os.chmod(server_binary(), 0o755)
+        os.remove(wheel)
+
+    tree = os.path.join(UNPACKED, "pytriton", "tritonserver")
+    python_dir = os.path.join(BACKENDS, "python")
+    os.makedirs(python_dir, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        _copy(os.path.join(tree, "backends", "python", name), os.path.join(python_dir, name))
+    stub = os.path.join(tree, "python_backend_stubs", _stub_version(), "triton_python_backend_stub")
+    if not os.path.isfile(stub):
+        raise SystemExit(f"the wheel has no python-backend stub for Python {_stub_version()}")
+    _copy(stub, os.path.join(python_dir, "triton_python_backend_stub"))
+    os.chmod(os.path.join(python_dir, "triton_python_backend_stub"), 0o755)
+
+    link = os.path.join(BACKENDS, BACKEND_NAME)
+    if not os.path.islink(link):
+        if os.path.exists(link):
+            shutil.rmtree(link)
+        os.symlink(BACKEND_SOURCE, link)
+
+    # perf_analyzer (tritonclient 2.51 wheel) wants these two under their plain names.
+    os.makedirs(EXTRA_LIBS, exist_ok=True)
+    libs = os.path.join(UNPACKED, "nvidia_pytriton.libs")
+    for plain, pattern in (("libb64.so.0d", "libb64-*.so.0d"), ("libcudart.so.12", "libcudart-*.so.12*")):
+        found = glob.glob(os.path.join(libs, pattern))
+        target = os.path.join(EXTRA_LIBS, plain)
+        if found and not os.path.lexists(target):
+            os.symlink(found[0], target)
+
+
+def _copy(src: str, dst: str) -> None:
+    if not os.path.isfile(dst) or os.path.getmtime(dst) < os.path.getmtime(src):
+        shutil.copy2(src, dst)
+
+
+def server_env() -> dict[str, str]:
+    """The python-backend stub must load the same libpython as this interpreter and see
+    this virtual environment's packages."""
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    paths = [libdir, os.path.join(UNPACKED, "nvidia_pytriton.libs"), EXTRA_LIBS]
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in paths + [env.get("LD_LIBRARY_PATH", "")] if p)
+    venv_bin = os.path.dirname(sys.executable)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def server_command(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
+                   extra: Optional[list[str]] = None) -> list[str]:
+    return [server_binary(), "--model-repository", os.path.abspath(model_repository),
+            "--backend-directory", BACKENDS, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+            "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
+            *(extra or [])]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver child process on free loopback ports; a context manager."""
+
+    def __init__(self, model_repository: str, log_path: Optional[str] = None,
+                 extra_args: Optional[list[str]] = None, startup_timeout_s: float = 180.0) -> None:
+        install()
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.model_repository = model_repository
+        self.log_path = log_path or os.path.join(model_repository, "..", "tritonserver.log")
+        self.extra_args = extra_args
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self) -> "TritonServer":
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            server_command(self.model_repository, self.http_port, self.grpc_port, self.metrics_port,
+                           self.extra_args),
+            env=server_env(), stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.is_ready():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s}s:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def model_ready(self, model: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60.0) -> Optional[int]:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m clients.tritonserver", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("install", help="unpack Triton Inference Server 2.51 into third_party/")
+    i.add_argument("--force", action="store_true")
+    s = sub.add_parser("serve", help="run tritonserver in the foreground")
+    s.add_argument("--model-repository", default="model_repository")
+    s.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    s.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    s.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    args, extra = ap.parse_known_args(argv)
+    if args.cmd == "install":
+        install(force=args.force)
+        print(f"tritonserver: {server_binary()}\nbackends:     {BACKENDS}")
+        return
+    install()
+    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra)
+    print(" ".join(cmd), flush=True)
+    os.execve(cmd[0], cmd, server_env())
+
+
+if __name__ == "__main__":
+    main()
