@@ -1,0 +1,1 @@
+"""Clients for the served model: gRPC streaming, benchmarks, server launcher."""

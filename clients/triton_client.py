@@ -1,0 +1,117 @@
+"""tritonclient gRPC streaming against the `llm` model (vLLM backend contract).
+
+One request per stream: `StreamingRequest(url, model).run(prompt, params)` returns the
+deltas with their arrival times, the finish reason, or the error the server sent.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+
+def make_inputs(prompt: Optional[str], sampling: Optional[dict[str, Any]] = None, stream: bool = True,
+                input_ids: Optional[list[int]] = None, extra: Optional[dict[str, np.ndarray]] = None
+                ) -> list[grpcclient.InferInput]:
+    tensors: dict[str, np.ndarray] = {}
+    if prompt is not None:
+        tensors["text_input"] = np.array([prompt.encode("utf-8")], dtype=np.object_)
+    if input_ids is not None:
+        tensors["input_ids"] = np.array(input_ids, dtype=np.int32)
+    tensors["stream"] = np.array([stream], dtype=bool)
+    if sampling is not None:
+        tensors["sampling_parameters"] = np.array([json.dumps(sampling).encode()], dtype=np.object_)
+    tensors["return_finish_reason"] = np.array([True], dtype=bool)
+    tensors["return_num_output_tokens"] = np.array([True], dtype=bool)
+    tensors.update(extra or {})
+    inputs = []
+    for name, arr in tensors.items():
+        dtype = "BYTES" if arr.dtype == np.object_ else grpcclient.np_to_triton_dtype(arr.dtype)
+        inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    request_id: str
+    text: str = ""
+    pieces: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)   # arrival of each response with tokens
+    start: float = 0.0
+    end: float = 0.0
+    finish_reason: Optional[str] = None
+    num_output_tokens: int = 0
+    error: Optional[str] = None
+    cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.cancelled
+
+
+class StreamingRequest:
+    def __init__(self, url: str, model: str = "llm") -> None:
+        self.url = url
+        self.model = model
+        self.client = grpcclient.InferenceServerClient(url)
+        self._events: "queue.Queue[tuple[Any, Any]]" = queue.Queue()
+
+    def run(self, prompt: Optional[str], sampling: Optional[dict[str, Any]] = None, stream: bool = True,
+            request_id: str = "", input_ids: Optional[list[int]] = None,
+            extra: Optional[dict[str, np.ndarray]] = None, on_piece: Optional[Callable[[str], None]] = None,
+            cancel_after: Optional[int] = None, timeout_s: float = 300.0) -> StreamResult:
+        """Send one request and read its responses until the final one. With
+        `cancel_after=n`, cancel the stream after n responses carrying tokens."""
+        res = StreamResult(request_id=request_id)
+        self.client.start_stream(callback=lambda result, error: self._events.put((result, error)))
+        try:
+            res.start = time.perf_counter()
+            self.client.async_stream_infer(self.model, make_inputs(prompt, sampling, stream, input_ids, extra),
+                                           request_id=request_id, enable_empty_final_response=True)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                result, error = self._events.get(timeout=max(deadline - time.monotonic(), 0.001))
+                now = time.perf_counter()
+                if error is not None:
+                    res.error = str(error)
+                    break
+                final = result.get_response().parameters.get("triton_final_response")
+                text = result.as_numpy("text_output")
+                if text is not None and text.size:
+                    piece = text.reshape(-1)[0].decode("utf-8")
+                    ids = result.as_numpy("output_ids")
+                    ids = [] if ids is None else ids.reshape(-1).tolist()
+                    res.pieces.append(piece)
+                    res.token_ids.extend(ids)
+                    if ids:
+                        res.times.append(now)
+                    if on_piece:
+                        on_piece(piece)
+                    reason = result.as_numpy("finish_reason")
+                    if reason is not None and reason.size and reason.reshape(-1)[0]:
+                        res.finish_reason = reason.reshape(-1)[0].decode()
+                    n = result.as_numpy("num_output_tokens")
+                    if n is not None and n.size:
+                        res.num_output_tokens += int(n.reshape(-1)[0]) if stream else 0
+                        if not stream:
+                            res.num_output_tokens = int(n.reshape(-1)[0])
+                    if cancel_after is not None and len(res.times) >= cancel_after:
+                        res.cancelled = True
+                        break
+                if final is not None and final.bool_param:
+                    break
+            res.end = time.perf_counter()
+        finally:
+            self.client.stop_stream(cancel_requests=res.cancelled)
+            self.client.close()
+        res.text = "".join(res.pieces)
+        return res

@@ -1,0 +1,51 @@
+"""Integration tests start a REAL tritonserver 2.51 (from the nvidia-pytriton wheel, see
+clients/tritonserver.py) with the `paged_llm` backend and talk to it over gRPC/HTTP.
+Nothing here fakes triton_python_backend_utils."""
+
+import os
+import re
+import time
+
+import pytest
+
+from builder.build import BuildOptions, build
+from clients.tritonserver import TritonServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory, tiny_ckpt):
+    repo = tmp_path_factory.mktemp("repo")
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", link=True,
+                              block_size=16, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
+                              max_model_len=1024, max_queue_size=48, grace_period_s=2.0),
+          log=lambda *_: None)
+    return str(repo)
+
+
+@pytest.fixture(scope="session")
+def server(model_repo):
+    srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"))
+    with srv:
+        yield srv
+
+
+def metric(server, name: str, labels: str = 'model="llm"') -> float:
+    pattern = re.compile(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", re.M)
+    m = pattern.search(server.metrics())
+    assert m, f"{name} not found in metrics"
+    return float(m.group(1))
+
+
+def wait_blocks_free(server, timeout_s: float = 10.0) -> None:
+    """Leak check through the metrics endpoint: every KV block back in the pool."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        used = metric(server, "llm_kv_cache_blocks_used")
+        running = metric(server, "llm_num_requests_running") + metric(server, "llm_num_requests_waiting")
+        if used == 0 and running == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{used} KV blocks still used, {running} requests in the engine")
+        time.sleep(0.05)

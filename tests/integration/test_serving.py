@@ -1,0 +1,108 @@
+"""Serving through a real tritonserver: concurrency, exactness vs the offline API,
+streaming and non-streaming, HTTP, cancellation, errors. Each test ends with the block
+pool fully free (checked on the metrics endpoint)."""
+
+import json
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from backend import LLM, SamplingParams
+from clients.triton_client import StreamingRequest
+from tests.integration.conftest import metric, wait_blocks_free
+
+PROMPTS = [f"The {w} statement" for w in ("assert", "pass", "del", "return", "yield", "raise", "break",
+                                            "continue", "import", "global", "nonlocal", "if", "while",
+                                            "for", "try", "with")]
+GREEDY = {"max_tokens": 20, "min_tokens": 20, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_ckpt):
+    llm = LLM(tiny_ckpt, block_size=16, num_kv_blocks=256)
+    outs = llm.generate(PROMPTS, SamplingParams(**GREEDY))
+    return {p: o for p, o in zip(PROMPTS, outs)}
+
+
+def test_16_concurrent_streams_match_offline(server, offline):
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda p: StreamingRequest(server.grpc_url).run(p, GREEDY), PROMPTS))
+    for prompt, res in zip(PROMPTS, results):
+        assert res.ok, res.error
+        assert res.token_ids == offline[prompt].token_ids
+        assert res.text == offline[prompt].text
+        assert res.finish_reason == "length"
+        assert len(res.times) == 20  # one response per token
+    wait_blocks_free(server)
+
+
+def test_non_streaming_gives_exactly_one_response(server, offline):
+    res = StreamingRequest(server.grpc_url).run(PROMPTS[0], GREEDY, stream=False)
+    assert res.ok and len(res.pieces) == 1
+    assert res.text == offline[PROMPTS[0]].text and res.num_output_tokens == 20
+    wait_blocks_free(server)
+
+
+def test_http_generate_and_generate_stream(server, offline):
+    body = json.dumps({"text_input": PROMPTS[1], "max_tokens": 20, "min_tokens": 20, "temperature": 0}).encode()
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/llm/generate", body, timeout=60) as r:
+        assert json.loads(r.read())["text_output"] == offline[PROMPTS[1]].text
+    body = json.dumps({"text_input": PROMPTS[1], "stream": True,
+                       "sampling_parameters": json.dumps({k: str(v) for k, v in GREEDY.items()})}).encode()
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/llm/generate_stream", body, timeout=60) as r:
+        events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines() if line.startswith(b"data: ")]
+    assert len(events) == 20
+    assert "".join(e["text_output"] for e in events) == offline[PROMPTS[1]].text
+    wait_blocks_free(server)
+
+
+def test_cancelled_stream_frees_blocks_while_others_continue(server, offline):
+    long = {"max_tokens": 400, "min_tokens": 400, "temperature": 0}
+    cancelled_before = metric(server, "llm_requests_rejected_total", 'model="llm",reason="cancelled"')
+    results = {}
+
+    def run_other(i):
+        results[i] = StreamingRequest(server.grpc_url).run(PROMPTS[i], GREEDY)
+
+    others = [threading.Thread(target=run_other, args=(i,)) for i in range(2, 6)]
+    for t in others:
+        t.start()
+    res = StreamingRequest(server.grpc_url).run(PROMPTS[0], long, cancel_after=5)
+    assert res.cancelled and len(res.times) == 5
+    for t in others:
+        t.join()
+    for i in range(2, 6):
+        assert results[i].ok and results[i].token_ids == offline[PROMPTS[i]].token_ids
+    wait_blocks_free(server)
+    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="cancelled"') == cancelled_before + 1
+
+
+def test_malformed_sampling_parameters_then_success(server, offline):
+    bad = StreamingRequest(server.grpc_url)
+    res = bad.run(PROMPTS[0], extra={"sampling_parameters": np.array([b"{not json"], dtype=np.object_)})
+    assert res.error and "sampling_parameters" in res.error and "not valid JSON" in res.error
+    res = StreamingRequest(server.grpc_url).run(PROMPTS[0], GREEDY)
+    assert res.ok and res.token_ids == offline[PROMPTS[0]].token_ids
+    wait_blocks_free(server)
+
+
+def test_input_ids_and_exclude_input(server, tiny_ckpt, offline):
+    from transformers import AutoTokenizer
+    ids = AutoTokenizer.from_pretrained(tiny_ckpt).encode(PROMPTS[3])
+    res = StreamingRequest(server.grpc_url).run(None, GREEDY, input_ids=ids)
+    assert res.ok and res.token_ids == offline[PROMPTS[3]].token_ids
+    res = StreamingRequest(server.grpc_url).run(
+        PROMPTS[3], GREEDY, stream=False, extra={"exclude_input_in_output": np.array([False])})
+    assert res.text == PROMPTS[3] + offline[PROMPTS[3]].text
+    wait_blocks_free(server)
+
+
+def test_trtllm_scalar_inputs(server, offline):
+    extra = {"max_tokens": np.array([20], dtype=np.int32), "min_length": np.array([20], dtype=np.int32),
+             "temperature": np.array([0.0], dtype=np.float32)}
+    res = StreamingRequest(server.grpc_url).run(PROMPTS[4], None, extra=extra)
+    assert res.ok and res.token_ids == offline[PROMPTS[4]].token_ids
+    wait_blocks_free(server)
