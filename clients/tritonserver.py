@@ -112,6 +112,9 @@ def server_command(model_repository: str, http_port: int, grpc_port: int, metric
     return [server_binary(), "--model-repository", os.path.abspath(model_repository),
             "--backend-directory", BACKENDS, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
+            # Explicit control, everything loaded at start: lets an unhealthy model unload
+            # itself so that its readiness turns false.
+            "--model-control-mode", "explicit", "--load-model", "*",
             *(extra or [])]
 
 

@@ -4,6 +4,7 @@ metrics API. Names are prefixed `llm_`; each carries the label model=<name>."""
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import triton_python_backend_utils as pb_utils
 
@@ -51,6 +52,8 @@ class EngineMetrics:
         self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in COUNTERS}
+        self._finished: deque = deque()
+        self._rejected_pending = {r: 0 for r in REJECT_REASONS}
 
     def _totals(self) -> dict[str, int]:
         stats = self.engine.kv_cache_stats()
@@ -61,12 +64,21 @@ class EngineMetrics:
             "llm_generation_tokens_total": self.engine.num_generation_tokens_total,
         }
 
-    def on_step(self, outputs) -> None:
-        """Called on the engine thread after each step: counters move with the engine."""
+    def update(self) -> None:
+        """Push everything pending. Called from one thread only (the adapter's watcher):
+        metric calls are IPC to the server and can block while it shuts down, so they
+        must never run on the engine or response threads."""
         for name, total in self._totals().items():
             if total > self._last[name]:
                 self.counters[name].increment(total - self._last[name])
                 self._last[name] = total
+        while self._finished:
+            self._observe(*self._finished.popleft())
+        for reason in REJECT_REASONS:
+            n, self._rejected_pending[reason] = self._rejected_pending[reason], 0
+            if n:
+                self.rejected[reason].increment(n)
+        self.update_gauges()
 
     def update_gauges(self) -> None:
         s = self.engine.kv_cache_stats()
@@ -77,18 +89,20 @@ class EngineMetrics:
         self.gauges["llm_kv_cache_usage_ratio"].set(s["usage_ratio"])
 
     def on_rejected(self, reason: str) -> None:
-        self.rejected[reason].increment(1)
+        self._rejected_pending[reason] += 1
 
     def on_finished(self, out: RequestOutput, arrival: float, first_token_time) -> None:
-        now = time.monotonic()
+        """Record only (any thread); update() reports it."""
+        self._finished.append((out, arrival, first_token_time, time.monotonic()))
+
+    def _observe(self, out: RequestOutput, arrival: float, first_token_time, now: float) -> None:
         if out.error is not None:
             from backend.engine.engine_loop import RequestCancelled
             from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
             reason = ("invalid_request" if isinstance(out.error, InvalidRequestError) else
                       "queue_full" if isinstance(out.error, QueueFullError) else
                       "cancelled" if isinstance(out.error, RequestCancelled) else "engine_unavailable")
-            self.on_rejected(reason)
-            self.update_gauges()
+            self.rejected[reason].increment(1)
             return
         self.histograms["llm_e2e_request_latency_seconds"].observe(now - arrival)
         if first_token_time is not None:
@@ -96,4 +110,3 @@ class EngineMetrics:
             if out.num_output_tokens > 1:
                 self.histograms["llm_time_per_output_token_seconds"].observe(
                     (now - first_token_time) / (out.num_output_tokens - 1))
-        self.update_gauges()

@@ -5,9 +5,10 @@ Installed as a Python-based backend: this folder is the backend directory's
 `paged_llm/`, and a model's config.pbtxt says `backend: "paged_llm"`. Threads:
  - Triton calls execute(); it parses each request and hands it to the engine loop.
  - The engine loop thread steps the engine and puts outputs on the response queue.
- - The response thread turns outputs into Triton responses and sends them.
- - The watcher thread aborts requests whose client cancelled or went away, and keeps
-   the health state and the gauges current.
+ - The response thread turns outputs into Triton responses, sends them, and polls
+   for client cancellation (only this thread touches a request after execute()).
+ - The watcher thread checks the engine's health and notices server shutdown.
+ - The metrics thread pushes counters, gauges and histograms to Triton.
 """
 
 from __future__ import annotations
@@ -33,19 +34,32 @@ from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, Pars
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_TICK = object()
 
 
 def triton_error(exc: BaseException) -> "pb_utils.TritonError":
+    """gRPC streaming delivers only an error's message, not its code, so codes a client
+    should act on (retry later, was cancelled) are also spelled out in the message."""
     E = pb_utils.TritonError
     if isinstance(exc, InvalidRequestError):
         return E(str(exc), E.INVALID_ARG)
-    if isinstance(exc, QueueFullError):
-        return E(str(exc), E.UNAVAILABLE)
+    if isinstance(exc, (QueueFullError, EngineDeadError)):
+        return E(f"UNAVAILABLE: {exc}", E.UNAVAILABLE)
     if isinstance(exc, RequestCancelled):
-        return E(str(exc), E.CANCELLED)
-    if isinstance(exc, EngineDeadError):
-        return E(str(exc), E.UNAVAILABLE)
-    return E(f"internal error: {exc!r}", E.INTERNAL)
+        return E(f"CANCELLED: {exc}", E.CANCELLED)
+    return E(f"INTERNAL: {exc!r}", E.INTERNAL)
+
+
+def _inject_crash(engine: LLMEngine, after_steps: int) -> None:
+    """Test-only fault injection: the engine's step raises after `after_steps` steps."""
+    real_step, count = engine.step, itertools.count(1)
+
+    def step():
+        if next(count) > after_steps:
+            raise RuntimeError(f"injected fault after {after_steps} steps")
+        return real_step()
+
+    engine.step = step
 
 
 class ResponseWriter:
@@ -59,7 +73,8 @@ class ResponseWriter:
         self.sent_prompt = False
         self.text_parts: list[str] = []
         self.first_token_time: Optional[float] = None
-        self.done = False
+        self.done = False          # FINAL sent (or the client is gone)
+        self.cancel_sent = False   # abort already requested
 
     def handle(self, out: RequestOutput) -> None:
         if self.done:
@@ -135,11 +150,12 @@ class TritonPythonModel:
         from backend.build_manifest import check_manifest
         check_manifest(model_dir, engine_args)
 
+        self.model_name = args["model_name"]
         self.engine = LLMEngine(engine_args)
+        if self.settings.fault_injection_crash_after_steps is not None:
+            _inject_crash(self.engine, self.settings.fault_injection_crash_after_steps)
         self.loop = EngineLoop(self.engine)
         self.metrics = EngineMetrics(args["model_name"], self.engine) if self.settings.report_metrics else None
-        if self.metrics:
-            self.loop.step_listeners.append(self.metrics.on_step)
         self.loop.start()
 
         self._ids = itertools.count()
@@ -147,10 +163,15 @@ class TritonPythonModel:
         self._inflight_lock = threading.Lock()
         self._responses: "queue.Queue[Optional[tuple[ResponseWriter, RequestOutput]]]" = queue.Queue()
         self._stopping = threading.Event()
+        self._unhealthy = False
+        self._seen_ready = False
+        self._draining = False
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
+        if self.metrics:
+            threading.Thread(target=self._metrics_loop, name="metrics", daemon=True).start()
         s = self.engine.kv_cache_stats()
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "
@@ -173,6 +194,10 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, spec["name"])
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
+        if self._unhealthy:
+            sender.send(pb_utils.InferenceResponse(error=triton_error(EngineDeadError(
+                "the engine is unhealthy and the model is being unloaded"))), flags=FINAL)
+            return
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
             parsed = parse_request(inputs, tokenize)
@@ -196,37 +221,106 @@ class TritonPythonModel:
             pass
 
     def _response_loop(self) -> None:
+        """The only thread that touches Triton request objects after execute(): it sends
+        responses and polls cancellation. Asking a request whose FINAL response was sent
+        whether it is cancelled crashes the server, so both must happen here, in order."""
+        interval = self.settings.cancel_poll_interval_s
+        next_poll = time.monotonic() + interval
         while True:
-            item = self._responses.get()
+            try:
+                item = self._responses.get(timeout=max(next_poll - time.monotonic(), 0.0))
+            except queue.Empty:
+                item = _TICK
             if item is None:
                 return
-            writer, out = item
+            if item is not _TICK:
+                self._send_output(*item)
+            if time.monotonic() >= next_poll:
+                self._poll_cancellations()
+                next_poll = time.monotonic() + interval
+
+    def _send_output(self, writer: ResponseWriter, out: RequestOutput) -> None:
+        try:
+            writer.handle(out)
+        except Exception:
+            self.logger.log_warn(f"[paged_llm] could not send to {writer.request_id}; aborting it")
+            writer.done = True
+            self.loop.abort(writer.request_id)
+        if out.finished or writer.done:
+            with self._inflight_lock:
+                self._inflight.pop(writer.request_id, None)
+        if out.finished and self.metrics:
+            self.metrics.on_finished(out, writer.arrival, writer.first_token_time)
+
+    def _poll_cancellations(self) -> None:
+        with self._inflight_lock:
+            items = list(self._inflight.items())
+        for request_id, (request, writer) in items:
+            if writer.done or writer.cancel_sent:
+                continue
             try:
-                writer.handle(out)
+                cancelled = request.is_cancelled()
             except Exception:
-                self.logger.log_warn(f"[paged_llm] could not send to {writer.request_id}; aborting it")
-                self.loop.abort(writer.request_id)
-            if out.finished:
-                with self._inflight_lock:
-                    self._inflight.pop(writer.request_id, None)
-                if self.metrics:
-                    self.metrics.on_finished(out, writer.arrival, writer.first_token_time)
+                cancelled = True
+            if cancelled:
+                writer.cancel_sent = True
+                self.loop.abort(request_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
+
+    def _metrics_loop(self) -> None:
+        # Its own thread: a metric call can block for good once the server stops.
+        while not self._stopping.wait(0.1):
+            if not self._draining:
+                self.metrics.update()
 
     def _watch_loop(self) -> None:
-        while not self._stopping.wait(self.settings.cancel_poll_interval_s):
-            with self._inflight_lock:
-                items = list(self._inflight.items())
-            for request_id, (request, writer) in items:
-                if writer.done:
-                    continue
-                try:
-                    cancelled = request.is_cancelled()
-                except Exception:
-                    cancelled = True
-                if cancelled:
-                    self.loop.abort(request_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
-            if self.metrics:
-                self.metrics.update_gauges()
+        while not self._stopping.wait(0.1):
+            if self._draining:
+                continue
+            if self._server_stopping():
+                self._draining = True
+                threading.Thread(target=self._drain, name="drain", daemon=True).start()
+            elif not self._unhealthy and not self.is_healthy():
+                self._unhealthy = True
+                self._on_unhealthy()
+
+    def _server_stopping(self) -> bool:
+        """Triton keeps a model loaded while any decoupled stream is open, so finalize()
+        comes only after every stream has ended. Shutdown is therefore detected here:
+        once the model has been ready, readiness turning false (or the server answering
+        'not ready') means the server is stopping."""
+        try:
+            ready = bool(pb_utils.is_model_ready(self.model_name))
+        except Exception as e:
+            ready = "not ready" not in str(e).lower()
+        if ready:
+            self._seen_ready = True
+        return self._seen_ready and not ready
+
+    def _drain(self) -> None:
+        self.logger.log_info(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
+                             f"grace period {self.settings.grace_period_s}s")
+        self.loop.stop(self.settings.grace_period_s)
+        self.logger.log_info("[paged_llm] drained")
+
+    def _on_unhealthy(self) -> None:
+        """Fail what is in flight with a clear error and take the model out of service:
+        unloading it makes Triton report it NOT READY (needs explicit model control)."""
+        cause = (f"the engine loop failed: {self.loop.error!r}" if self.loop.error is not None else
+                 f"the engine loop made no progress for {self.settings.health_timeout_s}s")
+        self.logger.log_error(f"[paged_llm] unhealthy: {cause}; unloading model '{self.model_name}'")
+        error = EngineDeadError(f"{cause}; the model is being unloaded")
+        with self._inflight_lock:
+            writers = [w for _, w in self._inflight.values()]
+        for writer in writers:  # a dead loop already failed them; a stalled one cannot
+            self._responses.put((writer, RequestOutput(writer.request_id, [], "", True, "error", error=error)))
+        threading.Thread(target=self._unload_self, daemon=True).start()
+
+    def _unload_self(self) -> None:
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as e:
+            self.logger.log_error(f"[paged_llm] could not unload '{self.model_name}' ({e}); start tritonserver "
+                                  "with --model-control-mode=explicit so an unhealthy model leaves service")
 
     # ---------------------------------------------------------------- health
     def is_healthy(self) -> bool:
@@ -237,9 +331,9 @@ class TritonPythonModel:
         return not busy or time.monotonic() - self.loop.last_heartbeat < self.settings.health_timeout_s
 
     def finalize(self) -> None:
-        self.logger.log_info(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
-                             f"grace period {self.settings.grace_period_s}s")
-        self.loop.stop(self.settings.grace_period_s)
+        if not self._draining:
+            self._draining = True
+            self._drain()
         self._stopping.set()
         self._responses.put(None)
         self._response_thread.join(timeout=10)

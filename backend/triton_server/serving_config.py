@@ -26,6 +26,8 @@ class ServerSettings(BaseModel):
     # is marked not ready.
     health_timeout_s: float = Field(60.0, gt=0.0)
     report_metrics: bool = True
+    # Testing only: make the engine's step fail after this many steps.
+    fault_injection_crash_after_steps: Optional[int] = Field(None, ge=0)
 
 
 SERVER_KEYS = set(ServerSettings.model_fields)

@@ -1,0 +1,173 @@
+"""Production behaviour against a real tritonserver: every bad input gets a clear
+per-request error and the server keeps serving; load shedding; metrics that match the
+workload; a crashed engine takes the model out of service; graceful shutdown."""
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from builder.build import BuildOptions, build
+from clients.triton_client import StreamingRequest
+from clients.tritonserver import TritonServer
+from tests.integration.conftest import metric, wait_blocks_free
+
+OK_PARAMS = {"max_tokens": 8, "temperature": 0}
+
+
+def s(x):
+    return np.array([x.encode() if isinstance(x, str) else x], dtype=np.object_)
+
+
+def sp(obj):
+    return {"sampling_parameters": s(json.dumps(obj))}
+
+
+BAD_INPUTS = {
+    # name: (prompt, extra tensors, text the error must contain)
+    "missing_text_input": (None, {}, "no prompt"),
+    "empty_text_input": ("", {}, "no prompt"),
+    "prompt_over_max_model_len": ("word " * 1100, {}, "max_model_len"),
+    "max_tokens_zero": ("hi", sp({"max_tokens": 0}), "max_tokens"),
+    "max_tokens_negative_scalar": ("hi", {"max_tokens": np.array([-3], dtype=np.int32)}, "max_tokens"),
+    "max_tokens_too_large": ("hi", sp({"max_tokens": 5000}), "max_tokens"),
+    "negative_temperature": ("hi", sp({"temperature": -0.5}), "temperature"),
+    "nan_temperature": ("hi", {"temperature": np.array([np.nan], dtype=np.float32)}, "temperature"),
+    "nan_temperature_json": ("hi", {"sampling_parameters": s('{"temperature": NaN}')}, "temperature"),
+    "top_p_zero": ("hi", sp({"top_p": 0}), "top_p"),
+    "top_p_above_one": ("hi", sp({"top_p": "1.5"}), "top_p"),
+    "top_k_below_minus_one": ("hi", sp({"top_k": -2}), "top_k"),
+    "unknown_key": ("hi", sp({"max_tokens": 4, "best_of": 2}), "unknown sampling parameter 'best_of'"),
+    "invalid_json": ("hi", {"sampling_parameters": s("{max_tokens: 4")}, "not valid JSON"),
+    "json_not_object": ("hi", {"sampling_parameters": s("[1, 2]")}, "JSON object"),
+    "wrong_value_type": ("hi", sp({"max_tokens": "many"}), "max_tokens"),
+    "wrong_list_type": ("hi", sp({"stop_token_ids": "nope"}), "stop_token_ids"),
+    "token_ids_outside_vocab": (None, {"input_ids": np.array([5, 999999], dtype=np.int32)}, "outside the vocabulary"),
+    "invalid_utf8": (None, {"text_input": np.array([b"\xff\xfe bad"], dtype=np.object_)}, "not valid UTF-8"),
+    "wrong_dtype": (None, {"text_input": np.array([7], dtype=np.int32)}, "text_input"),
+    "wrong_shape": (None, {"text_input": np.array([b"a", b"b"], dtype=np.object_)}, "text_input"),
+    "text_and_ids_disagree": ("hello world", {"input_ids": np.array([5, 6, 7], dtype=np.int32)}, "disagree"),
+    "beam_search": ("hi", {"beam_width": np.array([4], dtype=np.int32)}, "beam_width"),
+    "scalar_conflicts_json": ("hi", {**sp({"max_tokens": 4}), "max_tokens": np.array([9], dtype=np.int32)},
+                              "given twice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gets_clear_error_then_server_serves(server, case):
+    prompt, extra, expected = BAD_INPUTS[case]
+    res = StreamingRequest(server.grpc_url).run(prompt, None, extra=extra)
+    assert res.error is not None, f"{case} was accepted"
+    assert expected in res.error, res.error
+    good = StreamingRequest(server.grpc_url).run("The pass statement", OK_PARAMS)
+    assert good.ok and len(good.token_ids) >= 1
+    wait_blocks_free(server)
+
+
+def test_stream_with_input_echo_is_supported(server):
+    res = StreamingRequest(server.grpc_url).run(
+        "The pass statement", OK_PARAMS, stream=True, extra={"exclude_input_in_output": np.array([False])})
+    assert res.ok and res.pieces[0].startswith("The pass statement")
+    wait_blocks_free(server)
+
+
+def test_overload_sheds_with_unavailable(server):
+    """max_queue_size=48, max_num_seqs=16: 120 simultaneous requests overflow the queue."""
+    rejected_before = metric(server, "llm_requests_rejected_total", 'model="llm",reason="queue_full"')
+    params = {"max_tokens": 24, "min_tokens": 24, "temperature": 0}
+    with ThreadPoolExecutor(120) as pool:
+        results = list(pool.map(lambda i: StreamingRequest(server.grpc_url).run(f"Request {i}", params), range(120)))
+    shed = [r for r in results if r.error]
+    done = [r for r in results if r.ok]
+    assert shed, "nothing was shed"
+    assert all("UNAVAILABLE" in r.error and "max_queue_size=48" in r.error for r in shed), shed[0].error
+    assert all(len(r.token_ids) == 24 for r in done)
+    assert len(shed) + len(done) == 120
+    wait_blocks_free(server)
+    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="queue_full"') == rejected_before + len(shed)
+
+
+def test_metrics_match_a_known_workload(server, tiny_ckpt):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_ckpt)
+    wait_blocks_free(server)
+    names = ["llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_e2e_request_latency_seconds_count",
+             "llm_time_to_first_token_seconds_count"]
+    before = {n: metric(server, n) for n in names}
+    invalid_before = metric(server, "llm_requests_rejected_total", 'model="llm",reason="invalid_request"')
+    prompts = [f"The {w} statement is here" for w in ("if", "for", "while", "try", "with")]
+    for i, p in enumerate(prompts):
+        res = StreamingRequest(server.grpc_url).run(p, {"max_tokens": 5 + i, "min_tokens": 5 + i, "temperature": 0})
+        assert res.ok
+    StreamingRequest(server.grpc_url).run("x", {"top_p": 7})
+    time.sleep(0.3)
+    assert metric(server, "llm_prompt_tokens_total") - before["llm_prompt_tokens_total"] == \
+        sum(len(tok.encode(p)) for p in prompts)
+    assert metric(server, "llm_generation_tokens_total") - before["llm_generation_tokens_total"] == sum(range(5, 10))
+    assert metric(server, "llm_e2e_request_latency_seconds_count") - before["llm_e2e_request_latency_seconds_count"] == 5
+    assert metric(server, "llm_time_to_first_token_seconds_count") - before["llm_time_to_first_token_seconds_count"] == 5
+    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="invalid_request"') == invalid_before + 1
+    assert metric(server, "llm_kv_cache_blocks_total") == 256
+
+
+def _own_server(tmp_path, tiny_ckpt, **opts):
+    repo = tmp_path / "repo"
+    base = dict(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", link=True, block_size=16,
+                num_kv_blocks=128, max_model_len=1024)
+    build(BuildOptions.create(**{**base, **{k: v for k, v in opts.items() if k != "params"}}), log=lambda *_: None)
+    extra = opts.get("params") or {}
+    if extra:
+        with open(repo / "llm" / "config.pbtxt", "a") as f:
+            for k, v in extra.items():
+                f.write(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n')
+    return TritonServer(str(repo), log_path=str(tmp_path / "server.log"))
+
+
+def test_crashed_engine_fails_requests_and_model_turns_not_ready(tmp_path, tiny_ckpt):
+    with _own_server(tmp_path, tiny_ckpt, params={"fault_injection_crash_after_steps": 5}) as srv:
+        assert srv.model_ready("llm")
+        res = StreamingRequest(srv.grpc_url).run("hello", {"max_tokens": 50, "temperature": 0}, timeout_s=30)
+        assert res.error and "engine" in res.error and "injected fault" in res.error
+        deadline = time.monotonic() + 30
+        while srv.model_ready("llm") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not srv.model_ready("llm")
+        after = StreamingRequest(srv.grpc_url).run("hello", OK_PARAMS, timeout_s=30)
+        assert after.error
+
+
+def test_graceful_shutdown(tmp_path, tiny_ckpt):
+    srv = _own_server(tmp_path, tiny_ckpt, grace_period_s=1.0)
+    srv.extra_args = ["--exit-timeout-secs", "8"]
+    srv.start()
+    results = {}
+
+    def run(name, params):
+        results[name] = StreamingRequest(srv.grpc_url).run("The pass statement", params, timeout_s=60)
+
+    short = threading.Thread(target=run, args=("short", {"max_tokens": 3, "temperature": 0}))
+    endless = threading.Thread(target=run, args=("endless", {"max_tokens": 1000, "ignore_eos": True,
+                                                             "temperature": 0}))
+    endless.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    short.start()
+    short.join()
+    endless.join()
+    code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
+    elapsed = time.monotonic() - t0
+    srv.stop()
+    assert code == 0 and elapsed < 8, (code, elapsed)
+    # The in-flight stream was cut after the grace period with an error, not left hanging.
+    assert results["endless"].error and len(results["endless"].token_ids) < 1000
+    # New requests after the stop began were refused or completed, never hung.
+    assert results["short"].error or results["short"].ok
+    log = open(tmp_path / "server.log").read()
+    assert "[paged_llm] stopping" in log and "[paged_llm] drained" in log
+    assert "successfully unloaded 'llm'" in log

@@ -1,0 +1,91 @@
+"""The request parser over plain numpy arrays (no server): contract mapping, and a
+hypothesis fuzz test that arbitrary tensors and JSON end in a valid request or a clear
+InvalidRequestError, never anything else."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from backend.engine.errors import InvalidRequestError
+from backend.triton_server.request_parser import INPUT_SPECS, parse_request
+
+
+def b(x):
+    return np.array([x.encode() if isinstance(x, str) else x], dtype=np.object_)
+
+
+def test_vllm_contract():
+    req = parse_request({"text_input": b("hello"), "stream": np.array([True]),
+                         "sampling_parameters": b(json.dumps({"max_tokens": "7", "temperature": "0.5",
+                                                              "top_p": 0.9, "stop": "END", "ignore_eos": "true"})),
+                         "exclude_input_in_output": np.array([False])})
+    assert req.prompt == "hello" and req.stream and not req.exclude_input_in_output
+    p = req.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.ignore_eos) == (7, 0.5, 0.9, ["END"], True)
+
+
+def test_trtllm_scalars_and_aliases():
+    req = parse_request({"text_input": b("x"), "max_tokens": np.array([5], dtype=np.int32),
+                         "min_length": np.array([2], dtype=np.int32), "random_seed": np.array([9], dtype=np.uint64),
+                         "stop_words": np.array([b"A", b"B"], dtype=np.object_), "end_id": np.array([2], dtype=np.int32)})
+    p = req.params
+    assert (p.max_tokens, p.min_tokens, p.seed, p.stop, p.stop_token_ids) == (5, 2, 9, ["A", "B"], [2])
+
+
+def test_defaults():
+    req = parse_request({"text_input": b("x")})
+    assert not req.stream and req.exclude_input_in_output and req.params.max_tokens == 16
+
+
+def test_input_ids_checked_against_text():
+    tokenize = lambda t: [1, 2, 3]  # noqa: E731
+    assert parse_request({"text_input": b("x"), "input_ids": np.array([1, 2, 3], dtype=np.int32)}, tokenize).prompt == [1, 2, 3]
+    with pytest.raises(InvalidRequestError, match="disagree"):
+        parse_request({"text_input": b("x"), "input_ids": np.array([1, 2], dtype=np.int32)}, tokenize)
+
+
+@pytest.mark.parametrize("inputs, match", [
+    ({}, "no prompt"),
+    ({"text_input": b("")}, "no prompt"),
+    ({"text_input": b(b"\xc3\x28")}, "UTF-8"),
+    ({"text_input": b("x"), "sampling_parameters": b("{")}, "not valid JSON"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"n": 2}')}, "unknown sampling parameter 'n'"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"max_tokens": -1}')}, "max_tokens"),
+    ({"text_input": b("x"), "temperature": np.array([np.inf], dtype=np.float32)}, "temperature"),
+    ({"text_input": b("x"), "stream": np.array([1], dtype=np.int32)}, "stream"),
+    ({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, "exactly one"),
+    ({"input_ids": np.array([1.5], dtype=np.float32)}, "input_ids"),
+])
+def test_errors_name_the_input(inputs, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        parse_request(inputs)
+
+
+SPEC_NAMES = [s["name"] for s in INPUT_SPECS]
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+                           | st.text(max_size=8), lambda c: st.lists(c, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6)
+arrays = st.one_of(
+    st.builds(lambda xs: np.array(xs, dtype=np.object_), st.lists(st.binary(max_size=12), min_size=0, max_size=3)),
+    st.builds(lambda xs: np.array(xs, dtype=np.int32), st.lists(st.integers(-2**31, 2**31 - 1), max_size=4)),
+    st.builds(lambda xs: np.array(xs, dtype=np.float32), st.lists(st.floats(width=32), max_size=3)),
+    st.builds(lambda xs: np.array(xs, dtype=bool), st.lists(st.booleans(), max_size=2)),
+    st.builds(lambda xs: np.array(xs, dtype=np.uint64), st.lists(st.integers(0, 2**64 - 1), max_size=2)),
+    st.builds(lambda d: b(json.dumps(d)), st.dictionaries(
+        st.sampled_from(["max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                         "stop_token_ids", "ignore_eos", "repetition_penalty", "bogus"]), json_values, max_size=5)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(SPEC_NAMES), arrays, max_size=6))
+def test_fuzz_never_crashes(inputs):
+    try:
+        req = parse_request(inputs, tokenize=lambda t: [len(t)])
+    except InvalidRequestError as e:
+        assert str(e)
+        return
+    assert req.prompt
+    assert req.params.max_tokens is None or req.params.max_tokens >= 1
