@@ -66,12 +66,8 @@ class TorchPagedAttention:
         qsl = meta.query_start_loc.tolist()
         decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode_seqs:
-            rows = [qsl[i] for i in decode_seqs]
-            if len(rows) == q.shape[0]:
-                out[:] = self._decode(q, cache, meta, None)
-            else:
-                idx = torch.tensor(rows, dtype=torch.long, device=q.device)
-                out[idx] = self._decode(q[idx], cache, meta, decode_seqs)
+            idx = torch.tensor([qsl[i] for i in decode_seqs], dtype=torch.long, device=q.device)
+            out[idx] = self._decode(q[idx], cache, meta, decode_seqs)
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
                 s = qsl[i]
@@ -79,27 +75,24 @@ class TorchPagedAttention:
         return out
 
     def _decode(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
-                seq_ids: Optional[list[int]]) -> torch.Tensor:
+                seq_ids: list[int]) -> torch.Tensor:
         bs = cache.block_size
-        seq_lens = meta.seq_lens_cpu if seq_ids is None else [meta.seq_lens_cpu[i] for i in seq_ids]
-        max_len = max(seq_lens)
-        nblk = -(-max_len // bs)
-        tables = meta.block_tables if seq_ids is None else meta.block_tables[seq_ids]
-        tables = tables[:, :nblk].long()
-        k = _gather(cache.key, tables, cache.k_scale, q.dtype)    # [B, L, KVH, D]
-        v = _gather(cache.value, tables, cache.v_scale, q.dtype)
-        B, L = k.shape[0], k.shape[1]
-        group = self.num_heads // self.num_kv_heads
-        qg = q.view(B, self.num_kv_heads, group, self.head_dim)
-        scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * self.scale
+        seq_lens = [meta.seq_lens_cpu[i] for i in seq_ids]
+        nblk = -(-max(seq_lens) // bs)
+        tables = meta.block_tables[seq_ids, :nblk].long()
+        # One gather copy; the [B, L, KVH, D] -> [B, KVH, L, D] transpose stays a view,
+        # which SDPA reads through its strides.
+        k = _gather(cache.key, tables, cache.k_scale, q.dtype).transpose(1, 2)
+        v = _gather(cache.value, tables, cache.v_scale, q.dtype).transpose(1, 2)
+        B, L = k.shape[0], k.shape[2]
         lens = torch.tensor(seq_lens, device=q.device)
         pos = torch.arange(L, device=q.device)
-        masked = pos[None, :] >= lens[:, None]
+        allowed = pos[None, :] < lens[:, None]
         if self.sliding_window is not None:
-            masked |= pos[None, :] <= (lens[:, None] - 1 - self.sliding_window)
-        scores.masked_fill_(masked[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.einsum("bkgl,blkd->bkgd", probs, v).reshape(B, self.num_heads, self.head_dim)
+            allowed &= pos[None, :] > (lens[:, None] - 1 - self.sliding_window)
+        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=allowed[:, None, None, :],
+                                           scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
+        return o[:, :, 0, :]
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
                  seq_len: int) -> torch.Tensor:
