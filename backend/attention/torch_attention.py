@@ -19,8 +19,15 @@ from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 FP8_E4M3_MAX = 448.0
 
 
+def fp32_reciprocal(scale: float) -> float:
+    """1/scale rounded to fp32: the torch path and the Triton kernel both multiply by
+    exactly this value, so they store the same FP8 bytes."""
+    return torch.tensor(1.0 / scale, dtype=torch.float32).item()
+
+
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    inv = torch.tensor(fp32_reciprocal(scale), dtype=torch.float32, device=x.device)
+    return (x.float() * inv).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_mapping: torch.Tensor) -> None:

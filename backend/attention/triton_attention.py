@@ -1,0 +1,249 @@
+"""Paged attention and the KV write in OpenAI Triton.
+
+One attention launch serves the whole step, whatever it mixes: decode, prefill, chunked
+prefill and prefix-cache hits. A program handles one query token and one KV head: it
+loads the query heads that share that KV head (GQA packing), walks the sequence's block
+table up to the token's causal limit and keeps an online softmax. With `num_splits > 1`
+the KV range is split across a third grid axis (split-KV, for long contexts at small
+batch) and a second kernel merges the partial results.
+
+FP8 (E4M3) caches are stored as raw bytes (uint8 views) and dequantized with the
+layer's scale inside the kernel. With TRITON_INTERPRET=1 everything runs on CPU tensors,
+which is how CI checks it. Dot products are fp32 sums (no TF32), so the kernel agrees
+with the torch reference to ~1e-6 in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.attention.torch_attention import fp32_reciprocal
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Round fp32 to the nearest E4M3 value (ties to even), in fp32 arithmetic that is
+    exact. Triton 3.x's interpreter loses the carry when a cast to float8e4nv rounds up
+    across a power of two (-31.2 became -16); a value already on the grid casts exactly
+    everywhere."""
+    x = tl.clamp(x, -448.0, 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    exp = tl.maximum(exp, -6)                   # below 2^-6: subnormal spacing 2^-9
+    step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)   # 2^(exp-3): 3 mantissa bits
+    y = x / step                                # exact: step is a power of two
+    f = tl.floor(y)
+    frac = y - f
+    half_even = f + (f - 2.0 * tl.floor(f * 0.5))  # f rounded up iff f is odd
+    r = tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, half_even))
+    return r * step
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_inv_scale, v_inv_scale,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     FP8: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t)
+    d = tl.arange(0, BLOCK_D)
+    mask = d < tl.where(slot >= 0, HEAD_DIM, 0)  # padding rows (slot -1) write nothing
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    dst = slot.to(tl.int64) * (NUM_KV_HEADS * HEAD_DIM) + h * HEAD_DIM + d
+    if FP8:
+        k = _round_to_e4m3(k.to(tl.float32) * k_inv_scale)
+        v = _round_to_e4m3(v.to(tl.float32) * v_inv_scale)
+        tl.store(k_cache_ptr + dst, k.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+    else:
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_kv(cache_ptr, rows, kvh, d, mask, scale, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+             FP8: tl.constexpr):
+    ptrs = cache_ptr + rows[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
+    if FP8:
+        x = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _paged_attention_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, token_seq_ptr,
+        k_scale, v_scale, sm_scale,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+        NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    s = tl.load(token_seq_ptr + t)
+    q_start = tl.load(query_start_loc_ptr + s)
+    q_len = tl.load(query_start_loc_ptr + s + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + s)
+    pos = seq_len - q_len + (t - q_start)          # this token's position in its sequence
+    kv_end = pos + 1                                # causal: keys 0..pos
+    kv_start = 0
+    if SLIDING_WINDOW > 0:
+        kv_start = tl.maximum(pos - SLIDING_WINDOW + 1, 0)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    gmask = g < GROUP
+    dmask = d < HEAD_DIM
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+
+    first_block = kv_start // BLOCK_SIZE
+    num_blocks = tl.cdiv(kv_end, BLOCK_SIZE) - first_block
+    per_split = tl.cdiv(num_blocks, NUM_SPLITS)
+    b_lo = first_block + split * per_split
+    b_hi = tl.minimum(b_lo + per_split, first_block + num_blocks)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs = tl.arange(0, BLOCK_SIZE)
+    for b in range(b_lo, b_hi):
+        phys = tl.load(block_tables_ptr + s * stride_bt + b).to(tl.int64)
+        key_pos = b * BLOCK_SIZE + offs
+        kmask = (key_pos < kv_end) & (key_pos >= kv_start)
+        rows = phys * BLOCK_SIZE + offs
+        lmask = kmask[:, None] & dmask[None, :]
+        k = _load_kv(k_cache_ptr, rows, kvh, d, lmask, k_scale, NUM_KV_HEADS, HEAD_DIM, FP8)
+        v = _load_kv(v_cache_ptr, rows, kvh, d, lmask, v_scale, NUM_KV_HEADS, HEAD_DIM, FP8)
+        qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale      # [G, BLOCK_SIZE]
+        qk = tl.where(kmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+
+    omask = gmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        # Partials laid out [T, H, NUM_SPLITS, ...]: unnormalized acc, then (m, l).
+        row = (t * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=omask)
+        tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
+
+
+@triton.jit
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = sp < NUM_SPLITS
+    row = (t * NUM_HEADS + h) * NUM_SPLITS + sp
+    m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+    l = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                  mask=smask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _as_storage(cache: torch.Tensor) -> torch.Tensor:
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_mapping: torch.Tensor) -> None:
+    T, num_kv_heads, head_dim = key.shape
+    if T == 0:
+        return
+    _write_kv_kernel[(T, num_kv_heads)](
+        key, value, _as_storage(cache.key), _as_storage(cache.value), slot_mapping,
+        fp32_reciprocal(cache.k_scale), fp32_reciprocal(cache.v_scale),
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8=cache.is_fp8)
+
+
+def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, block_size: int) -> int:
+    """Split the KV range when there are too few (token, head) programs to fill the
+    device and each has a long context to walk."""
+    programs = num_tokens * num_kv_heads
+    if programs >= 128 or max_seq_len < 1024:
+        return 1
+    return int(min(16, triton.next_power_of_2(max(1, max_seq_len // 512))))
+
+
+def paged_attention(q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata, scale: float,
+                    sliding_window: Optional[int] = None, num_splits: Optional[int] = None,
+                    token_seq: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q: [T, H, D] (all tokens of the step) -> [T, H, D]; reads K/V through the block tables."""
+    T, H, D = q.shape
+    num_kv_heads = cache.key.shape[2]
+    block_size = cache.key.shape[1]
+    group = H // num_kv_heads
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if token_seq is None:
+        token_seq = token_to_seq(meta, q.device)
+    if num_splits is None:
+        num_splits = choose_num_splits(T, num_kv_heads, meta.max_seq_len, block_size)
+    if num_splits > 1:
+        part_acc = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((T, H, num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+    block_tables = meta.block_tables
+    _paged_attention_kernel[(T, num_kv_heads, num_splits)](
+        q, _as_storage(cache.key), _as_storage(cache.value), out, part_acc, part_ml,
+        block_tables, meta.seq_lens, meta.query_start_loc, token_seq,
+        float(cache.k_scale), float(cache.v_scale), float(scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
+        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_SIZE=block_size,
+        SLIDING_WINDOW=sliding_window or 0, FP8=cache.is_fp8, NUM_SPLITS=num_splits)
+    if num_splits > 1:
+        _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+                                     NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
+                                     NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits))
+    return out
+
+
+def token_to_seq(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
+    lens = torch.tensor(meta.query_lens_cpu, dtype=torch.int64)
+    return torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), lens).to(device)
+
+
+class TritonPagedAttention:
+    """The engine-facing backend; same interface as TorchPagedAttention."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: Optional[int] = None) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k, v, cache, meta.slot_mapping)
+        return paged_attention(q, cache, meta, self.scale, self.sliding_window)

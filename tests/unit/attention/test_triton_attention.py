@@ -1,0 +1,136 @@
+"""The Triton kernels against the torch reference on randomized shapes (through the
+interpreter on CPU, natively on CUDA): block sizes 8/16, GQA 1/4/8, head dims 64/128,
+decode, prefill, chunked prefill after a cached prefix, ragged lengths including 1 and
+block boundaries +-1, split-KV, sliding window, FP8 cache."""
+
+import random
+
+import pytest
+import torch
+
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.attention.torch_attention import TorchPagedAttention, write_kv as torch_write_kv
+from backend.attention.triton_attention import TritonPagedAttention, paged_attention, write_kv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_blocks=None):
+    """seqs: [(cached_context_len, new_query_len)]. Returns (q, k, v, cache, meta)."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    H = num_kv_heads * group
+    need = [-(-(c + n) // block_size) for c, n in seqs]
+    num_blocks = num_blocks or sum(need) + 3
+    perm = list(range(num_blocks))
+    rng.shuffle(perm)  # scattered physical blocks
+    tables, it = [], iter(perm)
+    for n in need:
+        tables.append([next(it) for _ in range(n)])
+    dtype = torch.float8_e4m3fn if fp8 else torch.float32
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    cache = KVCacheLayer(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype),
+                         k_scale=0.05 if fp8 else 1.0, v_scale=0.04 if fp8 else 1.0)
+    # Fill the cached context with the reference writer.
+    ctx_slots = [t[p // block_size] * block_size + p % block_size for (c, _), t in zip(seqs, tables) for p in range(c)]
+    if ctx_slots:
+        kk = torch.randn(len(ctx_slots), num_kv_heads, head_dim, generator=g)
+        vv = torch.randn(len(ctx_slots), num_kv_heads, head_dim, generator=g)
+        torch_write_kv(kk, vv, cache, torch.tensor(ctx_slots))
+    T = sum(n for _, n in seqs)
+    q = torch.randn(T, H, head_dim, generator=g)
+    k = torch.randn(T, num_kv_heads, head_dim, generator=g)
+    v = torch.randn(T, num_kv_heads, head_dim, generator=g)
+    slots, qsl = [], [0]
+    for (c, n), t in zip(seqs, tables):
+        slots += [t[p // block_size] * block_size + p % block_size for p in range(c, c + n)]
+        qsl.append(qsl[-1] + n)
+    width = max(len(t) for t in tables)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32), seq_lens=torch.tensor([c + n for c, n in seqs], dtype=torch.int32),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64), query_lens_cpu=[n for _, n in seqs],
+        seq_lens_cpu=[c + n for c, n in seqs], max_query_len=max(n for _, n in seqs),
+        max_seq_len=max(c + n for c, n in seqs))
+    return q, k, v, cache, meta
+
+
+def to(dev, q, k, v, cache, meta):
+    m = AttentionMetadata(meta.query_start_loc.to(dev), meta.seq_lens.to(dev), meta.block_tables.to(dev),
+                          meta.slot_mapping.to(dev), meta.query_lens_cpu, meta.seq_lens_cpu,
+                          meta.max_query_len, meta.max_seq_len)
+    c = KVCacheLayer(cache.key.clone().to(dev), cache.value.clone().to(dev), cache.k_scale, cache.v_scale)
+    return q.to(dev), k.to(dev), v.to(dev), c, m
+
+
+def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None):
+    q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8)
+    scale = head_dim ** -0.5
+    ref_args = to("cpu", q, k, v, cache, meta)
+    ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(*ref_args)
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    if num_splits is None:
+        out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(q2, k2, v2, c2, m2)
+    else:
+        write_kv(k2, v2, c2, m2.slot_mapping)
+        out = paged_attention(q2, c2, m2, scale, window, num_splits=num_splits)
+    # The kernel wrote exactly what the reference wrote, FP8 bytes included.
+    assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
+    assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
+    return out.cpu(), ref
+
+
+CASES = []
+for i, (bs, group, hd) in enumerate([(8, 1, 64), (16, 4, 64), (8, 8, 128), (16, 1, 128), (16, 8, 64), (8, 4, 128)]):
+    rng = random.Random(100 + i)
+    edge = [bs - 1, bs, bs + 1]
+    seqs = [(0, 1),                                   # prompt of one token
+            (rng.choice(edge), 1),                    # decode at a block boundary +-1
+            (rng.randint(1, 3 * bs), 1),              # decode, ragged
+            (0, rng.choice(edge)),                    # fresh prefill ending at a boundary +-1
+            (bs * rng.randint(1, 2), rng.randint(2, bs + 3)),  # chunk after a cached (block-aligned) prefix
+            (rng.randint(1, 2 * bs), rng.randint(2, 5))]       # chunk after a ragged context
+    rng.shuffle(seqs)
+    CASES.append(pytest.param(seqs, bs, 2, group, hd, 1000 + i, id=f"bs{bs}-gqa{group}-d{hd}"))
+
+
+@pytest.mark.parametrize("seqs,bs,kvh,group,hd,seed", CASES)
+def test_matches_torch_reference(seqs, bs, kvh, group, hd, seed):
+    out, ref = run_both(seqs, bs, kvh, group, hd, seed)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("num_splits", [2, 4])
+def test_split_kv_matches(num_splits):
+    seqs = [(70, 1), (33, 1), (5, 1)]
+    out, ref = run_both(seqs, 8, 2, 4, 64, seed=7, num_splits=num_splits)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_sliding_window_matches():
+    out, ref = run_both([(40, 1), (20, 6), (0, 12)], 8, 2, 2, 64, seed=8, window=9)
+    assert rel_err(out, ref) < 1e-5
+
+
+FP8_BOUND = 1e-5  # same stored bytes, same dequantization: kernel vs torch path
+
+
+def test_fp8_cache_matches_torch_fp8_path():
+    out, ref = run_both([(17, 1), (8, 5), (0, 9)], 16, 2, 4, 64, seed=9, fp8=True)
+    assert rel_err(out, ref) < FP8_BOUND
+
+
+def test_fp8_cache_close_to_fp32():
+    """Quantization error of the FP8 cache itself (E4M3 has a 3-bit mantissa)."""
+    seqs = [(30, 1), (8, 5)]
+    q, k, v, cache, meta = build(seqs, 16, 2, 4, 64, seed=10)
+    scale = 64 ** -0.5
+    exact = TorchPagedAttention(8, 2, 64, scale).forward(*to("cpu", q, k, v, cache, meta))
+    qf, kf, vf, cf, mf = to(DEVICE, q, k, v, cache, meta)
+    c8 = KVCacheLayer(cf.key.to(torch.float8_e4m3fn), cf.value.to(torch.float8_e4m3fn), 1.0, 1.0)
+    out = TritonPagedAttention(8, 2, 64, scale).forward(qf, kf, vf, c8, mf).cpu()
+    assert rel_err(out, exact) < 0.05
