@@ -41,8 +41,9 @@ serve: $(STAMP) tritonserver model
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 bench: $(STAMP) tritonserver model
-	$(PY) -m clients.bench offline
-	$(PY) -m clients.bench serve --start-server
+	$(PY) -m pip install -q matplotlib
+	$(PY) -m clients.bench offline --json docs/offline.json
+	$(PY) -m clients.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
 
 clean:
 	rm -rf $(VENV) third_party model_repository/llm

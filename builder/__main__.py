@@ -32,6 +32,9 @@ def main(argv=None) -> int:
                       ("--max-queue-size", int), ("--grace-period-s", float)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8)")
+    b.add_argument("--gpu-memory-gb", type=float, help="memory plan: device memory (default 80)")
+    b.add_argument("--plan-seq-len", type=int, help="memory plan: sequence length (default 4096)")
 
     d = sub.add_parser("default", help="make sure model_repository/llm holds the default model")
     d.add_argument("--repository", default="model_repository")

@@ -46,11 +46,20 @@ class BuildOptions(BaseModel):
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
     grace_period_s: float = Field(10.0, ge=0)
+    calibration_data: Optional[str] = None
+    # Memory plan: device memory and sequence length to size for.
+    gpu_memory_gb: float = Field(80.0, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    plan_seq_len: int = Field(4096, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "BuildOptions":
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise ValueError(f"checkpoint '{self.checkpoint}' has no config.json")
+        if self.calibration_data is not None and not os.path.isfile(self.calibration_data):
+            raise ValueError(f"calibration_data file '{self.calibration_data}' does not exist")
+        if self.calibration_data is not None and self.weights != "fp8":
+            raise ValueError("calibration_data is only used with weights=fp8")
         return self
 
     @classmethod
@@ -100,32 +109,92 @@ def render_config(name: str, params: dict) -> str:
     ])
 
 
-def build(opts: BuildOptions, log=print) -> str:
+class Stages:
+    """One progress bar per build stage (load, calibrate, quantize, export, build, write)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._bar = None
+
+    def __call__(self, name: str, steps: int):
+        from tqdm import tqdm
+        if self._bar is not None:
+            self._bar.close()
+        self._bar = tqdm(total=steps, desc=f"{name:>9}", disable=not self.enabled, leave=True, ncols=80)
+        return lambda n=1: self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptions) -> dict:
+    """KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and V)."""
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_elem
+    budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
+    kv_budget = max(budget - weight_bytes, 0)
+    tokens = int(kv_budget // kv_per_token)
+    return {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
+            "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
+            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len}
+
+
+def format_plan(p: dict) -> str:
+    gib = 2**30
+    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}): weights "
+            f"{p['weight_bytes'] / gib:.3f} GiB; KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
+            f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
+            f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")
+
+
+def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if opts.engine == "tensorrt":
-        raise BuildError("--engine tensorrt is not available in this build: TensorRT cannot be installed "
-                         "here. See README ('What was verified where').")
-    if opts.weights == "fp8":
-        raise BuildError("--weights fp8 is not implemented yet; see README ('Status').")
+        raise BuildError("--engine tensorrt is not available: TensorRT cannot be installed on this machine, and "
+                         "the ONNX export it needs is not implemented yet. See docs/status.md.")
     t0 = time.time()
     cfg = load_model_config(opts.checkpoint)  # fails early on unsupported architectures
+    if cfg.quantization is not None and opts.weights == "fp8":
+        raise BuildError(f"checkpoint '{opts.checkpoint}' is already an FP8 build")
     name = opts.name or os.path.basename(os.path.normpath(opts.output))
     out = opts.output
+    stages = Stages(progress)
     os.makedirs(os.path.join(out, "1"), exist_ok=True)
     ckpt_dst = os.path.join(out, "checkpoint")
-    if opts.link:
+    quality = None
+    if opts.weights == "fp8":
+        from builder.fp8 import default_texts, quantize_checkpoint
+        calib, held = default_texts()
+        if opts.calibration_data:
+            with open(opts.calibration_data, encoding="utf-8") as f:
+                calib = [line.strip() for line in f if line.strip()]
+        state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages)
+        advance = stages("write", 2)
+        _write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
+        advance()
+        model_path = "checkpoint"
+    elif opts.link:
         model_path = os.path.abspath(opts.checkpoint)
+        advance = stages("write", 1)
     else:
+        advance = stages("write", 2)
         model_path = "checkpoint"
         os.makedirs(ckpt_dst, exist_ok=True)
         for f in sorted(os.listdir(opts.checkpoint)):
             src = os.path.join(opts.checkpoint, f)
             if os.path.isfile(src) and f.endswith(CHECKPOINT_FILES):
                 shutil.copy2(src, os.path.join(ckpt_dst, f))
+        advance()
     params = engine_parameters(opts, model_path)
     params["grace_period_s"] = opts.grace_period_s
     with open(os.path.join(out, "config.pbtxt"), "w") as f:
         f.write(render_config(name, params))
     import torch
+    served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
+    wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
+    kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (opts.weights == "auto"
+                                                      and cfg.torch_dtype == "float32")) else 2)
+    plan = memory_plan(cfg, wbytes, kv_elem, opts)
     manifest = {
         "format_version": FORMAT_VERSION,
         "backend_version": BACKEND_VERSION,
@@ -137,11 +206,38 @@ def build(opts: BuildOptions, log=print) -> str:
         "versions": {"torch": torch.__version__, "python": platform.python_version(),
                      "triton": _version("triton"), "tensorrt": _version("tensorrt"),
                      "transformers": _version("transformers")},
+        "memory_plan": plan,
+        "quality": None if quality is None else {
+            "held_out_tokens": quality.held_out_tokens, "relative_logit_error": quality.relative_logit_error,
+            "top1_agreement": quality.top1_agreement},
     }
     with open(os.path.join(out, MANIFEST_NAME), "w") as f:
         json.dump(manifest, f, indent=2)
-    log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}') in {time.time() - t0:.1f}s")
+    advance()
+    stages.close()
+    log(format_plan(plan))
+    if quality is not None:
+        log(f"FP8 quality on {quality.held_out_tokens} held-out tokens: relative logit error "
+            f"{quality.relative_logit_error:.4f}, top-1 agreement {quality.top1_agreement:.4f}")
+    log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
+        f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")
     return out
+
+
+def _write_fp8_checkpoint(src: str, dst: str, state: dict, qcfg: dict) -> None:
+    from safetensors.torch import save_file
+    os.makedirs(dst, exist_ok=True)
+    for f in sorted(os.listdir(src)):
+        full = os.path.join(src, f)
+        if os.path.isfile(full) and f.endswith(CHECKPOINT_FILES) and f != "config.json" \
+                and not f.endswith(".safetensors") and f != "model.safetensors.index.json":
+            shutil.copy2(full, os.path.join(dst, f))
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = qcfg
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(dst, "model.safetensors"))
 
 
 def _version(pkg: str) -> Optional[str]:

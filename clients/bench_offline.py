@@ -34,6 +34,17 @@ class Workload:
         outs = tuple(rng.randint(*output_range) for _ in range(num_seqs))
         return cls(prompts, outs)
 
+    @classmethod
+    def bimodal(cls, num_seqs: int, input_range: tuple[int, int], short_range: tuple[int, int],
+                long_range: tuple[int, int], long_fraction: float, vocab_size: int, seed: int = 0) -> "Workload":
+        """Widely varying output lengths: mostly short answers, a few long ones."""
+        rng = random.Random(seed)
+        prompts = tuple(tuple(rng.randrange(3, vocab_size) for _ in range(rng.randint(*input_range)))
+                        for _ in range(num_seqs))
+        outs = tuple(rng.randint(*(long_range if rng.random() < long_fraction else short_range))
+                     for _ in range(num_seqs))
+        return cls(prompts, outs)
+
     @property
     def num_output_tokens(self) -> int:
         return sum(self.output_lens)

@@ -69,6 +69,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                                    static_batching=static_batching)
         kv_layers = allocate_kv_cache(cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
+        if args.kv_cache_dtype == "fp8" and cfg.quantization and cfg.quantization.get("kv_cache_scales"):
+            # Calibrated by the builder: per layer [k_scale, v_scale].
+            for layer, (k_scale, v_scale) in zip(kv_layers, cfg.quantization["kv_cache_scales"]):
+                layer.k_scale, layer.v_scale = float(k_scale), float(v_scale)
         self.runner = ModelRunner(self.model, kv_layers, args.block_size, self.device,
                                   Sampler(args.seed), self.kv_cache.block_table)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}

@@ -42,6 +42,8 @@ class ModelConfig:
     # Per layer: None for full attention, else the window length.
     sliding_windows: tuple[Optional[int], ...]
     eos_token_ids: tuple[int, ...] = field(default=())
+    # config.json's quantization_config for FP8 builds (see backend/models/fp8.py).
+    quantization: Optional[dict[str, Any]] = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -101,6 +103,11 @@ def load_model_config(path: str) -> ModelConfig:
         with open(gen_path) as f:
             eos = _as_list(json.load(f).get("eos_token_id")) or eos
 
+    quant = cfg.get("quantization_config")
+    if quant is not None and quant.get("quant_method") != "paged_llm_fp8":
+        raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' "
+                                    "(supported: FP8 builds made by `python -m builder build --weights fp8`)")
+
     hidden_act = cfg.get("hidden_act", "silu")
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
@@ -126,4 +133,5 @@ def load_model_config(path: str) -> ModelConfig:
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
         sliding_windows=windows,
         eos_token_ids=tuple(eos),
+        quantization=quant,
     )

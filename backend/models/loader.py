@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from backend.models.config import ModelConfig
+from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
 from backend.models.llama import CausalLM
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -29,6 +30,8 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
                attn_factory: Callable[..., object], max_position: int) -> CausalLM:
     with torch.device("meta"):
         model = CausalLM(cfg, attn_factory, max_position)
+        if cfg.quantization is not None:
+            swap_in_fp8_linears(model)
     state = load_weights(path)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -41,7 +44,21 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         raise ValueError(f"checkpoint '{path}' lacks weights: {missing[:5]}")
     # Buffers (rotary tables) were built on meta: rebuild them for real.
     model.rotary = type(model.rotary)(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device)
+    # Cast to the compute dtype everything except FP8 layers (their weights stay FP8,
+    # their scales fp32).
+    for module in model.modules():
+        if isinstance(module, FP8Linear):
+            continue
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_floating_point() and p.dtype != dtype:
+                setattr(module, name, torch.nn.Parameter(p.data.to(dtype), requires_grad=False))
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_floating_point():
+                setattr(module, name, b.to(dtype))
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
 
 
 def load_tokenizer(path: str):

@@ -1,0 +1,78 @@
+"""FP8 (E4M3) linear layers: per-output-channel weight scales, a static per-tensor
+activation scale.
+
+Checkpoint format (written by `python -m builder build --weights fp8`): for every
+quantized linear `<name>.weight` is float8_e4m3fn, with `<name>.weight_scale` (fp32,
+[out]) and `<name>.input_scale` (fp32, scalar); config.json carries
+`quantization_config = {"quant_method": "paged_llm_fp8", ...}` with the calibrated
+per-layer KV-cache scales.
+
+On CUDA the matmul is torch._scaled_mm on FP8 tensor cores (Hopper). Elsewhere the same
+numerics are emulated: the activation is rounded through FP8 with its scale and
+multiplied by the dequantized weight (kept dequantized in memory: the CPU path is for
+correctness, the checkpoint is what is halved).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8_MAX = 448.0
+QUANT_METHOD = "paged_llm_fp8"
+QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [out, in] -> (fp8 weight, fp32 scale [out]) with w ~= fp8 * scale[:, None]."""
+    amax = w.float().abs().amax(dim=1).clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fake_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Round x through FP8 with a per-tensor scale (what the FP8 GEMM's input sees)."""
+    return ((x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+
+class FP8Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
+                                   requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
+        self.input_scale = nn.Parameter(torch.empty((), dtype=torch.float32), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self._dequantized: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2:
+            return self._scaled_mm(x)
+        if self._dequantized is None or self._dequantized.dtype != x.dtype:
+            self._dequantized = (self.weight.float() * self.weight_scale[:, None]).to(x.dtype)
+        return F.linear(fake_quantize(x, self.input_scale), self._dequantized,
+                        None if self.bias is None else self.bias.to(x.dtype))
+
+    def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
+        # Not yet run on a GPU in this project (see docs/benchmarks.md).
+        xq = (x.float() / self.input_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        scale_a = self.input_scale.expand(x.shape[0], 1).contiguous()
+        scale_b = self.weight_scale[None, :].contiguous()
+        return torch._scaled_mm(xq, self.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype,
+                                bias=None if self.bias is None else self.bias.to(x.dtype))
+
+
+def swap_in_fp8_linears(model: nn.Module) -> None:
+    """Replace the decoder's linear layers (not embeddings or the LM head) by FP8Linear."""
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in QUANTIZED_LINEARS:
+                lin = getattr(parent, name, None)
+                if isinstance(lin, nn.Linear):
+                    with torch.device(lin.weight.device):
+                        setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None))

@@ -1,0 +1,26 @@
+"""An FP8 build (weights and KV cache) served by a real tritonserver equals the offline
+engine on the same build."""
+
+import os
+
+from backend import LLM, SamplingParams
+from builder.build import BuildOptions, build
+from clients.triton_client import StreamingRequest
+from clients.tritonserver import TritonServer
+from tests.integration.conftest import wait_blocks_free
+
+
+def test_fp8_build_served(tmp_path, tiny_ckpt):
+    repo = tmp_path / "repo"
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", weights="fp8",
+                              kv_cache="fp8", num_kv_blocks=128, max_model_len=1024),
+          log=lambda *_: None, progress=False)
+    prompts = ["The assert statement", "The with statement"]
+    params = {"max_tokens": 12, "min_tokens": 12, "temperature": 0}
+    offline = LLM(os.path.join(repo, "llm", "checkpoint"), block_size=16, num_kv_blocks=128,
+                  kv_cache_dtype="fp8").generate(prompts, SamplingParams(**params))
+    with TritonServer(str(repo), log_path=str(tmp_path / "server.log")) as srv:
+        for p, o in zip(prompts, offline):
+            res = StreamingRequest(srv.grpc_url).run(p, params)
+            assert res.ok and res.token_ids == o.token_ids
+        wait_blocks_free(srv)
