@@ -132,7 +132,10 @@ class TritonServer:
         install()
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.model_repository = model_repository
-        self.log_path = log_path or os.path.join(model_repository, "..", "tritonserver.log")
+        if log_path is None:
+            os.makedirs(os.path.join(THIRD_PARTY, "logs"), exist_ok=True)
+            log_path = os.path.join(THIRD_PARTY, "logs", f"tritonserver-{self.http_port}.log")
+        self.log_path = log_path
         self.extra_args = extra_args
         self.startup_timeout_s = startup_timeout_s
         self.proc: Optional[subprocess.Popen] = None
