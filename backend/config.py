@@ -34,16 +34,18 @@ class EngineArgs(BaseModel):
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    # Decode-step CUDA graphs; ignored on CPU.
-    enforce_eager: bool = False
 
     @classmethod
     def create(cls, **kwargs) -> "EngineArgs":
-        """Validate, turning pydantic's report into one message that names each bad field."""
-        try:
-            return cls(**kwargs)
-        except ValidationError as e:
-            raise ConfigError(format_validation_error(e, "engine argument")) from None
+        return validated(cls, ConfigError, "engine argument", **kwargs)
+
+
+def validated(model_cls: type[BaseModel], error_cls: type[Exception], what: str, **kwargs):
+    """Build a pydantic model, turning its report into one error that names each bad field."""
+    try:
+        return model_cls(**kwargs)
+    except ValidationError as e:
+        raise error_cls(format_validation_error(e, what)) from None
 
 
 def format_validation_error(e: ValidationError, what: str) -> str:

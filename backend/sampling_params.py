@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from backend.config import format_validation_error
+from backend.config import validated
 
 
 class SamplingParamsError(ValueError):
@@ -69,7 +69,4 @@ class SamplingParams(BaseModel):
 
     @classmethod
     def create(cls, **kwargs) -> "SamplingParams":
-        try:
-            return cls(**kwargs)
-        except ValidationError as e:
-            raise SamplingParamsError(format_validation_error(e, "sampling parameter")) from None
+        return validated(cls, SamplingParamsError, "sampling parameter", **kwargs)

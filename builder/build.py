@@ -11,10 +11,10 @@ import shutil
 import time
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
-from backend.config import EngineArgs, format_validation_error
+from backend.config import EngineArgs, validated
 from backend.models.config import load_model_config
 from backend.triton_server.serving_config import render_parameters
 
@@ -64,10 +64,7 @@ class BuildOptions(BaseModel):
 
     @classmethod
     def create(cls, **kw) -> "BuildOptions":
-        try:
-            return cls(**kw)
-        except ValidationError as e:
-            raise BuildError(format_validation_error(e, "build option")) from None
+        return validated(cls, BuildError, "build option", **kw)
 
 
 def checkpoint_hash(path: str) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from backend.config import ConfigError, EngineArgs, format_validation_error
+from backend.config import ConfigError, EngineArgs, validated
 
 
 class ServerSettings(BaseModel):
@@ -46,15 +46,8 @@ def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, S
     engine["model"] = path if os.path.isabs(path) else os.path.normpath(os.path.join(model_dir, path))
     if not os.path.isdir(engine["model"]):
         raise ConfigError(f"invalid parameter 'model': checkpoint folder '{engine['model']}' does not exist")
-    try:
-        settings = ServerSettings(**server)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, "parameter")) from None
-    try:
-        args = EngineArgs(**engine)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, "parameter")) from None
-    return args, settings
+    settings = validated(ServerSettings, ConfigError, "parameter", **server)
+    return validated(EngineArgs, ConfigError, "parameter", **engine), settings
 
 
 def render_parameters(values: dict[str, Any]) -> str:

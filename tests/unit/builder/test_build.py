@@ -7,10 +7,10 @@ import os
 import pytest
 from safetensors import safe_open
 
-from backend import LLM, ConfigError, EngineArgs, SamplingParams
+from backend import ConfigError, EngineArgs
 from backend.build_manifest import check_manifest
 from builder.build import BuildError, BuildOptions, build
-from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.prefix import check_fp8_prefix_caching
 
 
 def opts(ckpt, out, **kw):
@@ -97,16 +97,6 @@ def test_fp8_linear_weights_halved_vs_bf16(fp8_build, tiny_ckpt):
 
 
 def test_engine_serves_fp8_build_with_and_without_prefix_caching(fp8_build):
-    path = os.path.join(fp8_build, "checkpoint")
-    prefix = random_prompts(1, [40], vocab=4000, seed=31)[0]
-    prompts = [prefix + [5, 6], prefix + [7, 8, 9]]
-    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0)
-    off = LLM(path, block_size=16, num_kv_blocks=64, kv_cache_dtype="fp8",
-              enable_prefix_caching=False).generate(prompts, params)
-    llm = LLM(path, block_size=16, num_kv_blocks=64, kv_cache_dtype="fp8", enable_prefix_caching=True)
-    on = [llm.generate([p], params)[0] for p in prompts]
-    assert on[1].num_cached_tokens == 32
-    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    llm = check_fp8_prefix_caching(os.path.join(fp8_build, "checkpoint"), prefix_len=40, seed=31)
     # The calibrated KV scales are in use.
     assert llm.engine.runner.kv_caches[0].k_scale != 1.0
-    assert_pool_free(llm)

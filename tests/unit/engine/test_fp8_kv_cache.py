@@ -5,6 +5,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.prefix import check_fp8_prefix_caching
 
 BUDGET = 512 * 1024
 
@@ -48,13 +49,4 @@ def test_fp8_greedy_agreement(tiny_ckpt):
 
 
 def test_fp8_with_prefix_caching_is_consistent(tiny_ckpt):
-    """Prefix-cache hits read the same FP8 bytes a fresh prefill wrote: identical output."""
-    prefix = random_prompts(1, [48], vocab=4000, seed=22)[0]
-    prompts = [prefix + [7, 8, 9], prefix + [10, 11]]
-    params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0)
-    off = LLM(tiny_ckpt, block_size=16, num_kv_blocks=64, kv_cache_dtype="fp8",
-              enable_prefix_caching=False).generate(prompts, params)
-    llm = LLM(tiny_ckpt, block_size=16, num_kv_blocks=64, kv_cache_dtype="fp8", enable_prefix_caching=True)
-    on = [llm.generate([p], params)[0] for p in prompts]
-    assert on[1].num_cached_tokens == 48
-    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    check_fp8_prefix_caching(tiny_ckpt, prefix_len=48, seed=22)
