@@ -165,6 +165,8 @@ class TritonPythonModel:
         self._stopping = threading.Event()
         self._unhealthy = False
         self._seen_ready = False
+        self._readiness_failures = 0
+        self._quiet = False
         self._draining = False
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
@@ -179,6 +181,7 @@ class TritonPythonModel:
 
     # ----------------------------------------------------------------- serve
     def execute(self, requests):
+        self._seen_ready = True  # Triton only hands requests to a ready model
         for request in requests:
             try:
                 self._submit(request)
@@ -269,7 +272,7 @@ class TritonPythonModel:
     def _metrics_loop(self) -> None:
         # Its own thread: a metric call can block for good once the server stops.
         while not self._stopping.wait(0.1):
-            if not self._draining:
+            if not (self._draining or self._quiet):
                 self.metrics.update()
 
     def _watch_loop(self) -> None:
@@ -286,21 +289,46 @@ class TritonPythonModel:
     def _server_stopping(self) -> bool:
         """Triton keeps a model loaded while any decoupled stream is open, so finalize()
         comes only after every stream has ended. Shutdown is therefore detected here:
-        once the model has been ready, readiness turning false (or the server answering
-        'not ready') means the server is stopping."""
-        try:
-            ready = bool(pb_utils.is_model_ready(self.model_name))
-        except Exception as e:
-            ready = "not ready" not in str(e).lower()
-        if ready:
-            self._seen_ready = True
-        return self._seen_ready and not ready
+        once the model has been ready, readiness turning false, or the readiness call
+        failing or hanging three times in a row (what it does while the server stops),
+        means the server is stopping."""
+        result: list = []
+
+        def ask() -> None:
+            try:
+                result.append(bool(pb_utils.is_model_ready(self.model_name)))
+            except Exception as e:
+                result.append(e)
+
+        probe = threading.Thread(target=ask, daemon=True)
+        probe.start()
+        probe.join(timeout=1.0)
+        answer = result[0] if result else TimeoutError("no answer within 1 s")
+        if answer is True:
+            self._seen_ready, self._readiness_failures = True, 0
+            return False
+        if not self._seen_ready:
+            return False
+        # From here on, calls into the server may block: pause the metrics thread.
+        self._quiet = True
+        if answer is False or "not ready" in str(answer).lower():
+            return True
+        self._readiness_failures += 1
+        if self._readiness_failures >= 3:
+            return True
+        self._quiet = False
+        return False
 
     def _drain(self) -> None:
-        self.logger.log_info(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
-                             f"grace period {self.settings.grace_period_s}s")
+        # Logging is a call into the server too, and may block while it stops: it must
+        # never hold up the drain itself.
+        self._log_async(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
+                        f"grace period {self.settings.grace_period_s}s")
         self.loop.stop(self.settings.grace_period_s)
-        self.logger.log_info("[paged_llm] drained")
+        self._log_async("[paged_llm] drained")
+
+    def _log_async(self, message: str) -> None:
+        threading.Thread(target=self.logger.log_info, args=(message,), daemon=True).start()
 
     def _on_unhealthy(self) -> None:
         """Fail what is in flight with a clear error and take the model out of service:

@@ -153,16 +153,18 @@ def test_graceful_shutdown(tmp_path, tiny_ckpt):
     short = threading.Thread(target=run, args=("short", {"max_tokens": 3, "temperature": 0}))
     endless = threading.Thread(target=run, args=("endless", {"max_tokens": 1000, "ignore_eos": True,
                                                              "temperature": 0}))
-    endless.start()
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    srv.proc.send_signal(signal.SIGTERM)
-    short.start()
-    short.join()
-    endless.join()
-    code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
-    elapsed = time.monotonic() - t0
-    srv.stop()
+    try:
+        endless.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        short.start()
+        short.join()
+        endless.join()
+        code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
+        elapsed = time.monotonic() - t0
+    finally:
+        srv.stop()
     assert code == 0 and elapsed < 8, (code, elapsed)
     # The in-flight stream was cut after the grace period with an error, not left hanging.
     assert results["endless"].error and len(results["endless"].token_ids) < 1000
