@@ -146,10 +146,9 @@ def format_plan(p: dict) -> str:
 
 
 def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
-    if opts.engine == "tensorrt":
-        raise BuildError("--engine tensorrt is not available: TensorRT cannot be installed on this machine, and "
-                         "the ONNX export it needs is not implemented yet. See docs/status.md.")
     t0 = time.time()
+    if opts.engine == "tensorrt":
+        _export_for_tensorrt(opts, Stages(progress), log)
     cfg = load_model_config(opts.checkpoint)  # fails early on unsupported architectures
     if cfg.quantization is not None and opts.weights == "fp8":
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already an FP8 build")
@@ -219,6 +218,29 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
         f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")
     return out
+
+
+def _export_for_tensorrt(opts: BuildOptions, stages: "Stages", log) -> None:
+    """Export the packed-token ONNX graph, leave the build command next to it, and stop:
+    the engine build needs TensorRT and the PagedAttention plugin, neither available here."""
+    from builder.onnx_export import export
+    onnx_dir = os.path.join(opts.output, "onnx")
+    advance = stages("export", 1)
+    path = export(opts.checkpoint, os.path.join(onnx_dir, "model.onnx"), "plugin")
+    advance()
+    stages.close()
+    command = (f"trtexec --onnx={os.path.abspath(path)} --stronglyTyped "
+               f"--saveEngine={os.path.abspath(os.path.join(opts.output, '1', 'model.plan'))} "
+               "--staticPlugins=<library registering paged_llm::PagedAttention version 1>")
+    with open(os.path.join(onnx_dir, "BUILD_COMMAND.txt"), "w") as f:
+        f.write(command + "\n")
+    try:
+        import tensorrt  # noqa: F401  (optional extra, imported lazily)
+        missing = "the paged_llm::PagedAttention TensorRT plugin is not implemented yet"
+    except ImportError as e:
+        missing = f"TensorRT is not installed ({e}), and the PagedAttention plugin is not implemented yet"
+    raise BuildError(f"exported {path} (one PagedAttention node per layer); stopping before the engine build: "
+                     f"{missing}. Build command, for when both exist: {command}")
 
 
 def _write_fp8_checkpoint(src: str, dst: str, state: dict, qcfg: dict) -> None:

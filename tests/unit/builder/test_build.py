@@ -48,8 +48,17 @@ def test_options_validated_before_work(tiny_ckpt, tmp_path):
         opts(str(tmp_path), tmp_path / "x")
     with pytest.raises(BuildError, match="block_size"):
         opts(tiny_ckpt, tmp_path, block_size=0)
-    with pytest.raises(BuildError, match="TensorRT cannot be installed"):
-        build(opts(tiny_ckpt, tmp_path / "t", engine="tensorrt"), progress=False)
+
+
+
+def test_tensorrt_engine_stops_with_onnx_and_command(llama_ckpt, tmp_path):
+    with pytest.raises(BuildError) as e:
+        build(opts(llama_ckpt, tmp_path / "t", engine="tensorrt"), progress=False)
+    msg = str(e.value)
+    assert "stopping before the engine build" in msg and "trtexec --onnx=" in msg
+    assert "TensorRT is not installed" in msg or "plugin is not implemented" in msg
+    assert os.path.isfile(tmp_path / "t" / "onnx" / "model.onnx")
+    assert "trtexec" in (tmp_path / "t" / "onnx" / "BUILD_COMMAND.txt").read_text()
 
 
 def test_memory_plan_formula(tiny_ckpt, tmp_path):
