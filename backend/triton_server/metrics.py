@@ -54,6 +54,7 @@ class EngineMetrics:
         self._last = {n: 0 for n in COUNTERS}
         self._finished: deque = deque()
         self._rejected_pending = {r: 0 for r in REJECT_REASONS}
+        self._gauge_values: dict[str, float] = {}
 
     def _totals(self) -> dict[str, int]:
         stats = self.engine.kv_cache_stats()
@@ -65,9 +66,9 @@ class EngineMetrics:
         }
 
     def update(self) -> None:
-        """Push everything pending. Called from one thread only (the adapter's watcher):
-        metric calls are IPC to the server and can block while it shuts down, so they
-        must never run on the engine or response threads."""
+        """Push what changed. Called from one thread only (the adapter's watcher): metric
+        calls are IPC to the server and can block while it shuts down, so they must never
+        run on the engine or response threads."""
         for name, total in self._totals().items():
             if total > self._last[name]:
                 self.counters[name].increment(total - self._last[name])
@@ -82,11 +83,13 @@ class EngineMetrics:
 
     def update_gauges(self) -> None:
         s = self.engine.kv_cache_stats()
-        self.gauges["llm_num_requests_running"].set(s["num_running"])
-        self.gauges["llm_num_requests_waiting"].set(s["num_waiting"])
-        self.gauges["llm_kv_cache_blocks_used"].set(s["num_used_blocks"])
-        self.gauges["llm_kv_cache_blocks_total"].set(s["num_total_blocks"])
-        self.gauges["llm_kv_cache_usage_ratio"].set(s["usage_ratio"])
+        values = {"llm_num_requests_running": s["num_running"], "llm_num_requests_waiting": s["num_waiting"],
+                  "llm_kv_cache_blocks_used": s["num_used_blocks"], "llm_kv_cache_blocks_total": s["num_total_blocks"],
+                  "llm_kv_cache_usage_ratio": s["usage_ratio"]}
+        for name, value in values.items():
+            if self._gauge_values.get(name) != value:  # each set is a call into the server
+                self.gauges[name].set(value)
+                self._gauge_values[name] = value
 
     def on_rejected(self, reason: str) -> None:
         self._rejected_pending[reason] += 1

@@ -7,8 +7,8 @@ Installed as a Python-based backend: this folder is the backend directory's
  - The engine loop thread steps the engine and puts outputs on the response queue.
  - The response thread turns outputs into Triton responses, sends them, and polls
    for client cancellation (only this thread touches a request after execute()).
- - The watcher thread checks the engine's health and notices server shutdown.
- - The metrics thread pushes counters, gauges and histograms to Triton.
+ - The watcher thread notices server shutdown, checks the engine's health and pushes
+   metrics to Triton.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -48,6 +49,14 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
     if isinstance(exc, RequestCancelled):
         return E(f"CANCELLED: {exc}", E.CANCELLED)
     return E(f"INTERNAL: {exc!r}", E.INTERNAL)
+
+
+def _log_local(message: str) -> None:
+    """Log without calling into the server. Once it is stopping, a stub-to-server call
+    (pb_utils.Logger included) can block, and one still in flight when the server
+    finalizes the model aborts the server (boost lock_exception). The stub's stderr
+    goes to the server's log."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def _inject_crash(engine: LLMEngine, after_steps: int) -> None:
@@ -172,8 +181,6 @@ class TritonPythonModel:
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
-        if self.metrics:
-            threading.Thread(target=self._metrics_loop, name="metrics", daemon=True).start()
         s = self.engine.kv_cache_stats()
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "
@@ -246,7 +253,7 @@ class TritonPythonModel:
         try:
             writer.handle(out)
         except Exception:
-            self.logger.log_warn(f"[paged_llm] could not send to {writer.request_id}; aborting it")
+            _log_local(f"[paged_llm] could not send to {writer.request_id}; aborting it")
             writer.done = True
             self.loop.abort(writer.request_id)
         if out.finished or writer.done:
@@ -269,20 +276,22 @@ class TritonPythonModel:
                 writer.cancel_sent = True
                 self.loop.abort(request_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
 
-    def _metrics_loop(self) -> None:
-        # Its own thread: a metric call can block for good once the server stops.
-        while not self._stopping.wait(0.1):
-            if not (self._draining or self._quiet):
-                self.metrics.update()
-
     def _watch_loop(self) -> None:
+        next_metrics = 0.0
         while not self._stopping.wait(0.1):
             if self._draining:
                 continue
             if self._server_stopping():
                 self._draining = True
                 threading.Thread(target=self._drain, name="drain", daemon=True).start()
-            elif not self._unhealthy and not self.is_healthy():
+                continue
+            # Metrics are calls into the server, which can block for good (holding the
+            # GIL) if the server starts stopping meanwhile: make them only right after a
+            # readiness answer, at most every 0.5 s, and only for values that changed.
+            if self.metrics and not self._quiet and time.monotonic() >= next_metrics:
+                self.metrics.update()
+                next_metrics = time.monotonic() + 0.5
+            if not self._unhealthy and not self.is_healthy():
                 self._unhealthy = True
                 self._on_unhealthy()
 
@@ -320,15 +329,10 @@ class TritonPythonModel:
         return False
 
     def _drain(self) -> None:
-        # Logging is a call into the server too, and may block while it stops: it must
-        # never hold up the drain itself.
-        self._log_async(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
-                        f"grace period {self.settings.grace_period_s}s")
+        _log_local(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
+                   f"grace period {self.settings.grace_period_s}s")
         self.loop.stop(self.settings.grace_period_s)
-        self._log_async("[paged_llm] drained")
-
-    def _log_async(self, message: str) -> None:
-        threading.Thread(target=self.logger.log_info, args=(message,), daemon=True).start()
+        _log_local("[paged_llm] drained")
 
     def _on_unhealthy(self) -> None:
         """Fail what is in flight with a clear error and take the model out of service:
