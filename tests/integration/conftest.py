@@ -49,3 +49,13 @@ def wait_blocks_free(server, timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{used} KV blocks still used, {running} requests in the engine")
         time.sleep(0.05)
+
+
+def wait_metric(server, name: str, expected: float, labels: str = 'model="llm"', timeout_s: float = 5.0) -> float:
+    """Metrics reach Triton within ~0.5 s of the event: poll until the value is expected."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = metric(server, name, labels)
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)

@@ -15,7 +15,7 @@ import pytest
 from builder.build import BuildOptions, build
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
-from tests.integration.conftest import metric, wait_blocks_free
+from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
 OK_PARAMS = {"max_tokens": 8, "temperature": 0}
 
@@ -89,7 +89,8 @@ def test_overload_sheds_with_unavailable(server):
     assert all(len(r.token_ids) == 24 for r in done)
     assert len(shed) + len(done) == 120
     wait_blocks_free(server)
-    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="queue_full"') == rejected_before + len(shed)
+    expected = rejected_before + len(shed)
+    assert wait_metric(server, "llm_requests_rejected_total", expected, 'model="llm",reason="queue_full"') == expected
 
 
 def test_metrics_match_a_known_workload(server, tiny_ckpt):
@@ -105,13 +106,16 @@ def test_metrics_match_a_known_workload(server, tiny_ckpt):
         res = StreamingRequest(server.grpc_url).run(p, {"max_tokens": 5 + i, "min_tokens": 5 + i, "temperature": 0})
         assert res.ok
     StreamingRequest(server.grpc_url).run("x", {"top_p": 7})
-    time.sleep(0.3)
-    assert metric(server, "llm_prompt_tokens_total") - before["llm_prompt_tokens_total"] == \
-        sum(len(tok.encode(p)) for p in prompts)
-    assert metric(server, "llm_generation_tokens_total") - before["llm_generation_tokens_total"] == sum(range(5, 10))
-    assert metric(server, "llm_e2e_request_latency_seconds_count") - before["llm_e2e_request_latency_seconds_count"] == 5
-    assert metric(server, "llm_time_to_first_token_seconds_count") - before["llm_time_to_first_token_seconds_count"] == 5
-    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="invalid_request"') == invalid_before + 1
+    expected = {
+        "llm_prompt_tokens_total": before["llm_prompt_tokens_total"] + sum(len(tok.encode(p)) for p in prompts),
+        "llm_generation_tokens_total": before["llm_generation_tokens_total"] + sum(range(5, 10)),
+        "llm_e2e_request_latency_seconds_count": before["llm_e2e_request_latency_seconds_count"] + 5,
+        "llm_time_to_first_token_seconds_count": before["llm_time_to_first_token_seconds_count"] + 5,
+    }
+    for name, value in expected.items():
+        assert wait_metric(server, name, value) == value, name
+    assert wait_metric(server, "llm_requests_rejected_total", invalid_before + 1,
+                       'model="llm",reason="invalid_request"') == invalid_before + 1
     assert metric(server, "llm_kv_cache_blocks_total") == 256
 
 

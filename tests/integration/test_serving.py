@@ -12,7 +12,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from clients.triton_client import StreamingRequest
-from tests.integration.conftest import metric, wait_blocks_free
+from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
 PROMPTS = [f"The {w} statement" for w in ("assert", "pass", "del", "return", "yield", "raise", "break",
                                             "continue", "import", "global", "nonlocal", "if", "while",
@@ -77,7 +77,8 @@ def test_cancelled_stream_frees_blocks_while_others_continue(server, offline):
     for i in range(2, 6):
         assert results[i].ok and results[i].token_ids == offline[PROMPTS[i]].token_ids
     wait_blocks_free(server)
-    assert metric(server, "llm_requests_rejected_total", 'model="llm",reason="cancelled"') == cancelled_before + 1
+    assert wait_metric(server, "llm_requests_rejected_total", cancelled_before + 1,
+                       'model="llm",reason="cancelled"') == cancelled_before + 1
 
 
 def test_malformed_sampling_parameters_then_success(server, offline):
