@@ -25,14 +25,6 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens_cpu)
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.max_query_len == 1
-
 
 @dataclass
 class KVCacheLayer:

@@ -190,7 +190,8 @@ class KVCacheManager:
         for _ in range(max(num_new_blocks, 0)):
             blocks.append(self.pool.allocate())
         if cached_blocks:
-            self._num_registered[request.request_id] = len(blocks) - max(num_new_blocks, 0)
+            # Hits are already in the prefix cache; registration resumes after them.
+            self._num_registered[request.request_id] = len(cached_blocks)
         return True
 
     def cache_computed_blocks(self, request: Request) -> None:

@@ -73,8 +73,6 @@ class EngineLoop:
         self.error: Optional[BaseException] = None
         self.last_heartbeat = time.monotonic()
         self.num_steps = 0
-        # Observers called on the loop thread after each step with that step's outputs.
-        self.step_listeners: list[Callable[[list[RequestOutput]], None]] = []
 
     # -------------------------------------------------------------- public
     def start(self) -> "EngineLoop":
@@ -127,8 +125,6 @@ class EngineLoop:
                 outputs = self.engine.step()
                 self.num_steps += 1
                 self._deliver(outputs)
-                for listener in self.step_listeners:
-                    listener(outputs)
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")
             self.error = e
