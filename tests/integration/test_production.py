@@ -5,6 +5,7 @@ workload; a crashed engine takes the model out of service; graceful shutdown."""
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -155,21 +156,25 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
     def run(name, params):
         results[name] = StreamingRequest(srv.grpc_url).run("The pass statement", params, timeout_s=60)
 
-    short = threading.Thread(target=run, args=("short", {"max_tokens": 3, "temperature": 0}))
+    short = threading.Thread(target=run, args=("short", {"max_tokens": 3, "temperature": 0}), daemon=True)
     endless = threading.Thread(target=run, args=("endless", {"max_tokens": 1000, "ignore_eos": True,
-                                                             "temperature": 0}))
+                                                             "temperature": 0}), daemon=True)
+    code, elapsed = None, float("inf")
     try:
         endless.start()
         time.sleep(0.5)
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         short.start()
-        short.join()
-        endless.join()
-        code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
-        elapsed = time.monotonic() - t0
+        try:
+            code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
+            elapsed = time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            pass
     finally:
-        srv.stop()
+        srv.stop()  # kills a server that did not exit, which also frees blocked clients
+    short.join(timeout=30)
+    endless.join(timeout=30)
     return code, elapsed, results, open(tmp_path / "server.log").read()
 
 
