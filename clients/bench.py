@@ -141,7 +141,7 @@ def cmd_serve(a: argparse.Namespace) -> dict:
     server = TritonServer(a.model_repository).start() if a.start_server else None
     url = server.grpc_url if server else a.url
     try:
-        StreamingRequest_warmup(url, a.model)
+        _warm_up(url, a.model)
         runs = []
         if a.request_rate:
             points = [("rate", r) for r in a.request_rate]
@@ -174,7 +174,7 @@ def cmd_serve(a: argparse.Namespace) -> dict:
     return report
 
 
-def StreamingRequest_warmup(url: str, model: str) -> None:
+def _warm_up(url: str, model: str) -> None:
     from clients.triton_client import StreamingRequest
     StreamingRequest(url, model).run("warm up", {"max_tokens": 2})
 

@@ -101,9 +101,9 @@ class StreamingRequest:
                         res.finish_reason = reason.reshape(-1)[0].decode()
                     n = result.as_numpy("num_output_tokens")
                     if n is not None and n.size:
-                        res.num_output_tokens += int(n.reshape(-1)[0]) if stream else 0
-                        if not stream:
-                            res.num_output_tokens = int(n.reshape(-1)[0])
+                        # Streaming responses count their delta; a single response the total.
+                        count = int(n.reshape(-1)[0])
+                        res.num_output_tokens = res.num_output_tokens + count if stream else count
                     if cancel_after is not None and len(res.times) >= cancel_after:
                         res.cancelled = True
                         break

@@ -72,7 +72,6 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.error: Optional[BaseException] = None
         self.last_heartbeat = time.monotonic()
-        self.num_steps = 0
 
     # -------------------------------------------------------------- public
     def start(self) -> "EngineLoop":
@@ -86,7 +85,7 @@ class EngineLoop:
         if callback is None:
             stream = callback = RequestStream()
         if not self._accepting or self.error is not None:
-            callback(_error_output(request_id, EngineDeadError(
+            callback(error_output(request_id, EngineDeadError(
                 "the engine is shutting down" if self.error is None else f"the engine failed: {self.error}")))
             return stream
         self._inbox.put(_Add(prompt, params, request_id, callback, time.monotonic()))
@@ -123,7 +122,6 @@ class EngineLoop:
                 if not self.engine.has_unfinished_requests():
                     continue
                 outputs = self.engine.step()
-                self.num_steps += 1
                 self._deliver(outputs)
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")
@@ -155,7 +153,7 @@ class EngineLoop:
         try:
             self.engine.add_request(item.prompt, item.params, item.request_id, item.arrival_time)
         except Exception as e:  # a bad request fails alone
-            self._safe_call(item.callback, _error_output(item.request_id, e))
+            self._safe_call(item.callback, error_output(item.request_id, e))
             return
         self._callbacks[item.request_id] = item.callback
 
@@ -185,18 +183,18 @@ class EngineLoop:
             except queue.Empty:
                 break
             if isinstance(item, _Add):
-                self._safe_call(item.callback, _error_output(item.request_id, error))
+                self._safe_call(item.callback, error_output(item.request_id, error))
         for request_id, callback in list(self._callbacks.items()):
             try:
                 out = self.engine.abort_request(request_id)
             except Exception:
                 out = None
-            out = out or _error_output(request_id, error)
+            out = out or error_output(request_id, error)
             out.error = error
             self._safe_call(callback, out)
         self._callbacks.clear()
 
 
-def _error_output(request_id: str, error: Exception) -> RequestOutput:
+def error_output(request_id: str, error: Exception) -> RequestOutput:
     return RequestOutput(request_id=request_id, new_token_ids=[], new_text="", finished=True,
                          finish_reason="error", error=error)

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FP8_MAX = 448.0
+from backend.attention.torch_attention import FP8_E4M3_MAX as FP8_MAX
+
 QUANT_METHOD = "paged_llm_fp8"
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

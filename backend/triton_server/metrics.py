@@ -53,11 +53,11 @@ class EngineMetrics:
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in COUNTERS}
         self._finished: deque = deque()
-        self._rejected_pending = {r: 0 for r in REJECT_REASONS}
+        # Filled from other threads; deque append/popleft are thread-safe.
+        self._rejected: deque = deque()
         self._gauge_values: dict[str, float] = {}
 
-    def _totals(self) -> dict[str, int]:
-        stats = self.engine.kv_cache_stats()
+    def _totals(self, stats: dict) -> dict[str, int]:
         return {
             "llm_prefix_cache_hit_tokens_total": stats["prefix_cache_hit_tokens"],
             "llm_num_preemptions_total": stats["num_preemptions"],
@@ -69,20 +69,18 @@ class EngineMetrics:
         """Push what changed. Called from one thread only (the adapter's watcher): metric
         calls are IPC to the server and can block while it shuts down, so they must never
         run on the engine or response threads."""
-        for name, total in self._totals().items():
+        stats = self.engine.kv_cache_stats()
+        for name, total in self._totals(stats).items():
             if total > self._last[name]:
                 self.counters[name].increment(total - self._last[name])
                 self._last[name] = total
         while self._finished:
             self._observe(*self._finished.popleft())
-        for reason in REJECT_REASONS:
-            n, self._rejected_pending[reason] = self._rejected_pending[reason], 0
-            if n:
-                self.rejected[reason].increment(n)
-        self.update_gauges()
+        while self._rejected:
+            self.rejected[self._rejected.popleft()].increment(1)
+        self.update_gauges(stats)
 
-    def update_gauges(self) -> None:
-        s = self.engine.kv_cache_stats()
+    def update_gauges(self, s: dict) -> None:
         values = {"llm_num_requests_running": s["num_running"], "llm_num_requests_waiting": s["num_waiting"],
                   "llm_kv_cache_blocks_used": s["num_used_blocks"], "llm_kv_cache_blocks_total": s["num_total_blocks"],
                   "llm_kv_cache_usage_ratio": s["usage_ratio"]}
@@ -92,7 +90,7 @@ class EngineMetrics:
                 self._gauge_values[name] = value
 
     def on_rejected(self, reason: str) -> None:
-        self._rejected_pending[reason] += 1
+        self._rejected.append(reason)
 
     def on_finished(self, out: RequestOutput, arrival: float, first_token_time) -> None:
         """Record only (any thread); update() reports it."""

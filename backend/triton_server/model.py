@@ -26,7 +26,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backend.config import ConfigError
-from backend.engine.engine_loop import EngineLoop, RequestCancelled
+from backend.engine.engine_loop import EngineLoop, RequestCancelled, error_output
 from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
@@ -127,7 +127,8 @@ class ResponseWriter:
         try:
             self.sender.send(response, flags=flags)
         except Exception:
-            # The client is gone; the watcher aborts the request on its next pass.
+            # The client is gone; past FINAL there is nothing left to abort, before it
+            # the response thread aborts the request.
             if not self.done:
                 raise
 
@@ -175,7 +176,6 @@ class TritonPythonModel:
         self._unhealthy = False
         self._seen_ready = False
         self._readiness_failures = 0
-        self._quiet = False
         self._draining = False
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
@@ -288,7 +288,7 @@ class TritonPythonModel:
             # Metrics are calls into the server, which can block for good (holding the
             # GIL) if the server starts stopping meanwhile: make them only right after a
             # readiness answer, at most every 0.5 s, and only for values that changed.
-            if self.metrics and not self._quiet and time.monotonic() >= next_metrics:
+            if self.metrics and time.monotonic() >= next_metrics:
                 self.metrics.update()
                 next_metrics = time.monotonic() + 0.5
             if not self._unhealthy and not self.is_healthy():
@@ -318,15 +318,10 @@ class TritonPythonModel:
             return False
         if not self._seen_ready:
             return False
-        # From here on, calls into the server may block: pause the metrics thread.
-        self._quiet = True
         if answer is False or "not ready" in str(answer).lower():
             return True
         self._readiness_failures += 1
-        if self._readiness_failures >= 3:
-            return True
-        self._quiet = False
-        return False
+        return self._readiness_failures >= 3
 
     def _drain(self) -> None:
         _log_local(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
@@ -344,7 +339,7 @@ class TritonPythonModel:
         with self._inflight_lock:
             writers = [w for _, w in self._inflight.values()]
         for writer in writers:  # a dead loop already failed them; a stalled one cannot
-            self._responses.put((writer, RequestOutput(writer.request_id, [], "", True, "error", error=error)))
+            self._responses.put((writer, error_output(writer.request_id, error)))
         threading.Thread(target=self._unload_self, daemon=True).start()
 
     def _unload_self(self) -> None:
