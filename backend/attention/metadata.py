@@ -8,7 +8,8 @@ seq_lens[i] tokens in the cache, reachable through block_tables[i].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -36,6 +37,15 @@ class KVCacheLayer:
     value: torch.Tensor
     k_scale: float = 1.0
     v_scale: float = 1.0
+    _scales: Optional[tuple[tuple[float, float], torch.Tensor]] = field(default=None, repr=False, compare=False)
+
+    def scale_tensor(self) -> torch.Tensor:
+        """[k_scale, v_scale] as fp32 on the cache's device, for kernels that read the
+        scales from memory (as the TensorRT plugin must). Made once, not per step."""
+        key = (float(self.k_scale), float(self.v_scale))
+        if self._scales is None or self._scales[0] != key:
+            self._scales = (key, torch.tensor(key, dtype=torch.float32, device=self.key.device))
+        return self._scales[1]
 
     @property
     def block_size(self) -> int:

@@ -1,9 +1,14 @@
-"""Paged attention and the KV write in OpenAI Triton.
+"""Paged attention with the KV write, in OpenAI Triton: one kernel launch per layer.
 
-One attention launch serves the whole step, whatever it mixes: decode, prefill, chunked
-prefill and prefix-cache hits. A program handles one query token and one KV head: it
-loads the query heads that share that KV head (GQA packing), walks the sequence's block
-table up to the token's causal limit and keeps an online softmax. With `num_splits > 1`
+One launch serves the whole step, whatever it mixes: decode, prefill, chunked prefill
+and prefix-cache hits. A program handles one query token and one KV head: it writes
+that token's K/V into its slot, finds its sequence by binary search over
+query_start_loc, loads the query heads that share the KV head (GQA packing), walks the
+sequence's block table up to the token's causal limit and keeps an online softmax.
+Keys cached by earlier steps are read from the pool, this step's keys from the k/v
+inputs (so no program waits for another's write). The inputs are exactly those of the
+exported `PagedAttention` node, which is why the same kernel is the TensorRT plugin's
+(see backend/attention/trt_plugin.py). With `num_splits > 1`
 the KV range is split across a third grid axis (split-KV, for long contexts at small
 batch) and a second kernel merges the partial results.
 
@@ -22,7 +27,6 @@ import triton
 import triton.language as tl
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
-from backend.attention.torch_attention import fp32_reciprocal
 
 
 @triton.jit
@@ -45,71 +49,93 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_inv_scale, v_inv_scale,
-                     stride_kt, stride_kh, stride_vt, stride_vh,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     FP8: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    slot = tl.load(slot_ptr + t)
-    d = tl.arange(0, BLOCK_D)
-    mask = d < tl.where(slot >= 0, HEAD_DIM, 0)  # padding rows (slot -1) write nothing
-    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
-    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-    dst = slot.to(tl.int64) * (NUM_KV_HEADS * HEAD_DIM) + h * HEAD_DIM + d
+def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fresh, dmask, scale, inv,
+             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+    """[BLOCK_SIZE, BLOCK_D] keys (or values) in fp32: `cached` rows from the pool,
+    `fresh` rows from this step's input, both as the pool holds them."""
+    cmask = cached[:, None] & dmask[None, :]
+    fmask = fresh[:, None] & dmask[None, :]
+    x = tl.load(x_ptr + src[:, None] * stride_t + kvh * stride_h + d[None, :], mask=fmask, other=0.0)
+    cptrs = cache_ptr + rows[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
     if FP8:
-        k = _round_to_e4m3(k.to(tl.float32) * k_inv_scale)
-        v = _round_to_e4m3(v.to(tl.float32) * v_inv_scale)
-        tl.store(k_cache_ptr + dst, k.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        c = tl.load(cptrs, mask=cmask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        x = _round_to_e4m3(x.to(tl.float32) * inv) * scale
     else:
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        c = tl.load(cptrs, mask=cmask, other=0.0).to(tl.float32)
+        x = x.to(cache_ptr.dtype.element_ty).to(tl.float32)
+    return tl.where(cmask, c, x)
 
 
 @triton.jit
-def _load_kv(cache_ptr, rows, kvh, d, mask, scale, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-             FP8: tl.constexpr):
-    ptrs = cache_ptr + rows[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
-    if FP8:
-        x = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    return x
+def _find_seq(query_start_loc_ptr, t, num_seqs):
+    """The sequence that owns packed token t: the last s with query_start_loc[s] <= t
+    (binary search, so the kernel needs no token->sequence input)."""
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(query_start_loc_ptr + mid) <= t:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @triton.jit
 def _paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, token_seq_ptr,
-        k_scale, v_scale, sm_scale,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+        q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, block_tables_ptr, seq_lens_ptr,
+        query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
+        num_seqs, stride_bt, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_ot, stride_oh,
+        out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    s = tl.load(token_seq_ptr + t)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    k_scale = tl.load(k_scale_ptr).to(tl.float32)
+    v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    k_inv = tl.math.div_rn(1.0, k_scale)    # IEEE 1/scale, as the torch path computes it
+    v_inv = tl.math.div_rn(1.0, v_scale)
+
+    # This token's K/V for this head go to its slot (once, by split 0; slot -1 = padding).
+    slot = tl.load(slot_ptr + t)
+    wmask = d < tl.where((slot >= 0) & (split == 0), HEAD_DIM, 0)
+    k_row = tl.load(k_ptr + t * stride_kt + kvh * stride_kh + d, mask=wmask, other=0.0)
+    v_row = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d, mask=wmask, other=0.0)
+    dst = slot.to(tl.int64) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+    if FP8:
+        k_q = _round_to_e4m3(k_row.to(tl.float32) * k_inv)
+        v_q = _round_to_e4m3(v_row.to(tl.float32) * v_inv)
+        tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
+        tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
+    else:
+        tl.store(k_cache_out_ptr + dst, k_row.to(k_cache_out_ptr.dtype.element_ty), mask=wmask)
+        tl.store(v_cache_out_ptr + dst, v_row.to(v_cache_out_ptr.dtype.element_ty), mask=wmask)
+
+    s = _find_seq(query_start_loc_ptr, t, num_seqs)
     q_start = tl.load(query_start_loc_ptr + s)
     q_len = tl.load(query_start_loc_ptr + s + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + s)
-    pos = seq_len - q_len + (t - q_start)          # this token's position in its sequence
-    kv_end = pos + 1                                # causal: keys 0..pos
+    ctx_len = seq_len - q_len                       # tokens cached before this step
+    pos = ctx_len + (t - q_start)                   # this token's position in its sequence
+    # Rows past the last sequence (padding) attend to nothing.
+    kv_end = tl.where(t < q_start + q_len, pos + 1, 0)
     kv_start = 0
     if SLIDING_WINDOW > 0:
         kv_start = tl.maximum(pos - SLIDING_WINDOW + 1, 0)
 
     g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + g
     gmask = g < GROUP
-    dmask = d < HEAD_DIM
     q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
 
     first_block = kv_start // BLOCK_SIZE
-    num_blocks = tl.cdiv(kv_end, BLOCK_SIZE) - first_block
+    num_blocks = tl.maximum(tl.cdiv(kv_end, BLOCK_SIZE) - first_block, 0)
     per_split = tl.cdiv(num_blocks, NUM_SPLITS)
     b_lo = first_block + split * per_split
     b_hi = tl.minimum(b_lo + per_split, first_block + num_blocks)
@@ -122,11 +148,18 @@ def _paged_attention_kernel(
         phys = tl.load(block_tables_ptr + s * stride_bt + b).to(tl.int64)
         key_pos = b * BLOCK_SIZE + offs
         kmask = (key_pos < kv_end) & (key_pos >= kv_start)
+        # Keys cached before this step come from the pool; this step's keys come from
+        # the k/v inputs (other programs are writing them to the pool concurrently),
+        # rounded exactly as the pool stores them.
+        cached = kmask & (key_pos < ctx_len)
+        fresh = kmask & (key_pos >= ctx_len)
         rows = phys * BLOCK_SIZE + offs
-        lmask = kmask[:, None] & dmask[None, :]
-        k = _load_kv(k_cache_ptr, rows, kvh, d, lmask, k_scale, NUM_KV_HEADS, HEAD_DIM, FP8)
-        v = _load_kv(v_cache_ptr, rows, kvh, d, lmask, v_scale, NUM_KV_HEADS, HEAD_DIM, FP8)
-        qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale      # [G, BLOCK_SIZE]
+        src = q_start + key_pos - ctx_len
+        k = _load_kv(k_cache_ptr, k_ptr, rows, src, stride_kt, stride_kh, kvh, d, cached, fresh, dmask,
+                     k_scale, k_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+        v = _load_kv(v_cache_ptr, v_ptr, rows, src, stride_vt, stride_vh, kvh, d, cached, fresh, dmask,
+                     v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+        qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * SM_SCALE      # [G, BLOCK_SIZE]
         qk = tl.where(kmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -138,7 +171,7 @@ def _paged_attention_kernel(
 
     omask = gmask[:, None] & dmask[None, :]
     if NUM_SPLITS == 1:
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=omask)
     else:
@@ -165,24 +198,13 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
     acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
                   mask=smask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    l_sum = tl.sum(l * w, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum > 0, l_sum, 1.0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def _as_storage(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
-
-
-def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_mapping: torch.Tensor) -> None:
-    T, num_kv_heads, head_dim = key.shape
-    if T == 0:
-        return
-    _write_kv_kernel[(T, num_kv_heads)](
-        key, value, _as_storage(cache.key), _as_storage(cache.value), slot_mapping,
-        fp32_reciprocal(cache.k_scale), fp32_reciprocal(cache.v_scale),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        FP8=cache.is_fp8)
 
 
 def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, block_size: int) -> int:
@@ -194,44 +216,49 @@ def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, bloc
     return int(min(16, triton.next_power_of_2(max(1, max_seq_len // 512))))
 
 
-def paged_attention(q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata, scale: float,
-                    sliding_window: Optional[int] = None, num_splits: Optional[int] = None,
-                    token_seq: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """q: [T, H, D] (all tokens of the step) -> [T, H, D]; reads K/V through the block tables."""
+def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, scale: float,
+                         sliding_window: Optional[int], fp8: bool, num_splits: int = 1) -> dict:
+    """The kernel's compile-time parameters (shared by the launch here and the AOT build)."""
+    group = num_heads // num_kv_heads
+    return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
+                HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+                SM_SCALE=float(scale), SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8),
+                NUM_SPLITS=num_splits)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
+                    meta: AttentionMetadata, scale: float, sliding_window: Optional[int] = None,
+                    num_splits: Optional[int] = None) -> torch.Tensor:
+    """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
+    returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]."""
     T, H, D = q.shape
     num_kv_heads = cache.key.shape[2]
-    block_size = cache.key.shape[1]
-    group = H // num_kv_heads
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    if token_seq is None:
-        token_seq = token_to_seq(meta, q.device)
+    out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
     if num_splits is None:
-        num_splits = choose_num_splits(T, num_kv_heads, meta.max_seq_len, block_size)
+        num_splits = choose_num_splits(T, num_kv_heads, meta.max_seq_len, cache.block_size)
     if num_splits > 1:
         part_acc = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((T, H, num_splits, 2), dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
-    block_tables = meta.block_tables
+    scales = cache.scale_tensor()
+    k_pool, v_pool = _as_storage(cache.key), _as_storage(cache.value)
+    bt = meta.block_tables
     _paged_attention_kernel[(T, num_kv_heads, num_splits)](
-        q, _as_storage(cache.key), _as_storage(cache.value), out, part_acc, part_ml,
-        block_tables, meta.seq_lens, meta.query_start_loc, token_seq,
-        float(cache.k_scale), float(cache.v_scale), float(scale),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
-        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_SIZE=block_size,
-        SLIDING_WINDOW=sliding_window or 0, FP8=cache.is_fp8, NUM_SPLITS=num_splits)
+        q, k, v, k_pool, v_pool, meta.slot_mapping, bt, meta.seq_lens, meta.query_start_loc,
+        scales[0:1], scales[1:2],
+        meta.seq_lens.shape[0], bt.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        out, k_pool, v_pool, part_acc, part_ml,
+        **attention_constexprs(H, num_kv_heads, D, cache.block_size, scale, sliding_window, cache.is_fp8,
+                               num_splits))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                                      NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits))
     return out
-
-
-def token_to_seq(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
-    lens = torch.tensor(meta.query_lens_cpu, dtype=torch.int64)
-    return torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), lens).to(device)
 
 
 class TritonPagedAttention:
@@ -245,5 +272,4 @@ class TritonPagedAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k, v, cache, meta.slot_mapping)
-        return paged_attention(q, cache, meta, self.scale, self.sliding_window)
+        return paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window)

@@ -10,7 +10,7 @@ import torch
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.attention.torch_attention import TorchPagedAttention, write_kv as torch_write_kv
-from backend.attention.triton_attention import TritonPagedAttention, paged_attention, write_kv
+from backend.attention.triton_attention import TritonPagedAttention, paged_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -76,8 +76,7 @@ def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=Non
     if num_splits is None:
         out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(q2, k2, v2, c2, m2)
     else:
-        write_kv(k2, v2, c2, m2.slot_mapping)
-        out = paged_attention(q2, c2, m2, scale, window, num_splits=num_splits)
+        out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits)
     # The kernel wrote exactly what the reference wrote, FP8 bytes included.
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
     assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
@@ -134,3 +133,20 @@ def test_fp8_cache_close_to_fp32():
     c8 = KVCacheLayer(cf.key.to(torch.float8_e4m3fn), cf.value.to(torch.float8_e4m3fn), 1.0, 1.0)
     out = TritonPagedAttention(8, 2, 64, scale).forward(qf, kf, vf, c8, mf).cpu()
     assert rel_err(out, exact) < 0.05
+
+
+def test_padding_rows_write_nothing_and_leave_real_rows_alone():
+    """Rows past the last sequence with slot -1 (a padded batch, as for CUDA graphs)."""
+    seqs = [(9, 1), (0, 5)]
+    q, k, v, cache, meta = build(seqs, 8, 2, 2, 64, seed=11)
+    scale = 64 ** -0.5
+    ref_args = to("cpu", q, k, v, cache, meta)
+    ref = TorchPagedAttention(4, 2, 64, scale).forward(*ref_args)
+    pad = 3
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    q2, k2, v2 = (torch.cat([x, torch.randn((pad,) + x.shape[1:]).to(x.device)]) for x in (q2, k2, v2))
+    m2.slot_mapping = torch.cat([m2.slot_mapping, torch.full((pad,), -1, device=m2.slot_mapping.device)])
+    out = paged_attention(q2, k2, v2, c2, m2, scale).cpu()
+    assert rel_err(out[:-pad], ref) < 1e-5
+    assert torch.equal(c2.key.cpu(), ref_args[3].key) and torch.equal(c2.value.cpu(), ref_args[3].value)
+    assert torch.isfinite(out[-pad:]).all()
