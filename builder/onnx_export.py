@@ -1,16 +1,25 @@
 """Export the decoder to ONNX over packed tokens (the in-flight batching layout).
 
 Inputs: input_ids [T], positions [T], slot_mapping [T], block_tables [B, M], seq_lens [B],
-query_start_loc [B+1], logits_indices [R], k_pools / v_pools [layers, blocks, block_size,
-kv_heads, head_dim] and their scales k_scales / v_scales [layers]. Outputs: logits [R, V].
+query_start_loc [B+1], logits_indices [R], k_scales / v_scales [layers], then one K and
+one V pool per layer, k_pool_<i> / v_pool_<i> [blocks, block_size, kv_heads, head_dim]
+(separate inputs, so a plugin can write each in place). Token, sequence, block-table and
+pool-size dimensions are dynamic. Output: logits [R, V].
+
+Linears of an FP8 build become FP8 Q/DQ: QuantizeLinear/DequantizeLinear of the
+activation with its calibrated per-tensor scale, and a DequantizeLinear of the FP8
+weight initializer with its per-output-channel scale (the pattern TensorRT fuses into
+an FP8 GEMM).
 
 Two variants of the same graph:
-- "plugin": attention is one custom node per layer, `paged_llm::PagedAttention`, with the
-  attributes TensorRT's ONNX parser uses to find a plugin (plugin_namespace,
-  plugin_version). The plugin writes this step's K/V into the pools in place.
-- "reference": the same attention written in standard ONNX ops (gathers through the
-  block tables, masked softmax), returning the updated pools as extra outputs, so that
-  onnxruntime on CPU can check the export against the torch model.
+- "plugin": attention is one custom node per layer, `paged_llm::PagedAttention`, with
+  the attributes TensorRT's ONNX parser uses to find a plugin (plugin_namespace,
+  plugin_version, aot). Its outputs are the attention output and the two pools, which the
+  plugin declares as aliases of its pool inputs: it writes this step's K/V in place.
+- "reference": the same attention in standard ONNX ops (gathers through the block
+  tables, masked softmax), returning the updated pools as outputs k_pool_<i>_out /
+  v_pool_<i>_out, so onnxruntime on CPU can run it (tests, and the onnxruntime model
+  runner of the engine).
 """
 
 from __future__ import annotations
@@ -22,10 +31,23 @@ import torch
 from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.models.fp8 import FP8Linear
 from backend.models.llama import CausalLM
 
 PLUGIN_NAMESPACE = "paged_llm"
+PLUGIN_NAME = "PagedAttention"
 PLUGIN_VERSION = "1"
+VARIANTS = ("plugin", "reference")
+INPUT_NAMES = ["input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc",
+               "logits_indices", "k_scales", "v_scales"]
+
+
+def pool_names(num_layers: int) -> list[str]:
+    return [f"{kv}_pool_{i}" for i in range(num_layers) for kv in ("k", "v")]
+
+
+def output_names(num_layers: int, variant: str) -> list[str]:
+    return ["logits"] + ([] if variant == "plugin" else [f"{n}_out" for n in pool_names(num_layers)])
 
 
 class ExportPagedAttention:
@@ -42,16 +64,21 @@ class ExportPagedAttention:
 
     def forward(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         if self.variant == "plugin":
-            return torch.onnx.ops.symbolic(
-                f"{PLUGIN_NAMESPACE}::PagedAttention",
+            out, _, _ = torch.onnx.ops.symbolic_multi_out(
+                f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}",
                 (q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                  meta.query_start_loc, cache.k_scale, cache.v_scale),
-                attrs={"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                       "block_size": int(cache.key.shape[1]), "scale": float(self.scale),
-                       "sliding_window": int(self.sliding_window or 0),
-                       "plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION},
-                dtype=q.dtype, shape=q.shape, version=1)
+                attrs=self.plugin_attributes(int(cache.key.shape[1])),
+                dtypes=(q.dtype, cache.key.dtype, cache.value.dtype),
+                shapes=(q.shape, cache.key.shape, cache.value.shape), version=1)
+            return out
         return self._reference(q, k, v, cache, meta)
+
+    def plugin_attributes(self, block_size: int) -> dict:
+        return {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "block_size": block_size, "scale": float(self.scale),
+                "sliding_window": int(self.sliding_window or 0),
+                "plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
     def _reference(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         T = q.shape[0]
@@ -81,11 +108,47 @@ class ExportPagedAttention:
         return torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(T, self.num_heads, d)
 
 
+class QDQLinear(nn.Module):
+    """An FP8Linear as ONNX Q/DQ nodes: same FP8 weight bytes and scales, same numerics
+    (activation rounded through E4M3 with its scale, weight dequantized per channel)."""
+
+    def __init__(self, lin: FP8Linear) -> None:
+        super().__init__()
+        self.weight = lin.weight
+        self.weight_scale = lin.weight_scale
+        self.input_scale = lin.input_scale
+        self.bias = lin.bias
+        # QuantizeLinear's output type is its zero point's: an FP8 zero makes it E4M3.
+        self.register_buffer("zero_point", torch.zeros((), dtype=torch.float8_e4m3fn))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sym = torch.onnx.ops.symbolic
+        xq = sym("::QuantizeLinear", (x, self.input_scale, self.zero_point), attrs={"saturate": 1},
+                 dtype=torch.float8_e4m3fn, shape=x.shape, version=21)
+        xd = sym("::DequantizeLinear", (xq, self.input_scale), attrs={}, dtype=x.dtype, shape=x.shape, version=21)
+        w = sym("::DequantizeLinear", (self.weight, self.weight_scale), attrs={"axis": 0}, dtype=x.dtype,
+                shape=self.weight.shape, version=21)
+        y = xd @ w.t()
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def swap_in_qdq_linears(model: nn.Module) -> int:
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FP8Linear):
+                setattr(parent, name, QDQLinear(child))
+                swapped += 1
+    return swapped
+
+
 class PackedDecoder(nn.Module):
     """CausalLM over explicit packed-token tensors, for export."""
 
     def __init__(self, model: CausalLM, variant: str) -> None:
         super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.model = model
         self.variant = variant
         self.attns = [layer.self_attn.attn for layer in model.model.layers]
@@ -94,28 +157,27 @@ class PackedDecoder(nn.Module):
             a.variant = variant
 
     def forward(self, input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                logits_indices, k_pools, v_pools, k_scales, v_scales):
+                logits_indices, k_scales, v_scales, *pools):
         meta = AttentionMetadata(query_start_loc, seq_lens, block_tables, slot_mapping,
                                  query_lens_cpu=[], seq_lens_cpu=[], max_query_len=0, max_seq_len=0)
-        caches = [KVCacheLayer(k_pools[i], v_pools[i], k_scales[i], v_scales[i]) for i in range(len(self.attns))]
+        caches = [KVCacheLayer(pools[2 * i], pools[2 * i + 1], k_scales[i], v_scales[i])
+                  for i in range(len(self.attns))]
         hidden = self.model(input_ids, positions, caches, meta)
         logits = self.model.compute_logits(hidden[logits_indices])
         if self.variant == "plugin":
             return logits
-        return (logits, torch.stack([a.updated[0] for a in self.attns]),
-                torch.stack([a.updated[1] for a in self.attns]))
-
-
-INPUT_NAMES = ["input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc",
-               "logits_indices", "k_pools", "v_pools", "k_scales", "v_scales"]
+        return (logits, *[t for a in self.attns for t in a.updated])
 
 
 def load_for_export(checkpoint: str) -> CausalLM:
+    """The model in fp32 with export attention; FP8 linears of an FP8 build become Q/DQ."""
     from backend.models.config import load_model_config
     from backend.models.loader import load_model
     cfg = load_model_config(checkpoint)
-    return load_model(checkpoint, cfg, torch.float32, torch.device("cpu"), ExportPagedAttention,
-                      cfg.max_position_embeddings)
+    model = load_model(checkpoint, cfg, torch.float32, torch.device("cpu"), ExportPagedAttention,
+                       cfg.max_position_embeddings)
+    swap_in_qdq_linears(model)
+    return model
 
 
 def example_inputs(model: CausalLM, num_blocks: int = 16, block_size: int = 4) -> tuple:
@@ -136,27 +198,38 @@ def example_inputs(model: CausalLM, num_blocks: int = 16, block_size: int = 4) -
         slots += [t[p // block_size] * block_size + p % block_size for p in range(c, c + n)]
         qsl.append(qsl[-1] + n)
         idx.append(qsl[-1] - 1)
-    shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    pools = [torch.randn(shape, generator=g) for _ in range(2 * cfg.num_layers)]
     return (torch.tensor(ids), torch.tensor(pos), torch.tensor(slots),
             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             torch.tensor([c + n for c, n in seqs], dtype=torch.int32), torch.tensor(qsl, dtype=torch.int32),
-            torch.tensor(idx), torch.randn(shape, generator=g), torch.randn(shape, generator=g),
-            torch.ones(cfg.num_layers), torch.ones(cfg.num_layers))
+            torch.tensor(idx), torch.ones(cfg.num_layers), torch.ones(cfg.num_layers), *pools)
 
 
 def export(checkpoint: str, path: str, variant: str = "plugin") -> str:
     model = load_for_export(checkpoint)
     wrapper = PackedDecoder(model, variant).eval()
     args = example_inputs(model)
-    T, B, M, R = (torch.export.Dim(n, min=1, max=m) for n, m in
-                  (("tokens", 65536), ("seqs", 4096), ("max_blocks", 65536), ("rows", 4096)))
-    dynamic = {"input_ids": {0: T}, "positions": {0: T}, "slot_mapping": {0: T}, "block_tables": {0: B, 1: M},
-               "seq_lens": {0: B}, "query_start_loc": {0: B + 1}, "logits_indices": {0: R},
-               "k_pools": None, "v_pools": None, "k_scales": None, "v_scales": None}
-    outputs = ["logits"] if variant == "plugin" else ["logits", "k_pools_out", "v_pools_out"]
+    T, B, M, R, N = (torch.export.Dim(n, min=1, max=m) for n, m in
+                     (("tokens", 65536), ("seqs", 4096), ("max_blocks", 65536), ("rows", 4096),
+                      ("num_blocks", 1 << 24)))
+    L = model.config.num_layers
+    dynamic = ({0: T}, {0: T}, {0: T}, {0: B, 1: M}, {0: B}, {0: B + 1}, {0: R}, None, None,
+               tuple({0: N} for _ in range(2 * L)))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with torch.no_grad():
-        prog = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=INPUT_NAMES,
-                                 output_names=outputs, opset_version=21, optimize=False)
+        prog = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic,
+                                 input_names=INPUT_NAMES + pool_names(L), output_names=output_names(L, variant),
+                                 opset_version=21, optimize=False)
     prog.save(path)
     return path
+
+
+def onnxruntime_session(path: str):
+    """An onnxruntime CPU session for a reference export. Basic graph optimizations only:
+    the extended level fuses DequantizeLinear+MatMul into an integer kernel that has no
+    FP8 variant."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])

@@ -27,6 +27,16 @@ def llama_ckpt(ckpt_dir):
 
 
 @pytest.fixture(scope="session")
+def fp8_build(tiny_ckpt, tmp_path_factory):
+    """An FP8 (weights and KV cache) model-repository entry of the default model."""
+    from builder.build import BuildOptions, build
+    out = tmp_path_factory.mktemp("fp8") / "llm"
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(out), weights="fp8", kv_cache="fp8"),
+          log=lambda *_: None, progress=False)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def tiny_ckpt(ckpt_dir):
     """The default model (real BPE tokenizer)."""
     from builder.tiny import build_tiny

@@ -72,14 +72,6 @@ def test_memory_plan_formula(tiny_ckpt, tmp_path):
     assert p["concurrent_seqs_at_plan_len"] == p["kv_tokens"] // 1024
 
 
-@pytest.fixture(scope="module")
-def fp8_build(tiny_ckpt, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp8") / "llm"
-    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(out), weights="fp8", kv_cache="fp8"),
-          log=lambda *_: None, progress=False)
-    return str(out)
-
-
 def test_fp8_quality_report_within_bounds(fp8_build):
     """Stated bounds for the default (random-weight) model: its near-uniform logits turn
     E4M3's ~3% rounding into ~0.29 relative logit error and ~0.53 top-1 agreement
