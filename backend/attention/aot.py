@@ -29,6 +29,14 @@ SCALAR_ARGS = ("num_seqs", "stride_bt", "stride_qt", "stride_qh", "stride_kt", "
 NODE_OUTPUTS = ("out", "k_pool_out", "v_pool_out")
 
 
+def plugin_scalar_args(num_heads, num_kv_heads: int, head_dim: int, num_seqs, max_blocks) -> list:
+    """The int32 scalars, in SCALAR_ARGS order, for the node's contiguous tensors. Works on
+    ints and on TensorRT's symbolic shape expressions alike (num_seqs and max_blocks are
+    dynamic dimensions at build time)."""
+    qt, kt = num_heads * head_dim, num_kv_heads * head_dim
+    return [num_seqs, max_blocks, qt, head_dim, kt, head_dim, kt, head_dim, qt, head_dim]
+
+
 @dataclass(frozen=True)
 class CompiledKernel:
     name: str           # PTX entry point

@@ -232,33 +232,43 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
     returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]."""
     T, H, D = q.shape
-    num_kv_heads = cache.key.shape[2]
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
-    if T == 0:
-        return out
     if num_splits is None:
-        num_splits = choose_num_splits(T, num_kv_heads, meta.max_seq_len, cache.block_size)
+        num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
+    scales = cache.scale_tensor()
+    launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                           meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits)
+    return out
+
+
+def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
+                           v_pool: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
+                           v_scale: torch.Tensor, out: torch.Tensor, scale: float,
+                           sliding_window: Optional[int] = None, num_splits: int = 1) -> None:
+    """The kernel over the PagedAttention node's tensors, in the node's order (what the
+    TensorRT plugin's JIT form calls; its AOT form launches the same kernel itself)."""
+    T, H, D = q.shape
+    if T == 0:
+        return
+    num_kv_heads, block_size = k_pool.shape[2], k_pool.shape[1]
+    fp8 = k_pool.dtype in (torch.float8_e4m3fn, torch.uint8)
     if num_splits > 1:
         part_acc = torch.empty((T, H, num_splits, D), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((T, H, num_splits, 2), dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
-    scales = cache.scale_tensor()
-    k_pool, v_pool = _as_storage(cache.key), _as_storage(cache.value)
-    bt = meta.block_tables
+    k_pool, v_pool = _as_storage(k_pool), _as_storage(v_pool)
     _paged_attention_kernel[(T, num_kv_heads, num_splits)](
-        q, k, v, k_pool, v_pool, meta.slot_mapping, bt, meta.seq_lens, meta.query_start_loc,
-        scales[0:1], scales[1:2],
-        meta.seq_lens.shape[0], bt.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
+        seq_lens.shape[0], block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         out, k_pool, v_pool, part_acc, part_ml,
-        **attention_constexprs(H, num_kv_heads, D, cache.block_size, scale, sliding_window, cache.is_fp8,
-                               num_splits))
+        **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                                      NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits))
-    return out
 
 
 class TritonPagedAttention:
