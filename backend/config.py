@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -34,6 +34,23 @@ class EngineArgs(BaseModel):
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # What runs the forward pass: the torch model, or an exported graph (model_graph):
+    # an ONNX reference export in onnxruntime (CPU check of the export), or a TensorRT
+    # engine built from the plugin export.
+    model_runner: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    model_graph: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _check_runner(self) -> "EngineArgs":
+        if self.model_runner != "torch" and not self.model_graph:
+            raise ValueError(f"model_graph (the exported graph's path) is required with "
+                             f"model_runner='{self.model_runner}'")
+        if self.model_runner == "onnxruntime" and (self.kv_cache_dtype != "auto" or self.device == "cuda"):
+            raise ValueError("model_runner='onnxruntime' runs the fp32 reference export on CPU: "
+                             "it takes neither kv_cache_dtype='fp8' nor device='cuda'")
+        if self.model_runner == "tensorrt" and self.device == "cpu":
+            raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
+        return self
 
     @classmethod
     def create(cls, **kwargs) -> "EngineArgs":

@@ -55,9 +55,16 @@ class LLMEngine:
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
         kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else self.dtype
 
+        if args.model_runner == "onnxruntime":
+            self.dtype = torch.float32      # the reference export is fp32
+            kv_dtype = torch.float32
+        if args.model_runner == "tensorrt" and self.device.type != "cuda":
+            raise ConfigError("invalid engine argument 'model_runner': 'tensorrt' needs a CUDA device")
         max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
-        self.model = load_model(args.model, cfg, self.dtype, self.device,
-                                make_attention_factory(self.attention_backend), max_position)
+        self.model = None
+        if args.model_runner == "torch":
+            self.model = load_model(args.model, cfg, self.dtype, self.device,
+                                    make_attention_factory(self.attention_backend), max_position)
         self.tokenizer = load_tokenizer(args.model)
 
         bytes_per_block = kv_cache_bytes_per_block(cfg, args.block_size, kv_dtype)
@@ -73,12 +80,29 @@ class LLMEngine:
             # Calibrated by the builder: per layer [k_scale, v_scale].
             for layer, (k_scale, v_scale) in zip(kv_layers, cfg.quantization["kv_cache_scales"]):
                 layer.k_scale, layer.v_scale = float(k_scale), float(v_scale)
-        self.runner = ModelRunner(self.model, kv_layers, args.block_size, self.device,
-                                  Sampler(args.seed), self.kv_cache.block_table)
+        self.runner = self._make_runner(kv_layers)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+
+    def _make_runner(self, kv_layers) -> ModelRunner:
+        args, sampler = self.args, Sampler(self.args.seed)
+        if args.model_runner == "torch":
+            return ModelRunner(self.model, kv_layers, args.block_size, self.device, sampler,
+                               self.kv_cache.block_table)
+        import os
+
+        from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
+        if not os.path.isfile(args.model_graph):
+            raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
+        try:
+            graph = (OnnxRuntimeGraph(args.model_graph, self.model_config.num_layers)
+                     if args.model_runner == "onnxruntime" else TensorRTGraph(args.model_graph, self.device))
+        except ImportError as e:
+            raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "
+                              f"that is not installed ({e})") from None
+        return GraphModelRunner(graph, kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table)
 
     # ------------------------------------------------------------------ sizing
     def _blocks_from_budget(self, bytes_per_block: int) -> int:

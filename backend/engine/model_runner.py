@@ -82,16 +82,20 @@ class ModelRunner:
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta, logits_rows)
 
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_rows: list[int]) -> Optional[torch.Tensor]:
+        """Runs the decoder over the packed step (writing its K/V into the cache) and
+        returns the logits of `logits_rows` ([R, V]), or None when R is 0."""
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        return self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[Optional[int]]:
         """One forward pass. Returns, per scheduled request, its next token, or None
         when the request is mid-prefill (its chunk did not reach the last token)."""
         input_ids, positions, meta, logits_rows = self.prepare(out)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        logits = self.forward(input_ids, positions, meta, logits_rows)
         sampling = [s.request for s in out.scheduled if s.completes_prompt]
-        tokens: list[int] = []
-        if sampling:
-            logits = self.model.compute_logits(hidden[logits_rows])
-            tokens = self.sampler(logits, sampling)
+        tokens = self.sampler(logits, sampling) if sampling else []
         it = iter(tokens)
         return [next(it) if s.completes_prompt else None for s in out.scheduled]

@@ -1,0 +1,109 @@
+"""Model runners over an exported decoder graph (builder/onnx_export.py), next to the
+torch one: same scheduler, block manager, packed step and sampler; only the forward
+pass differs.
+
+- onnxruntime: the export's reference variant on CPU. Slow (the graph returns whole
+  updated pools, copied back each step); it exists to prove, request by request, that
+  the packed-token contract the TensorRT engine is built on gives the engine's tokens.
+- tensorrt: a TensorRT engine (`model.plan`) built from the plugin variant; the
+  PagedAttention plugin writes the engine's own KV pools in place. Needs TensorRT and a
+  GPU; not run on this project's machines (docs/status.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.engine.model_runner import ModelRunner
+from backend.engine.sampler import Sampler
+
+
+def packed_inputs(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                  logits_rows: list[int], kv_caches: list[KVCacheLayer]) -> dict[str, torch.Tensor]:
+    """The graph's named inputs for one step. An empty logits_rows (a step of prefill
+    chunks only) asks for row 0, whose logits the caller drops: graphs are built for at
+    least one row."""
+    dev = input_ids.device
+    scales = torch.stack([c.scale_tensor() for c in kv_caches])    # [layers, 2]
+    inputs = {
+        "input_ids": input_ids, "positions": positions, "slot_mapping": meta.slot_mapping,
+        "block_tables": meta.block_tables, "seq_lens": meta.seq_lens, "query_start_loc": meta.query_start_loc,
+        "logits_indices": torch.tensor(logits_rows or [0], dtype=torch.long, device=dev),
+        "k_scales": scales[:, 0].contiguous(), "v_scales": scales[:, 1].contiguous(),
+    }
+    for i, c in enumerate(kv_caches):
+        inputs[f"k_pool_{i}"], inputs[f"v_pool_{i}"] = c.key, c.value
+    return inputs
+
+
+class GraphModelRunner(ModelRunner):
+    def __init__(self, graph: Callable[[dict[str, torch.Tensor]], torch.Tensor], kv_caches: list[KVCacheLayer],
+                 block_size: int, device: torch.device, sampler: Sampler,
+                 block_table_of: Callable[[str], list[int]]) -> None:
+        super().__init__(None, kv_caches, block_size, device, sampler, block_table_of)
+        self.graph = graph
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_rows: list[int]) -> Optional[torch.Tensor]:
+        logits = self.graph(packed_inputs(input_ids, positions, meta, logits_rows, self.kv_caches))
+        return logits if logits_rows else None
+
+
+class OnnxRuntimeGraph:
+    """The reference export in onnxruntime; copies the updated pools back into the cache."""
+
+    def __init__(self, path: str, num_layers: int) -> None:
+        from builder.onnx_export import onnxruntime_session, output_names
+        self.session = onnxruntime_session(path)
+        self.num_layers = num_layers
+        self.outputs = output_names(num_layers, "reference")
+        if [o.name for o in self.session.get_outputs()] != self.outputs:
+            raise ValueError(f"{path} is not a reference export for {num_layers} layers "
+                             f"(outputs {[o.name for o in self.session.get_outputs()]})")
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        feed = {name: t.numpy() for name, t in inputs.items()}
+        logits, *pools = self.session.run(self.outputs, feed)
+        for name, new in zip(self.outputs[1:], pools):
+            inputs[name[:-len("_out")]].copy_(torch.from_numpy(new))
+        return torch.from_numpy(logits)
+
+
+class TensorRTGraph:
+    """A TensorRT engine built from the plugin export: the pools are bound as inputs and
+    written in place by the plugin; logits come back in a buffer sized per step."""
+
+    def __init__(self, plan_path: str, device: torch.device) -> None:
+        import tensorrt as trt
+
+        import backend.attention.trt_plugin  # noqa: F401  (the plugin's JIT form, if the plan uses it)
+        self.trt = trt
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        with open(plan_path, "rb") as f:
+            self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(f.read())
+        if self.engine is None:
+            raise ValueError(f"TensorRT could not deserialize {plan_path} (built for another TensorRT or GPU?)")
+        self.context = self.engine.create_execution_context()
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ctx = self.context
+        keep = []
+        for name, t in inputs.items():
+            t = t.contiguous()
+            if t.dtype == torch.float8_e4m3fn:
+                t = t.view(torch.uint8)      # the plugin graph's FP8 pools are bytes
+            keep.append(t)
+            ctx.set_input_shape(name, tuple(t.shape))
+            ctx.set_tensor_address(name, t.data_ptr())
+        shape = tuple(ctx.get_tensor_shape("logits"))
+        logits = torch.empty(shape, dtype=torch.float32, device=self.device)
+        ctx.set_tensor_address("logits", logits.data_ptr())
+        if not ctx.execute_async_v3(self.stream.cuda_stream):
+            raise RuntimeError("TensorRT execution failed")
+        self.stream.synchronize()
+        return logits
