@@ -34,7 +34,10 @@ class BuildOptions(BaseModel):
     name: Optional[str] = None
     weights: Literal["auto", "float32", "bfloat16", "float16", "fp8"] = "auto"
     kv_cache: Literal["auto", "fp8"] = "auto"
-    engine: Literal["torch", "tensorrt"] = "torch"
+    # torch: the engine runs the checkpoint. onnxruntime: also export the reference graph
+    # and serve it with onnxruntime (CPU check of the export). tensorrt: export the plugin
+    # graph and build a TensorRT engine from it (needs TensorRT and a GPU).
+    engine: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
     link: bool = False
     # Engine settings written into config.pbtxt.
     block_size: int = Field(16, ge=1)
@@ -147,8 +150,6 @@ def format_plan(p: dict) -> str:
 
 def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     t0 = time.time()
-    if opts.engine == "tensorrt":
-        _export_for_tensorrt(opts, Stages(progress), log)
     cfg = load_model_config(opts.checkpoint)  # fails early on unsupported architectures
     if cfg.quantization is not None and opts.weights == "fp8":
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already an FP8 build")
@@ -181,16 +182,18 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
             if os.path.isfile(src) and f.endswith(CHECKPOINT_FILES):
                 shutil.copy2(src, os.path.join(ckpt_dst, f))
         advance()
-    params = engine_parameters(opts, model_path)
-    params["grace_period_s"] = opts.grace_period_s
-    with open(os.path.join(out, "config.pbtxt"), "w") as f:
-        f.write(render_config(name, params))
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
     kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (opts.weights == "auto"
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
+    params = engine_parameters(opts, model_path)
+    if opts.engine != "torch":
+        params.update(_export_graph(opts, served, cfg, plan, stages, log))
+    params["grace_period_s"] = opts.grace_period_s
+    with open(os.path.join(out, "config.pbtxt"), "w") as f:
+        f.write(render_config(name, params))
     manifest = {
         "format_version": FORMAT_VERSION,
         "backend_version": BACKEND_VERSION,
@@ -220,27 +223,44 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     return out
 
 
-def _export_for_tensorrt(opts: BuildOptions, stages: "Stages", log) -> None:
-    """Export the packed-token ONNX graph, leave the build command next to it, and stop:
-    the engine build needs TensorRT and the PagedAttention plugin, neither available here."""
+def _export_graph(opts: BuildOptions, checkpoint: str, cfg, plan: dict, stages: "Stages", log) -> dict:
+    """Export the decoder graph for the chosen engine; for TensorRT, build model.plan when
+    TensorRT is importable, else stop, leaving the ONNX and the exact build command.
+    Returns the engine parameters that select the graph runner."""
     from builder.onnx_export import export
-    onnx_dir = os.path.join(opts.output, "onnx")
+    out = opts.output
     advance = stages("export", 1)
-    path = export(opts.checkpoint, os.path.join(onnx_dir, "model.onnx"), "plugin")
+    if opts.engine == "onnxruntime":
+        export(checkpoint, os.path.join(out, "1", "model.onnx"), "reference", block_size=opts.block_size)
+        advance()
+        return {"model_runner": "onnxruntime", "model_graph": "1/model.onnx"}
+    from builder.tensorrt_engine import ProfileLimits, build_engine, command
+    onnx_path = export(checkpoint, os.path.join(out, "onnx", "model.onnx"), "plugin", kv_fp8=opts.kv_cache == "fp8",
+                       block_size=opts.block_size)
     advance()
-    stages.close()
-    command = (f"trtexec --onnx={os.path.abspath(path)} --stronglyTyped "
-               f"--saveEngine={os.path.abspath(os.path.join(opts.output, '1', 'model.plan'))} "
-               "--staticPlugins=<library registering paged_llm::PagedAttention version 1>")
-    with open(os.path.join(onnx_dir, "BUILD_COMMAND.txt"), "w") as f:
-        f.write(command + "\n")
+    max_len = opts.max_model_len or cfg.max_position_embeddings
+    # The engine's pools are exactly this size (the plan's profile fixes it): from the
+    # memory plan unless given.
+    num_blocks = opts.num_kv_blocks or max(1, plan["kv_tokens"] // opts.block_size)
+    limits = ProfileLimits(opts.max_num_batched_tokens, opts.max_num_seqs, max_len, opts.block_size, num_blocks)
+    plan_path = os.path.join(out, "1", "model.plan")
+    cmd = command(os.path.abspath(onnx_path), os.path.abspath(plan_path), limits)
+    with open(os.path.join(out, "onnx", "BUILD_COMMAND.txt"), "w") as f:
+        f.write(cmd + "\n")
     try:
         import tensorrt  # noqa: F401  (optional extra, imported lazily)
-        missing = "the paged_llm::PagedAttention TensorRT plugin is not implemented yet"
     except ImportError as e:
-        missing = f"TensorRT is not installed ({e}), and the PagedAttention plugin is not implemented yet"
-    raise BuildError(f"exported {path} (one PagedAttention node per layer); stopping before the engine build: "
-                     f"{missing}. Build command, for when both exist: {command}")
+        stages.close()
+        raise BuildError(f"exported {onnx_path} (one PagedAttention node per layer); stopping before the "
+                         f"engine build: TensorRT is not installed ({e}). On a machine with TensorRT and a GPU, "
+                         f"run: {cmd}") from None
+    advance = stages("build", 1)
+    try:
+        build_engine(onnx_path, plan_path, limits, log)
+    except RuntimeError as e:
+        raise BuildError(str(e)) from None
+    advance()
+    return {"model_runner": "tensorrt", "model_graph": "1/model.plan", "num_kv_blocks": num_blocks}
 
 
 def _write_fp8_checkpoint(src: str, dst: str, state: dict, qcfg: dict) -> None:

@@ -180,8 +180,9 @@ def load_for_export(checkpoint: str) -> CausalLM:
     return model
 
 
-def example_inputs(model: CausalLM, num_blocks: int = 16, block_size: int = 4) -> tuple:
-    """A mixed step: one decode, one fresh prefill, one chunk after a cached prefix."""
+def example_inputs(model: CausalLM, num_blocks: int = 16, block_size: int = 16, kv_fp8: bool = False) -> tuple:
+    """A mixed step: one decode, one fresh prefill, one chunk after a cached prefix.
+    FP8 pools are raw E4M3 bytes (uint8), the form the plugin's kernel reads."""
     cfg = model.config
     seqs = [(9, 1), (0, 5), (8, 3)]           # (cached tokens, new tokens)
     g = torch.Generator().manual_seed(0)
@@ -200,16 +201,22 @@ def example_inputs(model: CausalLM, num_blocks: int = 16, block_size: int = 4) -
         idx.append(qsl[-1] - 1)
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     pools = [torch.randn(shape, generator=g) for _ in range(2 * cfg.num_layers)]
+    if kv_fp8:
+        pools = [p.to(torch.float8_e4m3fn).view(torch.uint8) for p in pools]
     return (torch.tensor(ids), torch.tensor(pos), torch.tensor(slots),
             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             torch.tensor([c + n for c, n in seqs], dtype=torch.int32), torch.tensor(qsl, dtype=torch.int32),
             torch.tensor(idx), torch.ones(cfg.num_layers), torch.ones(cfg.num_layers), *pools)
 
 
-def export(checkpoint: str, path: str, variant: str = "plugin") -> str:
+def export(checkpoint: str, path: str, variant: str = "plugin", kv_fp8: bool = False, block_size: int = 16) -> str:
+    """The block size is fixed in the graph (a plugin attribute): export with the
+    engine's."""
+    if kv_fp8 and variant != "plugin":
+        raise ValueError("an FP8 KV cache is exported for the plugin only (the reference variant is fp32)")
     model = load_for_export(checkpoint)
     wrapper = PackedDecoder(model, variant).eval()
-    args = example_inputs(model)
+    args = example_inputs(model, block_size=block_size, kv_fp8=kv_fp8)
     T, B, M, R, N = (torch.export.Dim(n, min=1, max=m) for n, m in
                      (("tokens", 65536), ("seqs", 4096), ("max_blocks", 65536), ("rows", 4096),
                       ("num_blocks", 1 << 24)))

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.config import ConfigError
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import Sampler
 
@@ -55,14 +56,17 @@ class GraphModelRunner(ModelRunner):
 class OnnxRuntimeGraph:
     """The reference export in onnxruntime; copies the updated pools back into the cache."""
 
-    def __init__(self, path: str, num_layers: int) -> None:
+    def __init__(self, path: str, num_layers: int, block_size: int) -> None:
         from builder.onnx_export import onnxruntime_session, output_names
         self.session = onnxruntime_session(path)
-        self.num_layers = num_layers
         self.outputs = output_names(num_layers, "reference")
         if [o.name for o in self.session.get_outputs()] != self.outputs:
-            raise ValueError(f"{path} is not a reference export for {num_layers} layers "
-                             f"(outputs {[o.name for o in self.session.get_outputs()]})")
+            raise ConfigError(f"invalid engine argument 'model_graph': {path} is not a reference export for "
+                              f"{num_layers} layers (outputs {[o.name for o in self.session.get_outputs()]})")
+        graph_block = next(i.shape[1] for i in self.session.get_inputs() if i.name == "k_pool_0")
+        if graph_block != block_size:
+            raise ConfigError(f"invalid engine argument 'block_size': {block_size}, but {path} was exported "
+                              f"for blocks of {graph_block} tokens")
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         feed = {name: t.numpy() for name, t in inputs.items()}

@@ -97,7 +97,7 @@ class LLMEngine:
         if not os.path.isfile(args.model_graph):
             raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
         try:
-            graph = (OnnxRuntimeGraph(args.model_graph, self.model_config.num_layers)
+            graph = (OnnxRuntimeGraph(args.model_graph, self.model_config.num_layers, args.block_size)
                      if args.model_runner == "onnxruntime" else TensorRTGraph(args.model_graph, self.device))
         except ImportError as e:
             raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "

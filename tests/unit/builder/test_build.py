@@ -3,6 +3,7 @@ FP8 quantization with its quality report, and the FP8 build served by the engine
 
 import json
 import os
+import re
 
 import pytest
 from safetensors import safe_open
@@ -51,14 +52,48 @@ def test_options_validated_before_work(tiny_ckpt, tmp_path):
 
 
 
-def test_tensorrt_engine_stops_with_onnx_and_command(llama_ckpt, tmp_path):
+def test_tensorrt_engine_stops_with_onnx_and_command(fp8_build, tmp_path):
+    """Without TensorRT: the plugin ONNX (FP8 Q/DQ linears, uint8 FP8 pools) and the exact
+    build command are left, and the build stops with a message saying why."""
+    pytest.importorskip("onnx")
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is installed: the engine build runs instead")
+    except ImportError:
+        pass
+    src = os.path.join(fp8_build, "checkpoint")
     with pytest.raises(BuildError) as e:
-        build(opts(llama_ckpt, tmp_path / "t", engine="tensorrt"), progress=False)
+        build(opts(src, tmp_path / "t", engine="tensorrt", kv_cache="fp8", num_kv_blocks=64), progress=False)
     msg = str(e.value)
-    assert "stopping before the engine build" in msg and "trtexec --onnx=" in msg
-    assert "TensorRT is not installed" in msg or "plugin is not implemented" in msg
-    assert os.path.isfile(tmp_path / "t" / "onnx" / "model.onnx")
-    assert "trtexec" in (tmp_path / "t" / "onnx" / "BUILD_COMMAND.txt").read_text()
+    assert "stopping before the engine build: TensorRT is not installed" in msg
+    cmd = (tmp_path / "t" / "onnx" / "BUILD_COMMAND.txt").read_text().strip()
+    assert cmd in msg and cmd.startswith("python -m builder.tensorrt_engine --onnx ")
+    assert "--num-kv-blocks 64" in cmd and "--plan " + str(tmp_path / "t" / "1" / "model.plan") in cmd
+    import onnx
+    graph = onnx.load(str(tmp_path / "t" / "onnx" / "model.onnx"))
+    pool = next(i for i in graph.graph.input if i.name == "k_pool_0")
+    assert pool.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    assert any(n.op_type == "QuantizeLinear" for n in graph.graph.node)
+    assert not (tmp_path / "t" / "config.pbtxt").exists()   # no half-made entry for Triton to load
+
+
+def test_onnxruntime_engine_entry_serves_the_same_tokens(llama_ckpt, tmp_path):
+    """--engine onnxruntime: the entry carries the reference graph and selects its runner;
+    loaded as the backend loads it, it generates what the torch engine generates."""
+    from backend import LLM, SamplingParams
+    from backend.triton_server.serving_config import load_settings
+    out = build(opts(llama_ckpt, tmp_path / "o", engine="onnxruntime", num_kv_blocks=64, block_size=8),
+                log=lambda *_: None, progress=False)
+    text = (tmp_path / "o" / "config.pbtxt").read_text()
+    assert "model_runner" in text and "1/model.onnx" in text
+    params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
+    args, _ = load_settings(params, out)
+    assert args.model_runner == "onnxruntime" and os.path.isfile(args.model_graph)
+    prompts = [[5, 9, 13, 2, 7], [11, 3]]
+    params = SamplingParams(max_tokens=6, min_tokens=6, temperature=0)
+    got = LLM(**args.model_dump()).generate(prompts, params)
+    ref = LLM(llama_ckpt, block_size=8, num_kv_blocks=64).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
 
 
 def test_memory_plan_formula(tiny_ckpt, tmp_path):

@@ -17,6 +17,8 @@ from backend.models.loader import load_model
 from builder.onnx_export import (INPUT_NAMES, PLUGIN_NAMESPACE, example_inputs, export, load_for_export,
                                  onnxruntime_session, pool_names)
 
+BS = 4   # small blocks: the example step's sequences span several
+
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def ckpt(request, ckpt_dir):
@@ -29,7 +31,7 @@ def attrs_of(node):
 
 
 def test_plugin_variant_has_one_paged_attention_node_per_layer(ckpt, tmp_path):
-    model = onnx.load(export(ckpt, str(tmp_path / "plugin.onnx"), "plugin"))
+    model = onnx.load(export(ckpt, str(tmp_path / "plugin.onnx"), "plugin", block_size=BS))
     onnx.checker.check_model(model)
     L = load_model_config(ckpt).num_layers
     nodes = [n for n in model.graph.node if n.op_type == "PagedAttention"]
@@ -70,8 +72,8 @@ def run_onnx(path, args, num_layers):
 
 
 def test_reference_variant_matches_torch_model(ckpt, tmp_path):
-    path = export(ckpt, str(tmp_path / "ref.onnx"), "reference")
-    args = example_inputs(load_for_export(ckpt))
+    path = export(ckpt, str(tmp_path / "ref.onnx"), "reference", block_size=BS)
+    args = example_inputs(load_for_export(ckpt), block_size=BS)
     L = load_model_config(ckpt).num_layers
     logits, pools = run_onnx(path, args, L)
     ref_logits, ref_pools = run_torch(ckpt, args)
@@ -84,7 +86,7 @@ def test_fp8_build_exports_linears_as_fp8_qdq(fp8_build, tmp_path):
     ckpt = os.path.join(fp8_build, "checkpoint")
     cfg = load_model_config(ckpt)
     L = cfg.num_layers
-    plugin = onnx.load(export(ckpt, str(tmp_path / "plugin.onnx"), "plugin"))
+    plugin = onnx.load(export(ckpt, str(tmp_path / "plugin.onnx"), "plugin", block_size=BS))
     onnx.checker.check_model(plugin)
     ops = [n.op_type for n in plugin.graph.node]
     linears = 7 * L   # q, k, v, o, gate, up, down
@@ -97,9 +99,9 @@ def test_fp8_build_exports_linears_as_fp8_qdq(fp8_build, tmp_path):
             zp = next(t for t in plugin.graph.initializer if t.name == n.input[2])
             assert zp.data_type == fp8
 
-    path = export(ckpt, str(tmp_path / "ref.onnx"), "reference")
+    path = export(ckpt, str(tmp_path / "ref.onnx"), "reference", block_size=BS)
     model = load_for_export(ckpt)
-    args = example_inputs(model)
+    args = example_inputs(model, block_size=BS)
     logits, _ = run_onnx(path, args, L)
     ref_logits, _ = run_torch(ckpt, args)   # the engine's FP8Linear (fake-quantized activations)
     assert np.abs(logits - ref_logits).max() / np.abs(ref_logits).max() < 1e-3

@@ -16,7 +16,7 @@ from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 @pytest.fixture(scope="module")
 def exported(ckpt_dir, tmp_path_factory):
     path = make_checkpoint(str(ckpt_dir / "qwen2"), "qwen2")
-    return path, export(path, str(tmp_path_factory.mktemp("onnx") / "model.onnx"), "reference")
+    return path, export(path, str(tmp_path_factory.mktemp("onnx") / "model.onnx"), "reference", block_size=4)
 
 
 def test_onnxruntime_runner_matches_transformers(exported):
@@ -42,6 +42,8 @@ def test_runner_arguments_are_validated(exported, tmp_path):
         EngineArgs.create(model=path, model_runner="onnxruntime", model_graph=graph, kv_cache_dtype="fp8")
     with pytest.raises(ConfigError, match="model_graph"):
         LLM(path, model_runner="onnxruntime", model_graph=str(tmp_path / "missing.onnx"), device="cpu")
+    with pytest.raises(ConfigError, match="block_size"):
+        LLM(path, model_runner="onnxruntime", model_graph=graph, block_size=8)
     with pytest.raises(ConfigError, match="tensorrt"):
         LLM(path, model_runner="tensorrt", model_graph=graph, device="cpu")
     assert os.path.isfile(graph)
