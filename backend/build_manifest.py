@@ -45,8 +45,9 @@ def check_manifest(model_dir: str, engine_args: EngineArgs) -> None:
     if kv is not None and kv != engine_args.kv_cache_dtype:
         problems.append(f"built for kv_cache_dtype '{kv}', config.pbtxt asks for '{engine_args.kv_cache_dtype}'")
     engine = m.get("options", {}).get("engine", "torch")
-    if engine != "torch":
-        problems.append(f"built for the '{engine}' engine, which this backend cannot serve here")
+    if engine != engine_args.model_runner:
+        problems.append(f"built for the '{engine}' engine, config.pbtxt asks for model_runner "
+                        f"'{engine_args.model_runner}'")
     if problems:
         raise ConfigError(f"model in '{model_dir}' does not match this backend: " + "; ".join(problems)
                           + ". Rebuild it with `python -m builder build`.")
