@@ -20,9 +20,12 @@ FP8_E4M3_MAX = 448.0
 
 
 def fp32_reciprocal(scale: float) -> float:
-    """1/scale rounded to fp32: the torch path and the Triton kernel both multiply by
-    exactly this value, so they store the same FP8 bytes."""
-    return torch.tensor(1.0 / scale, dtype=torch.float32).item()
+    """1/scale as the IEEE fp32 division 1 / fp32(scale): what the Triton kernel computes
+    (tl.math.div_rn on the fp32 scale it loads), so both paths multiply by exactly this
+    value and store the same FP8 bytes. (Rounding the double 1/scale to fp32 differs by
+    an ulp for about a quarter of scales.)"""
+    one = torch.tensor(1.0, dtype=torch.float32)
+    return (one / torch.tensor(scale, dtype=torch.float32)).item()
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -13,7 +13,7 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_blocks=None):
+def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_blocks=None, fp8_scales=(0.05, 0.04)):
     """seqs: [(cached_context_len, new_query_len)]. Returns (q, k, v, cache, meta)."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
@@ -28,7 +28,7 @@ def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_
     dtype = torch.float8_e4m3fn if fp8 else torch.float32
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     cache = KVCacheLayer(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype),
-                         k_scale=0.05 if fp8 else 1.0, v_scale=0.04 if fp8 else 1.0)
+                         k_scale=fp8_scales[0] if fp8 else 1.0, v_scale=fp8_scales[1] if fp8 else 1.0)
     # Fill the cached context with the reference writer.
     ctx_slots = [t[p // block_size] * block_size + p % block_size for (c, _), t in zip(seqs, tables) for p in range(c)]
     if ctx_slots:

@@ -16,8 +16,9 @@ from tests.helpers.paged_batch import build, rel_err, to
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None):
-    q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8)
+def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None,
+             fp8_scales=(0.05, 0.04)):
+    q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales)
     scale = head_dim ** -0.5
     ref_args = to("cpu", q, k, v, cache, meta)
     ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(*ref_args)
@@ -70,6 +71,23 @@ FP8_BOUND = 1e-5  # same stored bytes, same dequantization: kernel vs torch path
 def test_fp8_cache_matches_torch_fp8_path():
     out, ref = run_both([(17, 1), (8, 5), (0, 9)], 16, 2, 4, 64, seed=9, fp8=True)
     assert rel_err(out, ref) < FP8_BOUND
+
+
+def test_fp8_writes_identical_where_the_reciprocal_rounds_differently():
+    """For scale 0.17044, fp32(1/s) taken from double is one ulp above the fp32 division
+    1/fp32(s) the kernel computes (about a quarter of scales differ so). K = 0.18109251
+    then lands on either side of the E4M3 rounding midpoint 1.0625: both paths must use
+    the same reciprocal to store the same byte."""
+    seqs = [(0, 3)]
+    q, k, v, cache, meta = build(seqs, 16, 2, 1, 64, seed=13, fp8=True, fp8_scales=(0.17044, 0.17044))
+    k.fill_(0.18109251)
+    v.fill_(0.18109251)
+    ref_args = to("cpu", q, k, v, cache, meta)
+    TorchPagedAttention(2, 2, 64, 64 ** -0.5).forward(*ref_args)
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    paged_attention(q2, k2, v2, c2, m2, 64 ** -0.5)
+    assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
+    assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
 
 
 def test_fp8_cache_close_to_fp32():
