@@ -23,17 +23,17 @@ from backend.engine.sampler import Sampler
 
 
 def packed_inputs(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                  logits_rows: list[int], kv_caches: list[KVCacheLayer]) -> dict[str, torch.Tensor]:
-    """The graph's named inputs for one step. An empty logits_rows (a step of prefill
-    chunks only) asks for row 0, whose logits the caller drops: graphs are built for at
-    least one row."""
+                  logits_rows: list[int], kv_caches: list[KVCacheLayer], k_scales: torch.Tensor,
+                  v_scales: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The graph's named inputs for one step (scales: [layers] each). An empty
+    logits_rows (a step of prefill chunks only) asks for row 0, whose logits the caller
+    drops: graphs are built for at least one row."""
     dev = input_ids.device
-    scales = torch.stack([c.scale_tensor() for c in kv_caches])    # [layers, 2]
     inputs = {
         "input_ids": input_ids, "positions": positions, "slot_mapping": meta.slot_mapping,
         "block_tables": meta.block_tables, "seq_lens": meta.seq_lens, "query_start_loc": meta.query_start_loc,
         "logits_indices": torch.tensor(logits_rows or [0], dtype=torch.long, device=dev),
-        "k_scales": scales[:, 0].contiguous(), "v_scales": scales[:, 1].contiguous(),
+        "k_scales": k_scales, "v_scales": v_scales,
     }
     for i, c in enumerate(kv_caches):
         inputs[f"k_pool_{i}"], inputs[f"v_pool_{i}"] = c.key, c.value
@@ -46,10 +46,14 @@ class GraphModelRunner(ModelRunner):
                  block_table_of: Callable[[str], list[int]]) -> None:
         super().__init__(None, kv_caches, block_size, device, sampler, block_table_of)
         self.graph = graph
+        # The cache scales are fixed at load (calibrated by the builder): stacked once.
+        scales = torch.stack([c.scale_tensor() for c in kv_caches])
+        self.k_scales, self.v_scales = scales[:, 0].contiguous(), scales[:, 1].contiguous()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_rows: list[int]) -> Optional[torch.Tensor]:
-        logits = self.graph(packed_inputs(input_ids, positions, meta, logits_rows, self.kv_caches))
+        logits = self.graph(packed_inputs(input_ids, positions, meta, logits_rows, self.kv_caches,
+                                           self.k_scales, self.v_scales))
         return logits if logits_rows else None
 
 

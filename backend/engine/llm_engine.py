@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from typing import Optional, Sequence, Union
 
@@ -91,8 +92,6 @@ class LLMEngine:
         if args.model_runner == "torch":
             return ModelRunner(self.model, kv_layers, args.block_size, self.device, sampler,
                                self.kv_cache.block_table)
-        import os
-
         from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
         if not os.path.isfile(args.model_graph):
             raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")

@@ -59,3 +59,14 @@ def wait_metric(server, name: str, expected: float, labels: str = 'model="llm"',
         if value == expected or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+def assert_served_like_offline(repo: str, log_path: str, prompts: list[str], params: dict, offline) -> None:
+    """Starts tritonserver on `repo`, streams each prompt to model 'llm' and checks its
+    tokens against the offline engine's outputs; ends with the block pool free."""
+    from clients.triton_client import StreamingRequest
+    with TritonServer(repo, log_path=log_path) as srv:
+        for p, o in zip(prompts, offline):
+            res = StreamingRequest(srv.grpc_url).run(p, params)
+            assert res.ok and res.token_ids == o.token_ids
+        wait_blocks_free(srv)

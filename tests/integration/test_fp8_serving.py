@@ -5,9 +5,7 @@ import os
 
 from backend import LLM, SamplingParams
 from builder.build import BuildOptions, build
-from clients.triton_client import StreamingRequest
-from clients.tritonserver import TritonServer
-from tests.integration.conftest import wait_blocks_free
+from tests.integration.conftest import assert_served_like_offline
 
 
 def test_fp8_build_served(tmp_path, tiny_ckpt):
@@ -19,8 +17,4 @@ def test_fp8_build_served(tmp_path, tiny_ckpt):
     params = {"max_tokens": 12, "min_tokens": 12, "temperature": 0}
     offline = LLM(os.path.join(repo, "llm", "checkpoint"), block_size=16, num_kv_blocks=128,
                   kv_cache_dtype="fp8").generate(prompts, SamplingParams(**params))
-    with TritonServer(str(repo), log_path=str(tmp_path / "server.log")) as srv:
-        for p, o in zip(prompts, offline):
-            res = StreamingRequest(srv.grpc_url).run(p, params)
-            assert res.ok and res.token_ids == o.token_ids
-        wait_blocks_free(srv)
+    assert_served_like_offline(str(repo), str(tmp_path / "server.log"), prompts, params, offline)

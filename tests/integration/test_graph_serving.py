@@ -4,9 +4,7 @@ streams the same tokens as the offline torch engine on the same checkpoint."""
 
 from backend import LLM, SamplingParams
 from builder.build import BuildOptions, build
-from clients.triton_client import StreamingRequest
-from clients.tritonserver import TritonServer
-from tests.integration.conftest import wait_blocks_free
+from tests.integration.conftest import assert_served_like_offline
 
 
 def test_onnxruntime_entry_served(tmp_path, tiny_ckpt):
@@ -18,8 +16,4 @@ def test_onnxruntime_entry_served(tmp_path, tiny_ckpt):
     params = {"max_tokens": 8, "min_tokens": 8, "temperature": 0}
     offline = LLM(tiny_ckpt, dtype="float32", block_size=16, num_kv_blocks=64).generate(
         prompts, SamplingParams(**params))
-    with TritonServer(str(repo), log_path=str(tmp_path / "server.log")) as srv:
-        for p, o in zip(prompts, offline):
-            res = StreamingRequest(srv.grpc_url).run(p, params)
-            assert res.ok and res.token_ids == o.token_ids
-        wait_blocks_free(srv)
+    assert_served_like_offline(str(repo), str(tmp_path / "server.log"), prompts, params, offline)
