@@ -25,6 +25,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     max_query_len: int
     max_seq_len: int
+    # Split-KV factor for the Triton kernel; None lets it choose from max_seq_len. A
+    # captured CUDA graph fixes it, since its launch grid is baked in.
+    num_splits: Optional[int] = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ see exactly the same values, FP8 cache included.
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -43,9 +44,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_m
         # index_copy_ has no FP8 kernel on every device; bytes are bytes.
         k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
         key, value = key.view(torch.uint8), value.view(torch.uint8)
-    valid = slot_mapping >= 0
-    if not bool(valid.all()):
-        slot_mapping, key, value = slot_mapping[valid], key[valid], value[valid]
+    # No padding rows (slot -1) reach this path: only CUDA graphs pad, and they run the
+    # Triton kernel. Checking here would cost a host sync per layer.
+    slot_mapping = slot_mapping.long()
     k_flat.index_copy_(0, slot_mapping, key.to(k_flat.dtype))
     v_flat.index_copy_(0, slot_mapping, value.to(v_flat.dtype))
 
@@ -73,7 +74,7 @@ class TorchPagedAttention:
         """q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        qsl = meta.query_start_loc.tolist()
+        qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode_seqs:
             idx = torch.tensor([qsl[i] for i in decode_seqs], dtype=torch.long, device=q.device)

@@ -234,6 +234,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     T, H, D = q.shape
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     if num_splits is None:
+        num_splits = meta.num_splits
+    if num_splits is None:
         num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
     scales = cache.scale_tensor()
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,

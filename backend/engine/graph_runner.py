@@ -16,24 +16,24 @@ from typing import Callable, Optional
 
 import torch
 
-from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.attention.metadata import KVCacheLayer
 from backend.config import ConfigError
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import Sampler
+from backend.engine.step_inputs import StepInputBuilder, StepInputs
 
 
-def packed_inputs(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                  logits_rows: list[int], kv_caches: list[KVCacheLayer], k_scales: torch.Tensor,
+def packed_inputs(step: StepInputs, kv_caches: list[KVCacheLayer], k_scales: torch.Tensor,
                   v_scales: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The graph's named inputs for one step (scales: [layers] each). An empty
-    logits_rows (a step of prefill chunks only) asks for row 0, whose logits the caller
-    drops: graphs are built for at least one row."""
-    dev = input_ids.device
+    """The graph's named inputs for one step (scales: [layers] each), in the export's
+    dtypes. A step of prefill chunks only asks for row 0, whose logits the caller drops:
+    graphs are built for at least one row."""
+    meta = step.meta
     inputs = {
-        "input_ids": input_ids, "positions": positions, "slot_mapping": meta.slot_mapping,
-        "block_tables": meta.block_tables, "seq_lens": meta.seq_lens, "query_start_loc": meta.query_start_loc,
-        "logits_indices": torch.tensor(logits_rows or [0], dtype=torch.long, device=dev),
-        "k_scales": k_scales, "v_scales": v_scales,
+        "input_ids": step.input_ids.long(), "positions": step.positions.long(),
+        "slot_mapping": meta.slot_mapping.long(), "block_tables": meta.block_tables,
+        "seq_lens": meta.seq_lens, "query_start_loc": meta.query_start_loc,
+        "logits_indices": step.logits_indices.long(), "k_scales": k_scales, "v_scales": v_scales,
     }
     for i, c in enumerate(kv_caches):
         inputs[f"k_pool_{i}"], inputs[f"v_pool_{i}"] = c.key, c.value
@@ -43,18 +43,16 @@ def packed_inputs(input_ids: torch.Tensor, positions: torch.Tensor, meta: Attent
 class GraphModelRunner(ModelRunner):
     def __init__(self, graph: Callable[[dict[str, torch.Tensor]], torch.Tensor], kv_caches: list[KVCacheLayer],
                  block_size: int, device: torch.device, sampler: Sampler,
-                 block_table_of: Callable[[str], list[int]]) -> None:
-        super().__init__(None, kv_caches, block_size, device, sampler, block_table_of)
+                 block_table_of: Callable[[str], list[int]], inputs: StepInputBuilder, vocab_size: int) -> None:
+        super().__init__(None, kv_caches, block_size, device, sampler, block_table_of, inputs, vocab_size)
         self.graph = graph
         # The cache scales are fixed at load (calibrated by the builder): stacked once.
         scales = torch.stack([c.scale_tensor() for c in kv_caches])
         self.k_scales, self.v_scales = scales[:, 0].contiguous(), scales[:, 1].contiguous()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                logits_rows: list[int]) -> Optional[torch.Tensor]:
-        logits = self.graph(packed_inputs(input_ids, positions, meta, logits_rows, self.kv_caches,
-                                           self.k_scales, self.v_scales))
-        return logits if logits_rows else None
+    def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
+        logits = self.graph(packed_inputs(step, self.kv_caches, self.k_scales, self.v_scales))
+        return logits if step.num_logits else None
 
 
 class OnnxRuntimeGraph:

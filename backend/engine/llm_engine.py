@@ -24,6 +24,7 @@ from backend.engine.outputs import RequestOutput
 from backend.engine.request import FinishReason, Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
+from backend.engine.step_inputs import StepInputBuilder
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
@@ -88,10 +89,15 @@ class LLMEngine:
         self.num_generation_tokens_total = 0
 
     def _make_runner(self, kv_layers) -> ModelRunner:
-        args, sampler = self.args, Sampler(self.args.seed)
+        args = self.args
+        sampler = Sampler(args.seed, self.device, args.max_num_seqs)
+        # A padded decode step has up to max_num_seqs tokens, whatever the token budget.
+        inputs = StepInputBuilder(max(args.max_num_batched_tokens, args.max_num_seqs), args.max_num_seqs,
+                                  -(-self.max_model_len // args.block_size), args.block_size, self.device)
+        common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
+                  self.model_config.vocab_size)
         if args.model_runner == "torch":
-            return ModelRunner(self.model, kv_layers, args.block_size, self.device, sampler,
-                               self.kv_cache.block_table)
+            return ModelRunner(self.model, *common)
         from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
         if not os.path.isfile(args.model_graph):
             raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
@@ -101,7 +107,7 @@ class LLMEngine:
         except ImportError as e:
             raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "
                               f"that is not installed ({e})") from None
-        return GraphModelRunner(graph, kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table)
+        return GraphModelRunner(graph, *common)
 
     # ------------------------------------------------------------------ sizing
     def _blocks_from_budget(self, bytes_per_block: int) -> int:
@@ -157,7 +163,8 @@ class LLMEngine:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens,
             eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
-            generator=torch.Generator().manual_seed(params.seed) if params.seed is not None else None)
+            generator=(torch.Generator(device=self.device).manual_seed(params.seed)
+                       if params.seed is not None else None))
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
         self.scheduler.add_request(request)
         self.num_prompt_tokens_total += len(token_ids)

@@ -1,4 +1,6 @@
-"""Runs one scheduled step: packs tokens, runs the model over the paged cache, samples."""
+"""Runs one scheduled step: packed inputs (one upload), the model over the paged cache
+(a captured CUDA graph for decode-only steps where one fits, else eager), the batched
+sampler, and the step's one device-to-host copy: the sampled ids."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from typing import Callable, Optional
 
 import torch
 
-from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.attention.metadata import KVCacheLayer
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
+from backend.engine.step_inputs import StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 
@@ -30,72 +33,45 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, kv_dty
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_caches: list[KVCacheLayer], block_size: int,
-                 device: torch.device, sampler: Sampler,
-                 block_table_of: Callable[[str], list[int]]) -> None:
+    def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
+                 device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
+                 inputs: StepInputBuilder, vocab_size: int) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.sampler = sampler
+        self.inputs = inputs
+        self.vocab_size = vocab_size
         self._block_table_of = block_table_of
+        # Set by capture_cuda_graphs (backend/engine/cuda_graphs.py) when graphs are on.
+        self.graphs = None
 
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
-        query_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-        for s in out.scheduled:
-            r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            n_prompt = r.num_prompt_tokens
-            input_ids.extend(r.prompt_token_ids[start:end])
-            if end > n_prompt:
-                input_ids.extend(r.output_token_ids[max(start - n_prompt, 0):end - n_prompt])
-            table = self._block_table_of(r.request_id)
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
-            seq_lens.append(end)
-            query_lens.append(s.num_new_tokens)
-            tables.append(table)
-            if s.completes_prompt:
-                logits_rows.append(query_start_loc[-1] - 1)
-        max_blocks = max(len(t) for t in tables)
-        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
-        dev = self.device
-        meta = AttentionMetadata(
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-        )
-        return (torch.tensor(input_ids, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev), meta, logits_rows)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                logits_rows: list[int]) -> Optional[torch.Tensor]:
+    def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         """Runs the decoder over the packed step (writing its K/V into the cache) and
-        returns the logits of `logits_rows` ([R, V]), or None when R is 0."""
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        return self.model.compute_logits(hidden[logits_rows]) if logits_rows else None
+        returns the logits of the sampled rows ([R, V]), or None when R is 0."""
+        if step.num_logits == 0:
+            self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            return None
+        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        if not step.all_rows_sampled:
+            hidden = hidden.index_select(0, step.logits_indices)
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[Optional[int]]:
         """One forward pass. Returns, per scheduled request, its next token, or None
         when the request is mid-prefill (its chunk did not reach the last token)."""
-        input_ids, positions, meta, logits_rows = self.prepare(out)
-        logits = self.forward(input_ids, positions, meta, logits_rows)
-        sampling = [s.request for s in out.scheduled if s.completes_prompt]
-        tokens = self.sampler(logits, sampling) if sampling else []
-        it = iter(tokens)
-        return [next(it) if s.completes_prompt else None for s in out.scheduled]
+        graph_size = self.graphs.size_for(out) if self.graphs is not None else None
+        step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        if graph_size is not None:
+            logits = self.graphs.replay(graph_size)[:step.num_seqs]
+        else:
+            logits = self.forward(step)
+        sampling: list[Request] = [s.request for s in out.scheduled if s.completes_prompt]
+        if not sampling:
+            return [None] * len(out.scheduled)
+        # Host work for sampling overlaps the forward pass the device is still running.
+        batch = self.sampler.prepare(sampling, self.vocab_size)
+        tokens = iter(self.sampler.sample(logits, batch).tolist())
+        return [next(tokens) if s.completes_prompt else None for s in out.scheduled]

@@ -1,88 +1,187 @@
-"""Turn one step's logits into next tokens.
+"""Turn one step's logits into next tokens: one batched pass over [B, V].
 
 Order of operations (as in vLLM): penalties, min_tokens masking, then greedy argmax or
-temperature -> top-k -> top-p -> min-p -> draw. Draws use a per-request
-torch.Generator when the request has a seed, so a seeded request gives the same tokens
-whatever else shares its batch.
+temperature -> top-k -> top-p -> min-p -> draw. Per-row parameters travel as one [B, 7]
+tensor (one host-to-device copy); features no row uses cost nothing. Greedy rows ride in
+the same pass and take the argmax of the penalized logits.
+
+Every tensor made here lives on the logits' device, and nothing here reads a device
+value on the host: the caller does the step's one device-to-host copy of the ids.
+
+Draws use the exponential race, argmax(p / E) with E ~ Exp(1), which draws from p. The
+noise comes from the sampler's own generator, except for rows whose request has a seed:
+those draw from the request's generator (on the same device), so a seeded request gives
+the same tokens whatever shares its batch.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
+from backend.engine.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.request import Request
+
+# Columns of the per-row parameter tensor.
+TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(7)
+NUM_COLUMNS = 7
+# top_p at or above 1 keeps everything; stored as 2 so that rounding in the cumulative
+# sum can never drop a tail token of a row that asked for no top-p.
+_NO_TOP_P = 2.0
+
+
+@dataclass
+class SamplingBatch:
+    """One step's sampling inputs, on the logits' device."""
+    params: torch.Tensor                        # float32 [B, NUM_COLUMNS]
+    all_greedy: bool
+    any_greedy: bool
+    max_top_k: int                              # 0: no row uses top-k
+    any_top_p: bool
+    any_min_p: bool
+    repetition: Optional[tuple[torch.Tensor, torch.Tensor]]   # (rows, token ids) seen
+    counted: Optional[tuple[torch.Tensor, torch.Tensor]]      # (rows, token ids) generated
+    banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens: (rows, token ids)
+    seeded: list[tuple[int, torch.Generator]]
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self._generator = torch.Generator().manual_seed(seed)
+    def __init__(self, seed: int = 0, device: torch.device = torch.device("cpu"), max_num_seqs: int = 256) -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device)
+        self._indices = GrowingStagedBuffer(torch.int64, self.device)
+
+    # ------------------------------------------------------------------ host side
+    def prepare(self, requests: Sequence[Request], vocab_size: int) -> SamplingBatch:
+        """Per-row parameters and penalty indices from the requests: host work only,
+        O(batch) plus the token lists of requests that use penalties."""
+        B = len(requests)
+        if B * NUM_COLUMNS > self._params.np.shape[0]:
+            self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
+        rows = self._params.np[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
+        # (row, token ids) per request, for each index set: repetition, counted, banned.
+        lists: tuple[list, list, list] = ([], [], [])
+        seeded: list[tuple[int, torch.Generator]] = []
+        n_greedy = max_top_k = 0
+        any_top_p = any_min_p = False
+        for i, r in enumerate(requests):
+            p = r.sampling_params
+            top_k = p.top_k if 0 < p.top_k < vocab_size else 0
+            rows[i] = (p.temperature, top_k, p.top_p if p.top_p < 1.0 else _NO_TOP_P, p.min_p,
+                       p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+            if p.greedy:
+                n_greedy += 1
+            else:
+                max_top_k = max(max_top_k, top_k)
+                any_top_p |= p.top_p < 1.0
+                any_min_p |= p.min_p > 0.0
+                if r.generator is not None:
+                    seeded.append((i, r.generator))
+            if p.repetition_penalty != 1.0:
+                lists[0].append((i, np.unique(np.asarray(r.prompt_token_ids + r.output_token_ids))))
+            if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
+                lists[1].append((i, np.asarray(r.output_token_ids)))
+            if r.num_output_tokens < p.min_tokens:
+                stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
+                lists[2].append((i, np.asarray(sorted(t for t in stop if 0 <= t < vocab_size))))
+        uploaded = self._upload_indices(lists)
+        return SamplingBatch(
+            params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
+            all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
+            any_top_p=any_top_p, any_min_p=any_min_p, repetition=uploaded[0], counted=uploaded[1],
+            banned=uploaded[2], seeded=seeded)
+
+    def _upload_indices(self, lists) -> list[Optional[tuple[torch.Tensor, torch.Tensor]]]:
+        """Each index set as (rows, token ids), all in one host-to-device copy; None
+        for a set no request uses."""
+        parts, sizes = [], []
+        for entries in lists:
+            n = sum(len(ids) for _, ids in entries)
+            sizes.append(n)
+            if n:
+                parts.append(np.concatenate([np.full(len(ids), row) for row, ids in entries]))
+                parts.append(np.concatenate([ids for _, ids in entries]))
+        if not any(sizes):
+            return [None] * len(lists)
+        dev = self._indices.upload(np.concatenate(parts).astype(np.int64))
+        out, off = [], 0
+        for n in sizes:
+            out.append((dev[off:off + n], dev[off + n:off + 2 * n]) if n else None)
+            off += 2 * n
+        return out
+
+    # ---------------------------------------------------------------- device side
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """logits [B, V] -> next token ids [B] (int64, on the logits' device)."""
+        logits = logits.float()
+        params = batch.params
+        if batch.repetition is not None or batch.counted is not None or batch.banned is not None:
+            logits = apply_penalties(logits.clone(), batch)
+        if batch.all_greedy:
+            return logits.argmax(dim=-1)
+        temperature = params[:, TEMPERATURE:TEMPERATURE + 1]
+        greedy = temperature == 0.0
+        x = logits / torch.where(greedy, 1.0, temperature)
+        if batch.max_top_k:
+            x = apply_top_k(x, params[:, TOP_K], batch.max_top_k)
+        probs = torch.softmax(x, dim=-1)
+        if batch.any_top_p:
+            probs = apply_top_p(probs, params[:, TOP_P:TOP_P + 1])
+        if batch.any_min_p:
+            min_p = params[:, MIN_P:MIN_P + 1]
+            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for row, gen in batch.seeded:
+            noise[row].exponential_(generator=gen)
+        sampled = (probs / noise).argmax(dim=-1)
+        if not batch.any_greedy:
+            return sampled
+        return torch.where(greedy[:, 0], logits.argmax(dim=-1), sampled)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
-        """logits: [B, V] for the B requests, one row each."""
-        logits = logits.float()
-        if all(r.sampling_params.greedy and _no_processing(r) for r in requests):
-            return logits.argmax(dim=-1).tolist()
-        logits = logits.clone()
-        for i, r in enumerate(requests):
-            _apply_penalties(logits[i], r)
-            _apply_min_tokens(logits[i], r)
-        tokens: list[int] = []
-        for i, r in enumerate(requests):
-            tokens.append(self._sample_one(logits[i], r))
-        return tokens
-
-    def _sample_one(self, row: torch.Tensor, r: Request) -> int:
-        p = r.sampling_params
-        if p.greedy:
-            return int(row.argmax())
-        row = row / p.temperature
-        if p.top_k > 0 and p.top_k < row.shape[0]:
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep the smallest set whose mass reaches top_p (always at least one token).
-            cum = sorted_probs.cumsum(0)
-            drop_sorted = (cum - sorted_probs) >= p.top_p
-            drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
-            probs = probs.masked_fill(drop, 0.0)
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        gen = r.generator or self._generator
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one draw per token.
-        noise = torch.empty_like(probs).exponential_(generator=gen)
-        return int((probs / noise).argmax())
+        """Convenience for tests and tools: prepare, sample and copy the ids back."""
+        return self.sample(logits, self.prepare(requests, logits.shape[-1])).tolist()
 
 
-def _no_processing(r: Request) -> bool:
-    p = r.sampling_params
-    return (p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and (p.min_tokens == 0 or r.num_output_tokens >= p.min_tokens))
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """In place on a private copy: repetition (Hugging Face / CTRL convention, over prompt
+    and output tokens), frequency and presence (OpenAI convention, over generated tokens),
+    then min_tokens (stop ids and EOS banned)."""
+    params = batch.params
+    if batch.repetition is not None:
+        seen = torch.zeros_like(logits, dtype=torch.bool)
+        seen.index_put_(batch.repetition, torch.ones((), dtype=torch.bool, device=logits.device))
+        rep = params[:, REPETITION:REPETITION + 1]
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalized, logits)
+    if batch.counted is not None:
+        counts = torch.zeros_like(logits)
+        counts.index_put_(batch.counted, torch.ones((), device=logits.device), accumulate=True)
+        logits -= (params[:, FREQUENCY:FREQUENCY + 1] * counts
+                   + params[:, PRESENCE:PRESENCE + 1] * (counts > 0).float())
+    if batch.banned is not None:
+        logits.index_put_(batch.banned, torch.full((), float("-inf"), device=logits.device))
+    return logits
 
 
-def _apply_penalties(row: torch.Tensor, r: Request) -> None:
-    p = r.sampling_params
-    if p.repetition_penalty != 1.0:
-        # Hugging Face / CTRL convention, over prompt and output tokens.
-        seen = torch.tensor(sorted(set(r.all_token_ids)), dtype=torch.long)
-        vals = row[seen]
-        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
-        # OpenAI convention, over generated tokens only.
-        counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long),
-                                minlength=row.shape[0])[: row.shape[0]].float()
-        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Keep each row's top_k largest (ties with the k-th kept); rows with top_k 0 keep all.
+    One topk at the batch's largest k, then each row's own k-th value."""
+    values = torch.topk(x, max_top_k, dim=-1).values
+    k = top_k.long().clamp(min=1)
+    kth = values.gather(1, (k - 1).clamp(max=max_top_k - 1)[:, None])
+    kth = torch.where(top_k[:, None] > 0, kth, float("-inf"))
+    return x.masked_fill(x < kth, float("-inf"))
 
 
-def _apply_min_tokens(row: torch.Tensor, r: Request) -> None:
-    p = r.sampling_params
-    if r.num_output_tokens < p.min_tokens:
-        stop_ids = set(p.stop_token_ids)
-        if not p.ignore_eos:
-            stop_ids |= r.eos_token_ids
-        ids = [t for t in stop_ids if 0 <= t < row.shape[0]]
-        if ids:
-            row[ids] = float("-inf")
+def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least
+    one token); top_p [B, 1]."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return probs.masked_fill(drop, 0.0)

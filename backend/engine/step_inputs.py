@@ -1,0 +1,145 @@
+"""A scheduled step as the model's packed-token inputs, built on the host with numpy and
+sent to the device in one copy.
+
+All integer inputs live in one int32 staging buffer at fixed offsets (capacities set
+once from the engine limits):
+
+    input_ids [T] | positions [T] | slot_mapping [T] | logits_indices [B] |
+    query_start_loc [B + 1] | seq_lens [B] | block_tables [B, M]
+
+so the upload is a single copy of a prefix of that buffer (the block-table rows in use
+come last), and every input is a view at an address that never changes, which is what
+a captured CUDA graph reads. Per-token work (positions, slots) is numpy over arrays;
+Python loops run once per request, not per token.
+
+Padding (for a CUDA graph of a larger batch) adds rows that write nothing (slot -1) and
+belong to empty sequences (query length 0, sequence length 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from backend.attention.metadata import AttentionMetadata
+from backend.engine.buffers import StagedBuffer
+from backend.engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor                 # int32 [T]
+    positions: torch.Tensor                 # int32 [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor            # int32 [R]: packed rows whose logits are sampled
+    num_logits: int                         # R, 0 when only mid-prompt chunks ran
+    all_rows_sampled: bool                  # logits_indices == arange(T): no gather needed
+    num_tokens: int                         # T before padding
+    num_seqs: int                           # B before padding
+
+
+class StepInputBuilder:
+    def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 device: torch.device) -> None:
+        self.T, self.B, self.M = max_num_tokens, max_num_seqs, max_blocks_per_seq
+        self.block_size = block_size
+        off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
+                          ("logits_indices", self.B), ("query_start_loc", self.B + 1), ("seq_lens", self.B),
+                          ("block_tables", self.B * self.M)]
+        pos = 0
+        for name, n in sizes:
+            off[name] = pos
+            pos += n
+        self.offsets = off
+        self.buffer = StagedBuffer(pos, torch.int32, device)
+
+    def _host(self, name: str, n: int) -> np.ndarray:
+        o = self.offsets[name]
+        return self.buffer.np[o:o + n]
+
+    def device_view(self, name: str, n: int) -> torch.Tensor:
+        o = self.offsets[name]
+        return self.buffer.device[o:o + n]
+
+    def block_tables_view(self, rows: int, cols: int) -> torch.Tensor:
+        """[rows, cols] view with row stride M (kernels take the stride)."""
+        return self.device_view("block_tables", self.B * self.M).view(self.B, self.M)[:rows, :cols]
+
+    def build(self, out: SchedulerOutput, block_table_of: Callable[[str], list[int]],
+              pad_to: Optional[int] = None) -> StepInputs:
+        sched = out.scheduled
+        B = len(sched)
+        Bp = pad_to or B
+        bs = self.block_size
+        n_new = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=B)
+        start = np.fromiter((s.request.num_computed_tokens for s in sched), dtype=np.int64, count=B)
+        T = int(n_new.sum())
+        Tp = T + (Bp - B)                       # one token per padding row
+        if Tp > self.T or Bp > self.B:
+            raise ValueError(f"step of {Tp} tokens / {Bp} sequences exceeds the buffers "
+                             f"({self.T} tokens / {self.B} sequences)")
+        qsl = self._host("query_start_loc", Bp + 1)
+        qsl[0] = 0
+        np.cumsum(n_new, out=qsl[1:B + 1])
+        qsl[B + 1:] = T
+        seq_lens = self._host("seq_lens", Bp)
+        seq_lens[:B] = start + n_new
+        seq_lens[B:] = 0
+
+        # Per token: its sequence and position; positions of padding rows are 0.
+        seq_of_token = np.repeat(np.arange(B), n_new)
+        positions = self._host("positions", Tp)
+        positions[:T] = np.arange(T) - qsl[seq_of_token] + start[seq_of_token]
+        positions[T:] = 0
+
+        input_ids = self._host("input_ids", Tp)
+        tables = self._host("block_tables", Bp * self.M).reshape(Bp, self.M)
+        widest = 1
+        for i, s in enumerate(sched):
+            r = s.request
+            a, b = int(start[i]), int(start[i] + n_new[i])
+            input_ids[qsl[i]:qsl[i + 1]] = _token_slice(r.prompt_token_ids, r.output_token_ids, a, b)
+            table = block_table_of(r.request_id)
+            tables[i, :len(table)] = table
+            widest = max(widest, len(table))
+        input_ids[T:] = 0
+        slots = self._host("slot_mapping", Tp)
+        pos = positions[:T]
+        slots[:T] = tables[seq_of_token, pos // bs] * bs + pos % bs
+        slots[T:] = -1
+
+        # Logits are needed for the last token of every request whose prompt is complete.
+        done = np.fromiter((s.completes_prompt for s in sched), dtype=bool, count=B)
+        rows = qsl[1:B + 1][done] - 1
+        num_logits = int(rows.shape[0])
+        logits_idx = self._host("logits_indices", Bp)
+        logits_idx[:num_logits] = rows
+        logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
+        all_rows = num_logits == T and B == T
+
+        self.buffer.upload(self.offsets["block_tables"] + Bp * self.M)
+        query_lens = n_new.tolist() + [0] * (Bp - B)
+        meta = AttentionMetadata(
+            query_start_loc=self.device_view("query_start_loc", Bp + 1),
+            seq_lens=self.device_view("seq_lens", Bp),
+            block_tables=self.block_tables_view(Bp, widest),
+            slot_mapping=self.device_view("slot_mapping", Tp),
+            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens.tolist(),
+            max_query_len=int(n_new.max()), max_seq_len=int(seq_lens[:B].max()))
+        return StepInputs(
+            input_ids=self.device_view("input_ids", Tp), positions=self.device_view("positions", Tp), meta=meta,
+            logits_indices=self.device_view("logits_indices", max(num_logits, 1)), num_logits=num_logits,
+            all_rows_sampled=all_rows, num_tokens=T, num_seqs=B)
+
+
+def _token_slice(prompt: list[int], output: list[int], a: int, b: int) -> list[int]:
+    """Tokens a:b of prompt + output without building the concatenation."""
+    p = len(prompt)
+    if b <= p:
+        return prompt[a:b]
+    if a >= p:
+        return output[a - p:b - p]
+    return prompt[a:] + output[:b - p]
