@@ -28,6 +28,7 @@ from backend.engine.step_inputs import StepInputBuilder
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
+from backend.ops import make_layer_ops
 from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class LLMEngine:
         self.model = None
         if args.model_runner == "torch":
             self.model = load_model(args.model, cfg, self.dtype, self.device,
-                                    make_attention_factory(self.attention_backend), max_position)
+                                    make_attention_factory(self.attention_backend), max_position,
+                                    make_layer_ops(self.attention_backend))
         self.tokenizer = load_tokenizer(args.model)
 
         bytes_per_block = kv_cache_bytes_per_block(cfg, args.block_size, kv_dtype)

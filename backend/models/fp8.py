@@ -24,7 +24,9 @@ from torch import nn
 from backend.attention.torch_attention import FP8_E4M3_MAX as FP8_MAX
 
 QUANT_METHOD = "paged_llm_fp8"
+# Checkpoint names (Hugging Face's, what the builder quantizes) and the engine's fused ones.
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FUSED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +74,7 @@ def swap_in_fp8_linears(model: nn.Module) -> None:
     """Replace the decoder's linear layers (not embeddings or the LM head) by FP8Linear."""
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
-            for name in QUANTIZED_LINEARS:
+            for name in FUSED_LINEARS:
                 lin = getattr(parent, name, None)
                 if isinstance(lin, nn.Linear):
                     with torch.device(lin.weight.device):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from backend.models.config import ModelConfig
 from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
 from backend.models.llama import CausalLM
+from backend.ops import LayerOps
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -26,13 +27,45 @@ def load_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
+# Fused parameter <- the checkpoint's parameters it concatenates (along the output dim).
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def fuse_projections(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Concatenate q/k/v and gate/up in a Hugging Face state dict (in place). FP8
+    checkpoints: weights and per-channel scales concatenate; the static input scales,
+    calibrated on the one input the parts share, merge as their max."""
+    for i in range(num_layers):
+        for fused, parts in FUSED_PROJECTIONS.items():
+            names = [f"model.layers.{i}.{p}" for p in parts]
+            if f"{names[0]}.weight" not in state:
+                continue
+            for suffix in ("weight", "bias", "weight_scale"):
+                tensors = [state.pop(f"{n}.{suffix}", None) for n in names]
+                if tensors[0] is not None:
+                    state[f"model.layers.{i}.{fused}.{suffix}"] = _cat_rows(tensors)
+            scales = [state.pop(f"{n}.input_scale", None) for n in names]
+            if scales[0] is not None:
+                state[f"model.layers.{i}.{fused}.input_scale"] = torch.stack(scales).amax()
+    return state
+
+
+def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if tensors[0].dtype == torch.float8_e4m3fn:   # cat has no FP8 kernel everywhere; bytes are bytes
+        return torch.cat([t.view(torch.uint8) for t in tensors]).view(torch.float8_e4m3fn)
+    return torch.cat(tensors)
+
+
 def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-               attn_factory: Callable[..., object], max_position: int) -> CausalLM:
+               attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None) -> CausalLM:
     with torch.device("meta"):
-        model = CausalLM(cfg, attn_factory, max_position)
+        model = CausalLM(cfg, attn_factory, max_position, ops)
         if cfg.quantization is not None:
             swap_in_fp8_linears(model)
-    state = load_weights(path)
+    state = fuse_projections(load_weights(path), cfg.num_layers)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)

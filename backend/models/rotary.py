@@ -1,6 +1,6 @@
-"""Rotary position embeddings, computed as Hugging Face does so that fp32 results match
-bit for bit: fp32 angles from positions × inverse frequencies, cos/sin cast to the
-activation dtype, rotate-half layout."""
+"""Rotary position embedding tables, computed as Hugging Face does so that fp32 results
+match bit for bit: fp32 angles from positions × inverse frequencies. Applying them
+(cos/sin cast to the activation dtype, rotate-half layout) is LayerOps.rotary's job."""
 
 from __future__ import annotations
 
@@ -39,14 +39,3 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

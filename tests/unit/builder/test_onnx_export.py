@@ -89,7 +89,7 @@ def test_fp8_build_exports_linears_as_fp8_qdq(fp8_build, tmp_path):
     plugin = onnx.load(export(ckpt, str(tmp_path / "plugin.onnx"), "plugin", block_size=BS))
     onnx.checker.check_model(plugin)
     ops = [n.op_type for n in plugin.graph.node]
-    linears = 7 * L   # q, k, v, o, gate, up, down
+    linears = 4 * L   # qkv, o, gate_up, down (fused at load)
     assert ops.count("QuantizeLinear") == linears          # activations
     assert ops.count("DequantizeLinear") == 2 * linears    # activations and weights
     fp8 = onnx.TensorProto.FLOAT8E4M3FN

@@ -1,0 +1,60 @@
+"""Torch references of the fused layer ops: what runs on CPU, and the definition the
+Triton kernels (triton_kernels.py) are tested against.
+
+Each follows Hugging Face's modules operation for operation, so fp32 results match
+transformers bit for bit: RMSNorm normalizes in fp32, casts to the activation dtype,
+then multiplies by the weight; RoPE casts cos/sin to the activation dtype; the residual
+add happens in the activation dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual); with no residual, (RMSNorm(x), x)."""
+    if residual is not None:
+        x = x + residual
+    return rms_norm(x, weight, eps), x
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+           sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
+           eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, H, D], k: [T, KVH, D]; optional per-head RMSNorm weights (Qwen3) applied
+    first; rotate-half layout. Returns new tensors."""
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    cos = cos_cache[positions].to(q.dtype).unsqueeze(1)
+    sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor:
+    """x = [gate | up] ([T, 2I]) -> act(gate) * up ([T, I])."""
+    half = x.shape[-1] // 2
+    return ACTIVATIONS[act](x[..., :half]) * x[..., half:]

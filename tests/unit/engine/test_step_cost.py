@@ -1,0 +1,80 @@
+"""What one pure-decode step costs a GPU, counted on CPU (tests/helpers/dispatch_count.py):
+kernel dispatches per decoder layer and outside the layers, and host syncs. Targets
+(docs/benchmarks.md): <= 10 per layer, <= 40 outside, <= 1 host sync, at batch 8 with
+greedy and sampled requests mixed, Triton kernels (interpreter)."""
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.dispatch_count import count_dispatches
+
+MAX_PER_LAYER, MAX_OUTSIDE, MAX_SYNCS = 10, 40, 1
+
+
+def mixed_batch_params() -> list[SamplingParams]:
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    return [greedy, SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True),
+            greedy, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=6, ignore_eos=True),
+            greedy, SamplingParams(temperature=0.7, top_k=20, seed=11, max_tokens=6, ignore_eos=True),
+            greedy, SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, max_tokens=6, ignore_eos=True)]
+
+
+def decode_step_counts(path: str, backend: str):
+    llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_seqs=8, attention_backend=backend)
+    engine = llm.engine
+    for prompt, params in zip(random_prompts(8, [5, 9, 3, 12], seed=4), mixed_batch_params()):
+        engine.add_request(prompt, params)
+    engine.step()                                  # all prompts in one step
+    engine.step()                                  # first decode (warms caches)
+    sched = engine.scheduler.schedule()
+    assert len(sched.scheduled) == 8 and all(s.num_new_tokens == 1 for s in sched.scheduled)
+    with count_dispatches(engine.model) as counts:
+        tokens = engine.runner.execute(sched)
+    engine.scheduler.update_after_step(sched.scheduled)
+    assert all(isinstance(t, int) for t in tokens)
+    for rid in list(engine.scheduler.requests):
+        engine.abort_request(rid)
+    assert_pool_free(engine)
+    return counts, engine.model_config.num_layers
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_decode_step_dispatches_and_syncs(ckpt_dir, arch):
+    path = make_checkpoint(str(ckpt_dir / arch), arch)
+    counts, num_layers = decode_step_counts(path, "triton")
+    per_layer = counts.num_layer_dispatches / num_layers
+    report = (f"{arch}: {per_layer:.1f} dispatches per layer {dict(counts.layers)}, "
+              f"{counts.num_outside_dispatches} outside {dict(counts.outside)}, syncs {dict(counts.syncs)}")
+    print(report)
+    assert per_layer <= MAX_PER_LAYER, report
+    assert counts.num_outside_dispatches <= MAX_OUTSIDE, report
+    assert counts.num_syncs <= MAX_SYNCS, report
+
+
+def test_torch_path_decode_step_has_one_sync(ckpt_dir):
+    """The CPU path keeps host syncs out of the step too (its per-sequence planning uses
+    host copies of the lengths)."""
+    counts, _ = decode_step_counts(make_checkpoint(str(ckpt_dir / "llama"), "llama"), "torch")
+    assert counts.num_syncs <= MAX_SYNCS, dict(counts.syncs)
+
+
+def test_counter_sees_syncs_copies_and_launches():
+    """The counter is not blind: each kind of cost it must catch, caught."""
+    from backend.ops import triton_kernels
+    x = torch.randn(4, 8)
+    with count_dispatches() as c:
+        x.sum().item()
+        x.tolist()
+        bool(x.any())
+        torch.tensor([1, 2, 3])
+        x[x > 0]                                   # data-dependent shape
+        triton_kernels.add_rms_norm(x, None, torch.ones(8), 1e-5)
+        x.view(2, 16)                              # free
+        torch.empty(3)                             # free
+    assert c.num_syncs == 4, dict(c.syncs)
+    assert c.outside["torch.tensor"] == 1
+    assert c.outside["triton:_add_rms_norm_kernel"] == 1
+    assert "aten.view.default" not in c.outside and "aten.empty.memory_format" not in c.outside
