@@ -39,6 +39,9 @@ class EngineArgs(BaseModel):
     # engine built from the plugin export.
     model_runner: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
     model_graph: Optional[str] = None
+    # vLLM's name: true runs every step eagerly. Otherwise, on CUDA with the Triton
+    # kernels, decode-only steps replay CUDA graphs captured at load.
+    enforce_eager: bool = False
 
     @model_validator(mode="after")
     def _check_runner(self) -> "EngineArgs":

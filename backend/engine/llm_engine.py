@@ -17,6 +17,7 @@ import torch
 
 from backend.config import ConfigError, EngineArgs
 from backend.engine.block_manager import KVCacheManager
+from backend.engine.cuda_graphs import capture_decode_graphs, estimate_graph_bytes
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
@@ -71,6 +72,8 @@ class LLMEngine:
                                     make_layer_ops(self.attention_backend))
         self.tokenizer = load_tokenizer(args.model)
 
+        self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
+                                and args.model_runner == "torch" and not args.enforce_eager)
         bytes_per_block = kv_cache_bytes_per_block(cfg, args.block_size, kv_dtype)
         self.num_kv_blocks = args.num_kv_blocks or self._blocks_from_budget(bytes_per_block)
         self.max_model_len = self._resolve_max_model_len(self.num_kv_blocks * args.block_size)
@@ -85,6 +88,8 @@ class LLMEngine:
             for layer, (k_scale, v_scale) in zip(kv_layers, cfg.quantization["kv_cache_scales"]):
                 layer.k_scale, layer.v_scale = float(k_scale), float(v_scale)
         self.runner = self._make_runner(kv_layers)
+        if self.use_cuda_graphs:
+            self.runner.graphs = capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
@@ -118,6 +123,10 @@ class LLMEngine:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free * self.args.gpu_memory_utilization)
+                if self.use_cuda_graphs:
+                    # The graphs' memory pool is captured after the cache is allocated.
+                    budget -= estimate_graph_bytes(self.model_config, self.args.max_num_seqs,
+                                                   torch.tensor([], dtype=self.dtype).element_size())
             else:
                 budget = _CPU_KV_CACHE_BYTES
         num = budget // bytes_per_block

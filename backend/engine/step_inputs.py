@@ -135,6 +135,37 @@ class StepInputBuilder:
             all_rows_sampled=all_rows, num_tokens=T, num_seqs=B)
 
 
+def static_decode_inputs(builder: StepInputBuilder, size: int, num_splits: int) -> StepInputs:
+    """The views a decode graph of `size` rows reads: the buffers' first `size` entries
+    at their fixed addresses, block tables at full width. Writes nothing; a replay sees
+    whatever build(..., pad_to=size) last uploaded."""
+    b = builder
+    meta = AttentionMetadata(
+        query_start_loc=b.device_view("query_start_loc", size + 1), seq_lens=b.device_view("seq_lens", size),
+        block_tables=b.block_tables_view(size, b.M), slot_mapping=b.device_view("slot_mapping", size),
+        query_lens_cpu=[1] * size, seq_lens_cpu=[1] * size, max_query_len=1, max_seq_len=1,
+        num_splits=num_splits)
+    return StepInputs(input_ids=b.device_view("input_ids", size), positions=b.device_view("positions", size),
+                      meta=meta, logits_indices=b.device_view("logits_indices", size), num_logits=size,
+                      all_rows_sampled=True, num_tokens=size, num_seqs=size)
+
+
+def dummy_decode(builder: StepInputBuilder, size: int, token_ids: np.ndarray, num_splits: int) -> StepInputs:
+    """Uploads `size` one-token sequences at position 0 that write nothing to the cache
+    (slot -1) and attend only to their own key, and returns the static views over them:
+    what a decode graph is captured and checked with."""
+    b = builder
+    b._host("input_ids", size)[:] = token_ids
+    b._host("positions", size)[:] = 0
+    b._host("slot_mapping", size)[:] = -1
+    b._host("logits_indices", size)[:] = np.arange(size)
+    b._host("query_start_loc", size + 1)[:] = np.arange(size + 1)
+    b._host("seq_lens", size)[:] = 1
+    b._host("block_tables", size * b.M)[:] = 0
+    b.buffer.upload(b.offsets["block_tables"] + size * b.M)
+    return static_decode_inputs(b, size, num_splits)
+
+
 def _token_slice(prompt: list[int], output: list[int], a: int, b: int) -> list[int]:
     """Tokens a:b of prompt + output without building the concatenation."""
     p = len(prompt)
