@@ -53,7 +53,8 @@ class LLMEngine:
         self.args = args
         self.model_config: ModelConfig = load_model_config(args.model)
         cfg = self.model_config
-        self.device = _resolve_device(args.device)
+        # The onnxruntime runner is a CPU reference: "auto" means the CPU there, GPU or not.
+        self.device = _resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
         self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
                              else ("float32" if args.dtype == "auto" else args.dtype)]
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)

@@ -12,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 def test_kernel_compiles_to_sm90_ptx_with_the_plugin_entry(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT
+    # Keep every import location of this process: on some machines the packages live
+    # outside site-packages (a PYTHONPATH of their own).
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in sys.path if p])
     proc = subprocess.run([sys.executable, "-m", "backend.attention.aot", "--arch", "90", "--out", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from backend import ConfigError, EngineArgs
 from backend.build_manifest import check_manifest
 from builder.build import BuildError, BuildOptions, build
+from tests.helpers.pins import require_pinned
 from tests.helpers.prefix import check_fp8_prefix_caching
 
 
@@ -53,6 +54,7 @@ def test_options_validated_before_work(tiny_ckpt, tmp_path):
 
 
 def test_tensorrt_engine_stops_with_onnx_and_command(fp8_build, tmp_path):
+    require_pinned("onnx", "onnxscript")
     """Without TensorRT: the plugin ONNX (FP8 Q/DQ linears, uint8 FP8 pools) and the exact
     build command are left, and the build stops with a message saying why."""
     pytest.importorskip("onnx")
@@ -79,7 +81,9 @@ def test_tensorrt_engine_stops_with_onnx_and_command(fp8_build, tmp_path):
 
 def test_onnxruntime_engine_entry_serves_the_same_tokens(llama_ckpt, tmp_path):
     """--engine onnxruntime: the entry carries the reference graph and selects its runner;
-    loaded as the backend loads it, it generates what the torch engine generates."""
+    loaded as the backend loads it, it generates what the torch engine generates (both on
+    the CPU in fp32: the runner is a CPU reference)."""
+    require_pinned("onnx", "onnxscript", "onnxruntime")
     from backend import LLM, SamplingParams
     from backend.triton_server.serving_config import load_settings
     out = build(opts(llama_ckpt, tmp_path / "o", engine="onnxruntime", num_kv_blocks=64, block_size=8),
@@ -92,7 +96,7 @@ def test_onnxruntime_engine_entry_serves_the_same_tokens(llama_ckpt, tmp_path):
     prompts = [[5, 9, 13, 2, 7], [11, 3]]
     params = SamplingParams(max_tokens=6, min_tokens=6, temperature=0)
     got = LLM(**args.model_dump()).generate(prompts, params)
-    ref = LLM(llama_ckpt, block_size=8, num_kv_blocks=64).generate(prompts, params)
+    ref = LLM(llama_ckpt, block_size=8, num_kv_blocks=64, device="cpu", dtype="float32").generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
 
 

@@ -16,8 +16,14 @@ from backend.models.config import load_model_config
 from backend.models.loader import load_model
 from builder.onnx_export import (INPUT_NAMES, PLUGIN_NAMESPACE, example_inputs, export, load_for_export,
                                  onnxruntime_session, pool_names)
+from tests.helpers.pins import require_pinned
 
 BS = 4   # small blocks: the example step's sequences span several
+
+
+@pytest.fixture(autouse=True)
+def _pinned_onnx():
+    require_pinned("onnx", "onnxscript", "onnxruntime")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -72,6 +72,14 @@ def test_queue_limit_sheds_load(llama_ckpt):
 
 def test_stop_grace_then_cancel(llama_ckpt):
     engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=256))
+    # At least 2 ms a step, so that the endless request cannot finish its 900 tokens
+    # inside the 0.5 s this test waits, however fast the device is (a GPU does ~1 ms).
+    real_step = engine.step
+
+    def paced_step():
+        time.sleep(0.002)
+        return real_step()
+    engine.step = paced_step
     lp = EngineLoop(engine).start()
     short = lp.add_request([3, 4], SamplingParams(max_tokens=2, temperature=0), "short")
     endless = lp.add_request([3, 4], SamplingParams(max_tokens=900, temperature=0, ignore_eos=True), "endless")

@@ -11,6 +11,12 @@ from backend import LLM, ConfigError, EngineArgs, SamplingParams
 from builder.onnx_export import export
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.pins import require_pinned
+
+
+@pytest.fixture(autouse=True)
+def _pinned_onnx():
+    require_pinned("onnx", "onnxscript", "onnxruntime")
 
 
 @pytest.fixture(scope="module")
