@@ -21,6 +21,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_REPO = os.path.join(ROOT, "model_repository")
+DEFAULT_CHECKPOINT = os.path.join(DEFAULT_REPO, "llm", "checkpoint")
 
 
 def machine() -> str:
@@ -44,10 +45,25 @@ def _table(rows: list[tuple]) -> str:
 
 
 # ------------------------------------------------------------------- offline
+def ensure_checkpoint(path: str) -> str:
+    """The default model is built on first use (as `make model` does); any other missing
+    checkpoint is a clear error, not a traceback."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    if os.path.abspath(path) == os.path.abspath(DEFAULT_CHECKPOINT):
+        print(f"# no default model yet: building it into {DEFAULT_REPO} (same as `make model`)", flush=True)
+        from builder.__main__ import main as builder_main
+        if builder_main(["default", "--repository", DEFAULT_REPO]) == 0 and os.path.isfile(
+                os.path.join(path, "config.json")):
+            return path
+    raise SystemExit(f"no checkpoint at {path}: run `make model` for the default model, "
+                     "or pass --checkpoint <Hugging Face checkpoint folder>")
+
+
 def cmd_offline(a: argparse.Namespace) -> dict:
     from clients import bench_offline as bo
     torch.set_num_threads(a.threads)
-    path = a.checkpoint
+    path = ensure_checkpoint(a.checkpoint)
     from backend.models.config import load_model_config
     vocab = load_model_config(path).vocab_size
     wl = bo.Workload.random(a.num_seqs, tuple(a.input_len), tuple(a.output_len), vocab, a.seed)
@@ -205,7 +221,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     o = sub.add_parser("offline")
-    o.add_argument("--checkpoint", default=os.path.join(DEFAULT_REPO, "llm", "checkpoint"))
+    o.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT)
     o.add_argument("--num-seqs", type=int, default=128)
     o.add_argument("--input-len", type=int, nargs=2, default=[32, 256])
     o.add_argument("--output-len", type=int, nargs=2, default=[32, 256])

@@ -1,16 +1,22 @@
-"""GPU check and benchmark, in one call, on one NVIDIA GPU.
+"""GPU check and benchmark, in one call, on one NVIDIA GPU (issue 12's targets).
 
     python -m clients.gpu_check --out results/          # writes gpu_check.json and gpu_check.md
 
-1. Kernel correctness on CUDA: the Triton paged-attention tests (tests/unit/attention)
-   run natively, plus the engine with attention_backend="triton" against the torch path.
-2. Random-weight checkpoints of real architectures, made on the spot (no hub access):
-   Llama-3.2-1B, Llama-3.1-8B and Qwen3-0.6B configurations, bf16.
-3. Decode throughput and per-token latency at batch 1 and larger batches, and memory
-   bandwidth utilization: weight bytes / measured device copy bandwidth is the floor for
-   one decode step at batch 1.
+Needs only torch, triton, transformers, numpy and pydantic (no tritonclient, no network;
+packages may live outside site-packages: child processes inherit sys.path). Planned to
+finish inside 10 minutes on an H100.
 
-STATUS: written without access to a GPU and not yet run on one (see docs/benchmarks.md).
+1. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
+   CUDA graphs vs eager, engine exactness.
+2. Random-weight checkpoints of real configurations made on the spot (bf16).
+3. Sampled requests on CUDA: temperature, top-k/top-p/min-p, seeds, penalties and
+   min_tokens together; a seeded request alone vs inside a batch.
+4. The nano-vllm workload: 256 sequences, prompt and output lengths U[100, 1024],
+   temperature 0.6, ignore_eos, Llama-3.2-1B configuration, one generate call
+   (target: >= 20,000 output tok/s).
+5. Decode latency at batch 1 and 32, with CUDA graphs and eagerly, against the
+   weight-read floor (weight bytes / measured copy bandwidth; target at batch 1 for
+   Llama-3.1-8B: <= 1.25x).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -40,6 +47,9 @@ ARCHS = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        tie_word_embeddings=True, rope_theta=1000000.0),
 }
+UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/engine/test_sampler.py",
+              "tests/unit/engine/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
+              "tests/unit/engine/test_llm_engine.py"]
 
 
 def make_checkpoint(name: str, root: str) -> str:
@@ -68,6 +78,8 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30, iters: int = 20) -> float:
     for _ in range(iters):
         b.copy_(a)
     torch.cuda.synchronize()
+    del a, b
+    torch.cuda.empty_cache()
     return 2 * nbytes * iters / (time.perf_counter() - t0) / 1e9
 
 
@@ -80,20 +92,89 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def decode_benchmark(path: str, batch: int, prompt_len: int = 128, new_tokens: int = 128) -> dict:
-    from backend import LLM, SamplingParams
-    llm = LLM(path, dtype="bfloat16", block_size=16, max_num_seqs=max(batch, 1),
-              max_num_batched_tokens=max(2048, batch * prompt_len), gpu_memory_utilization=0.8,
-              attention_backend="triton")
+def run_unit_tests() -> str:
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return "pytest not installed: unit tests not run"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *UNIT_TESTS],
+                          capture_output=True, text=True, env=env, timeout=400)
+    lines = proc.stdout.strip().splitlines()
+    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    return "\n".join(failed + lines[-1:]) if lines else proc.stderr[-2000:]
+
+
+def _llm(path: str, **kw):
+    from backend import LLM
+    args = dict(dtype="bfloat16", block_size=16, gpu_memory_utilization=0.85, attention_backend="triton")
+    args.update(kw)
+    return LLM(path, **args)
+
+
+def _free(llm) -> None:
+    stats = llm.kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
+    del llm
+    torch.cuda.empty_cache()
+
+
+def sampled_requests(path: str) -> dict:
+    """Every sampling feature on CUDA in one batch; a seeded request alone vs in a batch."""
+    from backend import SamplingParams
+    llm = _llm(path, max_num_seqs=16, max_num_batched_tokens=4096)
+    common = dict(max_tokens=32, ignore_eos=True)
+    params = [SamplingParams(temperature=0.8, **common), SamplingParams(temperature=1.0, top_p=0.9, **common),
+              SamplingParams(temperature=0.7, top_k=40, seed=7, **common),
+              SamplingParams(temperature=1.1, min_p=0.05, repetition_penalty=1.2, **common),
+              SamplingParams(temperature=0.9, presence_penalty=0.5, frequency_penalty=0.3, seed=8, **common),
+              SamplingParams(temperature=0.8, min_tokens=16, stop_token_ids=[5], **common),
+              SamplingParams(temperature=0, repetition_penalty=1.3, **common)]
+    prompts = [[(13 * i + j) % 5000 + 3 for j in range(20 + 7 * i)] for i in range(len(params))]
+    outs = llm.generate(prompts, params)
+    ok = all(len(o.token_ids) == 32 and o.finish_reason == "length" for o in outs)
+    alone = llm.generate([prompts[2]], params[2])[0].token_ids
+    _free(llm)
+    return {"completed": ok, "requests": len(outs),
+            "seeded_alone_equals_in_batch": alone == outs[2].token_ids}
+
+
+def nano_vllm_workload(path: str, num_seqs: int = 256, lo: int = 100, hi: int = 1024, seed: int = 0,
+                       enforce_eager: bool = False) -> dict:
+    """nano-vllm's bench.py workload, same distributions and seed scheme."""
+    from backend import SamplingParams
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(lo, hi))] for _ in range(num_seqs)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(lo, hi)) for _ in range(num_seqs)]
+    llm = _llm(path, max_num_seqs=num_seqs, max_num_batched_tokens=16384, max_model_len=4096,
+               enforce_eager=enforce_eager)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))          # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    assert tokens == sum(p.max_tokens for p in params)
+    graphs = llm.engine.runner.graphs is not None
+    _free(llm)
+    return {"output_tokens": tokens, "seconds": dt, "output_tok_per_s": tokens / dt, "cuda_graphs": graphs}
+
+
+def decode_benchmark(path: str, batch: int, enforce_eager: bool, prompt_len: int = 128, new_tokens: int = 128) -> dict:
+    from backend import SamplingParams
+    llm = _llm(path, max_num_seqs=max(batch, 1), max_num_batched_tokens=max(2048, batch * prompt_len),
+               enforce_eager=enforce_eager)
     eng = llm.engine
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)]
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0, ignore_eos=True)
     llm.generate(prompts, SamplingParams(max_tokens=4, min_tokens=4, temperature=0))  # warm-up
     for p in prompts:
         eng.add_request(p, params)
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()) \
-            or eng.scheduler.waiting:
-        eng.step()  # prefill all
+    while eng.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                       for r in eng.scheduler.requests.values()):
+        eng.step()                                                   # prefill all
     torch.cuda.synchronize()
     t0, steps = time.perf_counter(), 0
     while eng.has_unfinished_requests():
@@ -101,54 +182,79 @@ def decode_benchmark(path: str, batch: int, prompt_len: int = 128, new_tokens: i
         steps += 1
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    wbytes = weight_bytes(eng.model)
-    del llm, eng
-    torch.cuda.empty_cache()
-    return {"batch": batch, "decode_steps": steps, "ms_per_step": 1e3 * dt / steps,
-            "tokens_per_s": batch * steps / dt, "weight_bytes": wbytes}
+    row = {"batch": batch, "cuda_graphs": eng.runner.graphs is not None, "decode_steps": steps,
+           "ms_per_step": 1e3 * dt / steps, "tokens_per_s": batch * steps / dt, "weight_bytes": weight_bytes(eng.model)}
+    _free(llm)
+    return row
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.gpu_check")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_results"))
-    ap.add_argument("--models", nargs="+", default=list(ARCHS))
+    ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--skip-tests", action="store_true")
     a = ap.parse_args(argv)
-    assert torch.cuda.is_available(), "needs an NVIDIA GPU"
+    if not torch.cuda.is_available():
+        print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        return 2
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        print("gpu_check needs pydantic (carry its wheels: see the device tool's README)")
+        return 2
     os.makedirs(a.out, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "command": "python -m clients.gpu_check " + " ".join(argv or sys.argv[1:])}
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/unit/attention",
-                            "tests/unit/engine/test_exactness.py::test_triton_backend_matches_transformers"],
-                           capture_output=True, text=True, env={k: v for k, v in os.environ.items()
-                                                                if k != "TRITON_INTERPRET"})
-    report["kernel_tests"] = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else tests.stderr[-2000:]
-    report["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+              "command": "python -m clients.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
+    t_start = time.perf_counter()
+    report["unit_tests"] = "skipped" if a.skip_tests else run_unit_tests()
+    print("unit tests:", report["unit_tests"], flush=True)
+    report["copy_bandwidth_gbs"] = bw = copy_bandwidth_gbs()
     report["models"] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
         for name in a.models:
             path = make_checkpoint(name, root)
-            rows = [decode_benchmark(path, b) for b in a.batches]
+            entry = {}
+            if name == "llama-3.2-1b":
+                entry["sampled_requests"] = sampled_requests(path)
+                entry["nano_vllm_workload"] = nano_vllm_workload(path)
+                print(name, json.dumps(entry), flush=True)
+            rows = [decode_benchmark(path, b, eager) for b in a.batches for eager in (False, True)]
             for r in rows:
-                floor_ms = r["weight_bytes"] / (report["copy_bandwidth_gbs"] * 1e9) * 1e3
-                r["weight_read_floor_ms"] = floor_ms
-                r["x_of_floor"] = r["ms_per_step"] / floor_ms
-            report["models"][name] = rows
+                r["weight_read_floor_ms"] = r["weight_bytes"] / (bw * 1e9) * 1e3
+                r["x_of_floor"] = r["ms_per_step"] / r["weight_read_floor_ms"]
+            entry["decode"] = rows
+            report["models"][name] = entry
             print(name, json.dumps(rows), flush=True)
+            with open(os.path.join(a.out, "gpu_check.json"), "w") as f:   # partial results survive a timeout
+                json.dump(report, f, indent=2)
+    report["seconds"] = time.perf_counter() - t_start
     with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
         json.dump(report, f, indent=2)
-    lines = [f"GPU: {report['gpu']}, torch {report['torch']}, {report['date']}",
-             f"kernel tests: {report['kernel_tests']}",
-             f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s", "",
-             "| model | batch | ms/step | tok/s | weight-read floor ms | x floor |", "|---|---|---|---|---|---|"]
-    for name, rows in report["models"].items():
-        for r in rows:
-            lines.append(f"| {name} | {r['batch']} | {r['ms_per_step']:.2f} | {r['tokens_per_s']:.0f} | "
-                         f"{r['weight_read_floor_ms']:.2f} | {r['x_of_floor']:.2f} |")
+    text = render(report)
     with open(os.path.join(a.out, "gpu_check.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        f.write(text)
+    print(text)
     return 0
+
+
+def render(report: dict) -> str:
+    lines = [f"GPU: {report['gpu']}, torch {report['torch']}, {report['date']} ({report.get('seconds', 0):.0f} s)",
+             f"command: {report['command']}", f"unit tests: {report['unit_tests']}",
+             f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s", ""]
+    for name, entry in report["models"].items():
+        if "nano_vllm_workload" in entry:
+            w = entry["nano_vllm_workload"]
+            lines.append(f"{name}: nano-vllm workload {w['output_tokens']} tokens in {w['seconds']:.1f} s = "
+                         f"{w['output_tok_per_s']:.0f} output tok/s (target >= 20,000; CUDA graphs {w['cuda_graphs']})")
+            lines.append(f"{name}: sampled requests on CUDA: {entry['sampled_requests']}")
+    lines += ["", "| model | batch | CUDA graphs | ms/step | tok/s | weight-read floor ms | x floor |",
+              "|---|---|---|---|---|---|---|"]
+    for name, entry in report["models"].items():
+        for r in entry["decode"]:
+            lines.append(f"| {name} | {r['batch']} | {r['cuda_graphs']} | {r['ms_per_step']:.2f} | "
+                         f"{r['tokens_per_s']:.0f} | {r['weight_read_floor_ms']:.2f} | {r['x_of_floor']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -43,3 +43,12 @@ def test_percentiles_interpolate_like_numpy():
     p = percentiles([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert p["p50"] == pytest.approx(5.5) and p["p90"] == pytest.approx(9.1) and p["p99"] == pytest.approx(9.91)
     assert math.isnan(percentiles([])["mean"])
+
+
+def test_offline_bench_names_the_fix_for_a_missing_checkpoint(tmp_path):
+    import pytest
+
+    from clients.bench import ensure_checkpoint
+    with pytest.raises(SystemExit) as e:
+        ensure_checkpoint(str(tmp_path / "nowhere"))
+    assert "make model" in str(e.value) and "--checkpoint" in str(e.value)
