@@ -228,16 +228,28 @@ def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
                     meta: AttentionMetadata, scale: float, sliding_window: Optional[int] = None,
-                    num_splits: Optional[int] = None) -> torch.Tensor:
+                    num_splits: Optional[int] = None, tiled: Optional[bool] = None) -> torch.Tensor:
     """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
-    returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]."""
+    returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]. Steps with
+    prompt tokens (max_query_len > 1) take the tensor-core tiled kernel
+    (triton_tiled.py), decode-only steps this file's one-token kernel with split-KV."""
     T, H, D = q.shape
+    scales = cache.scale_tensor()
+    if tiled is None:
+        tiled = meta.max_query_len > 1 and num_splits is None
+    if tiled:
+        from backend.attention.triton_tiled import launch_tiled_attention
+        # Rows past the last sequence (padding) belong to no tile: zero them.
+        padded = sum(meta.query_lens_cpu) < T
+        out = (torch.zeros if padded else torch.empty)((T, H, D), dtype=q.dtype, device=q.device)
+        launch_tiled_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                               meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window)
+        return out
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     if num_splits is None:
         num_splits = meta.num_splits
     if num_splits is None:
         num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
-    scales = cache.scale_tensor()
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                            meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits)
     return out

@@ -16,17 +16,20 @@ from tests.helpers.paged_batch import build, rel_err, to
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+KERNELS = [pytest.param(False, id="one-token"), pytest.param(True, id="tiled")]
+
+
 def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None,
-             fp8_scales=(0.05, 0.04)):
+             fp8_scales=(0.05, 0.04), tiled=None):
     q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales)
     scale = head_dim ** -0.5
     ref_args = to("cpu", q, k, v, cache, meta)
     ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(*ref_args)
     q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
-    if num_splits is None:
+    if num_splits is None and tiled is None:
         out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(q2, k2, v2, c2, m2)
     else:
-        out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits)
+        out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits, tiled=tiled)
     # The kernel wrote exactly what the reference wrote, FP8 bytes included.
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
     assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
@@ -47,9 +50,17 @@ for i, (bs, group, hd) in enumerate([(8, 1, 64), (16, 4, 64), (8, 8, 128), (16, 
     CASES.append(pytest.param(seqs, bs, 2, group, hd, 1000 + i, id=f"bs{bs}-gqa{group}-d{hd}"))
 
 
+@pytest.mark.parametrize("tiled", KERNELS)
 @pytest.mark.parametrize("seqs,bs,kvh,group,hd,seed", CASES)
-def test_matches_torch_reference(seqs, bs, kvh, group, hd, seed):
-    out, ref = run_both(seqs, bs, kvh, group, hd, seed)
+def test_matches_torch_reference(seqs, bs, kvh, group, hd, seed, tiled):
+    out, ref = run_both(seqs, bs, kvh, group, hd, seed, tiled=tiled)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_tiled_kernel_long_prompts_span_many_tiles():
+    """Prompts longer than a tile (16 tokens) and a key tile (64): several programs per
+    sequence, causal limits inside a tile, a chunk after a long cached context."""
+    out, ref = run_both([(0, 70), (100, 37), (3, 1), (0, 17)], 16, 2, 4, 64, seed=21, tiled=True)
     assert rel_err(out, ref) < 1e-5
 
 
@@ -60,16 +71,18 @@ def test_split_kv_matches(num_splits):
     assert rel_err(out, ref) < 1e-5
 
 
-def test_sliding_window_matches():
-    out, ref = run_both([(40, 1), (20, 6), (0, 12)], 8, 2, 2, 64, seed=8, window=9)
+@pytest.mark.parametrize("tiled", KERNELS)
+def test_sliding_window_matches(tiled):
+    out, ref = run_both([(40, 1), (20, 6), (0, 12), (70, 30)], 8, 2, 2, 64, seed=8, window=9, tiled=tiled)
     assert rel_err(out, ref) < 1e-5
 
 
 FP8_BOUND = 1e-5  # same stored bytes, same dequantization: kernel vs torch path
 
 
-def test_fp8_cache_matches_torch_fp8_path():
-    out, ref = run_both([(17, 1), (8, 5), (0, 9)], 16, 2, 4, 64, seed=9, fp8=True)
+@pytest.mark.parametrize("tiled", KERNELS)
+def test_fp8_cache_matches_torch_fp8_path(tiled):
+    out, ref = run_both([(17, 1), (8, 5), (0, 9)], 16, 2, 4, 64, seed=9, fp8=True, tiled=tiled)
     assert rel_err(out, ref) < FP8_BOUND
 
 
@@ -102,7 +115,8 @@ def test_fp8_cache_close_to_fp32():
     assert rel_err(out, exact) < 0.05
 
 
-def test_padding_rows_write_nothing_and_leave_real_rows_alone():
+@pytest.mark.parametrize("tiled", KERNELS)
+def test_padding_rows_write_nothing_and_leave_real_rows_alone(tiled):
     """Rows past the last sequence with slot -1 (a padded batch, as for CUDA graphs)."""
     seqs = [(9, 1), (0, 5)]
     q, k, v, cache, meta = build(seqs, 8, 2, 2, 64, seed=11)
@@ -113,7 +127,7 @@ def test_padding_rows_write_nothing_and_leave_real_rows_alone():
     q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
     q2, k2, v2 = (torch.cat([x, torch.randn((pad,) + x.shape[1:]).to(x.device)]) for x in (q2, k2, v2))
     m2.slot_mapping = torch.cat([m2.slot_mapping, torch.full((pad,), -1, device=m2.slot_mapping.device)])
-    out = paged_attention(q2, k2, v2, c2, m2, scale).cpu()
+    out = paged_attention(q2, k2, v2, c2, m2, scale, tiled=tiled).cpu()
     assert rel_err(out[:-pad], ref) < 1e-5
     assert torch.equal(c2.key.cpu(), ref_args[3].key) and torch.equal(c2.value.cpu(), ref_args[3].value)
     assert torch.isfinite(out[-pad:]).all()
