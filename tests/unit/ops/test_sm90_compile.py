@@ -1,0 +1,18 @@
+"""The fused layer kernels and the tiled attention kernel compile for Hopper (sm_90) on a
+machine without a GPU, and the bf16 attention tiles run on tensor cores (MMA in the
+PTX). The interpreter cannot check either."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_kernels_compile_for_sm90_with_tensor_core_tiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in sys.path if p])
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.compile_sm90"], env=env, capture_output=True,
+                          text=True, timeout=500, cwd=ROOT)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "bf16 tiles on tensor cores: True" in proc.stdout
