@@ -112,6 +112,9 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        # The same tables as block ids, kept in step with req_blocks: the model runner
+        # reads every running request's table every step.
+        self.req_block_ids: dict[str, list[int]] = {}
         # How many leading blocks of each request are registered in the prefix cache.
         self._num_registered: dict[str, int] = {}
         self.prefix_cache_queries = 0
@@ -127,7 +130,8 @@ class KVCacheManager:
         return self.pool.num_blocks
 
     def block_table(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+        """The request's block ids (read-only: the manager's own list)."""
+        return self.req_block_ids.get(request_id, [])
 
     def slot(self, request_id: str, position: int) -> int:
         block = self.req_blocks[request_id][position // self.block_size]
@@ -136,8 +140,10 @@ class KVCacheManager:
     # ------------------------------------------------------------ prefix cache
     def _update_block_hashes(self, request: Request) -> None:
         bs = self.block_size
-        tokens = request.all_token_ids
         hashes = request.block_hashes
+        if len(hashes) >= request.num_tokens // bs:
+            return                      # no newly full block: skip building the token list
+        tokens = request.all_token_ids
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else None
             hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
@@ -189,6 +195,8 @@ class KVCacheManager:
         blocks.extend(cached_blocks)
         for _ in range(max(num_new_blocks, 0)):
             blocks.append(self.pool.allocate())
+        ids = self.req_block_ids.setdefault(request.request_id, [])
+        ids.extend(b.block_id for b in blocks[len(ids):])
         if cached_blocks:
             # Hits are already in the prefix cache; registration resumes after them.
             self._num_registered[request.request_id] = len(cached_blocks)
@@ -201,10 +209,12 @@ class KVCacheManager:
         blocks = self.req_blocks.get(request.request_id)
         if not blocks:
             return
-        self._update_block_hashes(request)
         bs = self.block_size
         num_full = min(request.num_computed_tokens // bs, len(blocks))
         start = self._num_registered.get(request.request_id, 0)
+        if num_full <= start:
+            return                      # most decode steps fill no block
+        self._update_block_hashes(request)
         tokens = request.all_token_ids
         for i in range(start, num_full):
             parent = request.block_hashes[i - 1] if i else None
@@ -216,6 +226,7 @@ class KVCacheManager:
         """Give back every block of the request. Tail blocks are queued first, so
         they are evicted before the shared prefix blocks."""
         blocks = self.req_blocks.pop(request.request_id, [])
+        self.req_block_ids.pop(request.request_id, None)
         self._num_registered.pop(request.request_id, None)
         for block in reversed(blocks):
             self.pool.release(block)

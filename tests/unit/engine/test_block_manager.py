@@ -128,6 +128,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue)
         for h, b in pool.cached.items():
             assert b.block_hash == h
+        # The id lists the model runner reads are the block tables.
+        assert set(self.kv.req_block_ids) <= set(self.kv.req_blocks)
+        for rid, blocks in self.kv.req_blocks.items():
+            assert self.kv.block_table(rid) == [b.block_id for b in blocks]
         # Every live request owns enough slots for its tokens.
         for rid, req in self.live.items():
             assert len(self.kv.req_blocks[rid]) * BS >= req.num_tokens
