@@ -67,18 +67,46 @@ def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fr
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, t, num_seqs):
+def _find_seq(query_start_loc_ptr, t, num_seqs, TILE: tl.constexpr = 0):
     """The sequence that owns packed token t: the last s with query_start_loc[s] <= t
-    (binary search, so the kernel needs no token->sequence input)."""
+    (binary search, so the kernel needs no token->sequence input). With TILE > 0, the
+    sequence that owns tile program t: the last s with query_start_loc[s] // TILE + s
+    <= t (triton_tiled.py)."""
     lo = 0
     hi = num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if tl.load(query_start_loc_ptr + mid) <= t:
+        key = tl.load(query_start_loc_ptr + mid)
+        if TILE > 0:
+            key = key // TILE + mid
+        if key <= t:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+@triton.jit
+def _kv_scales(k_scale_ptr, v_scale_ptr):
+    """(k_scale, v_scale, 1/k_scale, 1/v_scale) in fp32; the reciprocals are the IEEE
+    division the torch path computes too."""
+    k_scale = tl.load(k_scale_ptr).to(tl.float32)
+    v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    return k_scale, v_scale, tl.math.div_rn(1.0, k_scale), tl.math.div_rn(1.0, v_scale)
+
+
+@triton.jit
+def _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, mask, k_inv, v_inv, FP8: tl.constexpr):
+    """Write K/V rows (any shape) at element offsets dst of the pools, as the pool stores
+    them: E4M3 bytes of x / scale, or the pool's dtype."""
+    if FP8:
+        k_q = _round_to_e4m3(k_rows.to(tl.float32) * k_inv)
+        v_q = _round_to_e4m3(v_rows.to(tl.float32) * v_inv)
+        tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+    else:
+        tl.store(k_cache_out_ptr + dst, k_rows.to(k_cache_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_out_ptr + dst, v_rows.to(v_cache_out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -96,10 +124,7 @@ def _paged_attention_kernel(
     split = tl.program_id(2)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    k_scale = tl.load(k_scale_ptr).to(tl.float32)
-    v_scale = tl.load(v_scale_ptr).to(tl.float32)
-    k_inv = tl.math.div_rn(1.0, k_scale)    # IEEE 1/scale, as the torch path computes it
-    v_inv = tl.math.div_rn(1.0, v_scale)
+    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr)
 
     # This token's K/V for this head go to its slot (once, by split 0; slot -1 = padding).
     slot = tl.load(slot_ptr + t)
@@ -107,14 +132,7 @@ def _paged_attention_kernel(
     k_row = tl.load(k_ptr + t * stride_kt + kvh * stride_kh + d, mask=wmask, other=0.0)
     v_row = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d, mask=wmask, other=0.0)
     dst = slot.to(tl.int64) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-    if FP8:
-        k_q = _round_to_e4m3(k_row.to(tl.float32) * k_inv)
-        v_q = _round_to_e4m3(v_row.to(tl.float32) * v_inv)
-        tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
-        tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
-    else:
-        tl.store(k_cache_out_ptr + dst, k_row.to(k_cache_out_ptr.dtype.element_ty), mask=wmask)
-        tl.store(v_cache_out_ptr + dst, v_row.to(v_cache_out_ptr.dtype.element_ty), mask=wmask)
+    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_row, v_row, wmask, k_inv, v_inv, FP8)
 
     s = _find_seq(query_start_loc_ptr, t, num_seqs)
     q_start = tl.load(query_start_loc_ptr + s)

@@ -22,21 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.attention.triton_attention import _as_storage, _load_kv, _round_to_e4m3
-
-
-@triton.jit
-def _find_tile_seq(query_start_loc_ptr, pid, num_seqs, BLOCK_M: tl.constexpr):
-    """The last s with query_start_loc[s] // BLOCK_M + s <= pid (binary search)."""
-    lo = 0
-    hi = num_seqs - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_M + mid <= pid:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+from backend.attention.triton_attention import _as_storage, _find_seq, _kv_scales, _load_kv, _store_kv
 
 
 @triton.jit
@@ -54,12 +40,9 @@ def _tiled_attention_kernel(
     kvh = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    k_scale = tl.load(k_scale_ptr).to(tl.float32)
-    v_scale = tl.load(v_scale_ptr).to(tl.float32)
-    k_inv = tl.math.div_rn(1.0, k_scale)
-    v_inv = tl.math.div_rn(1.0, v_scale)
+    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr)
 
-    s = _find_tile_seq(query_start_loc_ptr, pid, num_seqs, BLOCK_M)
+    s = _find_seq(query_start_loc_ptr, pid, num_seqs, BLOCK_M)
     q_start = tl.load(query_start_loc_ptr + s)
     q_len = tl.load(query_start_loc_ptr + s + 1) - q_start
     tile = pid - (q_start // BLOCK_M + s)
@@ -75,14 +58,7 @@ def _tiled_attention_kernel(
     k_rows = tl.load(k_ptr + (t0 + m)[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=wmask, other=0.0)
     v_rows = tl.load(v_ptr + (t0 + m)[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=wmask, other=0.0)
     dst = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
-    if FP8:
-        k_q = _round_to_e4m3(k_rows.to(tl.float32) * k_inv)
-        v_q = _round_to_e4m3(v_rows.to(tl.float32) * v_inv)
-        tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
-        tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=wmask)
-    else:
-        tl.store(k_cache_out_ptr + dst, k_rows.to(k_cache_out_ptr.dtype.element_ty), mask=wmask)
-        tl.store(v_cache_out_ptr + dst, v_rows.to(v_cache_out_ptr.dtype.element_ty), mask=wmask)
+    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, wmask, k_inv, v_inv, FP8)
 
     # Rows of the Q tile: (token m, query head g of this KV head), flattened.
     r = tl.arange(0, BLOCK_M * BLOCK_G)
