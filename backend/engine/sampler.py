@@ -62,7 +62,7 @@ class Sampler:
         B = len(requests)
         if B * NUM_COLUMNS > self._params.np.shape[0]:
             self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
-        rows = self._params.np[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
+        rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
         # (row, token ids) per request, for each index set: repetition, counted, banned.
         lists: tuple[list, list, list] = ([], [], [])
         seeded: list[tuple[int, torch.Generator]] = []

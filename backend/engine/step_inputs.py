@@ -58,7 +58,7 @@ class StepInputBuilder:
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]
-        return self.buffer.np[o:o + n]
+        return self.buffer.writable()[o:o + n]
 
     def device_view(self, name: str, n: int) -> torch.Tensor:
         o = self.offsets[name]

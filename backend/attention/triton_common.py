@@ -1,0 +1,87 @@
+"""Device functions shared by the attention kernels (triton_attention.py, the one-token
+kernel the TensorRT plugin also launches; triton_tiled.py, the tensor-core kernel for
+steps with prompts): E4M3 rounding, loading K/V from the pool or this step's input,
+writing K/V, the token -> sequence search and the cache scales."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Round fp32 to the nearest E4M3 value (ties to even), in fp32 arithmetic that is
+    exact. Triton 3.x's interpreter loses the carry when a cast to float8e4nv rounds up
+    across a power of two (-31.2 became -16); a value already on the grid casts exactly
+    everywhere."""
+    x = tl.clamp(x, -448.0, 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    exp = tl.maximum(exp, -6)                   # below 2^-6: subnormal spacing 2^-9
+    step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)   # 2^(exp-3): 3 mantissa bits
+    y = x / step                                # exact: step is a power of two
+    f = tl.floor(y)
+    frac = y - f
+    half_even = f + (f - 2.0 * tl.floor(f * 0.5))  # f rounded up iff f is odd
+    r = tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, half_even))
+    return r * step
+
+
+@triton.jit
+def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fresh, dmask, scale, inv,
+             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+    """[BLOCK_SIZE, BLOCK_D] keys (or values) in fp32: `cached` rows from the pool,
+    `fresh` rows from this step's input, both as the pool holds them."""
+    cmask = cached[:, None] & dmask[None, :]
+    fmask = fresh[:, None] & dmask[None, :]
+    x = tl.load(x_ptr + src[:, None] * stride_t + kvh * stride_h + d[None, :], mask=fmask, other=0.0)
+    cptrs = cache_ptr + rows[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
+    if FP8:
+        c = tl.load(cptrs, mask=cmask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        x = _round_to_e4m3(x.to(tl.float32) * inv) * scale
+    else:
+        c = tl.load(cptrs, mask=cmask, other=0.0).to(tl.float32)
+        x = x.to(cache_ptr.dtype.element_ty).to(tl.float32)
+    return tl.where(cmask, c, x)
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, t, num_seqs, TILE: tl.constexpr = 0):
+    """The sequence that owns packed token t: the last s with query_start_loc[s] <= t
+    (binary search, so the kernel needs no token->sequence input). With TILE > 0, the
+    sequence that owns tile program t: the last s with query_start_loc[s] // TILE + s
+    <= t (triton_tiled.py)."""
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        key = tl.load(query_start_loc_ptr + mid)
+        if TILE > 0:
+            key = key // TILE + mid
+        if key <= t:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _kv_scales(k_scale_ptr, v_scale_ptr):
+    """(k_scale, v_scale, 1/k_scale, 1/v_scale) in fp32; the reciprocals are the IEEE
+    division the torch path computes too."""
+    k_scale = tl.load(k_scale_ptr).to(tl.float32)
+    v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    return k_scale, v_scale, tl.math.div_rn(1.0, k_scale), tl.math.div_rn(1.0, v_scale)
+
+
+@triton.jit
+def _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, mask, k_inv, v_inv, FP8: tl.constexpr):
+    """Write K/V rows (any shape) at element offsets dst of the pools, as the pool stores
+    them: E4M3 bytes of x / scale, or the pool's dtype."""
+    if FP8:
+        k_q = _round_to_e4m3(k_rows.to(tl.float32) * k_inv)
+        v_q = _round_to_e4m3(v_rows.to(tl.float32) * v_inv)
+        tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+    else:
+        tl.store(k_cache_out_ptr + dst, k_rows.to(k_cache_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_out_ptr + dst, v_rows.to(v_cache_out_ptr.dtype.element_ty), mask=mask)
