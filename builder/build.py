@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, validated
+from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import load_model_config
 from backend.triton_server.serving_config import render_parameters
 
@@ -132,9 +133,12 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptio
     """KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and V)."""
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_elem
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
-    kv_budget = max(budget - weight_bytes, 0)
+    # The torch engine on a GPU captures decode CUDA graphs; the engine reserves their
+    # pool before sizing the KV cache, and so does the plan (bf16 activations).
+    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
+    kv_budget = max(budget - weight_bytes - graph_bytes, 0)
     tokens = int(kv_budget // kv_per_token)
-    return {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
+    return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
             "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len}
@@ -143,7 +147,8 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptio
 def format_plan(p: dict) -> str:
     gib = 2**30
     return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}): weights "
-            f"{p['weight_bytes'] / gib:.3f} GiB; KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
+            f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
+            f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
             f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")
 
