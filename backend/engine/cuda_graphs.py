@@ -80,6 +80,7 @@ class DecodeGraphs:
         return self.logits[size]
 
 
+@torch.inference_mode()
 def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int) -> Optional[DecodeGraphs]:
     """Capture, check against eager, and return the graphs; None (engine stays eager)
     on any failure, with the reason logged."""

@@ -81,7 +81,7 @@ def test_engine_through_padded_graph_path_matches_transformers(ckpt_dir):
 
 
 def test_padded_inputs_overwrite_stale_rows(llama_ckpt):
-    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=64, max_num_seqs=8)
+    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=64, max_num_seqs=8, enforce_eager=True)
     engine = llm.engine
     b = engine.runner.inputs
     for p in random_prompts(8, [3, 6], seed=0):
@@ -94,7 +94,7 @@ def test_padded_inputs_overwrite_stale_rows(llama_ckpt):
     addresses = [b.device_view(n, 1).data_ptr() for n in b.offsets]
     step = b.build(sched, engine.kv_cache.block_table, pad_to=8)
     assert [b.device_view(n, 1).data_ptr() for n in b.offsets] == addresses
-    dev = {n: b.device_view(n, 9).numpy() for n in ("slot_mapping", "seq_lens", "query_start_loc", "input_ids")}
+    dev = {n: b.device_view(n, 9).cpu().numpy() for n in ("slot_mapping", "seq_lens", "query_start_loc", "input_ids")}
     assert (dev["slot_mapping"][5:8] == -1).all() and (dev["slot_mapping"][:5] >= 0).all()
     assert (dev["seq_lens"][5:8] == 0).all() and (dev["input_ids"][5:8] == 0).all()
     assert dev["query_start_loc"].tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5]
@@ -120,10 +120,10 @@ def test_graph_disagreeing_with_eager_is_refused(llama_ckpt):
 
 
 def test_capture_failure_leaves_the_engine_eager(llama_ckpt, caplog):
-    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=16, max_num_seqs=4)
+    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=16, max_num_seqs=4, device="cpu")
     assert not llm.engine.use_cuda_graphs and llm.engine.runner.graphs is None   # CPU: never captured
     with caplog.at_level(logging.WARNING):
-        assert capture_decode_graphs(llm.engine.runner, 4, 64) is None          # no CUDA here
+        assert capture_decode_graphs(llm.engine.runner, 4, 64) is None          # a CPU runner cannot capture
     assert "running eagerly" in caplog.text
 
 
