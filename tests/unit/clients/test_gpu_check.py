@@ -1,0 +1,31 @@
+"""clients/gpu_check.py's stages on CPU with the default model, so that a GPU session
+spends its minutes measuring, not fixing the script: sampled requests, the nano-vllm
+workload (scaled down), decode benchmarks and the report. Only the CUDA calls are
+stood in for (torch.cuda.synchronize) and the engine is placed on the CPU."""
+
+import torch
+
+from backend import LLM
+from clients import gpu_check
+
+
+def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def cpu_llm(path, **kw):
+        kw.update(device="cpu", dtype="float32", attention_backend="torch", num_kv_blocks=256)
+        return LLM(path, **kw)
+    monkeypatch.setattr(gpu_check, "_llm", cpu_llm)
+    sampled = gpu_check.sampled_requests(tiny_ckpt)
+    assert sampled["completed"] and sampled["seeded_alone_equals_in_batch"]
+    nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
+    assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
+    rows = gpu_check.decode_benchmarks(tiny_ckpt, [1, 2], enforce_eager=False, prompt_len=6, new_tokens=3)
+    assert [r["batch"] for r in rows] == [1, 2] and all(r["decode_steps"] == 2 for r in rows)
+    for r in rows:
+        r["weight_read_floor_ms"] = r["x_of_floor"] = 1.0
+    report = {"gpu": "cpu", "torch": torch.__version__, "date": "today", "command": "x", "unit_tests": "skipped",
+              "copy_bandwidth_gbs": 1.0, "models": {"llama-3.2-1b": {"sampled_requests": sampled,
+                                                                     "nano_vllm_workload": nano, "decode": rows}}}
+    text = gpu_check.render(report)
+    assert "nano-vllm workload" in text and "| llama-3.2-1b | 2 |" in text
