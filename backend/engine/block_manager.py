@@ -184,6 +184,8 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(cached_blocks) * bs
         num_required = -(-(num_computed + num_new_tokens) // bs)
         num_new_blocks = num_required - len(blocks) - len(cached_blocks)
+        if num_new_blocks <= 0 and not cached_blocks:
+            return True                 # most decode steps: the last block has room
         # Cached hits that sit in the free queue are taken out of it by touching them.
         num_evictable_hits = sum(1 for b in cached_blocks if b.ref_cnt == 0)
         if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:

@@ -18,7 +18,7 @@ import torch
 from backend.config import ConfigError, EngineArgs
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs, estimate_graph_bytes
-from backend.engine.detokenizer import IncrementalDetokenizer
+from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.outputs import RequestOutput
@@ -72,6 +72,7 @@ class LLMEngine:
                                     make_attention_factory(self.attention_backend), max_position,
                                     make_layer_ops(self.attention_backend))
         self.tokenizer = load_tokenizer(args.model)
+        self._fast_decode = fast_decoder(self.tokenizer)
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
                                 and args.model_runner == "torch" and not args.enforce_eager)
@@ -177,7 +178,7 @@ class LLMEngine:
             eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params, self._fast_decode)
         self.scheduler.add_request(request)
         self.num_prompt_tokens_total += len(token_ids)
         return request

@@ -52,3 +52,8 @@ def test_offline_bench_names_the_fix_for_a_missing_checkpoint(tmp_path):
     with pytest.raises(SystemExit) as e:
         ensure_checkpoint(str(tmp_path / "nowhere"))
     assert "make model" in str(e.value) and "--checkpoint" in str(e.value)
+
+
+def test_host_overhead_benchmark_runs_and_frees_the_pool(tiny_ckpt):
+    from clients.bench_host import host_ms_per_step
+    assert host_ms_per_step(tiny_ckpt, num_seqs=4, prompt_len=8, steps=3) > 0

@@ -60,3 +60,32 @@ def test_stop_string_is_never_streamed_partially(tokenizer):
 def test_without_tokenizer_only_ids():
     d = IncrementalDetokenizer(None, [1, 2], SamplingParams())
     assert d.add_token(5) is None and d.take_delta(True) == ""
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_fast_decoder_gives_the_wrappers_text(tokenizer, skip_special):
+    """The Rust decode the engine calls directly returns what transformers' decode does,
+    on random windows (special tokens included) and on a whole streamed output."""
+    import random
+
+    from backend.engine.detokenizer import fast_decoder
+    fast = fast_decoder(tokenizer)
+    assert fast is not None
+    rng = random.Random(0)
+    vocab = len(tokenizer)
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 7))]
+        assert fast(ids, skip_special) == tokenizer.decode(ids, skip_special_tokens=skip_special,
+                                                           clean_up_tokenization_spaces=False)
+    ids = tokenizer.encode("ünïcödé 你好 🙂 streaming through the fast path")
+    params = SamplingParams(skip_special_tokens=skip_special)
+    slow, quick = IncrementalDetokenizer(tokenizer, [], params), IncrementalDetokenizer(tokenizer, [], params, fast)
+    for t in ids:
+        slow.add_token(t)
+        quick.add_token(t)
+    assert quick.output_text == slow.output_text
+
+
+def test_no_fast_decoder_without_a_fast_tokenizer():
+    from backend.engine.detokenizer import fast_decoder
+    assert fast_decoder(None) is None
