@@ -21,8 +21,9 @@ from tests.helpers.pins import require_pinned
 BS = 4   # small blocks: the example step's sequences span several
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _pinned_onnx():
+    # Module scope: checked before the module's export fixtures run.
     require_pinned("onnx", "onnxscript", "onnxruntime")
 
 

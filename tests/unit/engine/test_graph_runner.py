@@ -14,8 +14,9 @@ from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 from tests.helpers.pins import require_pinned
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _pinned_onnx():
+    # Module scope: checked before the module's export fixtures run.
     require_pinned("onnx", "onnxscript", "onnxruntime")
 
 
