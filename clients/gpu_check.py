@@ -12,10 +12,12 @@ finish inside 10 minutes on an H100.
 3. The nano-vllm workload: 256 sequences, prompt and output lengths U[100, 1024],
    temperature 0.6, ignore_eos, Llama-3.2-1B configuration, one generate call
    (target: >= 20,000 output tok/s).
-4. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
+4. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
+   the one-token and the tiled kernel on decode and prefill shapes.
+5. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
    against the weight-read floor (weight bytes / measured copy bandwidth; target at
    batch 1 for Llama-3.1-8B: <= 1.25x).
-5. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
+6. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
    CUDA graphs vs eager, engine exactness. Results are written after every stage.
 """
 
@@ -225,6 +227,10 @@ def main(argv=None) -> int:
     def save() -> None:                  # partial results survive a timeout
         with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
             json.dump(report, f, indent=2)
+    from clients import attention_bench
+    report["attention"] = attention_bench.run(bw, torch.device("cuda"))
+    print(attention_bench.render(report["attention"]), flush=True)
+    save()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
         for name in a.models:
             path = make_checkpoint(name, root)
@@ -263,6 +269,10 @@ def render(report: dict) -> str:
             lines.append(f"{name}: nano-vllm workload {w['output_tokens']} tokens in {w['seconds']:.1f} s = "
                          f"{w['output_tok_per_s']:.0f} output tok/s (target >= 20,000; CUDA graphs {w['cuda_graphs']})")
             lines.append(f"{name}: sampled requests on CUDA: {entry['sampled_requests']}")
+    if report.get("attention"):
+        from clients.attention_bench import render as render_attention
+        lines += ["", "Attention kernels (Llama-3.2-1B shapes, bf16) vs the K/V read floor:", "",
+                  render_attention(report["attention"])]
     lines += ["", "| model | batch | CUDA graphs | ms/step | tok/s | weight-read floor ms | x floor |",
               "|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():

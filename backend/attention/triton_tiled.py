@@ -130,23 +130,27 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            v_pool: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
-                           sliding_window: Optional[int] = None) -> None:
+                           sliding_window: Optional[int] = None, block_m: int = BLOCK_M) -> None:
     """Same tensors and contract as launch_paged_attention; rows of padding tokens (past
-    the last sequence) are left as they are."""
+    the last sequence) are left as they are. block_m: query tokens per tile (a power of
+    two); decode rows are one token per sequence, so 16 // GQA group fills a 16-row tile."""
     T, H, D = q.shape
     num_seqs = seq_lens.shape[0]
     if T == 0:
         return
     num_kv_heads, block_size = k_pool.shape[2], k_pool.shape[1]
     group = H // num_kv_heads
+    block_g = max(triton.next_power_of_2(group), 1)
+    if block_m * block_g < 16:
+        raise ValueError(f"tiles of {block_m} tokens x {block_g} heads have fewer than the 16 rows tl.dot needs")
     fp8 = k_pool.dtype in (torch.float8_e4m3fn, torch.uint8)
     k_pool, v_pool = _as_storage(k_pool), _as_storage(v_pool)
-    _tiled_attention_kernel[(T // BLOCK_M + num_seqs, num_kv_heads)](
+    _tiled_attention_kernel[(T // block_m + num_seqs, num_kv_heads)](
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         num_seqs, block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         out, k_pool, v_pool,
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=block_g,
         HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_SIZE=block_size, SM_SCALE=float(scale),
-        SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         IEEE=q.dtype == torch.float32)

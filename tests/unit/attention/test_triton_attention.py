@@ -131,3 +131,25 @@ def test_padding_rows_write_nothing_and_leave_real_rows_alone(tiled):
     assert rel_err(out[:-pad], ref) < 1e-5
     assert torch.equal(c2.key.cpu(), ref_args[3].key) and torch.equal(c2.value.cpu(), ref_args[3].value)
     assert torch.isfinite(out[-pad:]).all()
+
+
+@pytest.mark.parametrize("block_m", [4, 8])
+def test_tiled_kernel_with_small_tiles_for_decode(block_m):
+    """Decode rows (one token per sequence) in tiles of block_m tokens: the tile ->
+    sequence mapping holds for any tile size, mixed with a prompt chunk."""
+    from backend.attention.triton_tiled import launch_tiled_attention
+    seqs = [(33, 1), (8, 1), (0, 1), (17, 6), (50, 1)]
+    q, k, v, cache, meta = build(seqs, 8, 2, 4, 64, seed=23)
+    scale = 64 ** -0.5
+    ref_args = to("cpu", q, k, v, cache, meta)
+    ref = TorchPagedAttention(8, 2, 64, scale).forward(*ref_args)
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    out = torch.empty_like(q2)
+    s = c2.scale_tensor()
+    launch_tiled_attention(q2, k2, v2, c2.key, c2.value, m2.slot_mapping, m2.block_tables, m2.seq_lens,
+                           m2.query_start_loc, s[0:1], s[1:2], out, scale, block_m=block_m)
+    assert rel_err(out.cpu(), ref) < 1e-5
+    assert torch.equal(c2.key.cpu(), ref_args[3].key)
+    with pytest.raises(ValueError, match="16 rows"):       # 2 tokens x GQA 4: too few rows for tl.dot
+        launch_tiled_attention(q2, k2, v2, c2.key, c2.value, m2.slot_mapping, m2.block_tables, m2.seq_lens,
+                               m2.query_start_loc, s[0:1], s[1:2], out, scale, block_m=2)

@@ -29,3 +29,14 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch):
                                                                      "nano_vllm_workload": nano, "decode": rows}}}
     text = gpu_check.render(report)
     assert "nano-vllm workload" in text and "| llama-3.2-1b | 2 |" in text
+
+
+def test_attention_bench_runs_and_kernels_agree():
+    """The attention benchmark's code path on tiny shapes (interpreter): every kernel runs,
+    and in fp32 they agree with each other."""
+    from clients import attention_bench
+    rows = attention_bench.run(100.0, torch.device("cpu"), shapes=[("decode", 3, 20, 1), ("prefill", 2, 0, 17)],
+                               heads=8, kv_heads=2, head_dim=16, block_size=8, dtype=torch.float32, iters=1)
+    assert [r["shape"] for r in rows] == ["decode"] * 3 + ["prefill"] * 2
+    assert all(r["max_abs_diff_vs_first"] < 1e-4 and r["ms"] > 0 and r["floor_ms"] > 0 for r in rows)
+    assert "x floor" in attention_bench.render(rows)
