@@ -10,6 +10,7 @@ see exactly the same values, FP8 cache included.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Optional
 
 import torch
@@ -51,10 +52,36 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_m
     v_flat.index_copy_(0, slot_mapping, value.to(v_flat.dtype))
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """[..., nblk] block ids -> [..., nblk * block_size, KVH, D] in `dtype`."""
-    x = cache[block_ids]
-    x = x.flatten(-4, -3) if x.dim() == 5 else x.flatten(0, 1)
+# Gather outputs reused from step to step, per thread (an engine runs on one thread;
+# layers run one after another, so one buffer each for K and V serves them all). On the
+# CPU a fresh tensor of this size is page-faulted in on first touch, every step: measured
+# at batch 256 x 512 keys, 9.5 ms into a reused buffer vs 60 ms into new ones.
+_workspace = threading.local()
+
+
+def _reused_buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    bufs = getattr(_workspace, "bufs", None)
+    if bufs is None:
+        bufs = _workspace.bufs = {}
+    key = (slot, like.dtype, like.device)
+    buf = bufs.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = bufs[key] = torch.empty(numel + numel // 4, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: torch.dtype,
+            slot: Optional[int] = None) -> torch.Tensor:
+    """[..., nblk] block ids -> [..., nblk * block_size, KVH, D] in `dtype`. With a
+    workspace slot the blocks land in a reused buffer (valid until the next gather into
+    that slot)."""
+    flat = block_ids.reshape(-1)
+    if slot is None:
+        x = cache.index_select(0, flat)
+    else:
+        out = _reused_buffer(slot, flat.numel() * cache[0].numel(), cache).view(flat.numel(), *cache.shape[1:])
+        x = torch.index_select(cache, 0, flat, out=out)
+    x = x.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
     if cache.dtype == torch.float8_e4m3fn:
         return (x.float() * scale).to(dtype)
     return x.to(dtype)
@@ -93,8 +120,8 @@ class TorchPagedAttention:
         tables = meta.block_tables[seq_ids, :nblk].long()
         # One gather copy; the [B, L, KVH, D] -> [B, KVH, L, D] transpose stays a view,
         # which SDPA reads through its strides.
-        k = _gather(cache.key, tables, cache.k_scale, q.dtype).transpose(1, 2)
-        v = _gather(cache.value, tables, cache.v_scale, q.dtype).transpose(1, 2)
+        k = _gather(cache.key, tables, cache.k_scale, q.dtype, slot=0).transpose(1, 2)
+        v = _gather(cache.value, tables, cache.v_scale, q.dtype, slot=1).transpose(1, 2)
         B, L = k.shape[0], k.shape[2]
         lens = torch.tensor(seq_lens, device=q.device)
         pos = torch.arange(L, device=q.device)
