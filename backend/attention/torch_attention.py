@@ -66,7 +66,10 @@ def _reused_buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
     key = (slot, like.dtype, like.device)
     buf = bufs.get(key)
     if buf is None or buf.numel() < numel:
-        buf = bufs[key] = torch.empty(numel + numel // 4, dtype=like.dtype, device=like.device)
+        # A normal tensor even when made inside a step's inference_mode: an inference
+        # tensor could not be written later outside it (export, direct model calls).
+        with torch.inference_mode(False):
+            buf = bufs[key] = torch.empty(numel + numel // 4, dtype=like.dtype, device=like.device)
     return buf[:numel]
 
 
