@@ -7,8 +7,10 @@ third_party/ without installing PyTriton's Python package or its dependencies.
     python -m clients.tritonserver install
     python -m clients.tritonserver serve --model-repository model_repository
 
-`serve` execs tritonserver in the foreground (Ctrl-C stops it). `TritonServer` starts
-one in the background for tests and benchmarks.
+`serve` runs tritonserver in the foreground under the supervisor (supervisor/): it
+detects a dead or stalled backend process, recovers, and serves health and failure
+metrics on `--supervisor-port` (Ctrl-C or SIGTERM stops both). `--no-supervisor` execs
+tritonserver alone. `TritonServer` starts one in the background for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from typing import Optional
@@ -108,9 +111,11 @@ def server_env() -> dict[str, str]:
 
 
 def server_command(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
-                   extra: Optional[list[str]] = None) -> list[str]:
-    return [server_binary(), "--model-repository", os.path.abspath(model_repository),
-            "--backend-directory", BACKENDS, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                   extra: Optional[list[str]] = None, binary: Optional[str] = None,
+                   backend_directory: Optional[str] = None) -> list[str]:
+    return [binary or server_binary(), "--model-repository", os.path.abspath(model_repository),
+            "--backend-directory", backend_directory or BACKENDS,
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
             # Explicit control, everything loaded at start: lets an unhealthy model unload
             # itself so that its readiness turns false.
@@ -125,12 +130,16 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """A tritonserver child process on free loopback ports; a context manager."""
+    """A tritonserver child process on free loopback ports; a context manager. With
+    `supervised=True` it is started as `make serve` does, under the supervisor."""
 
     def __init__(self, model_repository: str, log_path: Optional[str] = None,
-                 extra_args: Optional[list[str]] = None, startup_timeout_s: float = 180.0) -> None:
+                 extra_args: Optional[list[str]] = None, startup_timeout_s: float = 180.0,
+                 supervised: bool = False) -> None:
         install()
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.supervised = supervised
+        self.supervisor_port = free_port() if supervised else None
         self.model_repository = model_repository
         if log_path is None:
             os.makedirs(os.path.join(THIRD_PARTY, "logs"), exist_ok=True)
@@ -152,12 +161,23 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    @property
+    def supervisor_url(self) -> str:
+        return f"http://127.0.0.1:{self.supervisor_port}"
+
+    def command(self) -> list[str]:
+        if not self.supervised:
+            return server_command(self.model_repository, self.http_port, self.grpc_port, self.metrics_port,
+                                  self.extra_args)
+        return [sys.executable, "-m", "clients.tritonserver", "serve", "--model-repository", self.model_repository,
+                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port), "--supervisor-port", str(self.supervisor_port),
+                *(self.extra_args or [])]
+
     def start(self) -> "TritonServer":
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            server_command(self.model_repository, self.http_port, self.grpc_port, self.metrics_port,
-                           self.extra_args),
-            env=server_env(), stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), env=server_env(), cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -181,6 +201,16 @@ class TritonServer:
                 return r.status == 200
         except Exception:
             return False
+
+    def supervisor(self, path: str = "/status") -> tuple[int, str]:
+        """(HTTP status, body) of one of the supervisor's endpoints; (0, error) if unreachable."""
+        try:
+            with urllib.request.urlopen(self.supervisor_url + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
@@ -207,6 +237,8 @@ class TritonServer:
         return self.proc.returncode
 
     def __enter__(self) -> "TritonServer":
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # already started
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -224,15 +256,33 @@ def main(argv: Optional[list[str]] = None) -> None:
     s.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     s.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     s.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    s.add_argument("--supervisor-port", type=int, default=int(os.environ.get("SUPERVISOR_PORT", 8003)),
+                   help="the supervisor's /live, /ready, /status and /metrics")
+    s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched")
+    s.add_argument("--max-recovery-tries", type=int, default=3)
+    s.add_argument("--tritonserver", default=os.environ.get("TRITONSERVER"),
+                   help="a tritonserver binary to use instead of the unpacked wheel's (e.g. in NVIDIA's image)")
+    s.add_argument("--backend-directory", default=os.environ.get("TRITON_BACKEND_DIRECTORY"))
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "install":
         install(force=args.force)
         print(f"tritonserver: {server_binary()}\nbackends:     {BACKENDS}")
         return
-    install()
-    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra)
+    if args.tritonserver is None:
+        install()
+    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra,
+                         binary=args.tritonserver, backend_directory=args.backend_directory)
+    env = server_env() if args.tritonserver is None else dict(os.environ)
     print(" ".join(cmd), flush=True)
-    os.execve(cmd[0], cmd, server_env())
+    if args.no_supervisor:
+        os.execve(cmd[0], cmd, env)
+    import logging
+
+    from supervisor.core import Supervisor, SupervisorOptions
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [supervisor] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    sys.exit(Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,
+                                          port=args.supervisor_port, max_tries=args.max_recovery_tries)).run())
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ class EngineLoop:
     def num_in_flight(self) -> int:
         return len(self._callbacks) + self._inbox.qsize()
 
-    def stop(self, grace_period_s: float = 0.0) -> None:
+    def stop(self, grace_period_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
         """Refuse new requests, let in-flight ones finish for up to grace_period_s, then
         fail the rest with an error and end the thread."""
         self._accepting = False
@@ -111,7 +111,7 @@ class EngineLoop:
         while self.num_in_flight and time.monotonic() < deadline and self.is_alive:
             time.sleep(0.01)
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=join_timeout_s)
 
     # ---------------------------------------------------------------- loop
     def _run(self) -> None:

@@ -3,6 +3,8 @@ metrics API. Names are prefixed `llm_`; each carries the label model=<name>."""
 
 from __future__ import annotations
 
+import gc
+
 import time
 from collections import deque
 
@@ -56,6 +58,15 @@ class EngineMetrics:
         # Filled from other threads; deque append/popleft are thread-safe.
         self._rejected: deque = deque()
         self._gauge_values: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Delete this model's series from Triton's registry, so that a model loaded again
+        in the same server starts its counters from zero (Triton reuses a family and a
+        labelled series that still exist). A call into the server per series: only when
+        the server is not stopping."""
+        self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
+        self._families = []
+        gc.collect()
 
     def _totals(self, stats: dict) -> dict[str, int]:
         return {

@@ -30,6 +30,7 @@ from backend.engine.engine_loop import EngineLoop, RequestCancelled, error_outpu
 from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
+from backend.triton_server.health_report import ENGINE_FAILED, ENGINE_STALLED, HealthReporter
 from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, ParsedRequest, parse_request
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
@@ -57,18 +58,6 @@ def _log_local(message: str) -> None:
     finalizes the model aborts the server (boost lock_exception). The stub's stderr
     goes to the server's log."""
     print(message, file=sys.stderr, flush=True)
-
-
-def _inject_crash(engine: LLMEngine, after_steps: int) -> None:
-    """Test-only fault injection: the engine's step raises after `after_steps` steps."""
-    real_step, count = engine.step, itertools.count(1)
-
-    def step():
-        if next(count) > after_steps:
-            raise RuntimeError(f"injected fault after {after_steps} steps")
-        return real_step()
-
-    engine.step = step
 
 
 class ResponseWriter:
@@ -162,8 +151,6 @@ class TritonPythonModel:
 
         self.model_name = args["model_name"]
         self.engine = LLMEngine(engine_args)
-        if self.settings.fault_injection_crash_after_steps is not None:
-            _inject_crash(self.engine, self.settings.fault_injection_crash_after_steps)
         self.loop = EngineLoop(self.engine)
         self.metrics = EngineMetrics(args["model_name"], self.engine) if self.settings.report_metrics else None
         self.loop.start()
@@ -177,6 +164,11 @@ class TritonPythonModel:
         self._seen_ready = False
         self._readiness_failures = 0
         self._draining = False
+        self._unhealthy_kind = ""
+        self.health = HealthReporter.from_env(args["model_instance_name"], self.model_name,
+                                              self.settings.engine_stall_timeout_s)
+        if self.health:
+            self.health.heartbeat()
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
@@ -206,7 +198,7 @@ class TritonPythonModel:
                 inputs[spec["name"]] = tensor.as_numpy()
         if self._unhealthy:
             sender.send(pb_utils.InferenceResponse(error=triton_error(EngineDeadError(
-                "the engine is unhealthy and the model is being unloaded"))), flags=FINAL)
+                "the engine is unhealthy and the model is being reloaded; retry"))), flags=FINAL)
             return
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
@@ -277,8 +269,11 @@ class TritonPythonModel:
                 self.loop.abort(request_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
 
     def _watch_loop(self) -> None:
-        next_metrics = 0.0
+        next_metrics = next_heartbeat = 0.0
         while not self._stopping.wait(0.1):
+            if self.health and time.monotonic() >= next_heartbeat:
+                self.health.heartbeat()  # a file, not a call into the server: safe while stopping
+                next_heartbeat = time.monotonic() + 0.5
             if self._draining:
                 continue
             if self._server_stopping():
@@ -332,9 +327,15 @@ class TritonPythonModel:
     def _on_unhealthy(self) -> None:
         """Fail what is in flight with a clear error and take the model out of service:
         unloading it makes Triton report it NOT READY (needs explicit model control)."""
-        cause = (f"the engine loop failed: {self.loop.error!r}" if self.loop.error is not None else
-                 f"the engine loop made no progress for {self.settings.health_timeout_s}s")
+        if self.loop.error is not None:
+            kind, cause = ENGINE_FAILED, f"the engine loop failed: {self.loop.error!r}"
+        else:
+            kind, cause = ENGINE_STALLED, (f"requests were waiting and no engine step completed for "
+                                           f"{self.settings.engine_stall_timeout_s}s")
+        self._unhealthy_kind = kind
         self.logger.log_error(f"[paged_llm] unhealthy: {cause}; unloading model '{self.model_name}'")
+        if self.health:
+            self.health.unhealthy(kind, cause)
         error = EngineDeadError(f"{cause}; the model is being unloaded")
         with self._inflight_lock:
             writers = [w for _, w in self._inflight.values()]
@@ -355,13 +356,21 @@ class TritonPythonModel:
         if not self.loop.is_alive:
             return False
         busy = self.loop.num_in_flight > 0
-        return not busy or time.monotonic() - self.loop.last_heartbeat < self.settings.health_timeout_s
+        return not busy or time.monotonic() - self.loop.last_heartbeat < self.settings.engine_stall_timeout_s
 
     def finalize(self) -> None:
-        if not self._draining:
+        if self._unhealthy:
+            # In-flight requests already got their error; a stalled loop thread would
+            # only hold the unload up (it is a daemon and dies with the process).
+            self.loop.stop(0.0, join_timeout_s=1.0)
+        elif not self._draining:
             self._draining = True
             self._drain()
         self._stopping.set()
         self._responses.put(None)
         self._response_thread.join(timeout=10)
         self._watch_thread.join(timeout=5)
+        if self._unhealthy and self.metrics:
+            self.metrics.close()  # the supervisor loads the model again: start its metrics clean
+        if self.health:
+            self.health.stopped()

@@ -7,7 +7,7 @@ it, and a bad one fails the model load with a message naming the parameter.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,12 +22,10 @@ class ServerSettings(BaseModel):
     grace_period_s: float = Field(10.0, ge=0.0)
     # How often client cancellations are polled.
     cancel_poll_interval_s: float = Field(0.02, gt=0.0, le=1.0)
-    # The engine loop must show a heartbeat this often while it has work, or the model
-    # is marked not ready.
-    health_timeout_s: float = Field(60.0, gt=0.0)
+    # Stall watchdog: while requests wait, some engine step must complete this often, or
+    # the model is marked unhealthy (a deadlock or a hung kernel, not a slow step).
+    engine_stall_timeout_s: float = Field(60.0, gt=0.0)
     report_metrics: bool = True
-    # Testing only: make the engine's step fail after this many steps.
-    fault_injection_crash_after_steps: Optional[int] = Field(None, ge=0)
 
 
 SERVER_KEYS = set(ServerSettings.model_fields)

@@ -16,6 +16,7 @@ import pytest
 from builder.build import BuildOptions, build
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
+from tests.helpers.faults import build_fault_repo, trigger
 from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
 OK_PARAMS = {"max_tokens": 8, "temperature": 0}
@@ -135,8 +136,11 @@ def _own_server(tmp_path, tiny_ckpt, **opts):
 
 
 def test_crashed_engine_fails_requests_and_model_turns_not_ready(tmp_path, tiny_ckpt):
-    with _own_server(tmp_path, tiny_ckpt, params={"fault_injection_crash_after_steps": 5}) as srv:
+    """Without the supervisor (plain tritonserver): the model takes itself out of service."""
+    repo = build_fault_repo(str(tmp_path), tiny_ckpt)
+    with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
         assert srv.model_ready("llm")
+        trigger(repo, "crash")
         res = StreamingRequest(srv.grpc_url).run("hello", {"max_tokens": 50, "temperature": 0}, timeout_s=30)
         assert res.error and "engine" in res.error and "injected fault" in res.error
         deadline = time.monotonic() + 30

@@ -25,7 +25,8 @@ def test_command_is_the_documented_one():
     svc = load()
     command = svc["command"][-1]
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert "tritonserver --model-repository /models" in command
+    assert "python3 -m clients.tritonserver serve --tritonserver /opt/tritonserver/bin/tritonserver" in command
+    assert "--model-repository /models" in command
     assert "python3 -m builder default --repository /models" in command
     for step in command.split("&&"):
         assert step.strip().replace("exec ", "") in readme, f"README does not show: {step.strip()}"
@@ -37,5 +38,15 @@ def test_gpu_ports_and_health():
     svc = load()
     assert svc["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert [p.split(":")[-1] for p in svc["ports"]] == ["8000", "8001", "8002"]
-    assert "/v2/health/ready" in " ".join(svc["healthcheck"]["test"])
+    assert [p.split(":")[-1] for p in svc["ports"]] == ["8000", "8001", "8002", "8003"]
+    assert "localhost:8003/ready" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_health_check_matches_the_supervisor():
+    """The health check's port and path are the supervisor's default port and endpoint."""
+    import inspect
+
+    import clients.tritonserver as launcher
+    from supervisor import status
+    assert '"SUPERVISOR_PORT", 8003' in inspect.getsource(launcher.main)
+    assert '"/ready"' in inspect.getsource(status.StatusServer)

@@ -1,0 +1,76 @@
+"""Linux process facts the supervisor needs: is a backend process alive, which are a
+server's python-backend stubs, and the shared memory they leave behind when killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+STUB_BINARY = "triton_python_backend_stub"
+
+
+@dataclass(frozen=True)
+class Stub:
+    pid: int
+    instance: str    # Triton's model instance name, e.g. "llm_0_0"
+    shm_region: str  # the stub's shared-memory region under /dev/shm
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(state letter, parent pid); ("", 0) when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return rest[0], int(rest[1])
+    except (OSError, IndexError, ValueError):
+        return "", 0
+
+
+def alive(pid: int, instance: str = "") -> bool:
+    """Running (not a zombie) and, when `instance` is given, still that stub: pids are reused."""
+    state, _ = _stat(pid)
+    if state in ("", "Z", "X"):
+        return False
+    return not instance or instance in _cmdline(pid)
+
+
+def stubs_of(server_pid: int) -> list[Stub]:
+    """The server's python-backend stub processes. Their argv is
+    stub, model.py, shm region, shm sizes..., parent pid, backend dir, ipc handle, instance name, ..."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if _stat(pid)[1] != server_pid:
+            continue
+        argv = _cmdline(pid)
+        if argv and argv[0].endswith(STUB_BINARY) and len(argv) > 8:
+            found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2]))
+    return found
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def remove_shm(region: str) -> None:
+    """A killed server cannot unlink its stubs' regions (1 MiB and more each)."""
+    if "/" in region or not region:
+        return
+    try:
+        os.unlink(os.path.join("/dev/shm", region))
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,176 @@
+"""Faults under the supervisor, as `make serve` runs it (`python -m clients.tritonserver
+serve`, a REAL tritonserver under supervisor/): a killed, stalled or hung backend process
+is detected, every stream ends with an error, readiness says so, and the model serves
+the same greedy tokens again, with a clean KV pool and metrics."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from clients.triton_client import StreamingRequest
+from clients.tritonserver import TritonServer
+from tests.helpers.faults import backend_pid, build_fault_repo, trigger
+from tests.integration.conftest import metric, wait_blocks_free, wait_metric
+
+GREEDY = {"max_tokens": 12, "temperature": 0}
+PROMPTS = ["The pass statement", "A list comprehension"]
+LONG = {"max_tokens": 1000, "min_tokens": 1000, "ignore_eos": True, "temperature": 0}
+
+
+def greedy(srv) -> list[list[int]]:
+    out = []
+    for p in PROMPTS:
+        res = StreamingRequest(srv.grpc_url).run(p, GREEDY, timeout_s=60)
+        assert res.ok, res.error
+        out.append(res.token_ids)
+    return out
+
+
+def supervisor_json(srv, path: str) -> tuple[int, dict]:
+    code, body = srv.supervisor(path)
+    return code, json.loads(body) if body.startswith("{") else {}
+
+
+def supervisor_metric(srv, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", srv.supervisor("/metrics")[1], re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+class Streams:
+    """n long streams in threads; records when each one ended and how."""
+
+    def __init__(self, srv, n: int) -> None:
+        self.results, self.ended = {}, {}
+        self.threads = [threading.Thread(target=self._run, args=(srv, i), daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, srv, i) -> None:
+        self.results[i] = StreamingRequest(srv.grpc_url).run(f"Story number {i}", LONG, timeout_s=120)
+        self.ended[i] = time.monotonic()
+
+    def join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(timeout=max(deadline - time.monotonic(), 0.01))
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Seconds until predicate() held; fails past timeout_s."""
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s}s"
+        time.sleep(step_s)
+    return time.monotonic() - t0
+
+
+def started(tmp_path, tiny_ckpt, **params):
+    repo = build_fault_repo(str(tmp_path), tiny_ckpt, params=params or None)
+    srv = TritonServer(repo, log_path=str(tmp_path / "server.log"), supervised=True)
+    t0 = time.monotonic()
+    srv.start()
+    return repo, srv, time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def running(srv):
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def assert_recovered(srv, reference, load_time_s: float, t_fault: float) -> None:
+    wait_until(lambda: srv.model_ready("llm") and supervisor_json(srv, "/ready")[0] == 200,
+               load_time_s + 10 - (time.monotonic() - t_fault))
+    assert greedy(srv) == reference
+    # A fresh engine: empty pool, counters from zero (only the requests just made).
+    wait_blocks_free(srv)
+    expected = sum(len(r) for r in reference)
+    assert wait_metric(srv, "llm_generation_tokens_total", expected) == expected
+
+
+def shm_regions() -> set[str]:
+    # The fault repositories run under Triton's python backend: their regions have this prefix.
+    return {n for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend_shm_region_")}
+
+
+def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
+    regions_before = shm_regions()
+    repo, srv, load_time = started(tmp_path, tiny_ckpt)
+    with running(srv):
+        reference = greedy(srv)
+        for round_ in range(1, 4):
+            streams = Streams(srv, 8)
+            wait_until(lambda: metric(srv, "llm_num_requests_running") == 8, 30)
+            t_kill = time.monotonic()
+            os.kill(backend_pid(repo), signal.SIGKILL)
+            not_ready = wait_until(lambda: not srv.model_ready("llm"), 5)
+            code, ready = supervisor_json(srv, "/ready")
+            assert code == 503 and "backend_died" in ready["reason"], ready
+            assert supervisor_json(srv, "/live")[0] == 200  # live while recovering
+            streams.join(10)
+            assert len(streams.ended) == 8, "a stream hung"
+            assert all(streams.ended[i] - t_kill < 10 for i in range(8))
+            assert all(r.error and len(r.token_ids) < 1000 for r in streams.results.values())
+            assert_recovered(srv, reference, load_time, t_kill)
+            print(f"round {round_}: not ready after {not_ready:.2f}s, streams ended after "
+                  f"{max(streams.ended.values()) - t_kill:.2f}s, serving after {time.monotonic() - t_kill:.1f}s "
+                  f"(load time {load_time:.1f}s)")
+        status = supervisor_json(srv, "/status")[1]
+        assert status["failures"] == {"backend_died": 3} and status["recoveries"] == 3
+        assert status["state"] == "serving" and status["last_recovery_s"] < load_time + 10
+        assert supervisor_metric(srv, 'llm_backend_failures_total{kind="backend_died"}') == 3
+        assert supervisor_metric(srv, "llm_backend_recoveries_total") == 3
+        assert 'llm_backend_last_failure_info{kind="backend_died"' in srv.supervisor("/metrics")[1]
+    # Killed servers cannot unlink their backends' shared memory: the supervisor does.
+    assert shm_regions() <= regions_before
+
+
+@pytest.mark.parametrize("fault,kind", [("stall", "engine_stalled"), ("hang_gil", "backend_unresponsive")])
+def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind):
+    """stall: the in-process watchdog sees no step for engine_stall_timeout_s, fails the
+    streams and unloads; the supervisor loads the model again. hang_gil: nothing in the
+    process runs, its heartbeat goes stale, the supervisor kills it and restarts."""
+    stall_timeout = 2.0
+    repo, srv, load_time = started(tmp_path, tiny_ckpt, engine_stall_timeout_s=stall_timeout)
+    with running(srv):
+        reference = greedy(srv)
+        streams = Streams(srv, 4)
+        wait_until(lambda: metric(srv, "llm_num_requests_running") == 4, 30)
+        t_fault = time.monotonic()
+        trigger(repo, fault)
+        unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
+        streams.join(stall_timeout + 10)
+        assert len(streams.ended) == 4, "a stream hung"
+        assert all(r.error for r in streams.results.values())
+        if fault == "stall":
+            assert all("no engine step completed" in r.error for r in streams.results.values())
+        assert_recovered(srv, reference, load_time, t_fault + unhealthy)
+        status = supervisor_json(srv, "/status")[1]
+        assert status["failures"] == {kind: 1} and status["recoveries"] == 1, status
+        print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s")
+
+
+def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path, tiny_ckpt):
+    repo, srv, _ = started(tmp_path, tiny_ckpt)
+    streams = Streams(srv, 2)
+    try:
+        wait_until(lambda: metric(srv, "llm_num_requests_running") == 2, 30)
+        os.kill(backend_pid(repo), signal.SIGKILL)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        code = srv.proc.wait(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        srv.stop()
+    streams.join(10)
+    assert len(streams.ended) == 2 and all(r.error for r in streams.results.values())
+    assert code == 0 and elapsed < 10, (code, elapsed)  # Triton's exit timeout is 30 s

@@ -1,0 +1,138 @@
+"""Supervisor decisions without a tritonserver: health reports and processes faked with
+real files and real child processes."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from backend.triton_server.health_report import HealthReport, write_report
+from supervisor import processes
+from supervisor.core import Supervisor, SupervisorOptions
+from supervisor.status import FAILED, SERVING, Failure
+
+
+def child(*argv: str) -> subprocess.Popen:
+    """A python child sleeping, with extra argv words (an instance name in its cmdline)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
+    for _ in range(100):  # right after fork the child's cmdline is still its parent's
+        if not argv or argv[-1] in processes._cmdline(p.pid):
+            break
+        time.sleep(0.02)
+    return p
+
+
+@pytest.fixture
+def sup(tmp_path):
+    s = Supervisor(SupervisorOptions(command=["true"], env={}, http_port=1, health_dir=str(tmp_path),
+                                     backoff_s=0.01, kill_after_stubs_exit_s=0.3))
+    s.proc = child()
+    yield s
+    s.proc.kill()
+    s.proc.wait()
+
+
+def report(sup, pid, state="serving", age_s=0.0, instance="llm_0_0", **kw):
+    r = HealthReport(instance=instance, model="llm", pid=pid, state=state, **kw)
+    write_report(sup.o.health_dir, r)
+    if age_s:
+        path = os.path.join(sup.o.health_dir, f"{instance}.json")
+        text = open(path).read().replace(f'"time": {r.time}', f'"time": {r.time - age_s}')
+        open(path, "w").write(text)
+
+
+def test_nothing_wrong_is_no_failure(sup):
+    stub = child("llm_0_0")
+    try:
+        report(sup, stub.pid)
+        assert sup.check() is None
+    finally:
+        stub.kill()
+
+
+def test_server_exit_is_a_failure(sup):
+    sup.proc.kill()
+    sup.proc.wait()
+    assert sup.check().kind == "server_exited"
+
+
+def test_dead_backend_is_detected_once(sup):
+    stub = child("llm_0_0")
+    report(sup, stub.pid)
+    stub.kill()
+    stub.wait()
+    f = sup.check()
+    assert f.kind == "backend_died" and f.model == "llm" and str(stub.pid) in f.cause
+    assert sup.check() is None  # handled: one recovery per failure
+
+
+def test_reused_pid_is_not_mistaken_for_the_backend(sup):
+    other = child("something_else")
+    try:
+        report(sup, other.pid)
+        assert sup.check().kind == "backend_died"
+    finally:
+        other.kill()
+
+
+def test_a_clean_stop_is_not_a_failure(sup):
+    report(sup, 999999, state="stopped")
+    assert sup.check() is None
+
+
+def test_unhealthy_report_names_its_cause(sup):
+    stub = child("llm_0_0")
+    try:
+        report(sup, stub.pid, state="unhealthy", kind="engine_stalled", cause="no step for 2s")
+        f = sup.check()
+        assert (f.kind, f.cause) == ("engine_stalled", "no step for 2s")
+    finally:
+        stub.kill()
+
+
+def test_stale_heartbeat_kills_the_hung_backend(sup):
+    stub = child("llm_0_0")
+    report(sup, stub.pid, age_s=5.0, stale_after_s=2.0)
+    f = sup.check()
+    assert f.kind == "backend_unresponsive"
+    assert stub.wait(timeout=5) == -9
+
+
+def test_recovery_retries_with_backoff_then_serves(sup, monkeypatch):
+    outcomes = iter([False, False, True])
+    monkeypatch.setattr(sup, "_restart_server", lambda: next(outcomes))
+    sup.recover(Failure("backend_died", "killed", "llm"))
+    s = sup.status.snapshot()
+    assert s["state"] == SERVING and s["recoveries"] == 1 and s["recovery_attempts"] == 3
+    assert s["failures"] == {"backend_died": 1} and s["last_recovery_s"] > 0
+
+
+def test_failed_reload_escalates_to_a_server_restart(sup, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sup, "_reload", lambda model: calls.append("reload") or False)
+    monkeypatch.setattr(sup, "_restart_server", lambda: calls.append("restart") or True)
+    sup.recover(Failure("engine_stalled", "stalled", "llm"))
+    assert calls == ["reload", "restart"]
+
+
+def test_recovery_gives_up_after_max_tries(sup, monkeypatch):
+    monkeypatch.setattr(sup, "_restart_server", lambda: False)
+    sup.recover(Failure("backend_died", "killed", "llm"))
+    s = sup.status.snapshot()
+    assert s["state"] == FAILED and "gave up after 3 tries" in s["reason"] and "killed" in s["reason"]
+    assert sup.proc.poll() is not None  # the server is not left running half-dead
+
+
+def test_shutdown_kills_a_server_that_outlives_its_models(sup):
+    """Triton waiting out its exit timeout on a dead model: once no backend of ours is
+    alive, the server is killed after kill_after_stubs_exit_s."""
+    sup.proc.kill()
+    sup.proc.wait()
+    sup.proc = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    time.sleep(0.5)  # let it install the handler
+    t0 = time.monotonic()
+    assert sup.shutdown() == 0
+    assert time.monotonic() - t0 < 5 and sup.proc.poll() is not None

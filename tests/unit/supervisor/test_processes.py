@@ -1,0 +1,51 @@
+import os
+import subprocess
+import sys
+import time
+
+from supervisor import processes
+
+
+def wait_exec(pid: int, word: str) -> None:
+    """Right after fork the child's cmdline is still its parent's."""
+    for _ in range(100):
+        if word in processes._cmdline(pid):
+            return
+        time.sleep(0.02)
+
+
+def test_alive_checks_the_process_and_its_identity():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "llm_0_0"])
+    try:
+        wait_exec(p.pid, "llm_0_0")
+        assert processes.alive(p.pid) and processes.alive(p.pid, "llm_0_0")
+        assert not processes.alive(p.pid, "llm_1_0")
+    finally:
+        p.kill()
+        p.wait()
+    assert not processes.alive(p.pid)
+
+
+def test_stubs_of_reads_the_stub_argv():
+    """argv as the python backend starts its stub: [stub, model.py, shm region, ..., instance]."""
+    code = "import time; time.sleep(60)"
+    p = subprocess.Popen(["bash", "-c", f'exec -a /x/{processes.STUB_BINARY} {sys.executable} -c "{code}" '
+                          "1 1 1 dir handle llm_0_0"])
+    try:
+        for _ in range(50):
+            stubs = processes.stubs_of(os.getpid())
+            if stubs:
+                break
+            time.sleep(0.05)
+        assert stubs == [processes.Stub(pid=p.pid, instance="llm_0_0", shm_region=code)]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_remove_shm_stays_in_dev_shm(tmp_path):
+    victim = tmp_path / "file"
+    victim.write_text("x")
+    processes.remove_shm(f"../..{victim}")
+    assert victim.exists()
+    processes.remove_shm("paged_llm_test_region_that_does_not_exist")
