@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 
 def make_inputs(prompt: Optional[str], sampling: Optional[dict[str, Any]] = None, stream: bool = True,
@@ -75,8 +76,17 @@ class StreamingRequest:
         self.client.start_stream(callback=lambda result, error: self._events.put((result, error)))
         try:
             res.start = time.perf_counter()
-            self.client.async_stream_infer(self.model, make_inputs(prompt, sampling, stream, input_ids, extra),
-                                           request_id=request_id, enable_empty_final_response=True)
+            try:
+                self.client.async_stream_infer(self.model, make_inputs(prompt, sampling, stream, input_ids, extra),
+                                               request_id=request_id, enable_empty_final_response=True)
+            except InferenceServerException as e:
+                # The stream broke before the request went out (e.g. the server is down);
+                # the cause went to the callback.
+                try:
+                    res.error = str(self._events.get(timeout=5)[1] or e)
+                except queue.Empty:
+                    res.error = str(e)
+                return res
             deadline = time.monotonic() + timeout_s
             while True:
                 result, error = self._events.get(timeout=max(deadline - time.monotonic(), 0.001))

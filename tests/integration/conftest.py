@@ -26,7 +26,8 @@ def model_repo(tmp_path_factory, tiny_ckpt):
 
 @pytest.fixture(scope="session")
 def server(model_repo):
-    srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"))
+    # Supervised, as `make serve` runs it.
+    srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True)
     with srv:
         yield srv
 

@@ -116,6 +116,9 @@ def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
             code, ready = supervisor_json(srv, "/ready")
             assert code == 503 and "backend_died" in ready["reason"], ready
             assert supervisor_json(srv, "/live")[0] == 200  # live while recovering
+            t_new = time.monotonic()
+            new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
+            assert new.error and "UNAVAILABLE" in new.error and time.monotonic() - t_new < 5, new.error
             streams.join(10)
             assert len(streams.ended) == 8, "a stream hung"
             assert all(streams.ended[i] - t_kill < 10 for i in range(8))
@@ -123,7 +126,7 @@ def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
             assert_recovered(srv, reference, load_time, t_kill)
             print(f"round {round_}: not ready after {not_ready:.2f}s, streams ended after "
                   f"{max(streams.ended.values()) - t_kill:.2f}s, serving after {time.monotonic() - t_kill:.1f}s "
-                  f"(load time {load_time:.1f}s)")
+                  f"(load time {load_time:.1f}s); a new request meanwhile got: {new.error}")
         status = supervisor_json(srv, "/status")[1]
         assert status["failures"] == {"backend_died": 3} and status["recoveries"] == 3
         assert status["state"] == "serving" and status["last_recovery_s"] < load_time + 10
@@ -148,6 +151,8 @@ def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind)
         t_fault = time.monotonic()
         trigger(repo, fault)
         unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
+        new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
+        assert new.error, "served while recovering"
         streams.join(stall_timeout + 10)
         assert len(streams.ended) == 4, "a stream hung"
         assert all(r.error for r in streams.results.values())
@@ -156,7 +161,8 @@ def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind)
         assert_recovered(srv, reference, load_time, t_fault + unhealthy)
         status = supervisor_json(srv, "/status")[1]
         assert status["failures"] == {kind: 1} and status["recoveries"] == 1, status
-        print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s")
+        print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s; "
+              f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
 
 
 def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path, tiny_ckpt):
@@ -174,3 +180,22 @@ def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path
     streams.join(10)
     assert len(streams.ended) == 2 and all(r.error for r in streams.results.values())
     assert code == 0 and elapsed < 10, (code, elapsed)  # Triton's exit timeout is 30 s
+    print(f"shutdown right after a kill: exited {code} after {elapsed:.1f}s")
+
+
+def test_recovery_that_keeps_failing_gives_up_and_says_why(tmp_path, tiny_ckpt):
+    """The model cannot load any more (its checkpoint went missing): after the default 3
+    tries the supervisor gives up, liveness fails with the reason, the server stays down."""
+    repo, srv, _ = started(tmp_path, tiny_ckpt)
+    with running(srv):
+        config = os.path.join(repo, "llm", "config.pbtxt")
+        with open(config, "a") as f:
+            f.write('parameters { key: "block_size" value: { string_value: "0" } }\n')
+        os.kill(backend_pid(repo), signal.SIGKILL)
+        wait_until(lambda: supervisor_json(srv, "/live")[0] == 503, 60, step_s=0.2)
+        code, live = supervisor_json(srv, "/live")
+        assert live["state"] == "failed" and "gave up after 3 tries" in live["reason"]
+        assert "backend_died" in live["reason"]
+        assert supervisor_json(srv, "/ready")[0] == 503 and not srv.is_ready()
+        status = supervisor_json(srv, "/status")[1]
+        assert status["recovery_attempts"] == 3 and status["recoveries"] == 0
