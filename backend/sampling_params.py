@@ -32,6 +32,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Log probabilities of each generated token and of this many most likely ones (vLLM's
+    # name; 0: the generated token's only). None: none are computed.
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -53,6 +53,10 @@ class StreamResult:
     num_output_tokens: int = 0
     error: Optional[str] = None
     cancelled: bool = False
+    # With return_logprobs / return_cumulative_logprob: the parsed `logprobs` of each
+    # response (a list per token, or None for "null") and each `cumulative_logprob`.
+    logprobs: list = field(default_factory=list)
+    cumulative_logprobs: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -109,6 +113,12 @@ class StreamingRequest:
                     reason = result.as_numpy("finish_reason")
                     if reason is not None and reason.size and reason.reshape(-1)[0]:
                         res.finish_reason = reason.reshape(-1)[0].decode()
+                    lp = result.as_numpy("logprobs")
+                    if lp is not None and lp.size:
+                        res.logprobs.append(json.loads(lp.reshape(-1)[0].decode("utf-8")))
+                    cl = result.as_numpy("cumulative_logprob")
+                    if cl is not None and cl.size:
+                        res.cumulative_logprobs.append(float(cl.reshape(-1)[0]))
                     n = result.as_numpy("num_output_tokens")
                     if n is not None and n.size:
                         # Streaming responses count their delta; a single response the total.

@@ -19,6 +19,7 @@ from backend.config import ConfigError, EngineArgs
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs, estimate_graph_bytes
 from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.outputs import RequestOutput
@@ -220,31 +221,48 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        next_tokens = self.runner.execute(sched)
+        next_tokens, logprobs = self.runner.execute(sched)
         self.scheduler.update_after_step(sched.scheduled)
         now = time.monotonic()
         outputs: list[RequestOutput] = []
-        for s, token in zip(sched.scheduled, next_tokens):
+        for index, (s, token) in enumerate(zip(sched.scheduled, next_tokens)):
             if token is None:
                 continue
             request = s.request
             if request.first_token_time is None:
                 request.first_token_time = now
             request.output_token_ids.append(token)
+            new_logprobs = self._record_logprobs(request, token, logprobs.get(index))
             self.num_generation_tokens_total += 1
             detok = self._detokenizers[request.request_id]
             reason = self._check_stop(request, token, detok)
             if reason is not None:
                 self.scheduler.finish_request(request, reason)
-                outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id), [token]))
+                outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id), [token],
+                                                  new_logprobs))
             else:
                 outputs.append(RequestOutput(
                     request_id=request.request_id, new_token_ids=[token],
                     new_text=detok.take_delta(finished=False), finished=False,
                     num_prompt_tokens=request.num_prompt_tokens,
                     num_output_tokens=request.num_output_tokens,
-                    num_cached_tokens=request.num_cached_tokens))
+                    num_cached_tokens=request.num_cached_tokens, new_logprobs=new_logprobs,
+                    cumulative_logprob=request.cumulative_logprob if new_logprobs is not None else None))
         return outputs
+
+    def _record_logprobs(self, request: Request, token: int, entry: Optional[TokenLogprobs]
+                         ) -> Optional[list[TokenLogprobs]]:
+        """Keeps the token's logprobs on the request, with each token's text (vLLM's
+        `decoded_token`); None for a request that did not ask."""
+        if entry is None:
+            return None
+        if self.tokenizer is not None:
+            for tid, lp in entry.items():
+                lp.decoded_token = (self._fast_decode([tid], False) if self._fast_decode is not None
+                                    else self.tokenizer.decode([tid]))
+        request.output_logprobs.append(entry)
+        request.cumulative_logprob += entry[token].logprob
+        return [entry]
 
     def _check_stop(self, request: Request, token: int, detok: IncrementalDetokenizer) -> Optional[FinishReason]:
         params = request.sampling_params
@@ -260,14 +278,19 @@ class LLMEngine:
         return None
 
     def _final_output(self, request: Request, detok: IncrementalDetokenizer,
-                      new_token_ids: Optional[list[int]] = None) -> RequestOutput:
+                      new_token_ids: Optional[list[int]] = None,
+                      new_logprobs: Optional[list[TokenLogprobs]] = None) -> RequestOutput:
+        wants = request.sampling_params.logprobs is not None
         return RequestOutput(
             request_id=request.request_id, new_token_ids=new_token_ids or [],
             new_text=detok.take_delta(finished=True), finished=True,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens, prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids), text=detok.output_text)
+            token_ids=list(request.output_token_ids), text=detok.output_text,
+            new_logprobs=(new_logprobs or []) if wants else None,
+            cumulative_logprob=request.cumulative_logprob if wants else None,
+            logprobs=list(request.output_logprobs) if wants else None)
 
     # ------------------------------------------------------------------ stats
     def kv_cache_stats(self) -> dict[str, float]:

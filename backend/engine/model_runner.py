@@ -10,6 +10,8 @@ from typing import Callable, Optional
 import torch
 
 from backend.attention.metadata import KVCacheLayer
+from backend.engine import logprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
@@ -59,9 +61,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[Optional[int]]:
+    def execute(self, out: SchedulerOutput) -> tuple[list[Optional[int]], dict[int, TokenLogprobs]]:
         """One forward pass. Returns, per scheduled request, its next token, or None
-        when the request is mid-prefill (its chunk did not reach the last token)."""
+        when the request is mid-prefill (its chunk did not reach the last token); and
+        the logprobs of those that asked, by their index in `out.scheduled`."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
         if graph_size is not None:
@@ -70,8 +73,22 @@ class ModelRunner:
             logits = self.forward(step)
         sampling: list[Request] = [s.request for s in out.scheduled if s.completes_prompt]
         if not sampling:
-            return [None] * len(out.scheduled)
+            return [None] * len(out.scheduled), {}
         # Host work for sampling overlaps the forward pass the device is still running.
         batch = self.sampler.prepare(sampling, self.vocab_size)
-        tokens = iter(self.sampler.sample(logits, batch).tolist())
-        return [next(tokens) if s.completes_prompt else None for s in out.scheduled]
+        sampled = self.sampler.sample(logits, batch)
+        # The step's one device-to-host copy: the ids, with the logprobs asked for.
+        tokens, by_row = logprobs.unpack(logprobs.pack(logits, sampled, batch.logprobs).tolist(),
+                                         len(sampling), batch.logprobs)
+        result: list[Optional[int]] = []
+        by_index: dict[int, TokenLogprobs] = {}
+        row = 0
+        for i, s in enumerate(out.scheduled):
+            if not s.completes_prompt:
+                result.append(None)
+                continue
+            result.append(tokens[row])
+            if row in by_row:
+                by_index[i] = by_row[row]
+            row += 1
+        return result, by_index

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from backend.engine.logprobs import TokenLogprobs
+
 
 @dataclass
 class RequestOutput:
@@ -25,5 +27,10 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    # With SamplingParams.logprobs: one entry per token of new_token_ids, the running sum
+    # of the generated tokens' logprobs, and (on the final output) every token's entry.
+    new_logprobs: Optional[list[TokenLogprobs]] = None
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[list[TokenLogprobs]] = None
     # Set when the request ended on an error rather than normally (finished is True).
     error: Optional[Exception] = None

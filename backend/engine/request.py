@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from backend.engine.logprobs import TokenLogprobs
 from backend.sampling_params import SamplingParams
 
 
@@ -46,6 +47,9 @@ class Request:
     # Hashes of this request's full blocks, chained; extended as tokens are added.
     block_hashes: list[int] = field(default_factory=list)
     first_token_time: Optional[float] = None
+    # With sampling_params.logprobs: one entry per output token, and their running sum.
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
 
     @property
     def all_token_ids(self) -> list[int]:

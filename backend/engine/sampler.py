@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from backend.engine.buffers import GrowingStagedBuffer, StagedBuffer
+from backend.engine.logprobs import LogprobRows
 from backend.engine.request import Request
 
 # Columns of the per-row parameter tensor.
@@ -46,6 +47,7 @@ class SamplingBatch:
     counted: Optional[tuple[torch.Tensor, torch.Tensor]]      # (rows, token ids) generated
     banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens: (rows, token ids)
     seeded: list[tuple[int, torch.Generator]]
+    logprobs: Optional[LogprobRows] = None                    # rows whose request wants logprobs
 
 
 class Sampler:
@@ -63,8 +65,9 @@ class Sampler:
         if B * NUM_COLUMNS > self._params.np.shape[0]:
             self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
         rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
-        # (row, token ids) per request, for each index set: repetition, counted, banned.
-        lists: tuple[list, list, list] = ([], [], [])
+        # (row, token ids) per request, for each index set: repetition, counted, banned,
+        # and (row, [count]) for logprobs.
+        lists: tuple[list, list, list, list] = ([], [], [], [])
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
         any_top_p = any_min_p = False
@@ -88,12 +91,19 @@ class Sampler:
             if r.num_output_tokens < p.min_tokens:
                 stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
                 lists[2].append((i, np.asarray(sorted(t for t in stop if 0 <= t < vocab_size))))
+            if p.logprobs is not None:
+                lists[3].append((i, np.asarray([p.logprobs])))
         uploaded = self._upload_indices(lists)
+        logprobs = None
+        if uploaded[3] is not None:
+            counts = [int(ids[0]) for _, ids in lists[3]]
+            logprobs = LogprobRows(rows=uploaded[3][0], counts=counts, row_ids=[i for i, _ in lists[3]],
+                                   max_count=min(max(counts), vocab_size))
         return SamplingBatch(
             params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
             all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
             any_top_p=any_top_p, any_min_p=any_min_p, repetition=uploaded[0], counted=uploaded[1],
-            banned=uploaded[2], seeded=seeded)
+            banned=uploaded[2], seeded=seeded, logprobs=logprobs)
 
     def _upload_indices(self, lists) -> list[Optional[tuple[torch.Tensor, torch.Tensor]]]:
         """Each index set as (rows, token ids), all in one host-to-device copy; None

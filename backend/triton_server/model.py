@@ -71,6 +71,7 @@ class ResponseWriter:
         self.sent_prompt = False
         self.text_parts: list[str] = []
         self.first_token_time: Optional[float] = None
+        self.cumulative_logprob = 0.0
         self.done = False          # FINAL sent (or the client is gone)
         self.cancel_sent = False   # abort already requested
 
@@ -104,6 +105,17 @@ class ResponseWriter:
         if p.return_finish_reason:
             reason = out.finish_reason if out.finished else ""
             tensors.append(pb_utils.Tensor("finish_reason", np.array([str(reason).encode()], dtype=np.object_)))
+        if p.return_cumulative_logprob:
+            if out.cumulative_logprob is not None:
+                self.cumulative_logprob = out.cumulative_logprob
+            tensors.append(pb_utils.Tensor("cumulative_logprob",
+                                           np.array([self.cumulative_logprob], dtype=np.float32)))
+        if p.return_logprobs:
+            entries = out.new_logprobs if p.stream else out.logprobs
+            text = "null" if not p.logprobs_requested or entries is None else json.dumps(
+                [{str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                  for t, lp in entry.items()} for entry in entries])
+            tensors.append(pb_utils.Tensor("logprobs", np.array([text.encode()], dtype=np.object_)))
         if p.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
         if p.return_num_output_tokens:

@@ -20,7 +20,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.sampling_params import SamplingParams, SamplingParamsError
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
-               "return_num_output_tokens", "ignore_eos")
+               "return_num_output_tokens", "return_cumulative_logprob", "return_logprobs", "ignore_eos")
 
 # TensorRT-LLM ensemble scalar inputs -> SamplingParams field.
 SCALAR_INPUTS = {
@@ -58,6 +58,8 @@ INPUT_SPECS: list[dict[str, Any]] = (
 OUTPUT_SPECS: list[dict[str, Any]] = [
     {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
+    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
     {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
@@ -73,6 +75,11 @@ class ParsedRequest:
     return_finish_reason: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    return_cumulative_logprob: bool = False
+    return_logprobs: bool = False
+    # The client asked for logprobs (sampling parameter `logprobs`); otherwise they are
+    # computed only for `return_cumulative_logprob`, and `logprobs` says null, as vLLM's.
+    logprobs_requested: bool = False
     prompt_text: str = ""
 
 
@@ -195,4 +202,8 @@ def parse_request(inputs: dict[str, np.ndarray],
         raise InvalidRequestError(str(e)) from None
 
     flags = {n: _bool(n, inputs[n]) for n in BOOL_INPUTS if n in inputs and n != "ignore_eos"}
-    return ParsedRequest(prompt=prompt, params=params, prompt_text=text or "", **flags)
+    requested = params.logprobs is not None
+    if flags.get("return_cumulative_logprob") and not requested:
+        params = params.model_copy(update={"logprobs": 0})
+    return ParsedRequest(prompt=prompt, params=params, prompt_text=text or "", logprobs_requested=requested,
+                         **flags)

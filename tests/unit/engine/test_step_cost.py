@@ -29,17 +29,19 @@ def mixed_batch_params() -> list[SamplingParams]:
             greedy, SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, max_tokens=6, ignore_eos=True)]
 
 
-def decode_step_counts(path: str, backend: str):
+def decode_step_counts(path: str, backend: str, logprobs: bool = False):
     llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_seqs=8, attention_backend=backend, device="cpu")
     engine = llm.engine
-    for prompt, params in zip(random_prompts(8, [5, 9, 3, 12], seed=4), mixed_batch_params()):
+    for i, (prompt, params) in enumerate(zip(random_prompts(8, [5, 9, 3, 12], seed=4), mixed_batch_params())):
+        if logprobs and i % 2:
+            params = params.model_copy(update={"logprobs": 5})
         engine.add_request(prompt, params)
     engine.step()                                  # all prompts in one step
     engine.step()                                  # first decode (warms caches)
     sched = engine.scheduler.schedule()
     assert len(sched.scheduled) == 8 and all(s.num_new_tokens == 1 for s in sched.scheduled)
     with count_dispatches(engine.model) as counts:
-        tokens = engine.runner.execute(sched)
+        tokens, _ = engine.runner.execute(sched)
     engine.scheduler.update_after_step(sched.scheduled)
     assert all(isinstance(t, int) for t in tokens)
     for rid in list(engine.scheduler.requests):
@@ -66,6 +68,17 @@ def test_torch_path_decode_step_has_one_sync(ckpt_dir):
     host copies of the lengths)."""
     counts, _ = decode_step_counts(make_checkpoint(str(ckpt_dir / "llama"), "llama"), "torch")
     assert counts.num_syncs <= MAX_SYNCS, dict(counts.syncs)
+
+
+def test_logprobs_keep_the_step_at_one_sync(ckpt_dir):
+    """Logprobs for half the batch ride in the same device-to-host copy as the ids."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    plain, _ = decode_step_counts(path, "triton")
+    counts, _ = decode_step_counts(path, "triton", logprobs=True)
+    extra = counts.num_outside_dispatches - plain.num_outside_dispatches
+    print(f"logprobs for 4 of 8 rows: {extra} more dispatches outside the layers, syncs {dict(counts.syncs)}")
+    assert counts.num_syncs <= MAX_SYNCS, dict(counts.syncs)
+    assert 0 < extra <= 12, dict(counts.outside)
 
 
 def test_counter_sees_syncs_copies_and_launches():
