@@ -56,6 +56,7 @@ class StreamResult:
     # With return_logprobs / return_cumulative_logprob: the parsed `logprobs` of each
     # response (a list per token, or None for "null") and each `cumulative_logprob`.
     logprobs: list = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)  # as each response sent it
     cumulative_logprobs: list[float] = field(default_factory=list)
 
     @property
@@ -73,16 +74,19 @@ class StreamingRequest:
     def run(self, prompt: Optional[str], sampling: Optional[dict[str, Any]] = None, stream: bool = True,
             request_id: str = "", input_ids: Optional[list[int]] = None,
             extra: Optional[dict[str, np.ndarray]] = None, on_piece: Optional[Callable[[str], None]] = None,
-            cancel_after: Optional[int] = None, timeout_s: float = 300.0) -> StreamResult:
+            cancel_after: Optional[int] = None, timeout_s: float = 300.0,
+            parameters: Optional[dict[str, Any]] = None) -> StreamResult:
         """Send one request and read its responses until the final one. With
-        `cancel_after=n`, cancel the stream after n responses carrying tokens."""
+        `cancel_after=n`, cancel the stream after n responses carrying tokens.
+        `parameters` go as Triton request parameters."""
         res = StreamResult(request_id=request_id)
         self.client.start_stream(callback=lambda result, error: self._events.put((result, error)))
         try:
             res.start = time.perf_counter()
             try:
                 self.client.async_stream_infer(self.model, make_inputs(prompt, sampling, stream, input_ids, extra),
-                                               request_id=request_id, enable_empty_final_response=True)
+                                               request_id=request_id, enable_empty_final_response=True,
+                                               parameters=parameters)
             except InferenceServerException as e:
                 # The stream broke before the request went out (e.g. the server is down);
                 # the cause went to the callback.
@@ -113,6 +117,7 @@ class StreamingRequest:
                     reason = result.as_numpy("finish_reason")
                     if reason is not None and reason.size and reason.reshape(-1)[0]:
                         res.finish_reason = reason.reshape(-1)[0].decode()
+                        res.finish_reasons.append(res.finish_reason)
                     lp = result.as_numpy("logprobs")
                     if lp is not None and lp.size:
                         res.logprobs.append(json.loads(lp.reshape(-1)[0].decode("utf-8")))

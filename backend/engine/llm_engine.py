@@ -257,9 +257,9 @@ class LLMEngine:
         if entry is None:
             return None
         if self.tokenizer is not None:
+            detok = self._detokenizers[request.request_id]  # still before this token
             for tid, lp in entry.items():
-                lp.decoded_token = (self._fast_decode([tid], False) if self._fast_decode is not None
-                                    else self.tokenizer.decode([tid]))
+                lp.decoded_token = detok.peek(tid)
         request.output_logprobs.append(entry)
         request.cumulative_logprob += entry[token].logprob
         return [entry]

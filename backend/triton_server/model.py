@@ -103,7 +103,7 @@ class ResponseWriter:
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
                    pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32))]
         if p.return_finish_reason:
-            reason = out.finish_reason if out.finished else ""
+            reason = out.finish_reason if out.finished else None  # "None" until the end, as vLLM
             tensors.append(pb_utils.Tensor("finish_reason", np.array([str(reason).encode()], dtype=np.object_)))
         if p.return_cumulative_logprob:
             if out.cumulative_logprob is not None:
@@ -214,7 +214,7 @@ class TritonPythonModel:
             return
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
-            parsed = parse_request(inputs, tokenize)
+            parsed = parse_request(inputs, tokenize, request.parameters())
         except InvalidRequestError as e:
             if self.metrics:
                 self.metrics.on_rejected("invalid_request")

@@ -146,8 +146,12 @@ def _coerce_json_value(key: str, value: Any) -> Any:
 
 
 def parse_request(inputs: dict[str, np.ndarray],
-                  tokenize: Optional[Callable[[str], list[int]]] = None) -> ParsedRequest:
-    """`inputs` maps input name -> numpy array as Triton delivered it (absent = not sent)."""
+                  tokenize: Optional[Callable[[str], list[int]]] = None,
+                  request_parameters: str = "") -> ParsedRequest:
+    """`inputs` maps input name -> numpy array as Triton delivered it (absent = not sent).
+    `request_parameters` is the request's own parameters as JSON (Triton's
+    `request.parameters()`): the sampling parameters when the tensor is absent, as the
+    vLLM backend takes them."""
     text: Optional[str] = None
     if "text_input" in inputs:
         text = _text("text_input", _scalar("text_input", inputs["text_input"]))
@@ -173,6 +177,9 @@ def parse_request(inputs: dict[str, np.ndarray],
     if "sampling_parameters" in inputs:
         raw = _text("sampling_parameters", _scalar("sampling_parameters", inputs["sampling_parameters"]))
         for key, value in parse_sampling_json(raw).items():
+            fields[key] = _coerce_json_value(key, value)
+    elif request_parameters.strip() not in ("", "{}"):
+        for key, value in parse_sampling_json(request_parameters).items():
             fields[key] = _coerce_json_value(key, value)
 
     def merge(key: str, value: Any, source: str) -> None:
@@ -202,6 +209,12 @@ def parse_request(inputs: dict[str, np.ndarray],
         raise InvalidRequestError(str(e)) from None
 
     flags = {n: _bool(n, inputs[n]) for n in BOOL_INPUTS if n in inputs and n != "ignore_eos"}
+    # As the vLLM backend: without the input, a single response echoes the prompt and a
+    # stream does not; a stream cannot echo it.
+    flags.setdefault("exclude_input_in_output", bool(flags.get("stream", False)))
+    if flags.get("stream") and not flags["exclude_input_in_output"]:
+        raise InvalidRequestError("Error generating stream: When streaming, `exclude_input_in_output` = False "
+                                  "is not allowed.")  # the vLLM backend's words
     requested = params.logprobs is not None
     if flags.get("return_cumulative_logprob") and not requested:
         params = params.model_copy(update={"logprobs": 0})

@@ -71,10 +71,10 @@ def test_bad_input_gets_clear_error_then_server_serves(server, case):
     wait_blocks_free(server)
 
 
-def test_stream_with_input_echo_is_supported(server):
+def test_stream_with_input_echo_is_refused_as_vllm_does(server):
     res = StreamingRequest(server.grpc_url).run(
         "The pass statement", OK_PARAMS, stream=True, extra={"exclude_input_in_output": np.array([False])})
-    assert res.ok and res.pieces[0].startswith("The pass statement")
+    assert res.error and "When streaming, `exclude_input_in_output` = False is not allowed." in res.error
     wait_blocks_free(server)
 
 

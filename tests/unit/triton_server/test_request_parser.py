@@ -20,8 +20,8 @@ def test_vllm_contract():
     req = parse_request({"text_input": b("hello"), "stream": np.array([True]),
                          "sampling_parameters": b(json.dumps({"max_tokens": "7", "temperature": "0.5",
                                                               "top_p": 0.9, "stop": "END", "ignore_eos": "true"})),
-                         "exclude_input_in_output": np.array([False])})
-    assert req.prompt == "hello" and req.stream and not req.exclude_input_in_output
+                         "exclude_input_in_output": np.array([True])})
+    assert req.prompt == "hello" and req.stream and req.exclude_input_in_output
     p = req.params
     assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.ignore_eos) == (7, 0.5, 0.9, ["END"], True)
 
@@ -36,7 +36,25 @@ def test_trtllm_scalars_and_aliases():
 
 def test_defaults():
     req = parse_request({"text_input": b("x")})
-    assert not req.stream and req.exclude_input_in_output and req.params.max_tokens == 16
+    # As the vLLM backend: a single response echoes the prompt unless told not to...
+    assert not req.stream and not req.exclude_input_in_output and req.params.max_tokens == 16
+    # ...a stream does not, and cannot.
+    assert parse_request({"text_input": b("x"), "stream": np.array([True])}).exclude_input_in_output
+    with pytest.raises(InvalidRequestError, match="When streaming, `exclude_input_in_output` = False"):
+        parse_request({"text_input": b("x"), "stream": np.array([True]),
+                       "exclude_input_in_output": np.array([False])})
+
+
+def test_request_parameters_stand_in_for_the_tensor():
+    """As the vLLM backend: sampling parameters sent as Triton request parameters count
+    when the `sampling_parameters` tensor is absent; the tensor wins when both are sent."""
+    req = parse_request({"text_input": b("x")}, request_parameters='{"max_tokens": 3, "temperature": "0"}')
+    assert (req.params.max_tokens, req.params.temperature) == (3, 0.0)
+    req = parse_request({"text_input": b("x"), "sampling_parameters": b('{"max_tokens": 5}')},
+                        request_parameters='{"max_tokens": 3}')
+    assert req.params.max_tokens == 5
+    with pytest.raises(InvalidRequestError, match="best_of"):
+        parse_request({"text_input": b("x")}, request_parameters='{"best_of": 2}')
 
 
 def test_input_ids_checked_against_text():

@@ -1,4 +1,4 @@
-"""Per-token logprobs through the session's real tritonserver (supervised, as `make
+"""vLLM-backend contract details and per-token logprobs through the session's real tritonserver (supervised, as `make
 serve`), in the vLLM backend's contract: inputs `return_logprobs` and
 `return_cumulative_logprob`, outputs `logprobs` (JSON: per token {id: {logprob, rank,
 decoded_token}}, only the new tokens' on each streamed response; null when the sampling
@@ -58,3 +58,24 @@ def test_cumulative_without_logprobs_says_null(server, offline):
 def test_too_many_logprobs_is_a_clear_error(server):
     res = StreamingRequest(server.grpc_url).run(PROMPT, {"max_tokens": 2, "logprobs": 21}, extra=FLAGS)
     assert res.error and "logprobs" in res.error
+
+
+def test_streamed_rank_one_tokens_spell_the_text(server):
+    """The vLLM backend's own consistency check: each streamed response's rank-1
+    `decoded_token`s are its `text_output`; finish_reason is "None" until the last."""
+    res = StreamingRequest(server.grpc_url).run(PROMPT, {"max_tokens": 12, "temperature": 0, "logprobs": 2,
+                                                         "ignore_eos": True}, extra=FLAGS)
+    assert res.ok and len(res.pieces) == 12
+    for piece, entries in zip(res.pieces, res.logprobs):
+        assert piece == "".join(d["decoded_token"] for e in entries for d in e.values() if d["rank"] == 1)
+    assert res.finish_reasons == ["None"] * 11 + ["length"]
+    wait_blocks_free(server)
+
+
+def test_request_parameters_stand_in_for_the_tensor(server):
+    """Sampling parameters sent as Triton request parameters, no tensor: honoured."""
+    res = StreamingRequest(server.grpc_url).run(PROMPT, None, parameters={"max_tokens": 3, "temperature": 0})
+    assert res.ok and len(res.token_ids) == 3
+    bad = StreamingRequest(server.grpc_url).run(PROMPT, None, parameters={"max_tokens": 3, "best_of": 2})
+    assert bad.error and "best_of" in bad.error
+    wait_blocks_free(server)
