@@ -34,6 +34,7 @@ from backend.triton_server.health_report import ENGINE_FAILED, ENGINE_STALLED, H
 from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, ParsedRequest, parse_request
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
+from backend.triton_server.vllm_model_json import read_model_json
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _TICK = object()
@@ -157,7 +158,18 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise ConfigError("this backend needs model_transaction_policy { decoupled: true }")
         model_dir = args["model_repository"]
-        engine_args, self.settings = load_settings(parameters_from_model_config(model_config), model_dir)
+        # A vLLM-backend repository keeps its engine arguments in <version>/model.json.
+        json_params, warnings = read_model_json(model_dir, args.get("model_version", "1"))
+        for warning in warnings:
+            pb_utils.Logger.log_warn(f"[paged_llm] {warning}")
+        try:
+            engine_args, self.settings = load_settings(
+                {**json_params, **parameters_from_model_config(model_config)}, model_dir)
+        except ConfigError as e:
+            if not json_params:
+                raise
+            raise ConfigError(f"{e} (model.json sets: {', '.join(sorted(json_params))}; config.pbtxt "
+                              "parameters win over model.json)") from None
         from backend.build_manifest import check_manifest
         check_manifest(model_dir, engine_args)
 

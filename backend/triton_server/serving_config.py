@@ -43,7 +43,8 @@ def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, S
     path = engine["model"]
     engine["model"] = path if os.path.isabs(path) else os.path.normpath(os.path.join(model_dir, path))
     if not os.path.isdir(engine["model"]):
-        raise ConfigError(f"invalid parameter 'model': checkpoint folder '{engine['model']}' does not exist")
+        raise ConfigError(f"invalid parameter 'model': checkpoint folder '{engine['model']}' does not exist "
+                          "(a local Hugging Face checkpoint folder; nothing is downloaded from a model hub)")
     graph = engine.get("model_graph")
     if graph and not os.path.isabs(graph):
         engine["model_graph"] = os.path.normpath(os.path.join(model_dir, graph))

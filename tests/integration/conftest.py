@@ -39,12 +39,14 @@ def metric(server, name: str, labels: str = 'model="llm"') -> float:
     return float(m.group(1))
 
 
-def wait_blocks_free(server, timeout_s: float = 10.0) -> None:
+def wait_blocks_free(server, timeout_s: float = 10.0, model: str = "llm") -> None:
     """Leak check through the metrics endpoint: every KV block back in the pool."""
     deadline = time.monotonic() + timeout_s
+    labels = f'model="{model}"'
     while True:
-        used = metric(server, "llm_kv_cache_blocks_used")
-        running = metric(server, "llm_num_requests_running") + metric(server, "llm_num_requests_waiting")
+        used = metric(server, "llm_kv_cache_blocks_used", labels)
+        running = (metric(server, "llm_num_requests_running", labels)
+                   + metric(server, "llm_num_requests_waiting", labels))
         if used == 0 and running == 0:
             return
         if time.monotonic() > deadline:

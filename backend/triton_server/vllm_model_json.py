@@ -1,0 +1,87 @@
+"""A vLLM-backend model repository's `<version>/model.json`, read as our parameters.
+
+Users of Triton's vLLM backend keep their engine arguments in `1/model.json` with vLLM's
+names. We apply the ones we have, map the ones whose meaning carries, warn by name about
+the rest, and let a wrong value fail the load naming the key (through the same pydantic
+validation as `config.pbtxt` parameters). When a key is set in both places,
+`config.pbtxt` wins: it is Triton's own model configuration and what `builder build` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from backend.config import ConfigError
+
+# Applied as they are: the same name and meaning here.
+SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+        "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
+        "max_queue_size"}
+RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
+DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KV_DTYPES = {"fp8_e4m3": "fp8"}
+
+
+def _parallel_size(key: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if str(value) != "1":
+            raise ConfigError(f"invalid model.json key '{key}': {value!r}; this backend runs one device per "
+                              "model instance (tensor and pipeline parallelism are not supported yet)")
+    return check
+
+
+def _quantization(model_dir: str, model: str) -> Callable[[Any], None]:
+    """vLLM quantizes at load or reads a quantized checkpoint; here FP8 comes from
+    `builder build --weights fp8`, and the checkpoint says so itself."""
+    def check(value: Any) -> None:
+        if value in (None, "", "None"):
+            return
+        if value != "fp8":
+            raise ConfigError(f"invalid model.json key 'quantization': {value!r}; supported: 'fp8' (a checkpoint "
+                              "written by `python -m builder build --weights fp8`)")
+        path = model if os.path.isabs(model) else os.path.join(model_dir, model)
+        try:
+            with open(os.path.join(path, "config.json")) as f:
+                quant = (json.load(f).get("quantization_config") or {}).get("quant_method")
+        except OSError:
+            quant = None  # the missing checkpoint is reported by the 'model' check
+        if quant is None:
+            raise ConfigError("invalid model.json key 'quantization': 'fp8', but the checkpoint is not an FP8 "
+                              "build; make one with `python -m builder build --weights fp8`")
+    return check
+
+
+def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str], list[str]]:
+    """(parameters as config.pbtxt would give them, warnings). No file: ({}, [])."""
+    path = os.path.join(model_dir, str(version), "model.json")
+    if not os.path.isfile(path):
+        return {}, []
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"'{path}' must hold a JSON object of engine arguments")
+    checks = {"tensor_parallel_size": _parallel_size("tensor_parallel_size"),
+              "pipeline_parallel_size": _parallel_size("pipeline_parallel_size"),
+              "quantization": _quantization(model_dir, str(raw.get("model", "")))}
+    params: dict[str, str] = {}
+    warnings = []
+    for key, value in raw.items():
+        if key in checks:
+            checks[key](value)
+        elif key in SAME or key in RENAMED:
+            if key == "dtype":
+                value = DTYPES.get(value, value)
+            if key == "kv_cache_dtype":
+                value = KV_DTYPES.get(value, value)
+            if key == "max_queue_size" and value is None:
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            params[RENAMED.get(key, key)] = text
+        else:
+            warnings.append(f"model.json key '{key}' has no effect with this backend; ignored")
+    return params, warnings

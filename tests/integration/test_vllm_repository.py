@@ -1,0 +1,49 @@
+"""A vLLM-backend user's model repository, unchanged but for the `backend:` line: a
+config.pbtxt with only `backend` and `instance_group`, engine arguments in `1/model.json`
+with vLLM's names. Against a real tritonserver."""
+
+import json
+import os
+
+import pytest
+
+from backend import LLM, SamplingParams
+from clients.triton_client import StreamingRequest
+from clients.tritonserver import TritonServer
+from tests.integration.conftest import wait_blocks_free
+
+# What the vLLM backend's sample config.pbtxt holds, with our backend's name.
+CONFIG = 'backend: "paged_llm"\n\ninstance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n'
+
+
+def vllm_repo(root, engine_args: dict) -> str:
+    model = os.path.join(root, "repo", "vllm_model")
+    os.makedirs(os.path.join(model, "1"))
+    with open(os.path.join(model, "config.pbtxt"), "w") as f:
+        f.write(CONFIG)
+    with open(os.path.join(model, "1", "model.json"), "w") as f:
+        json.dump(engine_args, f)
+    return os.path.join(root, "repo")
+
+
+def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt):
+    repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "gpu_memory_utilization": 0.1, "enforce_eager": True,
+                                     "num_gpu_blocks_override": 128, "disable_log_requests": True})
+    params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    expected = LLM(tiny_ckpt, num_kv_blocks=128).generate(["The pass statement"], SamplingParams(**params))[0]
+    with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
+        res = StreamingRequest(srv.grpc_url, model="vllm_model").run("The pass statement", params)
+        assert res.ok and res.token_ids == expected.token_ids
+        wait_blocks_free(srv, model="vllm_model")
+    log = open(tmp_path / "server.log").read()
+    assert "model.json key 'disable_log_requests' has no effect with this backend; ignored" in log
+
+
+def test_bad_model_json_value_fails_the_load_naming_the_key(tmp_path, tiny_ckpt):
+    repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "block_size": 0})
+    srv = TritonServer(repo, log_path=str(tmp_path / "server.log"), startup_timeout_s=60)
+    with pytest.raises((RuntimeError, TimeoutError)):
+        srv.start()
+    srv.stop()
+    log = open(tmp_path / "server.log").read()
+    assert "invalid parameter 'block_size'" in log and "model.json sets: block_size, model" in log

@@ -1,0 +1,52 @@
+import json
+
+import pytest
+
+from backend.config import ConfigError
+from backend.triton_server.serving_config import load_settings
+from backend.triton_server.vllm_model_json import read_model_json
+
+
+def write(model_dir, obj):
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    (model_dir / "1" / "model.json").write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+
+
+def test_vllm_sample_maps_onto_engine_args(tmp_path, tiny_ckpt):
+    write(tmp_path, {"model": tiny_ckpt, "gpu_memory_utilization": 0.1, "enforce_eager": True, "dtype": "half",
+                     "num_gpu_blocks_override": 64, "tensor_parallel_size": 1, "disable_log_requests": True,
+                     "trust_remote_code": False, "kv_cache_dtype": "fp8_e4m3"})
+    params, warnings = read_model_json(str(tmp_path))
+    assert params == {"model": tiny_ckpt, "gpu_memory_utilization": "0.1", "enforce_eager": "true",
+                      "dtype": "float16", "num_kv_blocks": "64", "kv_cache_dtype": "fp8"}
+    assert warnings == ["model.json key 'disable_log_requests' has no effect with this backend; ignored",
+                        "model.json key 'trust_remote_code' has no effect with this backend; ignored"]
+    args, _ = load_settings(params, str(tmp_path))
+    assert (args.gpu_memory_utilization, args.enforce_eager, args.num_kv_blocks) == (0.1, True, 64)
+
+
+def test_no_file_is_nothing(tmp_path):
+    assert read_model_json(str(tmp_path)) == ({}, [])
+
+
+@pytest.mark.parametrize("obj,expected", [
+    ({"tensor_parallel_size": 2}, "'tensor_parallel_size'"),
+    ({"quantization": "awq"}, "'quantization'"),
+    ({"quantization": "fp8", "model": "."}, "not an FP8 build"),
+    ("{not json", "not valid JSON"),
+    ([1, 2], "JSON object"),
+])
+def test_bad_values_name_the_key(tmp_path, obj, expected):
+    write(tmp_path, obj)
+    with pytest.raises(ConfigError, match=expected):
+        read_model_json(str(tmp_path))
+
+
+def test_wrong_value_of_a_mapped_key_fails_validation_naming_it(tmp_path, tiny_ckpt):
+    write(tmp_path, {"model": tiny_ckpt, "max_num_seqs": 0})
+    params, _ = read_model_json(str(tmp_path))
+    with pytest.raises(ConfigError, match="'max_num_seqs'"):
+        load_settings(params, str(tmp_path))
+    write(tmp_path, {"model": "facebook/opt-125m"})
+    with pytest.raises(ConfigError, match="nothing is downloaded"):
+        load_settings(read_model_json(str(tmp_path))[0], str(tmp_path))
