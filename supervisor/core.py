@@ -77,6 +77,8 @@ class Supervisor:
         http = StatusServer(self.o.port, self.status, self.api.server_ready).start()
         try:
             if not self._start_server():
+                if self._stop.is_set():  # Ctrl-C while loading: let Triton stop on its own terms
+                    return self.shutdown()
                 log.error("tritonserver did not start; giving up")
                 self._stop_server(force=True)
                 return 1
