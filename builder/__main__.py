@@ -7,10 +7,35 @@ import os
 import sys
 
 from builder.build import BuildError, BuildOptions, build
+from builder.plan import GPUS, KV_DTYPES, NAMED_CONFIGS, WEIGHT_DTYPES
 from builder.tiny import build_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CHECKPOINT = os.path.join(ROOT, "models", "tiny-llama")
+
+
+def _plan(args) -> int:
+    import json
+
+    from backend.models.config import load_model_config, model_config_from_dict
+    from builder import plan
+    cfg = load_model_config(args.checkpoint) if args.checkpoint else model_config_from_dict(NAMED_CONFIGS[args.model])
+    memory_gb, price = GPUS.get(args.gpu, (None, None))
+    memory_gb = args.gpu_memory_gb or memory_gb
+    price = args.gpu_price_per_hour if args.gpu_price_per_hour is not None else price
+    if memory_gb is None or price is None:
+        raise BuildError(f"unknown --gpu '{args.gpu}': name one of {', '.join(GPUS)} or give "
+                         "--gpu-memory-gb and --gpu-price-per-hour")
+    rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, args.weights, args.kv_cache, args.tp,
+                            args.context_lens, args.block_size, args.max_num_seqs)
+    cost = plan.cost_plan(price, args.workload_tp, args.requests_per_day, args.input_tokens, args.output_tokens,
+                          args.throughput, args.api_price_per_million)
+    name = args.model or args.checkpoint
+    print(plan.format_report(name, f"{args.gpu} ({memory_gb:g} GiB, ${price:.2f}/h)", rows, cost))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(plan.as_json(name, args.gpu, rows, cost), f, indent=1)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -36,6 +61,28 @@ def main(argv=None) -> int:
     b.add_argument("--gpu-memory-gb", type=float, help="memory plan: device memory (default 80)")
     b.add_argument("--plan-seq-len", type=int, help="memory plan: sequence length (default 4096)")
 
+    p = sub.add_parser("plan", help="capacity and cost: memory per dtype and TP size, replicas, $/month")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder (its config.json)")
+    src.add_argument("--model", help="a named config: " + ", ".join(NAMED_CONFIGS))
+    p.add_argument("--gpu", default="H100-80GB", help="one of: " + ", ".join(GPUS))
+    p.add_argument("--gpu-memory-gb", type=float, help="instead of the named GPU's")
+    p.add_argument("--gpu-price-per-hour", type=float, help="instead of the named GPU's on-demand price")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--weights", nargs="+", default=["bf16", "fp8", "int8", "int4"], choices=list(WEIGHT_DTYPES))
+    p.add_argument("--kv-cache", default="bf16", choices=list(KV_DTYPES))
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--context-lens", type=int, nargs="+", default=[2048, 8192, 32768])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--requests-per-day", type=float, default=0.0)
+    p.add_argument("--input-tokens", type=int, default=0)
+    p.add_argument("--output-tokens", type=int, default=0)
+    p.add_argument("--throughput", type=float, help="output tokens/s one replica sustains (measured)")
+    p.add_argument("--workload-tp", type=int, default=1, help="GPUs per replica for the cost rows")
+    p.add_argument("--api-price-per-million", type=float)
+    p.add_argument("--json", help="also write the plan here")
+
     d = sub.add_parser("default", help="make sure model_repository/llm holds the default model")
     d.add_argument("--repository", default="model_repository")
     d.add_argument("--force", action="store_true")
@@ -45,6 +92,8 @@ def main(argv=None) -> int:
         if args.cmd == "tiny":
             build_tiny(args.output)
             print(f"wrote {args.output}")
+        elif args.cmd == "plan":
+            return _plan(args)
         elif args.cmd == "build":
             kw = {k: v for k, v in vars(args).items() if k != "cmd" and v is not None}
             build(BuildOptions.create(**kw))

@@ -63,7 +63,16 @@ def load_model_config(path: str) -> ModelConfig:
         raise UnsupportedModelError(f"no config.json in checkpoint folder '{path}'")
     with open(cfg_path) as f:
         cfg = json.load(f)
+    eos: list[int] = []
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            eos = _as_list(json.load(f).get("eos_token_id"))
+    return model_config_from_dict(cfg, eos)
 
+
+def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[int]] = None) -> ModelConfig:
+    """A checkpoint's config.json, already parsed; generation_config.json's EOS ids win."""
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
@@ -97,11 +106,7 @@ def load_model_config(path: str) -> ModelConfig:
     else:
         windows = tuple(None for _ in range(num_layers))
 
-    eos = _as_list(cfg.get("eos_token_id"))
-    gen_path = os.path.join(path, "generation_config.json")
-    if os.path.isfile(gen_path):
-        with open(gen_path) as f:
-            eos = _as_list(json.load(f).get("eos_token_id")) or eos
+    eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
     quant = cfg.get("quantization_config")
     if quant is not None and quant.get("quant_method") != "paged_llm_fp8":

@@ -1,0 +1,186 @@
+"""Capacity and cost planner: `python -m builder plan`.
+
+For a checkpoint (or a named public config) and a GPU: weight bytes per dtype, KV bytes
+per token, how many sequences fit at given context lengths for each tensor-parallel
+size, and for a workload the replicas, monthly cost, cost per million tokens and the
+volume at which self-hosting breaks even with an API price.
+
+The memory rows follow the engine's own rules, so that they agree with what it
+allocates (tests/unit/builder/test_plan.py checks them against a loaded engine):
+weights are the parameters the engine loads (fused projections have the same counts);
+KV is 2 x layers x kv_heads x head_dim x element size per token, allocated in blocks of
+`block_size` tokens; on a GPU the budget is memory x `gpu_memory_utilization` minus the
+weights and the decode CUDA graphs' pool. With tensor parallelism (Megatron-style) each
+rank holds 1/tp of the sharded weights and of the KV heads, a whole KV head when there
+are fewer heads than ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from backend.engine.cuda_graphs import estimate_graph_bytes
+from backend.models.config import ModelConfig
+
+HOURS_PER_MONTH = 720  # 30 days: the usual cloud pricing month
+
+# name: (memory GiB, on-demand $/h); override with --gpu-memory-gb / --gpu-price-per-hour.
+GPUS = {"H100-80GB": (80, 4.50), "H200-141GB": (141, 5.50), "A100-80GB": (80, 3.50),
+        "A100-40GB": (40, 2.50), "L40S-48GB": (48, 1.80), "L4-24GB": (24, 0.80)}
+# Bytes per weight of the linear layers; embeddings, lm_head and norms stay 16-bit.
+# Scales: FP8 and INT8 one fp32 per output channel, INT4 one bf16 per group of 128.
+WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1}
+
+
+@dataclass
+class ParamCounts:
+    linear: int           # q/k/v/o and gate/up/down weights (what quantization shrinks)
+    linear_rows: int      # their output channels (one scale each for fp8/int8)
+    other: int            # embedding, lm_head, norms, biases (kept 16-bit)
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.other
+
+
+def count_params(cfg: ModelConfig) -> ParamCounts:
+    h, hd, layers = cfg.hidden_size, cfg.head_dim, cfg.num_layers
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    linear_per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
+    rows_per_layer = (q + 2 * kv) + h + 2 * cfg.intermediate_size + h
+    other_per_layer = 2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (2 * hd if cfg.qk_norm else 0)
+    embed = cfg.vocab_size * h
+    other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
+    return ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
+    """Bytes of weights on one rank."""
+    p = count_params(cfg)
+    if dtype == "float32":
+        return p.total * 4 // tp
+    linear = p.linear * WEIGHT_DTYPES[dtype]
+    if dtype in ("fp8", "int8"):
+        linear += p.linear_rows * 4
+    elif dtype == "int4":
+        linear += p.linear / 128 * 2
+    return int((linear + p.other * 2) / tp)
+
+
+def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
+    return max(cfg.num_kv_heads // tp, 1) if cfg.num_kv_heads >= tp else 1
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1) -> int:
+    return 2 * cfg.num_layers * kv_heads_per_rank(cfg, tp) * cfg.head_dim * KV_DTYPES[kv_dtype]
+
+
+def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1) -> int:
+    """Blocks the engine allocates from a KV budget (its `_blocks_from_budget`)."""
+    return max(budget_bytes // (kv_bytes_per_token(cfg, kv_dtype, tp) * block_size), 0)
+
+
+def max_sequences(blocks: int, context_len: int, block_size: int) -> int:
+    """Sequences of `context_len` tokens that fit in `blocks` at once (no prefix sharing)."""
+    return blocks // math.ceil(context_len / block_size)
+
+
+@dataclass
+class MemoryRow:
+    tp: int
+    weights: str
+    weight_bytes_per_rank: int
+    cuda_graph_bytes: int
+    kv_budget_bytes_per_rank: int
+    kv_bytes_per_token_per_rank: int
+    kv_blocks: int
+    max_sequences: dict[int, int]  # context length -> sequences
+    fits: bool
+
+
+def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: float, weights: list[str],
+                kv_dtype: str, tps: list[int], context_lens: list[int], block_size: int,
+                max_num_seqs: int) -> list[MemoryRow]:
+    rows = []
+    act_bytes = 4 if kv_dtype == "float32" else 2
+    for tp in tps:
+        for w in weights:
+            wb = weight_bytes(cfg, w, tp)
+            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes)
+            budget = int(gpu_memory_gb * 2**30 * gpu_memory_utilization) - wb - graphs
+            blocks = kv_blocks(max(budget, 0), cfg, kv_dtype, block_size, tp)
+            rows.append(MemoryRow(tp, w, wb, graphs, max(budget, 0), kv_bytes_per_token(cfg, kv_dtype, tp), blocks,
+                                  {n: max_sequences(blocks, n, block_size) for n in context_lens}, blocks > 0))
+    return rows
+
+
+@dataclass
+class CostPlan:
+    gpus_per_replica: int
+    replicas: int
+    gpu_price_per_hour: float
+    monthly_cost: float
+    monthly_tokens: float
+    cost_per_million_tokens: Optional[float]
+    api_price_per_million: Optional[float]
+    break_even_tokens_per_month: Optional[float]
+
+
+def cost_plan(gpu_price_per_hour: float, tp: int = 1, requests_per_day: float = 0.0, input_tokens: int = 0,
+              output_tokens: int = 0, output_tokens_per_s: Optional[float] = None,
+              api_price_per_million: Optional[float] = None) -> CostPlan:
+    """Replicas from the output-token rate the workload needs and what one replica
+    sustains (measured with `clients.bench`, or entered); at least one."""
+    need = requests_per_day * output_tokens / 86400
+    replicas = max(1, math.ceil(need / output_tokens_per_s)) if output_tokens_per_s else 1
+    monthly = replicas * tp * gpu_price_per_hour * HOURS_PER_MONTH
+    tokens = requests_per_day * 30 * (input_tokens + output_tokens)
+    per_million = monthly / (tokens / 1e6) if tokens else None
+    break_even = monthly / api_price_per_million * 1e6 if api_price_per_million else None
+    return CostPlan(tp, replicas, gpu_price_per_hour, monthly, tokens, per_million, api_price_per_million,
+                    break_even)
+
+
+def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan]) -> str:
+    gib = 2**30
+    ctx = sorted(rows[0].max_sequences) if rows else []
+    out = [f"{name} on {gpu}",
+           f"{'tp':>3} {'weights':>8} {'GiB/rank':>9} {'KV KiB/token':>13} {'KV GiB/rank':>12} "
+           + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx)]
+    for r in rows:
+        seqs = " ".join(f"{r.max_sequences[n]:>11,}" for n in ctx) if r.fits else "does not fit".rjust(11)
+        out.append(f"{r.tp:>3} {r.weights:>8} {r.weight_bytes_per_rank / gib:>9.2f} "
+                   f"{r.kv_bytes_per_token_per_rank / 1024:>13.1f} {r.kv_budget_bytes_per_rank / gib:>12.2f} {seqs}")
+    if cost:
+        out.append(f"workload: {cost.replicas} replica(s) x {cost.gpus_per_replica} GPU(s) at "
+                   f"${cost.gpu_price_per_hour:.2f}/h = ${cost.monthly_cost:,.0f}/month")
+        if cost.cost_per_million_tokens is not None:
+            out.append(f"  {cost.monthly_tokens / 1e6:,.1f}M tokens/month: ${cost.cost_per_million_tokens:,.2f} "
+                       "per million tokens")
+        if cost.break_even_tokens_per_month is not None:
+            out.append(f"  break-even with an API at ${cost.api_price_per_million:g}/M tokens: "
+                       f"{cost.break_even_tokens_per_month / 1e6:,.1f}M tokens/month")
+    return "\n".join(out)
+
+
+def as_json(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan]) -> dict:
+    return {"model": name, "gpu": gpu, "memory": [asdict(r) for r in rows],
+            "cost": asdict(cost) if cost else None}
+
+
+def _llama(vocab, hidden, inter, layers, heads, kv, arch="LlamaForCausalLM", **extra) -> dict:
+    return {"architectures": [arch], "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", **extra}
+
+
+# Dimensions of public configs, for planning without the checkpoint at hand.
+NAMED_CONFIGS = {
+    "llama-3.1-8b": _llama(128256, 4096, 14336, 32, 32, 8, rope_theta=500000.0),
+    "llama-3.1-70b": _llama(128256, 8192, 28672, 80, 64, 8, rope_theta=500000.0),
+    "mistral-7b-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, arch="MistralForCausalLM"),
+    "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
+}

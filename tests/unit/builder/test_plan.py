@@ -1,0 +1,73 @@
+"""The planner's memory rows against what the engine allocates, its arithmetic against a
+worked example, and the CLI."""
+
+import json
+
+import pytest
+
+from backend import LLM
+from backend.models.config import load_model_config, model_config_from_dict
+from builder import plan
+from builder.__main__ import main
+from tests.helpers.checkpoints import make_checkpoint
+
+
+def engine_weight_bytes(llm) -> int:
+    seen, total = set(), 0
+    for p in llm.engine.model.parameters():
+        if p.data_ptr() not in seen:  # tied embeddings count once
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+@pytest.mark.parametrize("arch,kv_dtype,block_size", [("llama", "auto", 16), ("qwen2", "auto", 8),
+                                                      ("qwen3", "fp8", 4)])
+def test_memory_rows_equal_the_engines_own_figures(ckpt_dir, arch, kv_dtype, block_size):
+    path = make_checkpoint(str(ckpt_dir / arch), arch)
+    cfg = load_model_config(path)
+    budget = 3_000_000
+    llm = LLM(path, dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget, kv_cache_dtype=kv_dtype)
+    e = llm.engine
+    plan_kv = "fp8" if kv_dtype == "fp8" else "float32"
+    assert plan.kv_bytes_per_token(cfg, plan_kv) == e.kv_cache_bytes // (e.num_kv_blocks * block_size)
+    assert plan.kv_blocks(budget, cfg, plan_kv, block_size) == e.num_kv_blocks
+    assert plan.weight_bytes(cfg, "float32") == engine_weight_bytes(llm)
+    # Sequences of 200 tokens that fit: what the block manager can hand out at once.
+    n = plan.max_sequences(e.num_kv_blocks, 200, block_size)
+    assert n == e.num_kv_blocks // -(-200 // block_size) and n > 0
+
+
+def test_public_config_counts_and_tensor_parallel_shards():
+    cfg = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-8b"])
+    assert plan.count_params(cfg).total == 8_030_261_248  # Llama 3.1 8B's published count
+    assert plan.weight_bytes(cfg, "bf16") == 2 * 8_030_261_248
+    assert plan.weight_bytes(cfg, "bf16", tp=2) == 8_030_261_248
+    assert plan.weight_bytes(cfg, "int4") < plan.weight_bytes(cfg, "fp8") < plan.weight_bytes(cfg, "bf16")
+    assert plan.kv_bytes_per_token(cfg, "bf16") == 2 * 32 * 8 * 128 * 2  # 128 KiB
+    assert plan.kv_heads_per_rank(cfg, 2) == 4 and plan.kv_heads_per_rank(cfg, 16) == 1  # replicated
+
+
+def test_worked_cost_example():
+    """An A100 at $3.50/h is $2,520 a month; against $40 per million API tokens the
+    break-even is 63M tokens a month."""
+    c = plan.cost_plan(3.50, api_price_per_million=40.0)
+    assert c.replicas == 1 and c.monthly_cost == pytest.approx(2520.0)
+    assert c.break_even_tokens_per_month == pytest.approx(63e6)
+    # 1M requests/day of 500 output tokens need 5,787 tok/s: 3 replicas at 2,000 tok/s.
+    c = plan.cost_plan(3.50, 2, 1e6, 1000, 500, output_tokens_per_s=2000.0)
+    assert c.replicas == 3 and c.monthly_cost == pytest.approx(3 * 2 * 3.50 * 720)
+    assert c.cost_per_million_tokens == pytest.approx(c.monthly_cost / (1e6 * 30 * 1500 / 1e6))
+
+
+def test_cli_table_and_json(tmp_path, capsys, llama_ckpt):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--api-price-per-million", "40",
+                 "--tp", "1", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "$2,520/month" in text and "63.0M tokens/month" in text
+    data = json.loads(out.read_text())
+    assert {r["tp"] for r in data["memory"]} == {1, 2} and data["cost"]["monthly_cost"] == pytest.approx(2520)
+    assert main(["plan", "--checkpoint", llama_ckpt, "--gpu-memory-gb", "1", "--gpu-price-per-hour", "1",
+                 "--weights", "float32", "--kv-cache", "float32", "--tp", "1"]) == 0
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "TPU"]) != 0
