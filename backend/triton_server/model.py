@@ -188,7 +188,6 @@ class TritonPythonModel:
         self._seen_ready = False
         self._readiness_failures = 0
         self._draining = False
-        self._unhealthy_kind = ""
         self.health = HealthReporter.from_env(args["model_instance_name"], self.model_name,
                                               self.settings.engine_stall_timeout_s)
         if self.health:
@@ -356,7 +355,6 @@ class TritonPythonModel:
         else:
             kind, cause = ENGINE_STALLED, (f"requests were waiting and no engine step completed for "
                                            f"{self.settings.engine_stall_timeout_s}s")
-        self._unhealthy_kind = kind
         self.logger.log_error(f"[paged_llm] unhealthy: {cause}; unloading model '{self.model_name}'")
         if self.health:
             self.health.unhealthy(kind, cause)
