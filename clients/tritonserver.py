@@ -24,10 +24,11 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
 import urllib.request
 import zipfile
 from typing import Optional
+
+from supervisor.triton_api import TritonAPI, http_request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIRD_PARTY = os.path.join(ROOT, "third_party")
@@ -189,28 +190,15 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s}s:\n{self.log_tail()}")
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
+        return TritonAPI(self.http_url).server_ready()
 
     def model_ready(self, model: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
+        return TritonAPI(self.http_url).model_ready(model)
 
     def supervisor(self, path: str = "/status") -> tuple[int, str]:
         """(HTTP status, body) of one of the supervisor's endpoints; (0, error) if unreachable."""
-        try:
-            with urllib.request.urlopen(self.supervisor_url + path, timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError as e:
-            return 0, str(e)
+        status, body = http_request(self.supervisor_url + path)
+        return status or 0, body
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:

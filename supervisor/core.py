@@ -145,9 +145,9 @@ class Supervisor:
     def _reload(self, model: str) -> bool:
         self.api.unload(model)
         deadline = time.monotonic() + 30.0
-        while self.api.model_state(model) in ("READY", "UNLOADING") and time.monotonic() < deadline:
+        while (state := self.api.model_state(model)) in ("READY", "UNLOADING") and time.monotonic() < deadline:
             time.sleep(0.1)
-        if self.api.model_state(model) in ("READY", "UNLOADING"):
+        if state in ("READY", "UNLOADING"):
             log.error("model '%s' did not finish unloading", model)
             return False
         ok, body = self.api.load(model, self.o.startup_timeout_s)

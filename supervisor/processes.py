@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from typing import Optional
 
 STUB_BINARY = "triton_python_backend_stub"
 
@@ -15,6 +16,7 @@ class Stub:
     pid: int
     instance: str    # Triton's model instance name, e.g. "llm_0_0"
     shm_region: str  # the stub's shared-memory region under /dev/shm
+    model_path: str  # the model.py it runs (inside the model repository)
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -43,19 +45,19 @@ def alive(pid: int, instance: str = "") -> bool:
     return not instance or instance in _cmdline(pid)
 
 
-def stubs_of(server_pid: int) -> list[Stub]:
-    """The server's python-backend stub processes. Their argv is
+def stubs_of(server_pid: Optional[int] = None) -> list[Stub]:
+    """Python-backend stub processes: the server's, or every one with no pid. Their argv is
     stub, model.py, shm region, shm sizes..., parent pid, backend dir, ipc handle, instance name, ..."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
-        if _stat(pid)[1] != server_pid:
+        if server_pid is not None and _stat(pid)[1] != server_pid:
             continue
         argv = _cmdline(pid)
         if argv and argv[0].endswith(STUB_BINARY) and len(argv) > 8:
-            found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2]))
+            found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2], model_path=argv[1]))
     return found
 
 

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 from typing import Optional
+
+
+def http_request(url: str, method: str = "GET", timeout_s: float = 5.0) -> tuple[Optional[int], str]:
+    """(status, body) of one HTTP call, error statuses included; status None when the
+    server cannot be reached."""
+    data = b"" if method == "POST" else None
+    request = urllib.request.Request(url, method=method, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return None, str(e)
 
 
 class TritonAPI:
@@ -13,16 +28,7 @@ class TritonAPI:
         self.base = f"http://{http_url}"
 
     def _call(self, method: str, path: str, timeout_s: float) -> tuple[Optional[int], str]:
-        """(status, body); status None when the server cannot be reached."""
-        data = b"" if method == "POST" else None
-        request = urllib.request.Request(self.base + path, method=method, data=data)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
-        except (OSError, ValueError) as e:
-            return None, str(e)
+        return http_request(self.base + path, method, timeout_s)
 
     def server_ready(self, timeout_s: float = 2.0) -> bool:
         return self._call("GET", "/v2/health/ready", timeout_s)[0] == 200

@@ -19,8 +19,8 @@ from backend.config import ConfigError, EngineArgs
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs, estimate_graph_bytes
 from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
-from backend.engine.logprobs import TokenLogprobs
 from backend.engine.errors import InvalidRequestError, QueueFullError
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.outputs import RequestOutput
 from backend.engine.request import FinishReason, Request

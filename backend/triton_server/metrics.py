@@ -4,7 +4,6 @@ metrics API. Names are prefixed `llm_`; each carries the label model=<name>."""
 from __future__ import annotations
 
 import gc
-
 import time
 from collections import deque
 

@@ -173,14 +173,10 @@ def parse_request(inputs: dict[str, np.ndarray],
         raise InvalidRequestError("the request has no prompt: 'text_input' is missing or empty "
                                   "(and no 'input_ids' were sent)")
 
-    fields: dict[str, Any] = {}
+    raw = request_parameters
     if "sampling_parameters" in inputs:
         raw = _text("sampling_parameters", _scalar("sampling_parameters", inputs["sampling_parameters"]))
-        for key, value in parse_sampling_json(raw).items():
-            fields[key] = _coerce_json_value(key, value)
-    elif request_parameters.strip() not in ("", "{}"):
-        for key, value in parse_sampling_json(request_parameters).items():
-            fields[key] = _coerce_json_value(key, value)
+    fields: dict[str, Any] = {key: _coerce_json_value(key, value) for key, value in parse_sampling_json(raw).items()}
 
     def merge(key: str, value: Any, source: str) -> None:
         if key in fields and fields[key] != value:

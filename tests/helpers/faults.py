@@ -41,10 +41,8 @@ def trigger(repo: str, fault: str, name: str = "llm") -> None:
 
 def backend_pid(repo: str, instance: str = "llm_0_0") -> int:
     """The pid of the python-backend stub serving `instance` from `repo`."""
-    from supervisor.processes import STUB_BINARY, _cmdline
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            argv = _cmdline(int(entry))
-            if len(argv) > 8 and argv[0].endswith(STUB_BINARY) and argv[1].startswith(repo) and argv[8] == instance:
-                return int(entry)
+    from supervisor.processes import stubs_of
+    for stub in stubs_of():
+        if stub.model_path.startswith(repo) and stub.instance == instance:
+            return stub.pid
     raise LookupError(f"no backend process for {instance} of {repo}")

@@ -7,8 +7,6 @@ import glob
 import inspect
 import os
 import re
-import urllib.error
-import urllib.request
 
 import pytest
 import yaml
@@ -18,6 +16,7 @@ from backend.triton_server.serving_config import ServerSettings
 from clients.tritonserver import free_port
 from supervisor.core import SupervisorOptions
 from supervisor.status import SERVING, StatusServer, SupervisorStatus
+from supervisor.triton_api import http_request
 from tests.helpers.k8s_schema import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,11 +63,7 @@ def test_probes_hit_supervisor_endpoints_that_answer():
     server = StatusServer(port, status, lambda: True, host="127.0.0.1").start()
     try:
         for probe in probes.values():
-            try:
-                code = urllib.request.urlopen(f"http://127.0.0.1:{port}{probe['path']}", timeout=5).status
-            except urllib.error.HTTPError as e:
-                code = e.code
-            assert code == 200, probe
+            assert http_request(f"http://127.0.0.1:{port}{probe['path']}")[0] == 200, probe
     finally:
         server.stop()
 

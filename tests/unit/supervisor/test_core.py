@@ -9,19 +9,9 @@ import time
 import pytest
 
 from backend.triton_server.health_report import HealthReport, write_report
-from supervisor import processes
 from supervisor.core import Supervisor, SupervisorOptions
 from supervisor.status import FAILED, SERVING, Failure
-
-
-def child(*argv: str) -> subprocess.Popen:
-    """A python child sleeping, with extra argv words (an instance name in its cmdline)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
-    for _ in range(100):  # right after fork the child's cmdline is still its parent's
-        if not argv or argv[-1] in processes._cmdline(p.pid):
-            break
-        time.sleep(0.02)
-    return p
+from tests.helpers.children import sleeping_child as child
 
 
 @pytest.fixture

@@ -4,20 +4,12 @@ import sys
 import time
 
 from supervisor import processes
-
-
-def wait_exec(pid: int, word: str) -> None:
-    """Right after fork the child's cmdline is still its parent's."""
-    for _ in range(100):
-        if word in processes._cmdline(pid):
-            return
-        time.sleep(0.02)
+from tests.helpers.children import sleeping_child
 
 
 def test_alive_checks_the_process_and_its_identity():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "llm_0_0"])
+    p = sleeping_child("llm_0_0")
     try:
-        wait_exec(p.pid, "llm_0_0")
         assert processes.alive(p.pid) and processes.alive(p.pid, "llm_0_0")
         assert not processes.alive(p.pid, "llm_1_0")
     finally:
@@ -37,7 +29,8 @@ def test_stubs_of_reads_the_stub_argv():
             if stubs:
                 break
             time.sleep(0.05)
-        assert stubs == [processes.Stub(pid=p.pid, instance="llm_0_0", shm_region=code)]
+        assert stubs == [processes.Stub(pid=p.pid, instance="llm_0_0", shm_region=code, model_path="-c")]
+        assert stubs[0] in processes.stubs_of()  # without a parent: every stub
     finally:
         p.kill()
         p.wait()

@@ -1,17 +1,12 @@
 import json
-import urllib.error
-import urllib.request
 
 from clients.tritonserver import free_port
 from supervisor.status import FAILED, SERVING, Failure, StatusServer, SupervisorStatus
+from supervisor.triton_api import http_request
 
 
 def get(port, path):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_request(f"http://127.0.0.1:{port}{path}")
 
 
 def test_prometheus_text_counts_failures_and_recoveries():
