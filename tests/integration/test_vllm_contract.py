@@ -58,6 +58,7 @@ def test_cumulative_without_logprobs_says_null(server, offline):
 def test_too_many_logprobs_is_a_clear_error(server):
     res = StreamingRequest(server.grpc_url).run(PROMPT, {"max_tokens": 2, "logprobs": 21}, extra=FLAGS)
     assert res.error and "logprobs" in res.error
+    wait_blocks_free(server)
 
 
 def test_streamed_rank_one_tokens_spell_the_text(server):
