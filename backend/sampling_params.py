@@ -17,6 +17,9 @@ class SamplingParamsError(ValueError):
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # Sequences to generate for the prompt (vLLM's `n`). The engine runs one sequence
+    # per request: a caller fans n > 1 out (backend.engine.parallel_sampling).
+    n: int = Field(1, ge=1, le=64)
     max_tokens: Optional[int] = Field(16, ge=1)
     min_tokens: int = Field(0, ge=0)
     temperature: float = Field(1.0, ge=0.0)

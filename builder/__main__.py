@@ -9,6 +9,7 @@ import sys
 from builder.build import BuildError, BuildOptions, build
 from builder.plan import GPUS, KV_DTYPES, NAMED_CONFIGS, WEIGHT_DTYPES
 from builder.tiny import build_tiny
+from builder.trtllm_models import write_fronts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CHECKPOINT = os.path.join(ROOT, "models", "tiny-llama")
@@ -83,9 +84,17 @@ def main(argv=None) -> int:
     p.add_argument("--api-price-per-million", type=float)
     p.add_argument("--json", help="also write the plan here")
 
-    d = sub.add_parser("default", help="make sure model_repository/llm holds the default model")
+    d = sub.add_parser("default", help="make sure model_repository/llm holds the default model, with "
+                                        "TensorRT-LLM's ensemble, tensorrt_llm_bls and tensorrt_llm in front of it")
     d.add_argument("--repository", default="model_repository")
     d.add_argument("--force", action="store_true")
+
+    f = sub.add_parser("trtllm-models", help="add TensorRT-LLM's ensemble, tensorrt_llm_bls and tensorrt_llm "
+                                             "entries in front of a model of a repository")
+    f.add_argument("--repository", default="model_repository")
+    f.add_argument("--llm-model", default="llm", help="the model they forward to")
+    f.add_argument("--max-batch-size", type=int, default=64)
+    f.add_argument("--force", action="store_true")
 
     args = ap.parse_args(argv)
     try:
@@ -94,11 +103,15 @@ def main(argv=None) -> int:
             print(f"wrote {args.output}")
         elif args.cmd == "plan":
             return _plan(args)
+        elif args.cmd == "trtllm-models":
+            written = write_fronts(args.repository, args.llm_model, args.max_batch_size, args.force)
+            print(f"wrote {', '.join(written) or 'nothing (entries exist; --force rewrites)'} in {args.repository}")
         elif args.cmd == "build":
             kw = {k: v for k, v in vars(args).items() if k != "cmd" and v is not None}
             build(BuildOptions.create(**kw))
         else:
             target = os.path.join(args.repository, "llm")
+            write_fronts(args.repository, "llm", force=args.force)
             if os.path.isfile(os.path.join(target, "config.pbtxt")) and not args.force:
                 print(f"{target} exists")
                 return 0

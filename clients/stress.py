@@ -99,7 +99,7 @@ def run_stress(url: str, metrics_url: str, streams: int = 300, concurrency: int 
     with ThreadPoolExecutor(8) as pool:
         refs = dict(zip(survivors, pool.map(lambda i: StreamingRequest(url).run(_prompt(i), greedy).token_ids,
                                             survivors)))
-    preempt_before = scrape(metrics_url, "llm_num_preemptions_total")
+    preempt_before = scrape(metrics_url, "vllm:num_preemptions_total")
     t0 = time.monotonic()
     deadline = t0 + time_limit_s
     peak_rss = server_rss_mb()
@@ -135,7 +135,7 @@ def run_stress(url: str, metrics_url: str, streams: int = 300, concurrency: int 
     leaked = float("nan")
     for _ in range(100):
         leaked = scrape(metrics_url, "llm_kv_cache_blocks_used")
-        busy = scrape(metrics_url, "llm_num_requests_running") + scrape(metrics_url, "llm_num_requests_waiting")
+        busy = scrape(metrics_url, "vllm:num_requests_running") + scrape(metrics_url, "vllm:num_requests_waiting")
         if leaked == 0 and busy == 0:
             break
         time.sleep(0.1)
@@ -151,7 +151,7 @@ def run_stress(url: str, metrics_url: str, streams: int = 300, concurrency: int 
         rejected=sum(1 for r in done if r.error),
         survivors_checked=len(survivors) - failed_survivors,
         survivors_mismatched=mismatched + failed_survivors,
-        preemptions=scrape(metrics_url, "llm_num_preemptions_total") - preempt_before,
+        preemptions=scrape(metrics_url, "vllm:num_preemptions_total") - preempt_before,
         leaked_blocks=leaked, peak_rss_mb=round(peak_rss, 1), duration_s=round(time.monotonic() - t0, 1))
 
 

@@ -29,6 +29,11 @@ class RequestCancelled(RuntimeError):
     """The request was aborted by its caller."""
 
 
+class RequestStopped(RequestCancelled):
+    """The request was ended on purpose (TensorRT-LLM's `stop`): its caller gets what was
+    generated so far as a normal final output, finish_reason "abort", not an error."""
+
+
 @dataclass
 class _Add:
     prompt: Prompt

@@ -161,6 +161,9 @@ class LLMEngine:
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
         params = params or SamplingParams()
+        if params.n != 1:
+            raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
+                                      "fan n > 1 out with backend.engine.parallel_sampling.child_requests")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")

@@ -1,43 +1,107 @@
-"""Engine metrics on Triton's metrics endpoint, through the python backend's custom
-metrics API. Names are prefixed `llm_`; each carries the label model=<name>."""
+"""Engine metrics on Triton's metrics endpoint, under the names of Triton's vLLM backend.
+
+vLLM-backend users' dashboards and alerts read `vllm:*` families labelled
+{model, version}: the eight families of the vLLM backend's `src/utils/metrics.py`, with
+its buckets and its way of observing (time per output token once per generated token
+after the first; the request histograms once per finished sequence), plus the gauges
+vLLM itself names (`vllm:num_requests_running`, ...). Quantities vLLM has no name for
+keep ours (`llm_*`). One name per quantity.
+
+Every metric call is IPC to the server, which can block while the server shuts down, so
+nothing here runs on the engine thread: the adapter records on its response thread and
+flushes right before a request's final response is sent (counts are visible by the
+time a client has its answer), and its watcher pushes the gauges.
+"""
 
 from __future__ import annotations
 
 import gc
-import time
+import threading
 from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
 
 import triton_python_backend_utils as pb_utils
 
-from backend.engine.outputs import RequestOutput
-
-LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+# The vLLM backend's buckets (its metrics.py, after vLLM's sample metrics).
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+N_BUCKETS = [1, 2, 5, 10, 20]
 REJECT_REASONS = ("invalid_request", "queue_full", "engine_unavailable", "cancelled")
 
 GAUGES = {
-    "llm_num_requests_running": "Requests currently scheduled in the running batch",
-    "llm_num_requests_waiting": "Requests waiting for admission",
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
     "llm_kv_cache_blocks_used": "KV-cache blocks referenced by requests",
     "llm_kv_cache_blocks_total": "KV-cache blocks in the pool",
-    "llm_kv_cache_usage_ratio": "Fraction of KV-cache blocks in use",
 }
+# Engine totals, pushed as increments.
 COUNTERS = {
-    "llm_prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache",
-    "llm_num_preemptions_total": "Requests preempted (recomputed) because KV blocks ran out",
-    "llm_prompt_tokens_total": "Prompt tokens accepted",
-    "llm_generation_tokens_total": "Tokens generated",
+    "vllm:prompt_tokens_total": "Number of prefill tokens processed.",
+    "vllm:generation_tokens_total": "Number of generation tokens processed.",
+    "vllm:num_preemptions_total": "Cumulative number of preemption from the engine.",
+    "vllm:prefix_cache_queries_total": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
 }
 HISTOGRAMS = {
-    "llm_time_to_first_token_seconds": "Time from arrival to the first generated token",
-    "llm_time_per_output_token_seconds": "Mean time between generated tokens of a request, after the first",
-    "llm_e2e_request_latency_seconds": "Time from arrival to the final response",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
+    "vllm:e2e_request_latency_seconds": "Histogram of end to end request latency in seconds.",
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_params_n": "Histogram of the n request parameter.",
 }
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's helper of that name)."""
+    buckets, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10 ** exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+@dataclass
+class SequenceTiming:
+    """One finished sequence, as the response thread saw it (monotonic seconds)."""
+    arrival: float
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+    # One inter-token latency per engine output after the first token (vLLM's
+    # inter_token_latencies_iter).
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+    def on_tokens(self, now: float, count: int) -> None:
+        if count <= 0:
+            return
+        if self.first_token_time is None:
+            self.first_token_time = now
+        else:
+            self.inter_token_latencies.append(now - self.last_token_time)
+        self.last_token_time = now
+        self.num_generation_tokens += count
+
+
+def rejection_reason(error: BaseException) -> str:
+    from backend.engine.engine_loop import RequestCancelled
+    from backend.engine.errors import InvalidRequestError, QueueFullError
+    return ("invalid_request" if isinstance(error, InvalidRequestError) else
+            "queue_full" if isinstance(error, QueueFullError) else
+            "cancelled" if isinstance(error, RequestCancelled) else "engine_unavailable")
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, engine) -> None:
+    def __init__(self, model_name: str, model_version: str, engine) -> None:
         self.engine = engine
-        labels = {"model": model_name}
+        labels = {"model": model_name, "version": str(model_version)}
         MF = pb_utils.MetricFamily
         self._families = []  # keep families alive as long as their metrics
 
@@ -46,78 +110,100 @@ class EngineMetrics:
             self._families.append(f)
             return f
 
+        tokens_buckets = build_1_2_5_buckets(engine.max_model_len)
+        buckets = {"vllm:time_to_first_token_seconds": TTFT_BUCKETS,
+                   "vllm:time_per_output_token_seconds": TPOT_BUCKETS,
+                   "vllm:e2e_request_latency_seconds": E2E_BUCKETS,
+                   "vllm:request_prompt_tokens": tokens_buckets,
+                   "vllm:request_generation_tokens": tokens_buckets,
+                   "vllm:request_params_n": N_BUCKETS}
         self.gauges = {n: family(n, d, MF.GAUGE).Metric(labels=labels) for n, d in GAUGES.items()}
         self.counters = {n: family(n, d, MF.COUNTER).Metric(labels=labels) for n, d in COUNTERS.items()}
         rejected = family("llm_requests_rejected_total", "Requests that ended in an error, by reason", MF.COUNTER)
         self.rejected = {r: rejected.Metric(labels={**labels, "reason": r}) for r in REJECT_REASONS}
-        self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
+        self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets[n])
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in COUNTERS}
-        self._finished: deque = deque()
-        # Filled from other threads; deque append/popleft are thread-safe.
-        self._rejected: deque = deque()
+        # Filled from the response and execute threads; deque append/popleft are thread-safe.
+        self._pending: deque = deque()
         self._gauge_values: dict[str, float] = {}
+        self._lock = threading.Lock()  # flush() runs on the response and watcher threads
 
     def close(self) -> None:
         """Delete this model's series from Triton's registry, so that a model loaded again
         in the same server starts its counters from zero (Triton reuses a family and a
         labelled series that still exist). A call into the server per series: only when
         the server is not stopping."""
-        self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
-        self._families = []
+        with self._lock:
+            self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
+            self._families = []
         gc.collect()
 
+    # --------------------------------------------------------------- record
+    def on_rejected(self, reason: str) -> None:
+        self._pending.append(("rejected", reason))
+
+    def on_request(self, n: int) -> None:
+        """A request accepted with `n` sequences (vllm:request_params_n)."""
+        self._pending.append(("n", n))
+
+    def on_sequence_finished(self, timing: SequenceTiming, error: Optional[BaseException], now: float) -> None:
+        self._pending.append(("error", rejection_reason(error)) if error is not None else ("done", timing, now))
+
+    # ---------------------------------------------------------------- flush
     def _totals(self, stats: dict) -> dict[str, int]:
         return {
-            "llm_prefix_cache_hit_tokens_total": stats["prefix_cache_hit_tokens"],
-            "llm_num_preemptions_total": stats["num_preemptions"],
-            "llm_prompt_tokens_total": self.engine.num_prompt_tokens_total,
-            "llm_generation_tokens_total": self.engine.num_generation_tokens_total,
+            "vllm:prompt_tokens_total": self.engine.num_prompt_tokens_total,
+            "vllm:generation_tokens_total": self.engine.num_generation_tokens_total,
+            "vllm:num_preemptions_total": stats["num_preemptions"],
+            "vllm:prefix_cache_queries_total": stats["prefix_cache_queries"],
+            "vllm:prefix_cache_hits_total": stats["prefix_cache_hit_tokens"],
         }
 
+    def flush(self, stats: Optional[dict] = None) -> None:
+        """Push the engine's totals and every recorded observation. The engine counts a
+        request's tokens before it hands out the output, so a flush before a final
+        response covers that request."""
+        with self._lock:
+            if not self.counters:
+                return
+            stats = stats or self.engine.kv_cache_stats()
+            for name, total in self._totals(stats).items():
+                if total > self._last[name]:
+                    self.counters[name].increment(total - self._last[name])
+                    self._last[name] = total
+            while self._pending:
+                self._observe(self._pending.popleft())
+
     def update(self) -> None:
-        """Push what changed. Called from one thread only (the adapter's watcher): metric
-        calls are IPC to the server and can block while it shuts down, so they must never
-        run on the engine or response threads."""
+        """Periodic push (the watcher thread): totals, observations, gauges."""
         stats = self.engine.kv_cache_stats()
-        for name, total in self._totals(stats).items():
-            if total > self._last[name]:
-                self.counters[name].increment(total - self._last[name])
-                self._last[name] = total
-        while self._finished:
-            self._observe(*self._finished.popleft())
-        while self._rejected:
-            self.rejected[self._rejected.popleft()].increment(1)
-        self.update_gauges(stats)
+        self.flush(stats)
+        values = {"vllm:num_requests_running": stats["num_running"],
+                  "vllm:num_requests_waiting": stats["num_waiting"],
+                  "vllm:kv_cache_usage_perc": stats["usage_ratio"],
+                  "llm_kv_cache_blocks_used": stats["num_used_blocks"],
+                  "llm_kv_cache_blocks_total": stats["num_total_blocks"]}
+        with self._lock:
+            for name, value in values.items():
+                if name in self.gauges and self._gauge_values.get(name) != value:  # each set is a server call
+                    self.gauges[name].set(value)
+                    self._gauge_values[name] = value
 
-    def update_gauges(self, s: dict) -> None:
-        values = {"llm_num_requests_running": s["num_running"], "llm_num_requests_waiting": s["num_waiting"],
-                  "llm_kv_cache_blocks_used": s["num_used_blocks"], "llm_kv_cache_blocks_total": s["num_total_blocks"],
-                  "llm_kv_cache_usage_ratio": s["usage_ratio"]}
-        for name, value in values.items():
-            if self._gauge_values.get(name) != value:  # each set is a call into the server
-                self.gauges[name].set(value)
-                self._gauge_values[name] = value
-
-    def on_rejected(self, reason: str) -> None:
-        self._rejected.append(reason)
-
-    def on_finished(self, out: RequestOutput, arrival: float, first_token_time) -> None:
-        """Record only (any thread); update() reports it."""
-        self._finished.append((out, arrival, first_token_time, time.monotonic()))
-
-    def _observe(self, out: RequestOutput, arrival: float, first_token_time, now: float) -> None:
-        if out.error is not None:
-            from backend.engine.engine_loop import RequestCancelled
-            from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
-            reason = ("invalid_request" if isinstance(out.error, InvalidRequestError) else
-                      "queue_full" if isinstance(out.error, QueueFullError) else
-                      "cancelled" if isinstance(out.error, RequestCancelled) else "engine_unavailable")
-            self.rejected[reason].increment(1)
+    def _observe(self, item: tuple) -> None:
+        kind = item[0]
+        if kind in ("rejected", "error"):
+            self.rejected[item[1]].increment(1)
             return
-        self.histograms["llm_e2e_request_latency_seconds"].observe(now - arrival)
-        if first_token_time is not None:
-            self.histograms["llm_time_to_first_token_seconds"].observe(first_token_time - arrival)
-            if out.num_output_tokens > 1:
-                self.histograms["llm_time_per_output_token_seconds"].observe(
-                    (now - first_token_time) / (out.num_output_tokens - 1))
+        h = self.histograms
+        if kind == "n":
+            h["vllm:request_params_n"].observe(item[1])
+            return
+        timing, now = item[1], item[2]
+        h["vllm:e2e_request_latency_seconds"].observe(now - timing.arrival)
+        h["vllm:request_prompt_tokens"].observe(timing.num_prompt_tokens)
+        h["vllm:request_generation_tokens"].observe(timing.num_generation_tokens)
+        if timing.first_token_time is not None:
+            h["vllm:time_to_first_token_seconds"].observe(timing.first_token_time - timing.arrival)
+        for latency in timing.inter_token_latencies:
+            h["vllm:time_per_output_token_seconds"].observe(latency)

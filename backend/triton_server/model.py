@@ -26,31 +26,21 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backend.config import ConfigError
-from backend.engine.engine_loop import EngineLoop, RequestCancelled, error_output
-from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
+from backend.engine.engine_loop import EngineLoop, RequestCancelled, RequestStopped, error_output
+from backend.engine.errors import EngineDeadError, InvalidRequestError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
+from backend.engine.parallel_sampling import child_requests
+from backend.triton_server.errors import triton_error
 from backend.triton_server.health_report import ENGINE_FAILED, ENGINE_STALLED, HealthReporter
 from backend.triton_server.metrics import EngineMetrics
-from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, ParsedRequest, parse_request
+from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, parse_request
+from backend.triton_server.response_writer import FINAL, ResponseWriter
+from backend.triton_server import trtllm_front
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 from backend.triton_server.vllm_model_json import read_model_json
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _TICK = object()
-
-
-def triton_error(exc: BaseException) -> "pb_utils.TritonError":
-    """gRPC streaming delivers only an error's message, not its code, so codes a client
-    should act on (retry later, was cancelled) are also spelled out in the message."""
-    E = pb_utils.TritonError
-    if isinstance(exc, InvalidRequestError):
-        return E(str(exc), E.INVALID_ARG)
-    if isinstance(exc, (QueueFullError, EngineDeadError)):
-        return E(f"UNAVAILABLE: {exc}", E.UNAVAILABLE)
-    if isinstance(exc, RequestCancelled):
-        return E(f"CANCELLED: {exc}", E.CANCELLED)
-    return E(f"INTERNAL: {exc!r}", E.INTERNAL)
 
 
 def _log_local(message: str) -> None:
@@ -61,83 +51,16 @@ def _log_local(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class ResponseWriter:
-    """Turns one request's engine outputs into Triton responses (on the response thread)."""
-
-    def __init__(self, request_id: str, sender, parsed: ParsedRequest, arrival: float) -> None:
-        self.request_id = request_id
-        self.sender = sender
-        self.parsed = parsed
-        self.arrival = arrival
-        self.sent_prompt = False
-        self.text_parts: list[str] = []
-        self.first_token_time: Optional[float] = None
-        self.cumulative_logprob = 0.0
-        self.done = False          # FINAL sent (or the client is gone)
-        self.cancel_sent = False   # abort already requested
-
-    def handle(self, out: RequestOutput) -> None:
-        if self.done:
-            return
-        if out.error is not None:
-            self._send(pb_utils.InferenceResponse(error=triton_error(out.error)), FINAL)
-            return
-        if out.new_token_ids and self.first_token_time is None:
-            self.first_token_time = time.monotonic()
-        p = self.parsed
-        if p.stream:
-            text = out.new_text
-            if not p.exclude_input_in_output and not self.sent_prompt:
-                text, self.sent_prompt = p.prompt_text + text, True
-            self._send(self._response(text, out, len(out.new_token_ids), out.new_token_ids),
-                       FINAL if out.finished else 0)
-            return
-        self.text_parts.append(out.new_text)
-        if out.finished:
-            text = "".join(self.text_parts)
-            if not p.exclude_input_in_output:
-                text = p.prompt_text + text
-            self._send(self._response(text, out, out.num_output_tokens, out.token_ids), FINAL)
-
-    def _response(self, text: str, out: RequestOutput, n_tokens: int, token_ids: list[int]):
-        p = self.parsed
-        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-                   pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32))]
-        if p.return_finish_reason:
-            reason = out.finish_reason if out.finished else None  # "None" until the end, as vLLM
-            tensors.append(pb_utils.Tensor("finish_reason", np.array([str(reason).encode()], dtype=np.object_)))
-        if p.return_cumulative_logprob:
-            if out.cumulative_logprob is not None:
-                self.cumulative_logprob = out.cumulative_logprob
-            tensors.append(pb_utils.Tensor("cumulative_logprob",
-                                           np.array([self.cumulative_logprob], dtype=np.float32)))
-        if p.return_logprobs:
-            entries = out.new_logprobs if p.stream else out.logprobs
-            text = "null" if not p.logprobs_requested or entries is None else json.dumps(
-                [{str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-                  for t, lp in entry.items()} for entry in entries])
-            tensors.append(pb_utils.Tensor("logprobs", np.array([text.encode()], dtype=np.object_)))
-        if p.return_num_input_tokens:
-            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
-        if p.return_num_output_tokens:
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n_tokens], dtype=np.uint32)))
-        return pb_utils.InferenceResponse(output_tensors=tensors)
-
-    def _send(self, response, flags: int) -> None:
-        if flags & FINAL:
-            self.done = True
-        try:
-            self.sender.send(response, flags=flags)
-        except Exception:
-            # The client is gone; past FINAL there is nothing left to abort, before it
-            # the response thread aborts the request.
-            if not self.done:
-                raise
-
-
 class TritonPythonModel:
+    # Set when this model is a TensorRT-LLM-contract front of another model (config
+    # parameter `trtllm_contract`): it then only forwards to that model.
+    _front: Optional[trtllm_front.TrtLlmFront] = None
+
     @classmethod
     def auto_complete_config(cls, config):
+        contract = trtllm_front.contract_of(config.as_dict())
+        if contract:
+            return trtllm_front.auto_complete_config(config, contract)
         have_in = {i["name"] for i in config.as_dict().get("input", [])}
         have_out = {o["name"] for o in config.as_dict().get("output", [])}
         for spec in INPUT_SPECS:
@@ -155,6 +78,10 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.logger = pb_utils.Logger
         model_config = json.loads(args["model_config"])
+        contract = trtllm_front.contract_of(model_config)
+        if contract:
+            self._front = trtllm_front.TrtLlmFront(args, contract)
+            return
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise ConfigError("this backend needs model_transaction_policy { decoupled: true }")
         model_dir = args["model_repository"]
@@ -176,13 +103,14 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         self.engine = LLMEngine(engine_args)
         self.loop = EngineLoop(self.engine)
-        self.metrics = EngineMetrics(args["model_name"], self.engine) if self.settings.report_metrics else None
+        self.metrics = (EngineMetrics(args["model_name"], args.get("model_version", "1"), self.engine)
+                        if self.settings.report_metrics else None)
         self.loop.start()
 
         self._ids = itertools.count()
         self._inflight: dict[str, tuple[Any, ResponseWriter]] = {}
         self._inflight_lock = threading.Lock()
-        self._responses: "queue.Queue[Optional[tuple[ResponseWriter, RequestOutput]]]" = queue.Queue()
+        self._responses: "queue.Queue[Optional[tuple[ResponseWriter, int, RequestOutput]]]" = queue.Queue()
         self._stopping = threading.Event()
         self._unhealthy = False
         self._seen_ready = False
@@ -203,6 +131,8 @@ class TritonPythonModel:
 
     # ----------------------------------------------------------------- serve
     def execute(self, requests):
+        if self._front:
+            return self._front.execute(requests)
         self._seen_ready = True  # Triton only hands requests to a ready model
         for request in requests:
             try:
@@ -219,6 +149,9 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, spec["name"])
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
+        if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
+            self._stop(request.request_id(), sender)
+            return
         if self._unhealthy:
             sender.send(pb_utils.InferenceResponse(error=triton_error(EngineDeadError(
                 "the engine is unhealthy and the model is being reloaded; retry"))), flags=FINAL)
@@ -232,11 +165,30 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
             return
         request_id = f"{request.request_id() or 'req'}#{next(self._ids)}"
-        writer = ResponseWriter(request_id, sender, parsed, arrival)
+        children = child_requests(request_id, parsed.params)
+        writer = ResponseWriter(request_id, sender, parsed, arrival, [cid for cid, _ in children])
         with self._inflight_lock:
             self._inflight[request_id] = (request, writer)
-        self.loop.add_request(parsed.prompt, parsed.params, request_id,
-                              callback=lambda out, w=writer: self._responses.put((w, out)))
+        if self.metrics:
+            self.metrics.on_request(parsed.params.n)
+        for index, (child_id, params) in enumerate(children):
+            self.loop.add_request(parsed.prompt, params, child_id,
+                                  callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
+
+    def _stop(self, triton_request_id: str, sender) -> None:
+        """End every in-flight request sent with this request id (TensorRT-LLM's `stop`):
+        each sends what it has as its final response, not an error. (An error after
+        streamed responses never reaches a BLS caller in Python backend 24.10: the
+        TensorRT-LLM fronts stop their rows this way.)"""
+        if not triton_request_id:
+            raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
+        target = triton_request_id
+        with self._inflight_lock:
+            writers = [w for _, w in self._inflight.values() if w.request_id.rsplit("#", 1)[0] == target]
+        for writer in writers:
+            for child_id in writer.unfinished_child_ids:
+                self.loop.abort(child_id, RequestStopped(f"request '{target}' was stopped"))
+        sender.send(flags=FINAL)
 
     def _reject(self, request, exc: Exception) -> None:
         self.logger.log_error(f"[paged_llm] request failed: {traceback.format_exc()}")
@@ -264,18 +216,27 @@ class TritonPythonModel:
                 self._poll_cancellations()
                 next_poll = time.monotonic() + interval
 
-    def _send_output(self, writer: ResponseWriter, out: RequestOutput) -> None:
+    def _send_output(self, writer: ResponseWriter, index: int, out: RequestOutput) -> None:
         try:
-            writer.handle(out)
+            reply = writer.on_output(index, out)
+            if out.finished and self.metrics and (out.error is None or reply is not None):  # an error counts once
+                self.metrics.on_sequence_finished(writer.seqs[index].timing, out.error, time.monotonic())
+            if reply is not None:
+                response, flags = reply
+                if flags & FINAL and self.metrics and not self._draining:
+                    # Counts are visible by the time the client has its answer. Not while
+                    # the server stops: a metric call then can block for good.
+                    self.metrics.flush()
+                writer.send(response, flags)
         except Exception:
             _log_local(f"[paged_llm] could not send to {writer.request_id}; aborting it")
             writer.done = True
-            self.loop.abort(writer.request_id)
-        if out.finished or writer.done:
+        if writer.done:
+            # An error, a client gone or the last sequence: no sibling may run on.
+            for child_id in writer.unfinished_child_ids:
+                self.loop.abort(child_id)
             with self._inflight_lock:
                 self._inflight.pop(writer.request_id, None)
-        if out.finished and self.metrics:
-            self.metrics.on_finished(out, writer.arrival, writer.first_token_time)
 
     def _poll_cancellations(self) -> None:
         with self._inflight_lock:
@@ -289,7 +250,8 @@ class TritonPythonModel:
                 cancelled = True
             if cancelled:
                 writer.cancel_sent = True
-                self.loop.abort(request_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
+                for child_id in writer.unfinished_child_ids:
+                    self.loop.abort(child_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
 
     def _watch_loop(self) -> None:
         next_metrics = next_heartbeat = 0.0
@@ -362,7 +324,7 @@ class TritonPythonModel:
         with self._inflight_lock:
             writers = [w for _, w in self._inflight.values()]
         for writer in writers:  # a dead loop already failed them; a stalled one cannot
-            self._responses.put((writer, error_output(writer.request_id, error)))
+            self._responses.put((writer, 0, error_output(writer.request_id, error)))
         threading.Thread(target=self._unload_self, daemon=True).start()
 
     def _unload_self(self) -> None:
@@ -381,6 +343,8 @@ class TritonPythonModel:
         return not busy or time.monotonic() - self.loop.last_heartbeat < self.settings.engine_stall_timeout_s
 
     def finalize(self) -> None:
+        if self._front:
+            return self._front.finalize()
         if self._unhealthy:
             # In-flight requests already got their error; a stalled loop thread would
             # only hold the unload up (it is a daemon and dies with the process).

@@ -45,7 +45,9 @@ INPUT_SPECS: list[dict[str, Any]] = (
      {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
      {"name": "stop_words", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
      {"name": "end_id", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
-     {"name": "beam_width", "data_type": "TYPE_INT32", "dims": [1], "optional": True}]
+     {"name": "beam_width", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
+     # TensorRT-LLM's way to end a request: `stop` true, with that request's id.
+     {"name": "stop", "data_type": "TYPE_BOOL", "dims": [1], "optional": True}]
     + [{"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in BOOL_INPUTS]
     + [{"name": n, "data_type": t, "dims": [1], "optional": True} for n, t in (
         ("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_k", "TYPE_INT32"),

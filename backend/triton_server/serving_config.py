@@ -31,8 +31,13 @@ class ServerSettings(BaseModel):
 SERVER_KEYS = set(ServerSettings.model_fields)
 
 
+# config.pbtxt keys of Triton's vLLM backend that mean one of our settings.
+VLLM_BACKEND_KEYS = {"REPORT_CUSTOM_METRICS": "report_metrics"}
+
+
 def parameters_from_model_config(model_config: dict[str, Any]) -> dict[str, str]:
-    return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+    return {VLLM_BACKEND_KEYS.get(k, k): v.get("string_value", "")
+            for k, v in (model_config.get("parameters") or {}).items()}
 
 
 def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, ServerSettings]:

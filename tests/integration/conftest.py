@@ -33,10 +33,14 @@ def server(model_repo):
 
 
 def metric(server, name: str, labels: str = 'model="llm"') -> float:
-    pattern = re.compile(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", re.M)
-    m = pattern.search(server.metrics())
-    assert m, f"{name} not found in metrics"
-    return float(m.group(1))
+    """The value of the series of `name` whose labels include `labels` (every series of
+    ours also carries version="...", as the vLLM backend's do)."""
+    want = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", server.metrics(), re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if want.items() <= have.items():
+            return float(m.group(2))
+    raise AssertionError(f"{name}{{{labels}}} not found in metrics")
 
 
 def wait_blocks_free(server, timeout_s: float = 10.0, model: str = "llm") -> None:
@@ -45,8 +49,8 @@ def wait_blocks_free(server, timeout_s: float = 10.0, model: str = "llm") -> Non
     labels = f'model="{model}"'
     while True:
         used = metric(server, "llm_kv_cache_blocks_used", labels)
-        running = (metric(server, "llm_num_requests_running", labels)
-                   + metric(server, "llm_num_requests_waiting", labels))
+        running = (metric(server, "vllm:num_requests_running", labels)
+                   + metric(server, "vllm:num_requests_waiting", labels))
         if used == 0 and running == 0:
             return
         if time.monotonic() > deadline:

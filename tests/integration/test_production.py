@@ -99,8 +99,8 @@ def test_metrics_match_a_known_workload(server, tiny_ckpt):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_ckpt)
     wait_blocks_free(server)
-    names = ["llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_e2e_request_latency_seconds_count",
-             "llm_time_to_first_token_seconds_count"]
+    names = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count",
+             "vllm:time_to_first_token_seconds_count"]
     before = {n: metric(server, n) for n in names}
     invalid_before = metric(server, "llm_requests_rejected_total", 'model="llm",reason="invalid_request"')
     prompts = [f"The {w} statement is here" for w in ("if", "for", "while", "try", "with")]
@@ -109,10 +109,10 @@ def test_metrics_match_a_known_workload(server, tiny_ckpt):
         assert res.ok
     StreamingRequest(server.grpc_url).run("x", {"top_p": 7})
     expected = {
-        "llm_prompt_tokens_total": before["llm_prompt_tokens_total"] + sum(len(tok.encode(p)) for p in prompts),
-        "llm_generation_tokens_total": before["llm_generation_tokens_total"] + sum(range(5, 10)),
-        "llm_e2e_request_latency_seconds_count": before["llm_e2e_request_latency_seconds_count"] + 5,
-        "llm_time_to_first_token_seconds_count": before["llm_time_to_first_token_seconds_count"] + 5,
+        "vllm:prompt_tokens_total": before["vllm:prompt_tokens_total"] + sum(len(tok.encode(p)) for p in prompts),
+        "vllm:generation_tokens_total": before["vllm:generation_tokens_total"] + sum(range(5, 10)),
+        "vllm:e2e_request_latency_seconds_count": before["vllm:e2e_request_latency_seconds_count"] + 5,
+        "vllm:time_to_first_token_seconds_count": before["vllm:time_to_first_token_seconds_count"] + 5,
     }
     for name, value in expected.items():
         assert wait_metric(server, name, value) == value, name

@@ -94,7 +94,7 @@ def assert_recovered(srv, reference, load_time_s: float, t_fault: float) -> None
     # A fresh engine: empty pool, counters from zero (only the requests just made).
     wait_blocks_free(srv)
     expected = sum(len(r) for r in reference)
-    assert wait_metric(srv, "llm_generation_tokens_total", expected) == expected
+    assert wait_metric(srv, "vllm:generation_tokens_total", expected) == expected
 
 
 def shm_regions() -> set[str]:
@@ -109,7 +109,7 @@ def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
         reference = greedy(srv)
         for round_ in range(1, 4):
             streams = Streams(srv, 8)
-            wait_until(lambda: metric(srv, "llm_num_requests_running") == 8, 30)
+            wait_until(lambda: metric(srv, "vllm:num_requests_running") == 8, 30)
             t_kill = time.monotonic()
             os.kill(backend_pid(repo), signal.SIGKILL)
             not_ready = wait_until(lambda: not srv.model_ready("llm"), 5)
@@ -147,7 +147,7 @@ def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind)
     with running(srv):
         reference = greedy(srv)
         streams = Streams(srv, 4)
-        wait_until(lambda: metric(srv, "llm_num_requests_running") == 4, 30)
+        wait_until(lambda: metric(srv, "vllm:num_requests_running") == 4, 30)
         t_fault = time.monotonic()
         trigger(repo, fault)
         unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
@@ -169,7 +169,7 @@ def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path
     repo, srv, _ = started(tmp_path, tiny_ckpt)
     streams = Streams(srv, 2)
     try:
-        wait_until(lambda: metric(srv, "llm_num_requests_running") == 2, 30)
+        wait_until(lambda: metric(srv, "vllm:num_requests_running") == 2, 30)
         os.kill(backend_pid(repo), signal.SIGKILL)
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)

@@ -84,9 +84,11 @@ def test_autoscaler_reads_a_metric_the_backend_exports():
                   if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "GAUGES")
     m = manifests()
     metric = m["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
-    assert metric in gauges
     rules = yaml.safe_load(m["ConfigMap"]["data"]["config.yaml"])["rules"][0]
-    assert rules["seriesQuery"].startswith(metric + "{") and rules["name"]["as"] == metric
+    series = rules["seriesQuery"].split("{")[0]
+    assert series == "vllm:num_requests_waiting" and series in gauges
+    assert re.fullmatch(rules["name"]["matches"], series) and rules["name"]["as"] == metric
+    assert re.fullmatch(r"[a-z0-9_]+", metric)  # a custom-metric name: no colon
     assert m["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == m["Deployment"]["metadata"]["name"]
     labels = m["Deployment"]["spec"]["template"]["metadata"]["labels"]
     assert m["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == labels

@@ -1,0 +1,24 @@
+"""Parallel sampling (`n` > 1) as n one-sequence child requests.
+
+As vLLM v1 does it: the engine schedules, caches and samples one sequence per request;
+a request for n completions becomes n children that share the prompt (prefix caching
+computes its full blocks once) and whose seeds, when the request has one, are
+`seed + index`, so each child is reproducible on its own and the n differ.
+"""
+
+from __future__ import annotations
+
+from backend.sampling_params import SamplingParams
+
+
+def child_request_id(parent_id: str, index: int, n: int) -> str:
+    return parent_id if n == 1 else f"{parent_id}/{index}"
+
+
+def child_requests(parent_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
+    """(request id, sampling params) of each child, in index order. n == 1: the request itself."""
+    if params.n == 1:
+        return [(parent_id, params)]
+    return [(child_request_id(parent_id, i, params.n),
+             params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i}))
+            for i in range(params.n)]

@@ -1,0 +1,223 @@
+"""TensorRT-LLM's models (`ensemble`, `tensorrt_llm_bls`, `tensorrt_llm`) in front of `llm`,
+through a REAL tritonserver (its own, unsupervised: a repository of `llm` plus the three
+entries `builder default` writes), called the way TensorRT-LLM's end_to_end_grpc_client
+and inflight_batcher_llm_client call them: `[batch, 1]` tensors over gRPC streaming."""
+
+import os
+import queue
+from functools import partial
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from backend import LLM, SamplingParams
+from builder.build import BuildOptions, build
+from builder.trtllm_models import write_fronts
+from clients.tritonserver import TritonServer
+from tests.integration.conftest import wait_blocks_free
+
+PROMPTS = ["The yield statement", "Class definitions create"]
+
+
+@pytest.fixture(scope="module")
+def trt_server(tmp_path_factory, tiny_ckpt):
+    repo = tmp_path_factory.mktemp("trtllm_repo")
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", link=True,
+                              block_size=16, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
+                              max_model_len=1024), log=lambda *_: None)
+    assert write_fronts(str(repo)) == ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
+    with TritonServer(str(repo), log_path=os.path.join(str(repo), "..", "trtllm_server.log")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_ckpt):
+    return LLM(tiny_ckpt, block_size=16, num_kv_blocks=128)
+
+
+def tensor(name, value):
+    t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    t.set_data_from_numpy(value)
+    return t
+
+
+def infer(server, model, inputs: dict, outputs=("text_output",), request_id="r1", cancel_after=None):
+    """One request on its own stream; returns (responses, error)."""
+    done: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: done.put((result, error)))
+    client.async_stream_infer(model, [tensor(k, v) for k, v in inputs.items()], request_id=request_id,
+                              outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+                              enable_empty_final_response=True)
+    responses, error = [], None
+    while True:
+        result, err = done.get(timeout=60)
+        if err is not None:
+            error = str(err)
+            break
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+        responses.append(result)
+        if cancel_after is not None and len(responses) >= cancel_after:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+            return responses, "cancelled"
+    client.stop_stream()
+    client.close()
+    return responses, error
+
+
+def text_request(prompt, max_tokens=8, stream=False, **extra):
+    inputs = {"text_input": np.array([[prompt]], dtype=object), "max_tokens": np.array([[max_tokens]], np.int32),
+              "stream": np.array([[stream]]), "temperature": np.array([[1.0]], np.float32),
+              "beam_width": np.array([[1]], np.int32), "exclude_input_in_output": np.array([[False]])}
+    inputs.update(extra)
+    return inputs
+
+
+def greedy(offline, prompt, n=8, **kw):
+    return offline.generate(prompt, SamplingParams(max_tokens=n, temperature=0, **kw))[0]
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_models_serve_what_llm_serves(trt_server, offline, model, stream):
+    """As the TensorRT-LLM client sends it (temperature 1.0, no top_k/top_p: greedy in
+    TensorRT-LLM); not streamed the prompt is echoed (exclude_input_in_output false)."""
+    want = greedy(offline, PROMPTS[0])
+    responses, error = infer(trt_server, model, text_request(PROMPTS[0], stream=stream),
+                             outputs=("text_output", "batch_index", "sequence_index"))
+    assert error is None
+    texts = [r.as_numpy("text_output")[0].decode() for r in responses]
+    if stream:
+        assert len(texts) == len(want.token_ids) and "".join(texts) == want.text
+    else:
+        assert texts == [PROMPTS[0] + want.text]
+    assert all(r.as_numpy("batch_index")[0][0] == 0 and r.as_numpy("sequence_index")[0][0] == 0 for r in responses)
+    wait_blocks_free(trt_server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_token_model_serves_what_llm_serves(trt_server, offline, stream):
+    ids = offline.tokenizer.encode(PROMPTS[1])
+    want = greedy(offline, ids)
+    inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+              "request_output_len": np.array([[8]], np.int32), "streaming": np.array([[stream]]),
+              "end_id": np.array([[-1]], np.int32), "pad_id": np.array([[0]], np.int32)}
+    responses, error = infer(trt_server, "tensorrt_llm", inputs, outputs=("output_ids", "sequence_length"))
+    assert error is None
+    got = [list(r.as_numpy("output_ids")[0][0]) for r in responses]
+    lengths = [int(r.as_numpy("sequence_length")[0][0]) for r in responses]
+    if stream:  # only the new tokens, one response each
+        assert sum(got, []) == want.token_ids and lengths == [1] * len(want.token_ids)
+    else:  # the input echoed, as TensorRT-LLM does without exclude_input_in_output
+        assert got == [ids + want.token_ids] and lengths == [len(ids) + len(want.token_ids)]
+    wait_blocks_free(trt_server)
+
+
+def test_a_batch_of_two_rows(trt_server, offline):
+    inputs = {"text_input": np.array([[p] for p in PROMPTS], dtype=object),
+              "max_tokens": np.array([[6], [6]], np.int32), "exclude_input_in_output": np.array([[True], [True]])}
+    responses, error = infer(trt_server, "tensorrt_llm_bls", inputs, outputs=("text_output", "batch_index"))
+    assert error is None
+    by_row = {int(r.as_numpy("batch_index")[0][0]): r.as_numpy("text_output")[0].decode() for r in responses}
+    assert by_row == {i: greedy(offline, p, 6).text for i, p in enumerate(PROMPTS)}
+    wait_blocks_free(trt_server)
+
+
+def test_num_return_sequences_are_the_seeded_children(trt_server, offline):
+    """n sampled sequences: sequence i is the single request seeded random_seed + i."""
+    extra = {"num_return_sequences": np.array([[3]], np.int32), "random_seed": np.array([[5]], np.uint64),
+             "top_k": np.array([[50]], np.int32), "exclude_input_in_output": np.array([[True]])}
+    responses, error = infer(trt_server, "ensemble", text_request(PROMPTS[0], **extra),
+                             outputs=("text_output", "sequence_index"))
+    assert error is None
+    got = {int(r.as_numpy("sequence_index")[0][0]): r.as_numpy("text_output")[0].decode() for r in responses}
+    want = {i: offline.generate(PROMPTS[0], SamplingParams(max_tokens=8, temperature=1.0, top_k=50,
+                                                           seed=5 + i))[0].text for i in range(3)}
+    assert got == want and len(set(got.values())) > 1
+    wait_blocks_free(trt_server)
+
+
+def test_log_probs(trt_server, offline):
+    want = greedy(offline, PROMPTS[0], logprobs=0)
+    responses, error = infer(trt_server, "tensorrt_llm_bls",
+                             text_request(PROMPTS[0], return_log_probs=np.array([[True]])),
+                             outputs=("text_output", "cum_log_probs", "output_log_probs"))
+    assert error is None and len(responses) == 1
+    chosen = [e[t].logprob for e, t in zip(want.logprobs, want.token_ids)]
+    assert responses[0].as_numpy("output_log_probs")[0][0] == pytest.approx(chosen, abs=1e-4)
+    assert responses[0].as_numpy("cum_log_probs")[0][0] == pytest.approx(want.cumulative_logprob, abs=1e-4)
+    wait_blocks_free(trt_server)
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("bad_words", np.array([["the"]], dtype=object), "'bad_words'"),
+    ("embedding_bias_words", np.array([["the"]], dtype=object), "'embedding_bias_words'"),
+    ("beam_width", np.array([[2]], np.int32), "'beam_width'"),
+    ("return_context_logits", np.array([[True]]), "'return_context_logits'"),
+    ("return_generation_logits", np.array([[True]]), "'return_generation_logits'"),
+    ("lora_task_id", np.array([[3]], np.uint64), "'lora_task_id'"),
+    ("guided_decoding_guide_type", np.array([["json"]], dtype=object), "'guided_decoding_guide_type'"),
+    ("max_tokens", np.array([[-3]], np.int32), "max_tokens"),
+])
+def test_unsupported_inputs_are_clear_errors(trt_server, offline, name, value, match):
+    responses, error = infer(trt_server, "ensemble", text_request(PROMPTS[0], **{name: value}))
+    assert error is not None and match in error and not responses
+    ok, error = infer(trt_server, "ensemble", text_request(PROMPTS[0], exclude_input_in_output=np.array([[True]])))
+    assert error is None and ok[0].as_numpy("text_output")[0].decode() == greedy(offline, PROMPTS[0]).text
+    wait_blocks_free(trt_server)
+
+
+def test_multi_token_stop_sequence_is_refused(trt_server):
+    inputs = {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": np.array([[3]], np.int32),
+              "request_output_len": np.array([[4]], np.int32),
+              "stop_words_list": np.array([[[11, 12], [2, -1]]], np.int32)}
+    _, error = infer(trt_server, "tensorrt_llm", inputs, outputs=("output_ids",))
+    assert error and "stop_words_list" in error
+    wait_blocks_free(trt_server)
+
+
+def test_client_cancellation_frees_the_engine(trt_server):
+    inputs = text_request(PROMPTS[0], max_tokens=400, stream=True)
+    responses, error = infer(trt_server, "tensorrt_llm_bls", inputs, cancel_after=3)
+    assert error == "cancelled" and len(responses) >= 3
+    wait_blocks_free(trt_server, timeout_s=20)
+
+
+def test_stop_request_ends_a_running_request(trt_server):
+    """TensorRT-LLM's way: a second request to tensorrt_llm with `stop` and the same id
+    ends the first, which sends its final response."""
+    done: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(trt_server.grpc_url)
+    client.start_stream(callback=lambda result, error: done.put((result, error)))
+    inputs = {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": np.array([[3]], np.int32),
+              "request_output_len": np.array([[500]], np.int32), "streaming": np.array([[True]]),
+              "end_id": np.array([[-1]], np.int32)}
+    client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in inputs.items()], request_id="long-1",
+                              enable_empty_final_response=True)
+    assert done.get(timeout=30)[1] is None  # it is generating
+    stop = {"input_ids": np.array([[0]], np.int32), "input_lengths": np.array([[1]], np.int32),
+            "request_output_len": np.array([[0]], np.int32), "stop": np.array([[True]])}
+    client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in stop.items()], request_id="long-1",
+                              enable_empty_final_response=True)
+    finals, tokens = 0, 1
+    while finals < 2:  # the stop request's own final, and the stopped request's
+        result, err = done.get(timeout=30)
+        assert err is None
+        finals += result.get_response().parameters["triton_final_response"].bool_param
+        tokens += result.as_numpy("output_ids") is not None
+    client.stop_stream()
+    client.close()
+    assert tokens < 500
+    wait_blocks_free(trt_server, timeout_s=20)
+
+
+def test_an_error_in_one_request_leaves_others_served(trt_server, offline):
+    with pytest.raises(InferenceServerException):
+        grpcclient.InferenceServerClient(trt_server.grpc_url).infer(
+            "ensemble", [tensor("text_input", np.array([["x"]], dtype=object))])  # not decoupled-capable call
+    responses, error = infer(trt_server, "ensemble", text_request(PROMPTS[1], exclude_input_in_output=np.array([[True]])))
+    assert error is None and responses[0].as_numpy("text_output")[0].decode() == greedy(offline, PROMPTS[1]).text
