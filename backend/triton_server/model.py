@@ -22,7 +22,6 @@ import time
 import traceback
 from typing import Any, Optional
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backend.config import ConfigError

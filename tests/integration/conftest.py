@@ -3,8 +3,13 @@ clients/tritonserver.py) with the `paged_llm` backend and talk to it over gRPC/H
 Nothing here fakes triton_python_backend_utils."""
 
 import os
+import queue
 import re
 import time
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 import pytest
 
@@ -77,3 +82,37 @@ def assert_served_like_offline(repo: str, log_path: str, prompts: list[str], par
             res = StreamingRequest(srv.grpc_url).run(p, params)
             assert res.ok and res.token_ids == o.token_ids
         wait_blocks_free(srv)
+
+
+def tensor(name, value):
+    t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    t.set_data_from_numpy(value)
+    return t
+
+
+def infer(server, model: str, inputs: dict[str, np.ndarray], outputs=("text_output",), request_id="r1", cancel_after=None):
+    """One request, as given, on its own gRPC stream; returns (responses, error)."""
+    done: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: done.put((result, error)))
+    client.async_stream_infer(model, [tensor(k, v) for k, v in inputs.items()], request_id=request_id,
+                              outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+                              enable_empty_final_response=True)
+    responses, error = [], None
+    while True:
+        result, err = done.get(timeout=60)
+        if err is not None:
+            error = str(err)
+            break
+        response = result.get_response()
+        if response.outputs:  # a final response may carry data too (llm's does)
+            responses.append(result)
+        if response.parameters["triton_final_response"].bool_param:
+            break
+        if cancel_after is not None and len(responses) >= cancel_after:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+            return responses, "cancelled"
+    client.stop_stream()
+    client.close()
+    return responses, error

@@ -5,18 +5,17 @@ and inflight_batcher_llm_client call them: `[batch, 1]` tensors over gRPC stream
 
 import os
 import queue
-from functools import partial
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from backend import LLM, SamplingParams
 from builder.build import BuildOptions, build
 from builder.trtllm_models import write_fronts
 from clients.tritonserver import TritonServer
-from tests.integration.conftest import wait_blocks_free
+from tests.integration.conftest import infer, tensor, wait_blocks_free
 
 PROMPTS = ["The yield statement", "Class definitions create"]
 
@@ -35,38 +34,6 @@ def trt_server(tmp_path_factory, tiny_ckpt):
 @pytest.fixture(scope="module")
 def offline(tiny_ckpt):
     return LLM(tiny_ckpt, block_size=16, num_kv_blocks=128)
-
-
-def tensor(name, value):
-    t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-    t.set_data_from_numpy(value)
-    return t
-
-
-def infer(server, model, inputs: dict, outputs=("text_output",), request_id="r1", cancel_after=None):
-    """One request on its own stream; returns (responses, error)."""
-    done: "queue.Queue" = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: done.put((result, error)))
-    client.async_stream_infer(model, [tensor(k, v) for k, v in inputs.items()], request_id=request_id,
-                              outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
-                              enable_empty_final_response=True)
-    responses, error = [], None
-    while True:
-        result, err = done.get(timeout=60)
-        if err is not None:
-            error = str(err)
-            break
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            break
-        responses.append(result)
-        if cancel_after is not None and len(responses) >= cancel_after:
-            client.stop_stream(cancel_requests=True)
-            client.close()
-            return responses, "cancelled"
-    client.stop_stream()
-    client.close()
-    return responses, error
 
 
 def text_request(prompt, max_tokens=8, stream=False, **extra):

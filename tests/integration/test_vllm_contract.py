@@ -4,12 +4,14 @@ serve`), in the vLLM backend's contract: inputs `return_logprobs` and
 decoded_token}}, only the new tokens' on each streamed response; null when the sampling
 parameter `logprobs` was not set) and `cumulative_logprob`."""
 
+import json
+
 import numpy as np
 import pytest
 
 from backend import LLM, SamplingParams
 from clients.triton_client import StreamingRequest
-from tests.integration.conftest import wait_blocks_free
+from tests.integration.conftest import infer, metric, wait_blocks_free
 
 PROMPT = "The yield statement"
 FLAGS = {"return_logprobs": np.array([True]), "return_cumulative_logprob": np.array([True])}
@@ -79,4 +81,86 @@ def test_request_parameters_stand_in_for_the_tensor(server):
     assert res.ok and len(res.token_ids) == 3
     bad = StreamingRequest(server.grpc_url).run(PROMPT, None, parameters={"max_tokens": 3, "best_of": 2})
     assert bad.error and "best_of" in bad.error
+    wait_blocks_free(server)
+
+
+def vllm_request(prompt, sampling, stream):
+    return {"text_input": np.array([prompt.encode()], dtype=object), "stream": np.array([stream]),
+            "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+            "return_finish_reason": np.array([True]), "return_num_output_tokens": np.array([True])}
+
+
+def seeded_children(tiny_ckpt, n, **params):
+    llm = LLM(tiny_ckpt, block_size=16, num_kv_blocks=64)
+    return [llm.generate(PROMPT, SamplingParams(seed=params["seed"] + i, **{k: v for k, v in params.items()
+                                                                          if k != "seed"}))[0] for i in range(n)]
+
+
+def test_n_sequences_in_one_response(server, tiny_ckpt):
+    """As the vLLM backend: `n` texts in `text_output`, each with the prompt echoed
+    (a single response); sequence i is the request seeded seed + i."""
+    sampling = {"n": 3, "seed": 5, "temperature": 1.0, "max_tokens": 6, "ignore_eos": True}
+    responses, error = infer(server, "llm", vllm_request(PROMPT, sampling, False),
+                             outputs=("text_output", "finish_reason", "num_output_tokens"))
+    assert error is None and len(responses) == 1
+    want = seeded_children(tiny_ckpt, 3, seed=5, temperature=1.0, max_tokens=6, ignore_eos=True)
+    assert [t.decode() for t in responses[0].as_numpy("text_output")] == [PROMPT + w.text for w in want]
+    assert list(responses[0].as_numpy("finish_reason")) == [b"length"] * 3
+    assert list(responses[0].as_numpy("num_output_tokens")) == [6, 6, 6]
+    assert len({w.text for w in want}) > 1
+    wait_blocks_free(server)
+
+
+def test_n_sequences_streamed(server, tiny_ckpt):
+    """Streamed: each response has n entries, the sequence that moved carries its delta."""
+    sampling = {"n": 2, "seed": 9, "temperature": 1.0, "max_tokens": 5, "ignore_eos": True}
+    responses, error = infer(server, "llm", vllm_request(PROMPT, sampling, True),
+                             outputs=("text_output", "finish_reason", "num_output_tokens"))
+    assert error is None and len(responses) == 10
+    texts = ["", ""]
+    for r in responses:
+        entries = [t.decode() for t in r.as_numpy("text_output")]
+        counts = list(r.as_numpy("num_output_tokens"))
+        assert len(entries) == 2 and sorted(counts) == [0, 1]
+        texts = [a + b for a, b in zip(texts, entries)]
+    assert list(responses[-1].as_numpy("finish_reason")) == [b"length", b"length"]
+    want = seeded_children(tiny_ckpt, 2, seed=9, temperature=1.0, max_tokens=5, ignore_eos=True)
+    assert texts == [w.text for w in want]
+    wait_blocks_free(server)
+
+
+VLLM_COUNTS = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
+               "vllm:time_per_output_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+               "vllm:request_prompt_tokens_count", "vllm:request_prompt_tokens_sum",
+               "vllm:request_generation_tokens_count", "vllm:request_generation_tokens_sum",
+               "vllm:request_params_n_count", "vllm:request_params_n_sum"]
+
+
+def test_vllm_metrics_count_a_known_workload_right_after_it(server, tiny_ckpt):
+    """The vLLM backend's metrics test, ours: scraped right after the last response (no
+    waiting), each family counts exactly what was sent and generated; time per output
+    token is observed once per generated token after the first."""
+    tok = LLM(tiny_ckpt, block_size=16, num_kv_blocks=16).tokenizer
+    prompts = ["The most dangerous animal is", "The capital of France is", "The future of AI is"]
+    before = {n: metric(server, n) for n in VLLM_COUNTS}
+    for stream in (False, True):
+        for p in prompts:
+            _, error = infer(server, "llm", vllm_request(p, {"max_tokens": 16, "temperature": 0, "ignore_eos": True},
+                                                         stream), outputs=("text_output",))
+            assert error is None
+    _, error = infer(server, "llm", vllm_request(prompts[0], {"n": 2, "max_tokens": 4, "ignore_eos": True}, False))
+    assert error is None
+    after = {n: metric(server, n) for n in VLLM_COUNTS}
+    prompt_tokens = 2 * sum(len(tok.encode(p)) for p in prompts) + 2 * len(tok.encode(prompts[0]))
+    sequences, generated = 6 + 2, 6 * 16 + 2 * 4
+    want = {"vllm:prompt_tokens_total": prompt_tokens, "vllm:generation_tokens_total": generated,
+            "vllm:time_to_first_token_seconds_count": sequences,
+            "vllm:time_per_output_token_seconds_count": generated - sequences,
+            "vllm:e2e_request_latency_seconds_count": sequences, "vllm:request_prompt_tokens_count": sequences,
+            "vllm:request_prompt_tokens_sum": prompt_tokens, "vllm:request_generation_tokens_count": sequences,
+            "vllm:request_generation_tokens_sum": generated, "vllm:request_params_n_count": 7,
+            "vllm:request_params_n_sum": 6 + 2}
+    assert {n: after[n] - before[n] for n in VLLM_COUNTS} == want
+    labels = server.metrics()
+    assert 'vllm:num_requests_running{model="llm",version="1"}' in labels
     wait_blocks_free(server)

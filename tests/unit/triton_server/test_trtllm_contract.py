@@ -1,0 +1,124 @@
+"""TensorRT-LLM's contract <-> the llm model's (backend/triton_server/trtllm_contract.py),
+without a server."""
+
+import json
+
+import numpy as np
+import pytest
+
+from backend.engine.errors import InvalidRequestError
+from backend.triton_server.trtllm_contract import TEXT, TOKENS, batch_size, row_request, row_responses
+
+
+def text(prompt="hi", **extra):
+    inputs = {"text_input": np.array([[prompt.encode()]], dtype=object), "max_tokens": np.array([[8]], np.int32)}
+    inputs.update({k: np.array([[v]]) if not isinstance(v, np.ndarray) else v for k, v in extra.items()})
+    return inputs
+
+
+def sampling(row):
+    return json.loads(row.inputs["sampling_parameters"][0])
+
+
+def test_default_is_greedy_as_in_tensorrt_llm():
+    """No top_k and no top_p (or both 0): TensorRT-LLM samples greedily, whatever the temperature."""
+    assert sampling(row_request(TEXT, text(temperature=np.array([[1.0]], np.float32)), 0)) == {
+        "max_tokens": 8, "temperature": 0.0}
+    s = sampling(row_request(TEXT, text(top_k=np.array([[40]], np.int32), top_p=np.array([[0.0]], np.float32),
+                                        temperature=np.array([[0.7]], np.float32)), 0))
+    assert s == {"max_tokens": 8, "temperature": pytest.approx(0.7), "top_k": 40, "top_p": 1.0}
+    s = sampling(row_request(TEXT, text(top_k=np.array([[0]], np.int32), top_p=np.array([[0.9]], np.float32)), 0))
+    assert s["top_k"] == -1 and s["top_p"] == pytest.approx(0.9) and "temperature" not in s
+
+
+def test_scalars_map_to_sampling_parameters():
+    row = row_request(TEXT, text(random_seed=np.array([[7]], np.uint64), min_length=np.array([[2]], np.int32),
+                                 num_return_sequences=np.array([[3]], np.int32),
+                                 repetition_penalty=np.array([[1.1]], np.float32),
+                                 end_id=np.array([[2]], np.int32), return_log_probs=np.array([[True]])), 0)
+    s = sampling(row)
+    assert (s["seed"], s["min_tokens"], s["n"], s["stop_token_ids"], s["ignore_eos"], s["logprobs"]) == (
+        7, 2, 3, [2], True, 0)
+    assert row.n == 3 and row.return_log_probs and bool(row.inputs["return_logprobs"][0])
+    # end_id -1: no end token at all
+    assert sampling(row_request(TEXT, text(end_id=np.array([[-1]], np.int32)), 0))["ignore_eos"] is True
+
+
+def test_streaming_never_echoes_the_prompt():
+    row = row_request(TEXT, text(stream=True, exclude_input_in_output=False), 0)
+    assert row.stream and bool(row.inputs["exclude_input_in_output"][0])
+    row = row_request(TEXT, text(exclude_input_in_output=False), 0)
+    assert not bool(row.inputs["exclude_input_in_output"][0])
+
+
+@pytest.mark.parametrize("name, value", [
+    ("bad_words", np.array([[b"x"]], dtype=object)), ("embedding_bias_weights", np.array([[0.5]], np.float32)),
+    ("return_generation_logits", np.array([[True]])), ("lora_task_id", np.array([[1]], np.uint64)),
+    ("guided_decoding_guide", np.array([[b"{}"]], dtype=object)), ("num_draft_tokens", np.array([[4]], np.int32)),
+])
+def test_unsupported_inputs_name_themselves(name, value):
+    with pytest.raises(InvalidRequestError, match=f"'{name}'"):
+        row_request(TEXT, text(**{name: value}), 0)
+
+
+def test_unsupported_inputs_left_empty_or_false_are_fine():
+    row_request(TEXT, text(bad_words=np.array([[b""]], dtype=object), return_context_logits=False,
+                           embedding_bias_weights=np.array([[0.0]], np.float32)), 0)
+
+
+def test_beam_search_is_refused():
+    with pytest.raises(InvalidRequestError, match="beam_width"):
+        row_request(TEXT, text(beam_width=np.array([[4]], np.int32)), 0)
+
+
+def test_batch_rows_and_shared_scalars():
+    inputs = {"text_input": np.array([[b"a"], [b"b"]], dtype=object), "max_tokens": np.array([[4]], np.int32)}
+    assert batch_size(TEXT, inputs) == 2
+    rows = [row_request(TEXT, inputs, b) for b in range(2)]
+    assert [r.inputs["text_input"][0] for r in rows] == [b"a", b"b"]
+    assert all(sampling(r)["max_tokens"] == 4 for r in rows)
+    with pytest.raises(InvalidRequestError, match="rows"):
+        row_request(TEXT, {**inputs, "max_tokens": np.array([[4], [5]], np.int32)}, 2)
+
+
+def tokens(ids, length=None, **extra):
+    inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[length or len(ids)]], np.int32),
+              "request_output_len": np.array([[5]], np.int32)}
+    inputs.update(extra)
+    return inputs
+
+
+def test_token_rows_respect_input_lengths_and_single_token_stop_words():
+    row = row_request(TOKENS, tokens([4, 5, 6, 0], 3, stop_words_list=np.array([[[9, 11], [1, 2]]], np.int32)), 0)
+    assert list(row.inputs["input_ids"]) == [4, 5, 6] and sampling(row)["stop_token_ids"] == [9, 11]
+    with pytest.raises(InvalidRequestError, match="stop_words_list"):
+        row_request(TOKENS, tokens([4], stop_words_list=np.array([[[9, 11], [2, -1]]], np.int32)), 0)
+    with pytest.raises(InvalidRequestError, match="input_lengths"):
+        row_request(TOKENS, tokens([4, 5], 3), 0)
+
+
+def llm_outputs(texts, ids, counts, cumulative=None, logprobs=None):
+    out = {"text_output": np.array([t.encode() for t in texts], dtype=object),
+           "output_ids": np.array(ids, np.int32), "num_output_tokens": np.array(counts, np.uint32)}
+    if cumulative is not None:
+        out["cumulative_logprob"] = np.array(cumulative, np.float32)
+        out["logprobs"] = np.array([json.dumps(e).encode() for e in logprobs], dtype=object)
+    return out
+
+
+def test_token_responses_echo_the_input_unless_streamed():
+    row = row_request(TOKENS, tokens([4, 5]), 0)
+    [resp] = row_responses(TOKENS, row, llm_outputs(["xy"], [7, 8], [2]))
+    assert resp["output_ids"].tolist() == [[[4, 5, 7, 8]]] and resp["sequence_length"].tolist() == [[4]]
+    row = row_request(TOKENS, tokens([4, 5], streaming=np.array([[True]])), 0)
+    [resp] = row_responses(TOKENS, row, llm_outputs(["y"], [8], [1]))
+    assert resp["output_ids"].tolist() == [[[8]]]
+
+
+def test_streamed_sequences_split_by_index_with_log_probs():
+    row = row_request(TEXT, text(stream=True, num_return_sequences=np.array([[2]], np.int32),
+                                 return_log_probs=np.array([[True]])), 0)
+    out = llm_outputs(["", "b"], [[-1], [3]], [0, 1], [0.0, -0.5], [[], [{"3": {"logprob": -0.5}}]])
+    [resp] = row_responses(TEXT, row, out)
+    assert resp["sequence_index"].tolist() == [[1]] and resp["text_output"].tolist() == [b"b"]
+    assert resp["output_log_probs"].tolist() == [[[-0.5]]] and resp["cum_log_probs"].tolist() == [[-0.5]]
