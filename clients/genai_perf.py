@@ -1,7 +1,10 @@
 """Run NVIDIA genai-perf against the model, as Triton's vLLM backend is benchmarked
-(`--backend vllm --endpoint-type kserve`, gRPC streaming, tokenizer from the model folder).
+(`--backend vllm --endpoint-type kserve`, gRPC streaming, tokenizer from the model folder),
+or as TensorRT-LLM's is (`--backend tensorrtllm -m ensemble`, the entries `builder
+default` writes in front of `llm`).
 
     python -m clients.genai_perf --url localhost:8001 --concurrency 4
+    python -m clients.genai_perf --url localhost:8001 --backend tensorrtllm --model ensemble
 
 genai-perf 0.0.16 needs numpy 2, while tritonclient 2.51 (our client and perf_analyzer)
 needs numpy < 2, so it gets its own virtual environment in third_party/genai-perf-venv.
@@ -33,8 +36,9 @@ def ensure_venv() -> str:
 
 
 def command(exe: str, url: str, model: str, tokenizer: str, concurrency: int, input_tokens: int,
-            output_tokens: int, measurement_ms: int, entries: int, artifact_dir: str) -> list[str]:
-    return [exe, "profile", "-m", model, "--backend", "vllm", "--endpoint-type", "kserve", "--streaming",
+            output_tokens: int, measurement_ms: int, entries: int, artifact_dir: str, backend: str = "vllm"
+            ) -> list[str]:
+    return [exe, "profile", "-m", model, "--backend", backend, "--endpoint-type", "kserve", "--streaming",
             "--tokenizer", tokenizer, "-u", url, "--synthetic-input-tokens-mean", str(input_tokens),
             "--output-tokens-mean", str(output_tokens), "--concurrency", str(concurrency),
             "--measurement-interval", str(measurement_ms), "--num-dataset-entries", str(entries),
@@ -43,14 +47,14 @@ def command(exe: str, url: str, model: str, tokenizer: str, concurrency: int, in
 
 def run(url: str, tokenizer: str, model: str = "llm", concurrency: int = 4, input_tokens: int = 128,
         output_tokens: int = 64, measurement_ms: int = 4000, entries: int = 50,
-        artifact_dir: str = os.path.join(THIRD_PARTY, "genai-perf-artifacts")) -> dict:
+        artifact_dir: str = os.path.join(THIRD_PARTY, "genai-perf-artifacts"), backend: str = "vllm") -> dict:
     install()
     exe = ensure_venv()
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                LD_LIBRARY_PATH=EXTRA_LIBS + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
     cmd = command(exe, url, model, tokenizer, concurrency, input_tokens, output_tokens, measurement_ms, entries,
-                  artifact_dir)
+                  artifact_dir, backend)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=THIRD_PARTY)
     if proc.returncode != 0:
         raise RuntimeError(f"genai-perf failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -65,14 +69,16 @@ def run(url: str, tokenizer: str, model: str = "llm", concurrency: int = 4, inpu
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.genai_perf")
     ap.add_argument("--url", default="localhost:8001")
-    ap.add_argument("--model", default="llm")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "tensorrtllm"])
+    ap.add_argument("--model", help="default: llm (vllm), ensemble (tensorrtllm)")
     ap.add_argument("--tokenizer", default=os.path.join(os.path.dirname(THIRD_PARTY), "model_repository", "llm",
                                                         "checkpoint"))
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--input-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     a = ap.parse_args(argv)
-    r = run(a.url, a.tokenizer, a.model, a.concurrency, a.input_tokens, a.output_tokens)
+    model = a.model or ("ensemble" if a.backend == "tensorrtllm" else "llm")
+    r = run(a.url, a.tokenizer, model, a.concurrency, a.input_tokens, a.output_tokens, backend=a.backend)
     for key in ("time_to_first_token", "inter_token_latency", "request_latency", "output_token_throughput",
                 "request_throughput"):
         print(f"{key}: {json.dumps(r[key])}")

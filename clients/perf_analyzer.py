@@ -24,7 +24,10 @@ def perf_analyzer_binary() -> str:
     return os.path.join(os.path.dirname(sys.executable), "perf_analyzer")
 
 
-def input_data(prompt: str, max_tokens: int) -> dict:
+def input_data(prompt: str, max_tokens: int, contract: str = "vllm") -> dict:
+    if contract == "tensorrtllm":  # ensemble / tensorrt_llm_bls, as TensorRT-LLM's docs feed them
+        return {"data": [{"text_input": [prompt], "stream": [True], "max_tokens": [max_tokens],
+                          "min_length": [max_tokens], "end_id": [-1]}]}
     return {"data": [{"text_input": [prompt], "stream": [True],
                       "sampling_parameters": [json.dumps({"max_tokens": max_tokens, "min_tokens": max_tokens,
                                                           "ignore_eos": True})]}]}
@@ -38,10 +41,10 @@ def command(url: str, model: str, data_file: str, concurrency: int, seconds: flo
 
 
 def run(url: str, model: str = "llm", concurrency: int = 2, seconds: float = 2.0, max_tokens: int = 16,
-        prompt: str = "The assert statement") -> dict:
+        prompt: str = "The assert statement", contract: str = "vllm") -> dict:
     install()  # provides libb64 and libcudart under the names perf_analyzer links against
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(input_data(prompt, max_tokens), f)
+        json.dump(input_data(prompt, max_tokens, contract), f)
     env = dict(os.environ, LD_LIBRARY_PATH=EXTRA_LIBS + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
     cmd = command(url, model, f.name, concurrency, seconds)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -58,12 +61,15 @@ def run(url: str, model: str = "llm", concurrency: int = 2, seconds: float = 2.0
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.perf_analyzer")
     ap.add_argument("--url", default="127.0.0.1:8001")
-    ap.add_argument("--model", default="llm")
+    ap.add_argument("--contract", default="vllm", choices=["vllm", "tensorrtllm"],
+                    help="tensorrtllm: TensorRT-LLM's inputs, for -m ensemble or tensorrt_llm_bls")
+    ap.add_argument("--model", help="default: llm (vllm), ensemble (tensorrtllm)")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--max-tokens", type=int, default=64)
     a = ap.parse_args(argv)
-    r = run(a.url, a.model, a.concurrency, a.seconds, a.max_tokens)
+    model = a.model or ("ensemble" if a.contract == "tensorrtllm" else "llm")
+    r = run(a.url, model, a.concurrency, a.seconds, a.max_tokens, contract=a.contract)
     print(r["output"])
     print(json.dumps({k: v for k, v in r.items() if k != "output"}, indent=2))
     return 0

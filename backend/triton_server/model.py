@@ -343,7 +343,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         if self._front:
-            return self._front.finalize()
+            return  # nothing of its own: every row ended with its request
         if self._unhealthy:
             # In-flight requests already got their error; a stalled loop thread would
             # only hold the unload up (it is a daemon and dies with the process).

@@ -195,6 +195,7 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
     # TensorRT-LLM streams only what is new, whatever exclude_input_in_output says.
     out["exclude_input_in_output"] = np.array([stream or exclude or contract == TOKENS])
     out["return_num_output_tokens"] = np.array([True])
+    out["return_finish_reason"] = np.array([True])  # tells the row's last response
     out["return_cumulative_logprob"] = np.array([return_log_probs])
     out["return_logprobs"] = np.array([return_log_probs])
     return RowRequest(b, out, stream, int(params.get("n", 1)), return_log_probs, prompt_ids,
@@ -217,6 +218,11 @@ def _single_token_words(row: Optional[np.ndarray]) -> list[int]:
         words += word
         start = end
     return words
+
+
+def is_last(outputs: dict[str, np.ndarray]) -> bool:
+    """Whether this `llm` response is its request's last: every sequence has ended."""
+    return all(bytes(r) != b"None" for r in outputs["finish_reason"].reshape(-1))
 
 
 def row_responses(contract: str, row: RowRequest, outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:

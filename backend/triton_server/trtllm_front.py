@@ -3,21 +3,23 @@ front of our `llm` model, over BLS: one engine and one copy of the weights behin
 name. Selected by the config.pbtxt parameter `trtllm_contract` ("text" or "tokens");
 `llm_model` names the model it calls (default "llm").
 
-Threads, as in model.py: execute() validates every batch row and starts one BLS reader
-thread per row; readers put what `llm` streams on a queue; the response thread alone
-sends to the client and polls its cancellation. Python backend 24.10 cannot cancel a
-BLS request, so a cancelled or failed request stops its rows the way TensorRT-LLM's BLS
-stops its engine: a `stop` request to `llm` with the row's request id.
+Threads: execute() validates every batch row and starts one thread per row, which runs
+the BLS request to `llm` and sends what it streams back, converted, to the client. A row's
+responses are converted and sent by the thread that received them: handing them to
+another thread to send crashed the 24.10 stub under perf_analyzer. The rows of a request
+share a lock, so one of them sends FINAL, once, and only before it does anyone ask
+whether the client cancelled (asking after FINAL crashes the server). Python backend
+24.10 cannot cancel a BLS request, so a cancelled or failed request stops its rows the
+way TensorRT-LLM's BLS stops its engine: a `stop` request to `llm` with the row's id.
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -26,10 +28,10 @@ import triton_python_backend_utils as pb_utils
 from backend.engine.errors import InvalidRequestError
 from backend.triton_server.errors import triton_error
 from backend.triton_server.trtllm_contract import (CONTRACTS, INPUT_SPECS, OUTPUT_SPECS, TOKENS, RowRequest,
-                                                   batch_size, row_request, row_responses)
+                                                   batch_size, is_last, row_request, row_responses)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-LLM_OUTPUTS = ["text_output", "output_ids", "num_output_tokens", "cumulative_logprob", "logprobs"]
+LLM_OUTPUTS = ["text_output", "output_ids", "num_output_tokens", "finish_reason", "cumulative_logprob", "logprobs"]
 
 
 def contract_of(model_config: dict) -> Optional[str]:
@@ -58,11 +60,11 @@ def auto_complete_config(config, contract: str):
 class _Pending:
     request: Any
     sender: Any
-    rows: list[RowRequest]
     row_ids: list[str]
-    remaining: int
+    open_rows: int    # rows whose last response has not been sent
     done: bool = False
     stopped: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class TrtLlmFront:
@@ -71,10 +73,8 @@ class TrtLlmFront:
         self.contract = contract
         self.llm_model = ((config.get("parameters") or {}).get("llm_model") or {}).get("string_value") or "llm"
         self.input_names = [s["name"] for s in INPUT_SPECS[contract]]
-        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
-        self._pending: list[_Pending] = []
-        self._thread = threading.Thread(target=self._response_loop, name="trtllm-responses", daemon=True)
-        self._thread.start()
+        self._pending: dict[int, _Pending] = {}  # by id(): the requests not yet final
+        self._pending_lock = threading.Lock()
 
     # ------------------------------------------------------------------ serve
     def execute(self, requests):
@@ -95,38 +95,87 @@ class TrtLlmFront:
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
         if self.contract == TOKENS and "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
-            # TensorRT-LLM's way to end a request: `stop` with that request's id.
+            # TensorRT-LLM's way to end a request: `stop` with that request's id. Each
+            # row then ends with what it has.
             if not request.request_id():
                 raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
-            self._queue.put(("stop_id", request.request_id()))
+            with self._pending_lock:
+                targets = [p for p in self._pending.values() if p.request.request_id() == request.request_id()]
+            for pending in targets:
+                self._stop_rows(pending)
             sender.send(flags=FINAL)
             return
         rows = [row_request(self.contract, inputs, b) for b in range(batch_size(self.contract, inputs))]
         prefix = request.request_id() or uuid.uuid4().hex
-        pending = _Pending(request, sender, rows, [f"{prefix}/{uuid.uuid4().hex[:8]}" for _ in rows], len(rows))
-        self._queue.put(("track", pending))
+        pending = _Pending(request, sender, [f"{prefix}/{uuid.uuid4().hex[:8]}" for _ in rows], len(rows))
+        with self._pending_lock:
+            self._pending[id(pending)] = pending
         for row, row_id in zip(rows, pending.row_ids):
-            threading.Thread(target=self._read_row, args=(pending, row, row_id), daemon=True).start()
+            threading.Thread(target=self._serve_row, args=(pending, row, row_id), daemon=True).start()
 
-    def _read_row(self, pending: _Pending, row: RowRequest, row_id: str) -> None:
+    def _serve_row(self, pending: _Pending, row: RowRequest, row_id: str) -> None:
+        last = False
         try:
             bls = pb_utils.InferenceRequest(
                 model_name=self.llm_model, request_id=row_id, requested_output_names=LLM_OUTPUTS,
                 inputs=[pb_utils.Tensor(name, value) for name, value in row.inputs.items()])
             for response in bls.exec(decoupled=True):
                 if response.has_error():
-                    self._queue.put(("error", pending, response.error().message()))
-                    return
+                    self._fail(pending, pb_utils.TritonError(response.error().message()))
+                    continue  # read on to the end of the row's stream
                 outputs = {name: t.as_numpy() for name in LLM_OUTPUTS
                            for t in [pb_utils.get_output_tensor_by_name(response, name)] if t is not None}
                 if "num_output_tokens" not in outputs:  # the empty response that only says FINAL
                     continue
-                for tensors in row_responses(self.contract, row, outputs):
-                    self._queue.put(("send", pending, tensors))
+                last = is_last(outputs)
+                self._send(pending, row_responses(self.contract, row, outputs), last)
         except Exception as e:
-            self._queue.put(("error", pending, f"INTERNAL: {e!r}"))
-        finally:
-            self._queue.put(("row_done", pending))
+            self._fail(pending, pb_utils.TritonError(f"INTERNAL: {e!r}"))
+        if not last:  # the stream ended without its last response: count the row as ended
+            self._send(pending, [], True)
+
+    def _send(self, pending: _Pending, responses: list[dict], last: bool) -> None:
+        with pending.lock:
+            if pending.done:
+                return
+            pending.open_rows -= last
+            final = last and pending.open_rows == 0
+            try:
+                for i, tensors in enumerate(responses):
+                    # The last data response carries FINAL itself: clients that do not
+                    # ask for empty final responses (perf_analyzer) learn the end from it.
+                    flags = FINAL if final and i == len(responses) - 1 else 0
+                    pending.sender.send(pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]), flags=flags)
+                if final and not responses:
+                    pending.sender.send(flags=FINAL)
+            except Exception:
+                final = True  # the client is gone
+            if final:
+                self._close(pending)
+            elif pending.request.is_cancelled():
+                self._end(pending, pb_utils.TritonError("CANCELLED: the request was cancelled by the client",
+                                                        pb_utils.TritonError.CANCELLED))
+
+    def _fail(self, pending: _Pending, error) -> None:
+        with pending.lock:
+            if not pending.done:
+                self._end(pending, error)
+
+    def _end(self, pending: _Pending, error) -> None:
+        """Send the error as FINAL and stop the rows still running (pending.lock held)."""
+        try:
+            pending.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+        except Exception:
+            pass  # the client is gone
+        self._close(pending)
+        if pending.open_rows > 0:
+            self._stop_rows(pending)
+
+    def _close(self, pending: _Pending) -> None:
+        pending.done = True
+        with self._pending_lock:
+            self._pending.pop(id(pending), None)
 
     def _stop(self, request_id: str) -> None:
         bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=request_id, requested_output_names=[],
@@ -147,63 +196,3 @@ class TrtLlmFront:
                 except Exception as e:
                     print(f"[paged_llm] could not stop {row_id}: {e!r}", file=sys.stderr, flush=True)
         threading.Thread(target=stop_all, daemon=True).start()
-
-    # -------------------------------------------------------------- responses
-    def _response_loop(self) -> None:
-        """The only thread that sends to clients and asks whether they cancelled (asking
-        after the final response crashes the server, so both happen here, in order)."""
-        while True:
-            try:
-                item = self._queue.get(timeout=0.02)
-            except queue.Empty:
-                item = ("poll",)
-            if item is None:
-                return
-            kind = item[0]
-            if kind == "track":
-                self._pending.append(item[1])
-            elif kind == "stop_id":
-                for pending in self._pending:
-                    if pending.request.request_id() == item[1]:
-                        self._stop_rows(pending)  # each row then ends with what it has
-            elif kind == "poll":
-                for pending in self._pending:
-                    if not pending.done and pending.request.is_cancelled():
-                        self._finish(pending, pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                            "CANCELLED: the request was cancelled by the client", pb_utils.TritonError.CANCELLED)))
-            else:
-                self._handle(kind, *item[1:])
-            self._pending = [p for p in self._pending if not p.done]
-
-    def _handle(self, kind: str, pending: _Pending, *rest) -> None:
-        if kind == "row_done":
-            pending.remaining -= 1
-            if pending.remaining == 0 and not pending.done:
-                self._finish(pending, None)
-        elif pending.done:
-            return
-        elif kind == "error":
-            self._finish(pending, pb_utils.InferenceResponse(error=pb_utils.TritonError(rest[0])))
-        else:
-            tensors = [pb_utils.Tensor(name, value) for name, value in rest[0].items()]
-            try:
-                pending.sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
-            except Exception:
-                self._finish(pending, None)
-
-    def _finish(self, pending: _Pending, error_response) -> None:
-        """Send FINAL once; rows still running are stopped."""
-        pending.done = True
-        if pending.remaining > 0:
-            self._stop_rows(pending)
-        try:
-            if error_response is not None:
-                pending.sender.send(error_response, flags=FINAL)
-            else:
-                pending.sender.send(flags=FINAL)
-        except Exception:
-            pass  # the client is gone
-
-    def finalize(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)

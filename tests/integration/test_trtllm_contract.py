@@ -188,3 +188,21 @@ def test_an_error_in_one_request_leaves_others_served(trt_server, offline):
             "ensemble", [tensor("text_input", np.array([["x"]], dtype=object))])  # not decoupled-capable call
     responses, error = infer(trt_server, "ensemble", text_request(PROMPTS[1], exclude_input_in_output=np.array([[True]])))
     assert error is None and responses[0].as_numpy("text_output")[0].decode() == greedy(offline, PROMPTS[1]).text
+
+
+def test_perf_analyzer_against_ensemble(trt_server):
+    from clients import perf_analyzer
+    r = perf_analyzer.run(trt_server.grpc_url, model="ensemble", concurrency=2, seconds=2, max_tokens=8,
+                          contract="tensorrtllm")
+    assert r["infer_per_s"] > 0
+    wait_blocks_free(trt_server)
+
+
+def test_genai_perf_tensorrtllm_backend(trt_server, tiny_ckpt):
+    """genai-perf (own venv) with --backend tensorrtllm -m ensemble, as TensorRT-LLM users run it."""
+    from clients import genai_perf
+    r = genai_perf.run(trt_server.grpc_url, tiny_ckpt, model="ensemble", concurrency=2, input_tokens=32,
+                       output_tokens=16, measurement_ms=2000, entries=10, backend="tensorrtllm")
+    assert r["request_count"]["avg"] > 0
+    assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0
+    wait_blocks_free(trt_server)
