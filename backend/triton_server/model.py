@@ -102,8 +102,7 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         self.engine = LLMEngine(engine_args)
         self.loop = EngineLoop(self.engine)
-        self.metrics = (EngineMetrics(args["model_name"], args.get("model_version", "1"), self.engine)
-                        if self.settings.report_metrics else None)
+        self.metrics = self._metrics(args) if self.settings.report_metrics else None
         self.loop.start()
 
         self._ids = itertools.count()
@@ -127,6 +126,17 @@ class TritonPythonModel:
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "
             f"KV cache {s['num_total_blocks']} blocks x {s['block_size']} tokens, max_model_len {s['max_model_len']}")
+
+    def _metrics(self, args: dict[str, Any]) -> Optional[EngineMetrics]:
+        try:
+            return EngineMetrics(args["model_name"], args.get("model_version", "1"), self.engine)
+        except pb_utils.TritonModelException as e:
+            if "metrics not supported" not in str(e):
+                raise
+            # Servers that refuse custom metrics (the vLLM backend's "metrics refused" case)
+            # say so here; 24.10 with --allow-metrics=false accepts them silently.
+            self.logger.log_info("[paged_llm] metrics not supported by the server; not reporting them")
+            return None
 
     # ----------------------------------------------------------------- serve
     def execute(self, requests):

@@ -47,3 +47,17 @@ def test_bad_model_json_value_fails_the_load_naming_the_key(tmp_path, tiny_ckpt)
     srv.stop()
     log = open(tmp_path / "server.log").read()
     assert "invalid parameter 'block_size'" in log and "model.json sets: block_size, model" in log
+
+
+def test_server_without_metrics_still_serves(tmp_path, tiny_ckpt):
+    """The vLLM backend's "metrics refused" case: `tritonserver --allow-metrics=false` with
+    REPORT_CUSTOM_METRICS set. The model loads without them and serves. (This server has
+    no metrics endpoint, so the pool is checked by a second request needing all of it.)"""
+    repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "num_gpu_blocks_override": 8, "block_size": 16})
+    with open(os.path.join(repo, "vllm_model", "config.pbtxt"), "a") as f:
+        f.write('parameters: { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }\n')
+    params = {"max_tokens": 100, "min_tokens": 100, "temperature": 0, "ignore_eos": True}
+    with TritonServer(repo, log_path=str(tmp_path / "server.log"), extra_args=["--allow-metrics=false"]) as srv:
+        for _ in range(2):  # 8 blocks of 16 hold one such request: the second needs the first's blocks back
+            res = StreamingRequest(srv.grpc_url, model="vllm_model").run("The pass statement", params)
+            assert res.ok and len(res.token_ids) == 100

@@ -50,3 +50,9 @@ def test_wrong_value_of_a_mapped_key_fails_validation_naming_it(tmp_path, tiny_c
     write(tmp_path, {"model": "facebook/opt-125m"})
     with pytest.raises(ConfigError, match="nothing is downloaded"):
         load_settings(read_model_json(str(tmp_path))[0], str(tmp_path))
+
+
+def test_vllm_backends_report_custom_metrics_key_sets_ours():
+    from backend.triton_server.serving_config import parameters_from_model_config
+    cfg = {"parameters": {"REPORT_CUSTOM_METRICS": {"string_value": "false"}, "model": {"string_value": "m"}}}
+    assert parameters_from_model_config(cfg) == {"report_metrics": "false", "model": "m"}
