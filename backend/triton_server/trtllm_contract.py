@@ -91,6 +91,12 @@ SCALARS = {"max_tokens": "max_tokens", "request_output_len": "max_tokens", "temp
            "random_seed": "seed", "num_return_sequences": "n"}
 
 
+# Every one-value-per-row input read here. pad_id and the length penalties are accepted
+# and unused: nothing is padded, and a length penalty only acts on beam search.
+ROW_SCALARS = set(SCALARS) | {"beam_width", "stream", "streaming", "exclude_input_in_output", "return_log_probs",
+                              "end_id", "pad_id", "length_penalty", "len_penalty", "input_lengths"}
+
+
 @dataclass
 class RowRequest:
     """One batch row, as a request to the `llm` model."""
@@ -141,9 +147,7 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
         row = _row(inputs, name, b)
         if row is not None and _is_set(row):
             raise InvalidRequestError(f"input '{name}': {why} by this backend")
-    get = {name: _scalar(name, r) for name in inputs if name in SCALARS or name in (
-        "beam_width", "stream", "streaming", "exclude_input_in_output", "return_log_probs", "end_id", "pad_id",
-        "length_penalty", "len_penalty", "input_lengths", "stop") for r in [_row(inputs, name, b)]}
+    get = {name: _scalar(name, _row(inputs, name, b)) for name in inputs if name in ROW_SCALARS}
     if get.get("beam_width", 1) != 1:
         raise InvalidRequestError(f"input 'beam_width' is {get['beam_width']}: beam search is not supported "
                                   "(beam_width must be 1)")
