@@ -93,7 +93,15 @@ class ResponseWriter:
         if flags & FINAL:
             self.done = True
         try:
-            self.sender.send(response, flags=flags)
+            if flags & FINAL and response.has_error():
+                # The error, then FINAL on its own: Python backend 24.10 drops an error
+                # sent with FINAL after streamed responses on its way to a BLS caller
+                # (the TensorRT-LLM fronts), which then never saw the end. The error
+                # still reaches gRPC and HTTP clients; FINAL now reaches every caller.
+                self.sender.send(response)
+                self.sender.send(flags=FINAL)
+            else:
+                self.sender.send(response, flags=flags)
         except Exception:
             # The client is gone; past FINAL there is nothing left to abort, before it
             # the response thread aborts the request.

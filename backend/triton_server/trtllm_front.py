@@ -131,8 +131,12 @@ class TrtLlmFront:
                 self._send(pending, row_responses(self.contract, row, outputs), last)
         except Exception as e:
             self._fail(pending, pb_utils.TritonError(f"INTERNAL: {e!r}"))
-        if not last:  # the stream ended without its last response: count the row as ended
-            self._send(pending, [], True)
+        if not last:
+            # llm ended the row without its last response: it failed or was cancelled
+            # there (the error itself does not reach a BLS caller in 24.10).
+            self._fail(pending, pb_utils.TritonError(
+                f"UNAVAILABLE: the request to model '{self.llm_model}' ended without its final response "
+                "(it failed or was cancelled there; the server log says why)", pb_utils.TritonError.UNAVAILABLE))
 
     def _send(self, pending: _Pending, responses: list[dict], last: bool) -> None:
         with pending.lock:

@@ -206,3 +206,28 @@ def test_genai_perf_tensorrtllm_backend(trt_server, tiny_ckpt):
     assert r["request_count"]["avg"] > 0
     assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0
     wait_blocks_free(trt_server)
+
+
+def test_engine_failure_mid_stream_is_an_error_not_a_hang(tmp_path, tiny_ckpt):
+    """Its own server: `llm` with the test-only fault hook (tests/helpers/faults.py) and the
+    three fronts. The engine fails while an `ensemble` stream is running: the client gets
+    an error, promptly."""
+    from tests.helpers.faults import build_fault_repo, trigger
+    repo = build_fault_repo(str(tmp_path), tiny_ckpt)
+    write_fronts(repo)
+    with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
+        done: "queue.Queue" = queue.Queue()
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        client.start_stream(callback=lambda result, error: done.put((result, error)))
+        inputs = text_request(PROMPTS[0], max_tokens=500, stream=True, end_id=np.array([[-1]], np.int32))
+        client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()],
+                                  enable_empty_final_response=True)
+        assert done.get(timeout=30)[1] is None  # streaming
+        trigger(repo, "crash")
+        while True:
+            result, error = done.get(timeout=30)
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+        client.close()
+        assert error is not None and "ended without its final response" in str(error)
