@@ -7,8 +7,8 @@ Installed as a Python-based backend: this folder is the backend directory's
  - The engine loop thread steps the engine and puts outputs on the response queue.
  - The response thread turns outputs into Triton responses, sends them, and polls
    for client cancellation (only this thread touches a request after execute()).
- - The watcher thread notices server shutdown, checks the engine's health and pushes
-   metrics to Triton.
+ - The watcher thread (watcher.py) notices server shutdown, checks the engine's health
+   and pushes metrics to Triton.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -25,32 +24,25 @@ from typing import Any, Optional
 import triton_python_backend_utils as pb_utils
 
 from backend.config import ConfigError
-from backend.engine.engine_loop import EngineLoop, RequestCancelled, RequestStopped, error_output
+from backend.engine.engine_loop import EngineLoop, RequestCancelled, RequestStopped
 from backend.engine.errors import EngineDeadError, InvalidRequestError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
 from backend.engine.parallel_sampling import child_requests
 from backend.triton_server.errors import triton_error
-from backend.triton_server.health_report import ENGINE_FAILED, ENGINE_STALLED, HealthReporter
+from backend.triton_server.health_report import HealthReporter
 from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, parse_request
 from backend.triton_server.response_writer import FINAL, ResponseWriter
 from backend.triton_server import trtllm_front
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 from backend.triton_server.vllm_model_json import read_model_json
+from backend.triton_server.watcher import Watcher, log_local
 
 _TICK = object()
 
 
-def _log_local(message: str) -> None:
-    """Log without calling into the server. Once it is stopping, a stub-to-server call
-    (pb_utils.Logger included) can block, and one still in flight when the server
-    finalizes the model aborts the server (boost lock_exception). The stub's stderr
-    goes to the server's log."""
-    print(message, file=sys.stderr, flush=True)
-
-
-class TritonPythonModel:
+class TritonPythonModel(Watcher):
     # Set when this model is a TensorRT-LLM-contract front of another model (config
     # parameter `trtllm_contract`): it then only forwards to that model.
     _front: Optional[trtllm_front.TrtLlmFront] = None
@@ -238,7 +230,7 @@ class TritonPythonModel:
                     self.metrics.flush()
                 writer.send(response, flags)
         except Exception:
-            _log_local(f"[paged_llm] could not send to {writer.request_id}; aborting it")
+            log_local(f"[paged_llm] could not send to {writer.request_id}; aborting it")
             writer.done = True
         if writer.done:
             # An error, a client gone or the last sequence: no sibling may run on.
@@ -261,95 +253,6 @@ class TritonPythonModel:
                 writer.cancel_sent = True
                 for child_id in writer.unfinished_child_ids:
                     self.loop.abort(child_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
-
-    def _watch_loop(self) -> None:
-        next_metrics = next_heartbeat = 0.0
-        while not self._stopping.wait(0.1):
-            if self.health and time.monotonic() >= next_heartbeat:
-                self.health.heartbeat()  # a file, not a call into the server: safe while stopping
-                next_heartbeat = time.monotonic() + 0.5
-            if self._draining:
-                continue
-            if self._server_stopping():
-                self._draining = True
-                threading.Thread(target=self._drain, name="drain", daemon=True).start()
-                continue
-            # Metrics are calls into the server, which can block for good (holding the
-            # GIL) if the server starts stopping meanwhile: make them only right after a
-            # readiness answer, at most every 0.5 s, and only for values that changed.
-            if self.metrics and time.monotonic() >= next_metrics:
-                self.metrics.update()
-                next_metrics = time.monotonic() + 0.5
-            if not self._unhealthy and not self.is_healthy():
-                self._unhealthy = True
-                self._on_unhealthy()
-
-    def _server_stopping(self) -> bool:
-        """Triton keeps a model loaded while any decoupled stream is open, so finalize()
-        comes only after every stream has ended. Shutdown is therefore detected here:
-        once the model has been ready, readiness turning false, or the readiness call
-        failing or hanging three times in a row (what it does while the server stops),
-        means the server is stopping."""
-        result: list = []
-
-        def ask() -> None:
-            try:
-                result.append(bool(pb_utils.is_model_ready(self.model_name)))
-            except Exception as e:
-                result.append(e)
-
-        probe = threading.Thread(target=ask, daemon=True)
-        probe.start()
-        probe.join(timeout=1.0)
-        answer = result[0] if result else TimeoutError("no answer within 1 s")
-        if answer is True:
-            self._seen_ready, self._readiness_failures = True, 0
-            return False
-        if not self._seen_ready:
-            return False
-        if answer is False or "not ready" in str(answer).lower():
-            return True
-        self._readiness_failures += 1
-        return self._readiness_failures >= 3
-
-    def _drain(self) -> None:
-        _log_local(f"[paged_llm] stopping: {self.loop.num_in_flight} requests in flight, "
-                   f"grace period {self.settings.grace_period_s}s")
-        self.loop.stop(self.settings.grace_period_s)
-        _log_local("[paged_llm] drained")
-
-    def _on_unhealthy(self) -> None:
-        """Fail what is in flight with a clear error and take the model out of service:
-        unloading it makes Triton report it NOT READY (needs explicit model control)."""
-        if self.loop.error is not None:
-            kind, cause = ENGINE_FAILED, f"the engine loop failed: {self.loop.error!r}"
-        else:
-            kind, cause = ENGINE_STALLED, (f"requests were waiting and no engine step completed for "
-                                           f"{self.settings.engine_stall_timeout_s}s")
-        self.logger.log_error(f"[paged_llm] unhealthy: {cause}; unloading model '{self.model_name}'")
-        if self.health:
-            self.health.unhealthy(kind, cause)
-        error = EngineDeadError(f"{cause}; the model is being unloaded")
-        with self._inflight_lock:
-            writers = [w for _, w in self._inflight.values()]
-        for writer in writers:  # a dead loop already failed them; a stalled one cannot
-            self._responses.put((writer, 0, error_output(writer.request_id, error)))
-        threading.Thread(target=self._unload_self, daemon=True).start()
-
-    def _unload_self(self) -> None:
-        try:
-            pb_utils.unload_model(self.model_name)
-        except Exception as e:
-            self.logger.log_error(f"[paged_llm] could not unload '{self.model_name}' ({e}); start tritonserver "
-                                  "with --model-control-mode=explicit so an unhealthy model leaves service")
-
-    # ---------------------------------------------------------------- health
-    def is_healthy(self) -> bool:
-        """Deep check: the loop thread is alive and, when it has work, keeps stepping."""
-        if not self.loop.is_alive:
-            return False
-        busy = self.loop.num_in_flight > 0
-        return not busy or time.monotonic() - self.loop.last_heartbeat < self.settings.engine_stall_timeout_s
 
     def finalize(self) -> None:
         if self._front:
