@@ -56,10 +56,6 @@ class ResponseWriter:
         self.cancel_sent = False   # abort already requested
 
     @property
-    def child_ids(self) -> list[str]:
-        return [s.request_id for s in self.seqs]
-
-    @property
     def unfinished_child_ids(self) -> list[str]:
         return [s.request_id for s in self.seqs if not s.finished]
 
@@ -72,10 +68,10 @@ class ResponseWriter:
         seq = self.seqs[index]
         seq.timing.num_prompt_tokens = out.num_prompt_tokens
         seq.timing.on_tokens(time.monotonic(), len(out.new_token_ids))
-        seq.token_ids += out.new_token_ids
-        seq.text_parts.append(out.new_text)
-        if out.new_logprobs:
-            seq.logprobs += out.new_logprobs
+        if not self.parsed.stream:  # a single response sends it all at the end
+            seq.token_ids += out.new_token_ids
+            seq.text_parts.append(out.new_text)
+            seq.logprobs += out.new_logprobs or []
         if out.cumulative_logprob is not None:
             seq.cumulative_logprob = out.cumulative_logprob
         if out.finished:
