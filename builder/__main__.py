@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     f.add_argument("--repository", default="model_repository")
     f.add_argument("--llm-model", default="llm", help="the model they forward to")
     f.add_argument("--max-batch-size", type=int, default=64)
+    f.add_argument("--instances", type=int, default=4, help="requests each entry streams at once")
     f.add_argument("--force", action="store_true")
 
     args = ap.parse_args(argv)
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
         elif args.cmd == "plan":
             return _plan(args)
         elif args.cmd == "trtllm-models":
-            written = write_fronts(args.repository, args.llm_model, args.max_batch_size, args.force)
+            written = write_fronts(args.repository, args.llm_model, args.max_batch_size, args.force, args.instances)
             print(f"wrote {', '.join(written) or 'nothing (entries exist; --force rewrites)'} in {args.repository}")
         elif args.cmd == "build":
             kw = {k: v for k, v in vars(args).items() if k != "cmd" and v is not None}

@@ -14,13 +14,15 @@ import os
 FRONTS = {"ensemble": "text", "tensorrt_llm_bls": "text", "tensorrt_llm": "tokens"}
 
 
-def render_front_config(name: str, contract: str, llm_model: str, max_batch_size: int) -> str:
+def render_front_config(name: str, contract: str, llm_model: str, max_batch_size: int, instances: int) -> str:
     return "\n".join([
         f'name: "{name}"',
         'backend: "paged_llm"',
         f"max_batch_size: {max_batch_size}",
         "model_transaction_policy { decoupled: true }",
-        "instance_group [ { count: 1 kind: KIND_CPU } ]",
+        "# Each instance serves one request at a time, start to end (as TensorRT-LLM's BLS):",
+        "# the count is how many of this model's requests stream at once.",
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]",
         "# TensorRT-LLM's inputs and outputs are filled in by the backend (auto-complete).",
         f'parameters {{ key: "trtllm_contract" value: {{ string_value: "{contract}" }} }}',
         f'parameters {{ key: "llm_model" value: {{ string_value: "{llm_model}" }} }}',
@@ -28,7 +30,8 @@ def render_front_config(name: str, contract: str, llm_model: str, max_batch_size
     ])
 
 
-def write_fronts(repository: str, llm_model: str = "llm", max_batch_size: int = 64, force: bool = False) -> list[str]:
+def write_fronts(repository: str, llm_model: str = "llm", max_batch_size: int = 64, force: bool = False,
+                 instances: int = 4) -> list[str]:
     """Write the three entries next to `llm_model` in `repository`; returns those written."""
     written = []
     for name, contract in FRONTS.items():
@@ -38,6 +41,6 @@ def write_fronts(repository: str, llm_model: str = "llm", max_batch_size: int = 
             continue
         os.makedirs(os.path.join(folder, "1"), exist_ok=True)
         with open(path, "w") as f:
-            f.write(render_front_config(name, contract, llm_model, max_batch_size))
+            f.write(render_front_config(name, contract, llm_model, max_batch_size, instances))
         written.append(name)
     return written

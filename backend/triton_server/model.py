@@ -177,7 +177,8 @@ class TritonPythonModel(Watcher):
                                   callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
 
     def _stop(self, triton_request_id: str, sender) -> None:
-        """End every in-flight request sent with this request id (TensorRT-LLM's `stop`):
+        """End every in-flight request sent with this request id, or with "<id>/..." (how the
+        TensorRT-LLM fronts name their rows), as TensorRT-LLM's `stop` does:
         each sends what it has as its final response, not an error. (An error after
         streamed responses never reaches a BLS caller in Python backend 24.10: the
         TensorRT-LLM fronts stop their rows this way.)"""
@@ -185,7 +186,8 @@ class TritonPythonModel(Watcher):
             raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
         target = triton_request_id
         with self._inflight_lock:
-            writers = [w for _, w in self._inflight.values() if w.request_id.rsplit("#", 1)[0] == target]
+            writers = [w for _, w in self._inflight.values()
+                       if (lambda base: base == target or base.startswith(target + "/"))(w.request_id.rsplit("#", 1)[0])]
         for writer in writers:
             for child_id in writer.unfinished_child_ids:
                 self.loop.abort(child_id, RequestStopped(f"request '{target}' was stopped"))

@@ -3,23 +3,23 @@ front of our `llm` model, over BLS: one engine and one copy of the weights behin
 name. Selected by the config.pbtxt parameter `trtllm_contract` ("text" or "tokens");
 `llm_model` names the model it calls (default "llm").
 
-Threads: execute() validates every batch row and starts one thread per row, which runs
-the BLS request to `llm` and sends what it streams back, converted, to the client. A row's
-responses are converted and sent by the thread that received them: handing them to
-another thread to send crashed the 24.10 stub under perf_analyzer. The rows of a request
-share a lock, so one of them sends FINAL, once, and only before it does anyone ask
-whether the client cancelled (asking after FINAL crashes the server). Python backend
-24.10 cannot cancel a BLS request, so a cancelled or failed request stops its rows the
-way TensorRT-LLM's BLS stops its engine: a `stop` request to `llm` with the row's id.
+As TensorRT-LLM's own BLS model does it, execute() serves its requests in its own thread,
+start to end: it sends each batch row to `llm`, then reads the rows' streams in order and
+sends what they carry, converted, to the client. Concurrency comes from model instances
+(`instance_group` count), each its own process. Python backend 24.10's stub crashed
+(segfaults under perf_analyzer and genai-perf) when BLS requests ran from threads of our
+own, so there are none.
+
+Python backend 24.10 cannot cancel a BLS request, so a cancelled or failed request stops
+its rows the way TensorRT-LLM's BLS stops its engine: a `stop` request to `llm` under
+the rows' request id, which ends them with what they have.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import threading
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -56,15 +56,14 @@ def auto_complete_config(config, contract: str):
     return config
 
 
-@dataclass
-class _Pending:
-    request: Any
-    sender: Any
-    row_ids: list[str]
-    open_rows: int    # rows whose last response has not been sent
-    done: bool = False
-    stopped: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
+class _Request:
+    """One client request being served: its rows' streams, and whether FINAL went out."""
+
+    def __init__(self, request, sender, row_id: str, rows: list[RowRequest]) -> None:
+        self.request, self.sender, self.row_id, self.rows = request, sender, row_id, rows
+        self.open_rows = len(rows)
+        self.done = False
+        self.stopped = False
 
 
 class TrtLlmFront:
@@ -73,130 +72,114 @@ class TrtLlmFront:
         self.contract = contract
         self.llm_model = ((config.get("parameters") or {}).get("llm_model") or {}).get("string_value") or "llm"
         self.input_names = [s["name"] for s in INPUT_SPECS[contract]]
-        self._pending: dict[int, _Pending] = {}  # by id(): the requests not yet final
-        self._pending_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ serve
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self._submit(request, sender)
+                self._serve(request, sender)
             except Exception as e:  # one bad request fails alone
                 if not isinstance(e, InvalidRequestError):
                     print(f"[paged_llm] {self.contract} request failed: {e!r}", file=sys.stderr, flush=True)
                 sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
         return None
 
-    def _submit(self, request, sender) -> None:
+    def _serve(self, request, sender) -> None:
         inputs = {}
         for name in self.input_names:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
         if self.contract == TOKENS and "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
-            # TensorRT-LLM's way to end a request: `stop` with that request's id. Each
-            # row then ends with what it has.
+            # TensorRT-LLM's way to end a request: `stop` with that request's id. Its rows
+            # run in `llm` under that id (whichever instance serves them).
             if not request.request_id():
                 raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
-            with self._pending_lock:
-                targets = [p for p in self._pending.values() if p.request.request_id() == request.request_id()]
-            for pending in targets:
-                self._stop_rows(pending)
+            self._stop(request.request_id())
             sender.send(flags=FINAL)
             return
         rows = [row_request(self.contract, inputs, b) for b in range(batch_size(self.contract, inputs))]
-        prefix = request.request_id() or uuid.uuid4().hex
-        pending = _Pending(request, sender, [f"{prefix}/{uuid.uuid4().hex[:8]}" for _ in rows], len(rows))
-        with self._pending_lock:
-            self._pending[id(pending)] = pending
-        for row, row_id in zip(rows, pending.row_ids):
-            threading.Thread(target=self._serve_row, args=(pending, row, row_id), daemon=True).start()
+        # "<client's id>/<unique>": the rows stop alone, and a `stop` under the client's id
+        # (to any instance) stops them too.
+        served = _Request(request, sender, f"{request.request_id()}/{uuid.uuid4().hex[:12]}", rows)
+        # Every row goes to `llm` first, so the engine batches them; their streams are
+        # then read in order (what arrives meanwhile waits in each iterator).
+        streams = [self._exec(served.row_id, row) for row in rows]
+        for row, stream in zip(rows, streams):
+            self._read_row(served, row, stream)
 
-    def _serve_row(self, pending: _Pending, row: RowRequest, row_id: str) -> None:
+    def _exec(self, row_id: str, row: RowRequest):
+        bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=row_id,
+                                        requested_output_names=LLM_OUTPUTS,
+                                        inputs=[pb_utils.Tensor(name, value) for name, value in row.inputs.items()])
+        return bls.exec(decoupled=True)
+
+    def _read_row(self, served: _Request, row: RowRequest, stream) -> None:
         last = False
         try:
-            bls = pb_utils.InferenceRequest(
-                model_name=self.llm_model, request_id=row_id, requested_output_names=LLM_OUTPUTS,
-                inputs=[pb_utils.Tensor(name, value) for name, value in row.inputs.items()])
-            for response in bls.exec(decoupled=True):
+            for response in stream:
                 if response.has_error():
-                    self._fail(pending, pb_utils.TritonError(response.error().message()))
+                    self._end(served, pb_utils.TritonError(response.error().message()))
                     continue  # read on to the end of the row's stream
                 outputs = {name: t.as_numpy() for name in LLM_OUTPUTS
                            for t in [pb_utils.get_output_tensor_by_name(response, name)] if t is not None}
                 if "num_output_tokens" not in outputs:  # the empty response that only says FINAL
                     continue
                 last = is_last(outputs)
-                self._send(pending, row_responses(self.contract, row, outputs), last)
+                self._send(served, row_responses(self.contract, row, outputs), last)
         except Exception as e:
-            self._fail(pending, pb_utils.TritonError(f"INTERNAL: {e!r}"))
+            self._end(served, pb_utils.TritonError(f"INTERNAL: {e!r}"))
         if not last:
             # llm ended the row without its last response: it failed or was cancelled
             # there (the error itself does not reach a BLS caller in 24.10).
-            self._fail(pending, pb_utils.TritonError(
+            self._end(served, pb_utils.TritonError(
                 f"UNAVAILABLE: the request to model '{self.llm_model}' ended without its final response "
                 "(it failed or was cancelled there; the server log says why)", pb_utils.TritonError.UNAVAILABLE))
 
-    def _send(self, pending: _Pending, responses: list[dict], last: bool) -> None:
-        with pending.lock:
-            if pending.done:
-                return
-            pending.open_rows -= last
-            final = last and pending.open_rows == 0
-            try:
-                for i, tensors in enumerate(responses):
-                    # The last data response carries FINAL itself: clients that do not
-                    # ask for empty final responses (perf_analyzer) learn the end from it.
-                    flags = FINAL if final and i == len(responses) - 1 else 0
-                    pending.sender.send(pb_utils.InferenceResponse(
-                        output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]), flags=flags)
-                if final and not responses:
-                    pending.sender.send(flags=FINAL)
-            except Exception:
-                final = True  # the client is gone
-            if final:
-                self._close(pending)
-            elif pending.request.is_cancelled():
-                self._end(pending, pb_utils.TritonError("CANCELLED: the request was cancelled by the client",
-                                                        pb_utils.TritonError.CANCELLED))
-
-    def _fail(self, pending: _Pending, error) -> None:
-        with pending.lock:
-            if not pending.done:
-                self._end(pending, error)
-
-    def _end(self, pending: _Pending, error) -> None:
-        """Send the error as FINAL and stop the rows still running (pending.lock held)."""
+    def _send(self, served: _Request, responses: list[dict], last: bool) -> None:
+        if served.done:
+            return
+        served.open_rows -= last
+        final = last and served.open_rows == 0
         try:
-            pending.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            for i, tensors in enumerate(responses):
+                # The last data response carries FINAL itself: clients that do not ask
+                # for empty final responses (perf_analyzer) learn the end from it.
+                flags = FINAL if final and i == len(responses) - 1 else 0
+                served.sender.send(pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]), flags=flags)
+            if final and not responses:
+                served.sender.send(flags=FINAL)
+        except Exception:
+            final = True  # the client is gone
+            self._stop_rows(served)
+        if final:
+            served.done = True
+        elif served.request.is_cancelled():  # never asked after FINAL: that crashes the server
+            self._end(served, pb_utils.TritonError("CANCELLED: the request was cancelled by the client",
+                                                   pb_utils.TritonError.CANCELLED))
+
+    def _end(self, served: _Request, error) -> None:
+        """Send the error as FINAL, once, and stop the rows still running."""
+        if served.done:
+            return
+        served.done = True
+        try:
+            served.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
         except Exception:
             pass  # the client is gone
-        self._close(pending)
-        if pending.open_rows > 0:
-            self._stop_rows(pending)
+        if served.open_rows > 0:
+            self._stop_rows(served)
 
-    def _close(self, pending: _Pending) -> None:
-        pending.done = True
-        with self._pending_lock:
-            self._pending.pop(id(pending), None)
+    def _stop_rows(self, served: _Request) -> None:
+        if not served.stopped:
+            served.stopped = True
+            self._stop(served.row_id)
 
     def _stop(self, request_id: str) -> None:
         bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=request_id, requested_output_names=[],
                                         inputs=[pb_utils.Tensor("stop", np.array([True]))])
         for response in bls.exec(decoupled=True):
             if response.has_error():
-                raise InvalidRequestError(response.error().message())
-
-    def _stop_rows(self, pending: _Pending) -> None:
-        if pending.stopped:
-            return
-        pending.stopped = True
-
-        def stop_all() -> None:
-            for row_id in pending.row_ids:
-                try:
-                    self._stop(row_id)
-                except Exception as e:
-                    print(f"[paged_llm] could not stop {row_id}: {e!r}", file=sys.stderr, flush=True)
-        threading.Thread(target=stop_all, daemon=True).start()
+                print(f"[paged_llm] could not stop {request_id}: {response.error().message()}", file=sys.stderr,
+                      flush=True)

@@ -26,7 +26,7 @@ def trt_server(tmp_path_factory, tiny_ckpt):
     build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", link=True,
                               block_size=16, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
                               max_model_len=1024), log=lambda *_: None)
-    assert write_fronts(str(repo)) == ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
+    assert write_fronts(str(repo), instances=2) == ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
     with TritonServer(str(repo), log_path=os.path.join(str(repo), "..", "trtllm_server.log")) as srv:
         yield srv
 
@@ -214,7 +214,7 @@ def test_engine_failure_mid_stream_is_an_error_not_a_hang(tmp_path, tiny_ckpt):
     an error, promptly."""
     from tests.helpers.faults import build_fault_repo, trigger
     repo = build_fault_repo(str(tmp_path), tiny_ckpt)
-    write_fronts(repo)
+    write_fronts(repo, instances=1)
     with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
         done: "queue.Queue" = queue.Queue()
         client = grpcclient.InferenceServerClient(srv.grpc_url)
