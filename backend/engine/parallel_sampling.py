@@ -11,14 +11,10 @@ from __future__ import annotations
 from backend.sampling_params import SamplingParams
 
 
-def child_request_id(parent_id: str, index: int, n: int) -> str:
-    return parent_id if n == 1 else f"{parent_id}/{index}"
-
-
 def child_requests(parent_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
     """(request id, sampling params) of each child, in index order. n == 1: the request itself."""
     if params.n == 1:
         return [(parent_id, params)]
-    return [(child_request_id(parent_id, i, params.n),
+    return [(f"{parent_id}/{i}",
              params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i}))
             for i in range(params.n)]

@@ -186,8 +186,9 @@ class TritonPythonModel(Watcher):
             raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
         target = triton_request_id
         with self._inflight_lock:
-            writers = [w for _, w in self._inflight.values()
-                       if (lambda base: base == target or base.startswith(target + "/"))(w.request_id.rsplit("#", 1)[0])]
+            # Our ids are "<Triton request id>#<counter>".
+            sent_as = [(w, w.request_id.rsplit("#", 1)[0]) for _, w in self._inflight.values()]
+        writers = [w for w, base in sent_as if base == target or base.startswith(target + "/")]
         for writer in writers:
             for child_id in writer.unfinished_child_ids:
                 self.loop.abort(child_id, RequestStopped(f"request '{target}' was stopped"))

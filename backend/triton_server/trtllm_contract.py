@@ -103,7 +103,6 @@ class RowRequest:
     batch_index: int
     inputs: dict[str, np.ndarray]       # the llm model's input tensors
     stream: bool
-    n: int
     return_log_probs: bool
     prompt_ids: list[int] = field(default_factory=list)  # tokens mode: echoed unless excluded
     exclude_input_in_output: bool = False
@@ -202,8 +201,7 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
     out["return_finish_reason"] = np.array([True])  # tells the row's last response
     out["return_cumulative_logprob"] = np.array([return_log_probs])
     out["return_logprobs"] = np.array([return_log_probs])
-    return RowRequest(b, out, stream, int(params.get("n", 1)), return_log_probs, prompt_ids,
-                      exclude or stream)
+    return RowRequest(b, out, stream, return_log_probs, prompt_ids, exclude or stream)
 
 
 def _single_token_words(row: Optional[np.ndarray]) -> list[int]:

@@ -59,9 +59,9 @@ def auto_complete_config(config, contract: str):
 class _Request:
     """One client request being served: its rows' streams, and whether FINAL went out."""
 
-    def __init__(self, request, sender, row_id: str, rows: list[RowRequest]) -> None:
-        self.request, self.sender, self.row_id, self.rows = request, sender, row_id, rows
-        self.open_rows = len(rows)
+    def __init__(self, request, sender, row_id: str, num_rows: int) -> None:
+        self.request, self.sender, self.row_id = request, sender, row_id
+        self.open_rows = num_rows
         self.done = False
         self.stopped = False
 
@@ -101,7 +101,7 @@ class TrtLlmFront:
         rows = [row_request(self.contract, inputs, b) for b in range(batch_size(self.contract, inputs))]
         # "<client's id>/<unique>": the rows stop alone, and a `stop` under the client's id
         # (to any instance) stops them too.
-        served = _Request(request, sender, f"{request.request_id()}/{uuid.uuid4().hex[:12]}", rows)
+        served = _Request(request, sender, f"{request.request_id()}/{uuid.uuid4().hex[:12]}", len(rows))
         # Every row goes to `llm` first, so the engine batches them; their streams are
         # then read in order (what arrives meanwhile waits in each iterator).
         streams = [self._exec(served.row_id, row) for row in rows]
