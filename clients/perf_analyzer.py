@@ -33,20 +33,22 @@ def input_data(prompt: str, max_tokens: int, contract: str = "vllm") -> dict:
                                                           "ignore_eos": True})]}]}
 
 
-def command(url: str, model: str, data_file: str, concurrency: int, seconds: float) -> list[str]:
+def command(url: str, model: str, data_file: str, concurrency: int, seconds: float, max_trials: int = 3) -> list[str]:
     return [perf_analyzer_binary(), "-m", model, "-u", url, "-i", "grpc", "--streaming",
             "--input-data", data_file, "--concurrency-range", str(concurrency),
-            "--measurement-interval", str(int(seconds * 1000)), "--max-trials", "3",
+            "--measurement-interval", str(int(seconds * 1000)), "--max-trials", str(max_trials),
             "--stability-percentage", "100"]
 
 
 def run(url: str, model: str = "llm", concurrency: int = 2, seconds: float = 2.0, max_tokens: int = 16,
-        prompt: str = "The assert statement", contract: str = "vllm") -> dict:
+        prompt: str = "The assert statement", contract: str = "vllm", max_trials: int = 3) -> dict:
+    """`max_trials`: measurement windows perf_analyzer may take to find three within
+    --stability-percentage of each other (more for a smoke run on a busy machine)."""
     install()  # provides libb64 and libcudart under the names perf_analyzer links against
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(input_data(prompt, max_tokens, contract), f)
     env = dict(os.environ, LD_LIBRARY_PATH=EXTRA_LIBS + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
-    cmd = command(url, model, f.name, concurrency, seconds)
+    cmd = command(url, model, f.name, concurrency, seconds, max_trials)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     os.unlink(f.name)
     if proc.returncode != 0:

@@ -34,7 +34,8 @@ def test_serve_bench_against_running_server(server, model_repo, tmp_path):
 
 
 def test_perf_analyzer_streaming(server):
-    r = perf_analyzer.run(server.grpc_url, concurrency=2, seconds=2, max_tokens=8)
+    # A smoke run on a 2-core CI machine busy with the server: more windows to stabilize.
+    r = perf_analyzer.run(server.grpc_url, concurrency=2, seconds=2, max_tokens=8, max_trials=10)
     assert r["concurrency"] == 2 and r["infer_per_s"] > 0 and r["latency_us"] > 0
 
 
