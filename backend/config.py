@@ -42,6 +42,10 @@ class EngineArgs(BaseModel):
     # vLLM's name: true runs every step eagerly. Otherwise, on CUDA with the Triton
     # kernels, decode-only steps replay CUDA graphs captured at load.
     enforce_eager: bool = False
+    # vLLM's name: ranks the model is split over (Megatron-style; backend/parallel/).
+    # Rank 0 is the engine's process, the others are processes it starts: one device
+    # each on CUDA, gloo between processes on CPU.
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")
     def _check_runner(self) -> "EngineArgs":
@@ -51,6 +55,9 @@ class EngineArgs(BaseModel):
         if self.model_runner == "onnxruntime" and (self.kv_cache_dtype != "auto" or self.device == "cuda"):
             raise ValueError("model_runner='onnxruntime' runs the fp32 reference export on CPU: "
                              "it takes neither kv_cache_dtype='fp8' nor device='cuda'")
+        if self.tensor_parallel_size > 1 and self.model_runner != "torch":
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs model_runner='torch' "
+                             "(the exported graphs are single-device)")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self

@@ -11,6 +11,10 @@ from backend.sampling_params import SamplingParams
 
 
 class LLM:
+    """With tensor_parallel_size > 1 the engine starts worker processes (spawn): call
+    `close()` (or use `with LLM(...) as llm:`) to stop them, and guard a script's entry
+    point with `if __name__ == "__main__":`, as spawn requires."""
+
     def __init__(self, model: str, **engine_args) -> None:
         static_batching = engine_args.pop("static_batching", False)
         self.engine = LLMEngine(EngineArgs.create(model=model, **engine_args), static_batching=static_batching)
@@ -39,6 +43,15 @@ class LLM:
                 if out.finished:
                     results[out.request_id] = out
         return [results[i] for i in ids]
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def kv_cache_stats(self) -> dict:
         return self.engine.kv_cache_stats()

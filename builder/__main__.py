@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     b.add_argument("--link", action="store_true", help="point at the checkpoint instead of copying it")
     for flag, typ in (("--block-size", int), ("--num-kv-blocks", int), ("--kv-cache-memory-bytes", int),
                       ("--max-num-seqs", int), ("--max-num-batched-tokens", int), ("--max-model-len", int),
-                      ("--max-queue-size", int), ("--grace-period-s", float)):
+                      ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8)")

@@ -17,6 +17,7 @@ from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAM
 from backend.config import EngineArgs, validated
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import load_model_config
+from backend.parallel.sharding import check_tensor_parallel, local_config
 from backend.triton_server.serving_config import render_parameters
 
 BACKEND_NAME = "paged_llm"
@@ -49,6 +50,7 @@ class BuildOptions(BaseModel):
     max_model_len: Optional[int] = Field(None, ge=1)
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
+    tensor_parallel_size: int = Field(1, ge=1)
     grace_period_s: float = Field(10.0, ge=0)
     calibration_data: Optional[str] = None
     # Memory plan: device memory and sequence length to size for.
@@ -89,7 +91,7 @@ def engine_parameters(opts: BuildOptions, model_path: str) -> dict:
                   kv_cache_memory_bytes=opts.kv_cache_memory_bytes, max_num_seqs=opts.max_num_seqs,
                   max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
                   enable_prefix_caching=opts.enable_prefix_caching, max_queue_size=opts.max_queue_size,
-                  kv_cache_dtype=opts.kv_cache)
+                  kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size)
     # The same validation the backend runs at load, before anything is written.
     EngineArgs.create(**values)
     return values
@@ -130,23 +132,28 @@ class Stages:
 
 
 def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptions) -> dict:
-    """KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and V)."""
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_elem
+    """Per device. KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and
+    V), with each rank's KV heads under tensor parallelism."""
+    tp = opts.tensor_parallel_size
+    kv_per_token = 2 * cfg.num_layers * local_config(cfg, tp).num_kv_heads * cfg.head_dim * kv_bytes_per_elem
+    weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
-    # The torch engine on a GPU captures decode CUDA graphs; the engine reserves their
-    # pool before sizing the KV cache, and so does the plan (bf16 activations).
-    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
+    # The torch engine on a GPU captures decode CUDA graphs (one rank only, so far); the
+    # engine reserves their pool before sizing the KV cache, and so does the plan (bf16
+    # activations).
+    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" and tp == 1 else 0
     kv_budget = max(budget - weight_bytes - graph_bytes, 0)
     tokens = int(kv_budget // kv_per_token)
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
-            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len}
+            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp}
 
 
 def format_plan(p: dict) -> str:
     gib = 2**30
-    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}): weights "
+    per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
+    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}): weights "
             f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
             f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
@@ -156,6 +163,9 @@ def format_plan(p: dict) -> str:
 def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     t0 = time.time()
     cfg = load_model_config(opts.checkpoint)  # fails early on unsupported architectures
+    problem = check_tensor_parallel(cfg, opts.tensor_parallel_size)
+    if problem:
+        raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} ({problem})")
     if cfg.quantization is not None and opts.weights == "fp8":
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already an FP8 build")
     name = opts.name or os.path.basename(os.path.normpath(opts.output))

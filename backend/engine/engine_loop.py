@@ -123,6 +123,7 @@ class EngineLoop:
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self.engine.has_unfinished_requests())
+                self.engine.check_health()      # a dead tensor-parallel rank fails the loop, idle or not
                 self.last_heartbeat = time.monotonic()
                 if not self.engine.has_unfinished_requests():
                     continue

@@ -31,6 +31,9 @@ from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
+from backend.parallel.group import SINGLE
+from backend.parallel.sharding import check_tensor_parallel, local_config
+from backend.parallel.workers import TensorParallelWorkers, WorkerSpec, kv_bytes, model_bytes
 from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -51,11 +54,23 @@ def _resolve_device(name: str) -> torch.device:
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, static_batching: bool = False) -> None:
+        self.workers: Optional[TensorParallelWorkers] = None
+        try:
+            self._build(args, static_batching)
+        except BaseException:
+            self.shutdown()         # tensor-parallel ranks already started
+            raise
+
+    def _build(self, args: EngineArgs, static_batching: bool) -> None:
         self.args = args
         self.model_config: ModelConfig = load_model_config(args.model)
         cfg = self.model_config
         # The onnxruntime runner is a CPU reference: "auto" means the CPU there, GPU or not.
         self.device = _resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
+        tp_size = args.tensor_parallel_size
+        self._check_tensor_parallel(tp_size)
+        if tp_size > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", 0)   # rank r runs on cuda:r
         self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
                              else ("float32" if args.dtype == "auto" else args.dtype)]
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
@@ -67,17 +82,26 @@ class LLMEngine:
         if args.model_runner == "tensorrt" and self.device.type != "cuda":
             raise ConfigError("invalid engine argument 'model_runner': 'tensorrt' needs a CUDA device")
         max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
+        if tp_size > 1:
+            self.workers = TensorParallelWorkers(WorkerSpec(
+                model=args.model, size=tp_size, init_method="", device_type=self.device.type,
+                dtype=str(self.dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
+                attention_backend=self.attention_backend, max_position=max_position))
         self.model = None
         if args.model_runner == "torch":
             self.model = load_model(args.model, cfg, self.dtype, self.device,
                                     make_attention_factory(self.attention_backend), max_position,
-                                    make_layer_ops(self.attention_backend))
+                                    make_layer_ops(self.attention_backend),
+                                    self.workers.tp if self.workers else SINGLE)
         self.tokenizer = load_tokenizer(args.model)
         self._fast_decode = fast_decoder(self.tokenizer)
 
+        # Not yet with tensor parallelism: every rank would have to capture and replay in step.
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
-                                and args.model_runner == "torch" and not args.enforce_eager)
-        bytes_per_block = kv_cache_bytes_per_block(cfg, args.block_size, kv_dtype)
+                                and args.model_runner == "torch" and not args.enforce_eager and tp_size == 1)
+        # Per rank: each holds its KV heads of every block (and budgets are per device).
+        rank_cfg = local_config(cfg, tp_size)
+        bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
         self.num_kv_blocks = args.num_kv_blocks or self._blocks_from_budget(bytes_per_block)
         self.max_model_len = self._resolve_max_model_len(self.num_kv_blocks * args.block_size)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
@@ -85,12 +109,11 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                                    static_batching=static_batching)
-        kv_layers = allocate_kv_cache(cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
-        if args.kv_cache_dtype == "fp8" and cfg.quantization and cfg.quantization.get("kv_cache_scales"):
-            # Calibrated by the builder: per layer [k_scale, v_scale].
-            for layer, (k_scale, v_scale) in zip(kv_layers, cfg.quantization["kv_cache_scales"]):
-                layer.k_scale, layer.v_scale = float(k_scale), float(v_scale)
+        kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
+        if self.workers is not None:
+            self.workers.setup(self.num_kv_blocks, args.block_size, self._input_sizes(),
+                               model_bytes(self.model), kv_bytes(kv_layers))
         if self.use_cuda_graphs:
             self.runner.graphs = capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -98,16 +121,28 @@ class LLMEngine:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 
+    def _check_tensor_parallel(self, tp_size: int) -> None:
+        problem = check_tensor_parallel(self.model_config, tp_size)
+        if problem is None and tp_size > 1 and self.device.type == "cuda" and torch.cuda.device_count() < tp_size:
+            problem = f"{torch.cuda.device_count()} CUDA devices are visible"
+        if problem:
+            raise ConfigError(f"invalid engine argument 'tensor_parallel_size': {tp_size} ({problem})")
+
+    def _input_sizes(self) -> tuple[int, int, int]:
+        """Step buffer capacities: tokens, sequences, blocks per sequence. A padded decode
+        step has up to max_num_seqs tokens, whatever the token budget."""
+        args = self.args
+        return (max(args.max_num_batched_tokens, args.max_num_seqs), args.max_num_seqs,
+                -(-self.max_model_len // args.block_size))
+
     def _make_runner(self, kv_layers) -> ModelRunner:
         args = self.args
         sampler = Sampler(args.seed, self.device, args.max_num_seqs)
-        # A padded decode step has up to max_num_seqs tokens, whatever the token budget.
-        inputs = StepInputBuilder(max(args.max_num_batched_tokens, args.max_num_seqs), args.max_num_seqs,
-                                  -(-self.max_model_len // args.block_size), args.block_size, self.device)
+        inputs = StepInputBuilder(*self._input_sizes(), args.block_size, self.device)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.model_runner == "torch":
-            return ModelRunner(self.model, *common)
+            return ModelRunner(self.model, *common, workers=self.workers)
         from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
         if not os.path.isfile(args.model_graph):
             raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
@@ -216,6 +251,17 @@ class LLMEngine:
             return None
         return self._final_output(request, self._detokenizers.pop(request_id))
 
+    def check_health(self) -> None:
+        """Raises EngineDeadError when a part of the engine outside this thread is gone
+        (a tensor-parallel rank). Cheap: called by the engine loop every iteration."""
+        if self.workers is not None:
+            self.workers.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel ranks, if any (the engine is unusable after)."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
@@ -224,7 +270,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        next_tokens, logprobs = self.runner.execute(sched)
+        try:
+            next_tokens, logprobs = self.runner.execute(sched)
+        except Exception as e:
+            if self.workers is not None:    # name the rank whose death broke the collective
+                self.workers.raise_if_dead(wait_s=1.0, cause=e)
+            raise
         self.scheduler.update_after_step(sched.scheduled)
         now = time.monotonic()
         outputs: list[RequestOutput] = []
@@ -306,7 +357,11 @@ class LLMEngine:
             "num_used_blocks": total - free,
             "usage_ratio": (total - free) / total,
             "block_size": self.args.block_size,
-            "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,           # per rank
+            "tensor_parallel_size": self.args.tensor_parallel_size,
+            # (weight bytes, KV cache bytes) of each rank, rank 0 first.
+            "bytes_per_rank": (self.workers.per_rank_bytes if self.workers is not None else
+                               [(model_bytes(self.model) if self.model is not None else 0, self.kv_cache_bytes)]),
             "kv_cache_dtype": str(self.runner.kv_caches[0].key.dtype).replace("torch.", ""),
             "num_cached_blocks": len(kv.pool.cached),
             "num_preemptions": self.scheduler.num_preemptions,

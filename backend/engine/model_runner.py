@@ -28,16 +28,34 @@ def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
                       device: torch.device) -> list[KVCacheLayer]:
+    """cfg: this rank's shapes (its KV heads under tensor parallelism)."""
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    return [KVCacheLayer(torch.zeros(shape, dtype=kv_dtype, device=device),
-                         torch.zeros(shape, dtype=kv_dtype, device=device))
-            for _ in range(cfg.num_layers)]
+    layers = [KVCacheLayer(torch.zeros(shape, dtype=kv_dtype, device=device),
+                           torch.zeros(shape, dtype=kv_dtype, device=device))
+              for _ in range(cfg.num_layers)]
+    if kv_dtype == torch.float8_e4m3fn and cfg.quantization and cfg.quantization.get("kv_cache_scales"):
+        # Calibrated by the builder: per layer [k_scale, v_scale].
+        for layer, (k_scale, v_scale) in zip(layers, cfg.quantization["kv_cache_scales"]):
+            layer.k_scale, layer.v_scale = float(k_scale), float(v_scale)
+    return layers
+
+
+def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs) -> Optional[torch.Tensor]:
+    """The decoder over a packed step (writing its K/V into the cache); the logits of the
+    sampled rows ([R, V]), or None when R is 0 or on a tensor-parallel rank other than 0
+    (each rank runs this same function on the same step)."""
+    hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
+    if step.num_logits == 0:
+        return None
+    if not step.all_rows_sampled:
+        hidden = hidden.index_select(0, step.logits_indices)
+    return model.compute_logits(hidden)
 
 
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
-                 inputs: StepInputBuilder, vocab_size: int) -> None:
+                 inputs: StepInputBuilder, vocab_size: int, workers=None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -48,17 +66,14 @@ class ModelRunner:
         self._block_table_of = block_table_of
         # Set by capture_cuda_graphs (backend/engine/cuda_graphs.py) when graphs are on.
         self.graphs = None
+        # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
+        # step's plan before this rank runs its shard of the same forward.
+        self.workers = workers
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
-        """Runs the decoder over the packed step (writing its K/V into the cache) and
-        returns the logits of the sampled rows ([R, V]), or None when R is 0."""
-        if step.num_logits == 0:
-            self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
-            return None
-        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
-        if not step.all_rows_sampled:
-            hidden = hidden.index_select(0, step.logits_indices)
-        return self.model.compute_logits(hidden)
+        if self.workers is not None:
+            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix)
+        return run_model(self.model, self.kv_caches, step)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list[Optional[int]], dict[int, TokenLogprobs]]:

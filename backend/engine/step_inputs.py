@@ -121,18 +121,47 @@ class StepInputBuilder:
         all_rows = num_logits == T and B == T
 
         self.buffer.upload(self.offsets["block_tables"] + Bp * self.M)
-        query_lens = n_new.tolist() + [0] * (Bp - B)
+        return self._views(Tp, Bp, T, B, widest, num_logits, all_rows,
+                           n_new.tolist() + [0] * (Bp - B), seq_lens.tolist())
+
+    def _views(self, Tp: int, Bp: int, T: int, B: int, widest: int, num_logits: int, all_rows: bool,
+               query_lens: list[int], seq_lens: list[int]) -> StepInputs:
         meta = AttentionMetadata(
             query_start_loc=self.device_view("query_start_loc", Bp + 1),
             seq_lens=self.device_view("seq_lens", Bp),
             block_tables=self.block_tables_view(Bp, widest),
             slot_mapping=self.device_view("slot_mapping", Tp),
-            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens.tolist(),
-            max_query_len=int(n_new.max()), max_seq_len=int(seq_lens[:B].max()))
+            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
+            max_query_len=max(query_lens[:B]), max_seq_len=max(seq_lens[:B]))
         return StepInputs(
             input_ids=self.device_view("input_ids", Tp), positions=self.device_view("positions", Tp), meta=meta,
             logits_indices=self.device_view("logits_indices", max(num_logits, 1)), num_logits=num_logits,
             all_rows_sampled=all_rows, num_tokens=T, num_seqs=B)
+
+    # Tensor parallelism: rank 0 builds each step; the other ranks receive the buffer
+    # prefix it uploaded and rebuild the same views from it (backend/parallel/workers.py).
+    PLAN_LEN = 8
+
+    def plan(self, step: StepInputs) -> list[int]:
+        """What another rank needs, beside a copy of the uploaded prefix, to rebuild `step`."""
+        Bp = int(step.meta.seq_lens.shape[0])
+        return [self.offsets["block_tables"] + Bp * self.M, int(step.input_ids.shape[0]), Bp, step.num_tokens,
+                step.num_seqs, int(step.meta.block_tables.shape[1]), step.num_logits, int(step.all_rows_sampled)]
+
+    def rebuild(self, plan: list[int]) -> StepInputs:
+        """The step `plan` describes, once its prefix has been written into the host
+        buffer (`host_prefix`): uploads it and returns the views."""
+        n, Tp, Bp, T, B, widest, num_logits, all_rows = plan
+        host, off = self.buffer.np, self.offsets
+        query_lens = np.diff(host[off["query_start_loc"]:off["query_start_loc"] + Bp + 1]).tolist()
+        seq_lens = host[off["seq_lens"]:off["seq_lens"] + Bp].tolist()
+        self.buffer.upload(n)
+        return self._views(Tp, Bp, T, B, widest, num_logits, bool(all_rows), query_lens, seq_lens)
+
+    def host_prefix(self, n: int) -> torch.Tensor:
+        """The first n staged elements as a host tensor, what a plan's prefix is sent from
+        and received into (a receiver calls `buffer.writable()` first)."""
+        return self.buffer.host[:n]
 
 
 def static_decode_inputs(builder: StepInputBuilder, size: int, num_splits: int) -> StepInputs:

@@ -6,6 +6,10 @@ backend/models/loader.py), so a layer runs three GEMMs fewer. The residual trave
 beside the hidden state and each norm adds it first (vLLM's layout), so the add and the
 norm are one kernel. The math follows Hugging Face's modules operation for operation,
 which is what makes greedy output match token for token in fp32.
+
+Under tensor parallelism (backend/parallel/) each rank builds the model from its local
+config (its heads, KV heads and MLP channels): o_proj and down_proj outputs are summed
+over the ranks, and the embedding and LM head hold a slice of the vocabulary each.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.config import ModelConfig
 from backend.models.rotary import RotaryEmbedding
 from backend.ops import LayerOps, make_layer_ops
+from backend.parallel.group import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -31,8 +36,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, attn_factory: Callable[..., object], ops: LayerOps) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attn_factory: Callable[..., object], ops: LayerOps,
+                 tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -59,26 +66,28 @@ class Attention(nn.Module):
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         q, k = self.ops.rotary(positions, q, k, rotary.cos_cache, rotary.sin_cache, *norms)
         o = self.attn.forward(q, k, v, cache, meta)
-        return self.o_proj(o.reshape(T, self.q_size))
+        return self.tp.all_reduce(self.o_proj(o.reshape(T, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: LayerOps) -> None:
+    def __init__(self, cfg: ModelConfig, ops: LayerOps, tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = cfg.hidden_act
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.act_and_mul(self.gate_up_proj(x), self.act))
+        return self.tp.all_reduce(self.down_proj(self.ops.act_and_mul(self.gate_up_proj(x), self.act)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, attn_factory: Callable[..., object], ops: LayerOps) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attn_factory: Callable[..., object], ops: LayerOps,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, attn_factory, ops)
-        self.mlp = MLP(cfg, ops)
+        self.self_attn = Attention(cfg, layer_idx, attn_factory, ops, tp)
+        self.mlp = MLP(cfg, ops, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ops = ops
@@ -96,22 +105,45 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+class VocabParallelEmbedding(nn.Embedding):
+    """Rank r holds rows [r * n, (r + 1) * n); ids outside give zeros and the ranks'
+    lookups are summed."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
+        rows = -(-vocab_size // tp.size)
+        super().__init__(rows, hidden_size)
+        self.tp, self.rows = tp, rows
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(input_ids)
+        local = input_ids - self.tp.rank * self.rows
+        outside = (local < 0) | (local >= self.rows)
+        x = super().forward(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(x.masked_fill(outside[:, None], 0.0))
+
+
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object], ops: LayerOps) -> None:
+    def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object], ops: LayerOps,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, attn_factory, ops) for i in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, attn_factory, ops, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
-                 max_position: Optional[int] = None, ops: Optional[LayerOps] = None) -> None:
+                 max_position: Optional[int] = None, ops: Optional[LayerOps] = None,
+                 tp: TensorParallel = SINGLE) -> None:
+        """cfg: this rank's shapes (backend.parallel.sharding.local_config); the
+        vocabulary stays whole in it and is split here."""
         super().__init__()
         self.config = cfg
+        self.tp = tp
         self.ops = ops or make_layer_ops("torch")
-        self.model = DecoderModel(cfg, attn_factory, self.ops)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.model = DecoderModel(cfg, attn_factory, self.ops, tp)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.model.embed_tokens.rows, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, max_position or cfg.max_position_embeddings,
@@ -127,5 +159,9 @@ class CausalLM(nn.Module):
         norm = self.model.norm
         return self.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """[R, vocab] on rank 0; None on the other ranks (their slices went to rank 0)."""
+        logits = self.tp.gather_last_dim(self.lm_head(hidden))
+        if logits is None or self.tp.size == 1:
+            return logits
+        return logits[:, :self.config.vocab_size]

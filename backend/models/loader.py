@@ -13,6 +13,8 @@ from backend.models.config import ModelConfig
 from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
 from backend.models.llama import CausalLM
 from backend.ops import LayerOps
+from backend.parallel.group import SINGLE, TensorParallel
+from backend.parallel.sharding import load_shard, local_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -60,12 +62,15 @@ def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-               attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None) -> CausalLM:
+               attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None,
+               tp: TensorParallel = SINGLE) -> CausalLM:
+    """The model, or with tp.size > 1 this rank's shard of it (reading only its slices)."""
     with torch.device("meta"):
-        model = CausalLM(cfg, attn_factory, max_position, ops)
+        model = CausalLM(local_config(cfg, tp.size), attn_factory, max_position, ops, tp)
         if cfg.quantization is not None:
             swap_in_fp8_linears(model)
-    state = fuse_projections(load_weights(path), cfg.num_layers)
+    weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
+    state = fuse_projections(weights, cfg.num_layers)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)

@@ -271,6 +271,7 @@ class TritonPythonModel(Watcher):
         self._responses.put(None)
         self._response_thread.join(timeout=10)
         self._watch_thread.join(timeout=5)
+        self.engine.shutdown()  # tensor-parallel ranks: unloading stops every one
         if self._unhealthy and self.metrics:
             self.metrics.close()  # the supervisor loads the model again: start its metrics clean
         if self.health:

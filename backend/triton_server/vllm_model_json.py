@@ -18,18 +18,16 @@ from backend.config import ConfigError
 # Applied as they are: the same name and meaning here.
 SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
         "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
-        "max_queue_size"}
+        "max_queue_size", "tensor_parallel_size"}
 RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
 DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = {"fp8_e4m3": "fp8"}
 
 
-def _parallel_size(key: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if str(value) != "1":
-            raise ConfigError(f"invalid model.json key '{key}': {value!r}; this backend runs one device per "
-                              "model instance (tensor and pipeline parallelism are not supported yet)")
-    return check
+def _pipeline_parallel_size(value: Any) -> None:
+    if str(value) != "1":
+        raise ConfigError(f"invalid model.json key 'pipeline_parallel_size': {value!r}; pipeline parallelism is "
+                          "not supported (tensor_parallel_size is)")
 
 
 def _quantization(model_dir: str, model: str) -> Callable[[Any], None]:
@@ -65,8 +63,7 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
         raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"'{path}' must hold a JSON object of engine arguments")
-    checks = {"tensor_parallel_size": _parallel_size("tensor_parallel_size"),
-              "pipeline_parallel_size": _parallel_size("pipeline_parallel_size"),
+    checks = {"pipeline_parallel_size": _pipeline_parallel_size,
               "quantization": _quantization(model_dir, str(raw.get("model", "")))}
     params: dict[str, str] = {}
     warnings = []

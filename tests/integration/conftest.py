@@ -19,14 +19,19 @@ from clients.tritonserver import TritonServer
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="session")
-def model_repo(tmp_path_factory, tiny_ckpt):
-    repo = tmp_path_factory.mktemp("repo")
-    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(repo / "llm"), name="llm", link=True,
-                              block_size=16, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
-                              max_model_len=1024, max_queue_size=48, grace_period_s=2.0),
+def build_repo(repo, checkpoint: str, **options) -> str:
+    """The default test repository (model `llm`), with options on top."""
+    build(BuildOptions.create(**{**dict(checkpoint=checkpoint, output=str(repo / "llm"), name="llm", link=True,
+                                        block_size=16, num_kv_blocks=256, max_num_seqs=16,
+                                        max_num_batched_tokens=256, max_model_len=1024, max_queue_size=48,
+                                        grace_period_s=2.0), **options}),
           log=lambda *_: None)
     return str(repo)
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory, tiny_ckpt):
+    return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt)
 
 
 @pytest.fixture(scope="session")

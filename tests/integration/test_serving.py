@@ -1,6 +1,12 @@
 """Serving through a real tritonserver: concurrency, exactness vs the offline API,
 streaming and non-streaming, HTTP, cancellation, errors. Each test ends with the block
-pool fully free (checked on the metrics endpoint)."""
+pool fully free (checked on the metrics endpoint).
+
+Every test runs twice: against the session's server (one rank), and against a server of
+its own whose model is split over two ranks (tensor_parallel_size=2, gloo on CPU), with
+the same expectations: the single-rank offline engine's tokens."""
+
+import os
 
 import json
 import threading
@@ -12,12 +18,23 @@ import pytest
 
 from backend import LLM, SamplingParams
 from clients.triton_client import StreamingRequest
-from tests.integration.conftest import metric, wait_blocks_free, wait_metric
+from clients.tritonserver import TritonServer
+from tests.integration.conftest import build_repo, metric, wait_blocks_free, wait_metric
 
 PROMPTS = [f"The {w} statement" for w in ("assert", "pass", "del", "return", "yield", "raise", "break",
                                             "continue", "import", "global", "nonlocal", "if", "while",
                                             "for", "try", "with")]
 GREEDY = {"max_tokens": 20, "min_tokens": 20, "temperature": 0}
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def server(request, server, tmp_path_factory, tiny_ckpt):
+    if request.param == 1:
+        yield server
+        return
+    repo = build_repo(tmp_path_factory.mktemp("repo_tp2"), tiny_ckpt, tensor_parallel_size=2)
+    with TritonServer(repo, log_path=os.path.join(repo, "..", "server.log"), supervised=True) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ def test_vllm_sample_maps_onto_engine_args(tmp_path, tiny_ckpt):
                      "trust_remote_code": False, "kv_cache_dtype": "fp8_e4m3"})
     params, warnings = read_model_json(str(tmp_path))
     assert params == {"model": tiny_ckpt, "gpu_memory_utilization": "0.1", "enforce_eager": "true",
-                      "dtype": "float16", "num_kv_blocks": "64", "kv_cache_dtype": "fp8"}
+                      "dtype": "float16", "num_kv_blocks": "64", "kv_cache_dtype": "fp8",
+                      "tensor_parallel_size": "1"}
     assert warnings == ["model.json key 'disable_log_requests' has no effect with this backend; ignored",
                         "model.json key 'trust_remote_code' has no effect with this backend; ignored"]
     args, _ = load_settings(params, str(tmp_path))
@@ -30,7 +31,7 @@ def test_no_file_is_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("obj,expected", [
-    ({"tensor_parallel_size": 2}, "'tensor_parallel_size'"),
+    ({"pipeline_parallel_size": 2}, "'pipeline_parallel_size'"),
     ({"quantization": "awq"}, "'quantization'"),
     ({"quantization": "fp8", "model": "."}, "not an FP8 build"),
     ("{not json", "not valid JSON"),
@@ -40,6 +41,12 @@ def test_bad_values_name_the_key(tmp_path, obj, expected):
     write(tmp_path, obj)
     with pytest.raises(ConfigError, match=expected):
         read_model_json(str(tmp_path))
+
+
+def test_tensor_parallel_size_carries_over(tmp_path, tiny_ckpt):
+    write(tmp_path, {"model": tiny_ckpt, "tensor_parallel_size": 2})
+    args, _ = load_settings(read_model_json(str(tmp_path))[0], str(tmp_path))
+    assert args.tensor_parallel_size == 2
 
 
 def test_wrong_value_of_a_mapped_key_fails_validation_naming_it(tmp_path, tiny_ckpt):

@@ -1,0 +1,217 @@
+"""Tensor-parallel ranks 1..N-1: processes the engine starts, each holding its shard of
+the weights and of every KV block, running the forward pass rank 0 plans.
+
+Rank 0 is the engine's own process: scheduler, block manager, sampler. Each step it
+sends the others a short plan and the integer inputs it uploaded (one gloo broadcast
+each, on a control group), then every rank runs the same forward over the same block
+ids; the layers' all-reduces and the logits gather are the only other traffic. The
+workers never decide anything, so they cannot drift from rank 0.
+
+A worker that dies closes its connections: rank 0's next collective fails at once, and
+`check_health()` (called by the engine loop every iteration, busy or idle) names it. A
+rank 0 that dies does the same to the workers, which then exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from backend.engine.errors import EngineDeadError
+from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
+
+logger = logging.getLogger(__name__)
+
+_STOP, _SETUP, _STEP = 0, 1, 2
+_HEADER_LEN = 9                     # command + StepInputBuilder.PLAN_LEN values
+# Data-plane collectives (all-reduce, gather) that wait this long on a rank raise.
+COLLECTIVE_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What a rank needs to build its shard (picklable: it crosses the spawn)."""
+    model: str
+    size: int
+    init_method: str
+    device_type: str
+    dtype: str                      # torch dtype name, e.g. "float32"
+    kv_dtype: str
+    attention_backend: str
+    max_position: int
+    rank: int = 0
+
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.rank) if self.device_type == "cuda" else torch.device("cpu")
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes(kv_caches) -> int:
+    return sum(c.key.nbytes + c.value.nbytes for c in kv_caches)
+
+
+class TensorParallelWorkers:
+    """Rank 0's handle on the other ranks."""
+
+    def __init__(self, spec: WorkerSpec, start_timeout_s: float = 600.0) -> None:
+        self.size = spec.size
+        self._dir = tempfile.mkdtemp(prefix="paged_llm_tp_")
+        spec = dataclasses.replace(spec, init_method="file://" + os.path.join(self._dir, "rendezvous"))
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=worker_main, args=(dataclasses.replace(spec, rank=r),),
+                                  name=f"paged_llm-tp-rank{r}", daemon=True)
+                      for r in range(1, spec.size)]
+        self._closed = False
+        self.per_rank_bytes: list[tuple[int, int]] = []
+        for p in self.procs:
+            p.start()
+        self.tp: TensorParallel = self._join(spec, start_timeout_s)
+        self.ctrl = control_group()
+        self._header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+
+    def _join(self, spec: WorkerSpec, timeout_s: float) -> TensorParallel:
+        """Rendezvous with the workers, failing fast (not after the store's timeout) when
+        one of them dies while starting."""
+        result: list = []
+
+        def join() -> None:
+            try:
+                result.append(init_group(0, spec.size, spec.init_method, spec.device(), COLLECTIVE_TIMEOUT_S))
+            except Exception as e:  # reported below
+                result.append(e)
+
+        thread = threading.Thread(target=join, name="tp-rendezvous", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            thread.join(0.1)
+            dead = self._dead()
+            if dead or time.monotonic() > deadline:
+                self.shutdown()
+                raise EngineDeadError(f"tensor parallel startup failed: {dead or 'the ranks did not meet in time'}")
+        if isinstance(result[0], Exception):
+            self.shutdown()
+            raise EngineDeadError(f"tensor parallel startup failed: {result[0]}")
+        return result[0]
+
+    def setup(self, num_kv_blocks: int, block_size: int, input_sizes: tuple[int, int, int],
+              weight_bytes: int, kv_cache_bytes: int) -> None:
+        """Tell the workers the KV pool and step buffer sizes rank 0 chose; collect every
+        rank's (weight bytes, KV bytes)."""
+        self._send([_SETUP, num_kv_blocks, block_size, *input_sizes])
+        mine = torch.tensor([weight_bytes, kv_cache_bytes], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.gather(mine, parts, dst=0, group=self.ctrl)
+        self.per_rank_bytes = [(int(p[0]), int(p[1])) for p in parts]
+
+    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor]) -> None:
+        self.check_health()
+        self._send([_STEP, *plan])
+        dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
+
+    def _send(self, values: list[int]) -> None:
+        self._header.zero_()
+        self._header[:len(values)] = torch.tensor(values, dtype=torch.int64)
+        dist.broadcast(self._header, 0, group=self.ctrl)
+
+    def _dead(self) -> str:
+        return "; ".join(f"tensor parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+                         for r, p in enumerate(self.procs, start=1) if not p.is_alive())
+
+    def check_health(self) -> None:
+        dead = self._dead()
+        if dead:
+            raise EngineDeadError(dead)
+
+    def raise_if_dead(self, wait_s: float, cause: BaseException) -> None:
+        """After a failed collective: a rank that died is the likely cause, and its exit
+        can trail its closed connections by a moment."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            dead = self._dead()
+            if dead:
+                raise EngineDeadError(dead) from cause
+            time.sleep(0.02)
+
+    def shutdown(self) -> None:
+        """Stop every worker (asked first, killed after a grace) and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        if dist.is_initialized() and not self._dead():
+            try:
+                self._send([_STOP])
+            except Exception:       # a rank died meanwhile; the kill below covers it
+                pass
+        for p in self.procs:
+            p.join(timeout=10.0 if p.is_alive() and not self._dead() else 1.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        destroy_group()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Entry point of ranks 1..N-1 (a spawned process)."""
+    # Imported here: the engine imports this module, and a spawned child imports only what it runs.
+    from backend.attention import make_attention_factory
+    from backend.engine.model_runner import allocate_kv_cache, run_model
+    from backend.engine.step_inputs import StepInputBuilder
+    from backend.models.config import load_model_config
+    from backend.models.loader import load_model
+    from backend.ops import make_layer_ops
+    from backend.parallel.sharding import local_config
+
+    logging.basicConfig(level=logging.INFO, format=f"[paged_llm tp rank {spec.rank}] %(message)s")
+    device = spec.device()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
+    else:
+        torch.cuda.set_device(device)
+    tp = init_group(spec.rank, spec.size, spec.init_method, device, COLLECTIVE_TIMEOUT_S)
+    ctrl = control_group()
+    try:
+        cfg = load_model_config(spec.model)
+        model = load_model(spec.model, cfg, getattr(torch, spec.dtype), device,
+                           make_attention_factory(spec.attention_backend), spec.max_position,
+                           make_layer_ops(spec.attention_backend), tp)
+        header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+        dist.broadcast(header, 0, group=ctrl)
+        command, num_blocks, block_size, max_tokens, max_seqs, max_blocks_per_seq = header[:6].tolist()
+        if command != _SETUP:
+            return
+        kv_caches = allocate_kv_cache(local_config(cfg, spec.size), num_blocks, block_size,
+                                      getattr(torch, spec.kv_dtype), device)
+        inputs = StepInputBuilder(max_tokens, max_seqs, max_blocks_per_seq, block_size, device)
+        dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
+                    dst=0, group=ctrl)
+        with torch.inference_mode():
+            while True:
+                dist.broadcast(header, 0, group=ctrl)
+                values = header.tolist()
+                if values[0] != _STEP:
+                    return
+                plan = values[1:1 + StepInputBuilder.PLAN_LEN]
+                inputs.buffer.writable()
+                dist.broadcast(inputs.host_prefix(plan[0]), 0, group=ctrl)
+                run_model(model, kv_caches, inputs.rebuild(plan))
+    except Exception:
+        # Rank 0 sees the closed connections at once; the reason goes to the log.
+        logging.getLogger(__name__).exception("tensor parallel rank %d failed", spec.rank)
+        raise SystemExit(1)
+    finally:
+        destroy_group()
