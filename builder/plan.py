@@ -10,9 +10,10 @@ allocates (tests/unit/builder/test_plan.py checks them against a loaded engine):
 weights are the parameters the engine loads (fused projections have the same counts);
 KV is 2 x layers x kv_heads x head_dim x element size per token, allocated in blocks of
 `block_size` tokens; on a GPU the budget is memory x `gpu_memory_utilization` minus the
-weights and the decode CUDA graphs' pool. With tensor parallelism (Megatron-style) each
-rank holds 1/tp of the sharded weights and of the KV heads, a whole KV head when there
-are fewer heads than ranks.
+weights and the decode CUDA graphs' pool. With tensor parallelism each rank holds what
+backend/parallel/sharding.py gives it: 1/tp of the heads, MLP channels and (padded)
+vocabulary, whole norms, and a whole KV head (its projections too) when there are fewer
+KV heads than ranks; the engine captures no CUDA graphs then.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Optional
 
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import ModelConfig
+from backend.parallel.sharding import local_config, local_vocab_size
 
 HOURS_PER_MONTH = 720  # 30 days: the usual cloud pricing month
 
@@ -46,36 +48,35 @@ class ParamCounts:
         return self.linear + self.other
 
 
-def count_params(cfg: ModelConfig) -> ParamCounts:
+def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
+    """Parameters one rank of tp holds."""
     h, hd, layers = cfg.hidden_size, cfg.head_dim, cfg.num_layers
-    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
-    linear_per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
-    rows_per_layer = (q + 2 * kv) + h + 2 * cfg.intermediate_size + h
+    local = local_config(cfg, tp)
+    q, kv, inter = local.num_heads * hd, local.num_kv_heads * hd, local.intermediate_size
+    linear_per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    # Output channels (one scale each): o_proj's and down_proj's are whole on every rank.
+    rows_per_layer = (q + 2 * kv) + h + 2 * inter + h
     other_per_layer = 2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (2 * hd if cfg.qk_norm else 0)
-    embed = cfg.vocab_size * h
+    embed = local_vocab_size(cfg, tp) * h
     other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
     return ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
     """Bytes of weights on one rank."""
-    p = count_params(cfg)
+    p = count_params(cfg, tp)
     if dtype == "float32":
-        return p.total * 4 // tp
+        return p.total * 4
     linear = p.linear * WEIGHT_DTYPES[dtype]
     if dtype in ("fp8", "int8"):
         linear += p.linear_rows * 4
     elif dtype == "int4":
         linear += p.linear / 128 * 2
-    return int((linear + p.other * 2) / tp)
-
-
-def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
-    return max(cfg.num_kv_heads // tp, 1) if cfg.num_kv_heads >= tp else 1
+    return int(linear + p.other * 2)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1) -> int:
-    return 2 * cfg.num_layers * kv_heads_per_rank(cfg, tp) * cfg.head_dim * KV_DTYPES[kv_dtype]
+    return 2 * cfg.num_layers * local_config(cfg, tp).num_kv_heads * cfg.head_dim * KV_DTYPES[kv_dtype]
 
 
 def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1) -> int:
@@ -109,7 +110,7 @@ def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: 
     for tp in tps:
         for w in weights:
             wb = weight_bytes(cfg, w, tp)
-            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes)
+            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes) if tp == 1 else 0
             budget = int(gpu_memory_gb * 2**30 * gpu_memory_utilization) - wb - graphs
             blocks = kv_blocks(max(budget, 0), cfg, kv_dtype, block_size, tp)
             rows.append(MemoryRow(tp, w, wb, graphs, max(budget, 0), kv_bytes_per_token(cfg, kv_dtype, tp), blocks,

@@ -38,14 +38,29 @@ def test_memory_rows_equal_the_engines_own_figures(ckpt_dir, arch, kv_dtype, blo
     assert n == e.num_kv_blocks // -(-200 // block_size) and n > 0
 
 
+@pytest.mark.parametrize("arch, overrides", [("qwen2", {"vocab_size": 321}), ("llama", {"num_key_value_heads": 1})],
+                         ids=["qwen2-bias-padded-vocab", "llama-replicated-kv-head"])
+def test_tensor_parallel_rows_equal_each_ranks_figures(ckpt_dir, arch, overrides):
+    path = make_checkpoint(str(ckpt_dir / f"plan_tp_{arch}"), arch, **overrides)
+    cfg = load_model_config(path)
+    budget, block_size = 2_000_000, 8
+    with LLM(path, dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget, tensor_parallel_size=2) as llm:
+        ranks = llm.kv_cache_stats()["bytes_per_rank"]
+    blocks = plan.kv_blocks(budget, cfg, "float32", block_size, tp=2)
+    assert ranks == [(plan.weight_bytes(cfg, "float32", tp=2),
+                      blocks * block_size * plan.kv_bytes_per_token(cfg, "float32", tp=2))] * 2
+
+
 def test_public_config_counts_and_tensor_parallel_shards():
     cfg = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-8b"])
     assert plan.count_params(cfg).total == 8_030_261_248  # Llama 3.1 8B's published count
     assert plan.weight_bytes(cfg, "bf16") == 2 * 8_030_261_248
-    assert plan.weight_bytes(cfg, "bf16", tp=2) == 8_030_261_248
+    norms = (2 * cfg.num_layers + 1) * cfg.hidden_size        # whole on every rank
+    assert plan.weight_bytes(cfg, "bf16", tp=2) == 2 * ((8_030_261_248 - norms) // 2 + norms)
     assert plan.weight_bytes(cfg, "int4") < plan.weight_bytes(cfg, "fp8") < plan.weight_bytes(cfg, "bf16")
     assert plan.kv_bytes_per_token(cfg, "bf16") == 2 * 32 * 8 * 128 * 2  # 128 KiB
-    assert plan.kv_heads_per_rank(cfg, 2) == 4 and plan.kv_heads_per_rank(cfg, 16) == 1  # replicated
+    assert plan.kv_bytes_per_token(cfg, "bf16", 2) == 2 * 32 * 4 * 128 * 2
+    assert plan.kv_bytes_per_token(cfg, "bf16", 16) == 2 * 32 * 1 * 128 * 2      # KV heads replicated
 
 
 def test_worked_cost_example():
