@@ -76,6 +76,11 @@ class TensorParallelWorkers:
                       for r in range(1, spec.size)]
         self._closed = False
         self.per_rank_bytes: list[tuple[int, int]] = []
+        # On CPU the ranks share the machine's cores: each takes its share (the workers
+        # do the same), or they would oversubscribe it. Given back at shutdown.
+        self._threads = torch.get_num_threads()
+        if spec.device_type == "cpu":
+            torch.set_num_threads(cpu_share(spec.size))
         for p in self.procs:
             p.start()
         self.tp: TensorParallel = self._join(spec, start_timeout_s)
@@ -163,6 +168,11 @@ class TensorParallelWorkers:
                 p.join()
         destroy_group()
         shutil.rmtree(self._dir, ignore_errors=True)
+        torch.set_num_threads(self._threads)
+
+
+def cpu_share(size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // size)
 
 
 def worker_main(spec: WorkerSpec) -> None:
@@ -179,7 +189,7 @@ def worker_main(spec: WorkerSpec) -> None:
     logging.basicConfig(level=logging.INFO, format=f"[paged_llm tp rank {spec.rank}] %(message)s")
     device = spec.device()
     if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
+        torch.set_num_threads(cpu_share(spec.size))
     else:
         torch.cuda.set_device(device)
     tp = init_group(spec.rank, spec.size, spec.init_method, device, COLLECTIVE_TIMEOUT_S)
