@@ -138,10 +138,10 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptio
     kv_per_token = 2 * cfg.num_layers * local_config(cfg, tp).num_kv_heads * cfg.head_dim * kv_bytes_per_elem
     weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
-    # The torch engine on a GPU captures decode CUDA graphs (one rank only, so far); the
-    # engine reserves their pool before sizing the KV cache, and so does the plan (bf16
+    # The torch engine on a GPU captures decode CUDA graphs (every rank); the engine
+    # reserves their pool before sizing the KV cache, and so does the plan (bf16
     # activations).
-    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" and tp == 1 else 0
+    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
     kv_budget = max(budget - weight_bytes - graph_bytes, 0)
     tokens = int(kv_budget // kv_per_token)
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,

@@ -13,7 +13,7 @@ KV is 2 x layers x kv_heads x head_dim x element size per token, allocated in bl
 weights and the decode CUDA graphs' pool. With tensor parallelism each rank holds what
 backend/parallel/sharding.py gives it: 1/tp of the heads, MLP channels and (padded)
 vocabulary, whole norms, and a whole KV head (its projections too) when there are fewer
-KV heads than ranks; the engine captures no CUDA graphs then.
+KV heads than ranks.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: 
     for tp in tps:
         for w in weights:
             wb = weight_bytes(cfg, w, tp)
-            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes) if tp == 1 else 0
+            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes)
             budget = int(gpu_memory_gb * 2**30 * gpu_memory_utilization) - wb - graphs
             blocks = kv_blocks(max(budget, 0), cfg, kv_dtype, block_size, tp)
             rows.append(MemoryRow(tp, w, wb, graphs, max(budget, 0), kv_bytes_per_token(cfg, kv_dtype, tp), blocks,

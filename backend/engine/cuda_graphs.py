@@ -11,6 +11,10 @@ Before a graph serves anything it is replayed once against the eager forward on 
 same inputs; a mismatch, or any capture error, logs why and leaves the engine eager.
 The split-KV factor of the attention kernel is fixed per graph (its launch grid is
 baked in), chosen for the longest context the engine allows.
+
+Under tensor parallelism every rank captures the same graphs at the same time (their
+NCCL collectives are recorded in them), the ranks agree that all of them succeeded or all
+run eagerly (backend/parallel/workers.py), and each replays the size rank 0 picked.
 """
 
 from __future__ import annotations
@@ -133,8 +137,11 @@ def _check_against_eager(graphs: DecodeGraphs, runner, rng, splits: dict[int, in
     model, cfg = runner.model, runner.model.config
     for size in graphs.sizes:
         step = dummy_decode(runner.inputs, size, rng.integers(0, cfg.vocab_size, size), splits[size])
-        eager = model.compute_logits(model(step.input_ids, step.positions, runner.kv_caches, step.meta)).float()
-        replayed = graphs.replay(size).float()
+        eager = model.compute_logits(model(step.input_ids, step.positions, runner.kv_caches, step.meta))
+        replayed = graphs.replay(size)
+        if eager is None:   # a tensor-parallel rank other than 0: it ran the same collectives, rank 0 judges
+            continue
+        eager, replayed = eager.float(), replayed.float()
         err = ((eager - replayed).norm() / eager.norm().clamp(min=1e-12)).item()
         if not err <= 1e-3:
             return f"batch size {size}: relative logit error {err:.3g}"

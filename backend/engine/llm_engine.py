@@ -96,9 +96,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(args.model)
         self._fast_decode = fast_decoder(self.tokenizer)
 
-        # Not yet with tensor parallelism: every rank would have to capture and replay in step.
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
-                                and args.model_runner == "torch" and not args.enforce_eager and tp_size == 1)
+                                and args.model_runner == "torch" and not args.enforce_eager)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
@@ -115,7 +114,9 @@ class LLMEngine:
             self.workers.setup(self.num_kv_blocks, args.block_size, self._input_sizes(),
                                model_bytes(self.model), kv_bytes(kv_layers))
         if self.use_cuda_graphs:
-            self.runner.graphs = capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)
+            capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)  # noqa: E731
+            self.runner.graphs = (capture() if self.workers is None else
+                                  self.workers.capture_graphs(capture, args.max_num_seqs, self.max_model_len))
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0

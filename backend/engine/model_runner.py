@@ -71,8 +71,6 @@ class ModelRunner:
         self.workers = workers
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
-        if self.workers is not None:
-            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix)
         return run_model(self.model, self.kv_caches, step)
 
     @torch.inference_mode()
@@ -82,6 +80,8 @@ class ModelRunner:
         the logprobs of those that asked, by their index in `out.scheduled`."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        if self.workers is not None:
+            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0)
         if graph_size is not None:
             logits = self.graphs.replay(graph_size)[:step.num_seqs]
         else:

@@ -21,19 +21,21 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable
+from types import SimpleNamespace
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from backend.engine.errors import EngineDeadError
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
 
 logger = logging.getLogger(__name__)
 
-_STOP, _SETUP, _STEP = 0, 1, 2
-_HEADER_LEN = 9                     # command + StepInputBuilder.PLAN_LEN values
+_STOP, _SETUP, _STEP, _CAPTURE = 0, 1, 2, 3
+_HEADER_LEN = 10                    # command + StepInputBuilder.PLAN_LEN values + CUDA graph size
 # Data-plane collectives (all-reduce, gather) that wait this long on a rank raise.
 COLLECTIVE_TIMEOUT_S = 600.0
 
@@ -122,10 +124,22 @@ class TensorParallelWorkers:
         dist.gather(mine, parts, dst=0, group=self.ctrl)
         self.per_rank_bytes = [(int(p[0]), int(p[1])) for p in parts]
 
-    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor]) -> None:
+    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor], graph_size: int = 0) -> None:
+        """graph_size: the decode CUDA graph rank 0 replays for this step, 0 for eager."""
         self.check_health()
-        self._send([_STEP, *plan])
+        self._send([_STEP, *plan, graph_size])
         dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
+
+    def capture_graphs(self, capture: Callable[[], Optional[DecodeGraphs]], max_num_seqs: int,
+                       max_model_len: int) -> Optional[DecodeGraphs]:
+        """Every rank captures its decode graphs at once (`capture` is rank 0's part);
+        they are kept only if every rank succeeded."""
+        self._send([_CAPTURE, max_num_seqs, max_model_len])
+        graphs = capture()
+        if not agree(graphs is not None, self.ctrl):
+            logger.warning("a tensor-parallel rank could not capture its CUDA graphs: every rank runs eagerly")
+            return None
+        return graphs
 
     def _send(self, values: list[int]) -> None:
         self._header.zero_()
@@ -175,6 +189,13 @@ def cpu_share(size: int) -> int:
     return max(1, (os.cpu_count() or 1) // size)
 
 
+def agree(ok: bool, group) -> bool:
+    """True on every rank if `ok` on every rank."""
+    flag = torch.tensor([int(ok)], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """Entry point of ranks 1..N-1 (a spawned process)."""
     # Imported here: the engine imports this module, and a spawned child imports only what it runs.
@@ -209,16 +230,29 @@ def worker_main(spec: WorkerSpec) -> None:
         inputs = StepInputBuilder(max_tokens, max_seqs, max_blocks_per_seq, block_size, device)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
                     dst=0, group=ctrl)
+        graphs: Optional[DecodeGraphs] = None
         with torch.inference_mode():
             while True:
                 dist.broadcast(header, 0, group=ctrl)
-                values = header.tolist()
-                if values[0] != _STEP:
+                command, *values = header.tolist()
+                if command == _CAPTURE:
+                    runner = SimpleNamespace(model=model, kv_caches=kv_caches, block_size=block_size,
+                                             device=device, inputs=inputs)
+                    graphs = capture_decode_graphs(runner, values[0], values[1])
+                    graphs = graphs if agree(graphs is not None, ctrl) else None
+                    continue
+                if command != _STEP:
                     return
-                plan = values[1:1 + StepInputBuilder.PLAN_LEN]
+                plan, graph_size = values[:StepInputBuilder.PLAN_LEN], values[StepInputBuilder.PLAN_LEN]
                 inputs.buffer.writable()
                 dist.broadcast(inputs.host_prefix(plan[0]), 0, group=ctrl)
-                run_model(model, kv_caches, inputs.rebuild(plan))
+                step = inputs.rebuild(plan)
+                if not graph_size:
+                    run_model(model, kv_caches, step)
+                elif graphs is not None:
+                    graphs.replay(graph_size)
+                else:   # what the graph runs (every padded row's logits), eagerly: the same collectives
+                    model.compute_logits(model(step.input_ids, step.positions, kv_caches, step.meta))
     except Exception:
         # Rank 0 sees the closed connections at once; the reason goes to the log.
         logging.getLogger(__name__).exception("tensor parallel rank %d failed", spec.rank)

@@ -16,6 +16,7 @@ from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 from backend.engine.step_inputs import static_decode_inputs
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.graphs import EagerReplayGraphs
 
 
 def test_capture_sizes_ladder():
@@ -49,21 +50,6 @@ def test_graph_memory_is_reserved_in_the_plan(llama_ckpt):
     cfg = load_model_config(llama_ckpt)
     small, big = estimate_graph_bytes(cfg, 8, 2), estimate_graph_bytes(cfg, 64, 2)
     assert 0 < small < big and big >= 64 * cfg.vocab_size * 2
-
-
-class EagerReplayGraphs(DecodeGraphs):
-    """Stands in for captured graphs on CPU: a replay recomputes the forward pass over the
-    static views a capture would have recorded (fixed buffers, full-width block tables,
-    fixed split-KV), so everything but the CUDA graph machinery itself is exercised."""
-
-    def __init__(self, runner, max_num_seqs, splits=2):
-        super().__init__(capture_sizes(max_num_seqs))
-        self.runner, self.splits, self.replayed = runner, splits, []
-
-    def replay(self, size):
-        m, step = self.runner.model, static_decode_inputs(self.runner.inputs, size, self.splits)
-        self.replayed.append(size)
-        return m.compute_logits(m(step.input_ids, step.positions, self.runner.kv_caches, step.meta))
 
 
 def test_engine_through_padded_graph_path_matches_transformers(ckpt_dir):

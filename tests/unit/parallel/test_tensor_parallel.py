@@ -15,6 +15,7 @@ from backend.engine.errors import EngineDeadError
 from backend.engine.llm_engine import LLMEngine
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.graphs import EagerReplayGraphs
 
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 16
@@ -88,6 +89,32 @@ def test_fp8_build_splits_the_same(fp8_build):
         assert set(top) == set(g.logprobs[0])
     print(f"FP8, TP=2 vs TP=1: largest top-5 logprob difference {worst:.2e}")
     assert worst < 0.02
+
+
+def test_decode_graph_steps_reach_every_rank(ckpt_dir):
+    """Rank 0 replaying decode graphs (the CPU stand-in: the forward over the static
+    buffers a capture records, Triton kernels in the interpreter) sends each step's graph
+    size and padded inputs; the other rank runs the same padded step in lockstep."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    prompts = random_prompts(5, [1, 30, 9, 23, 17], seed=3)
+    expected = hf_greedy(path, prompts, 10)
+    with LLM(path, tensor_parallel_size=2, block_size=8, num_kv_blocks=40, max_num_seqs=6,
+             max_num_batched_tokens=32, attention_backend="triton", dtype="float32") as llm:
+        runner = llm.engine.runner
+        runner.graphs = EagerReplayGraphs(runner, 6)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=10, min_tokens=10, temperature=0))
+        assert [o.token_ids for o in outs] == expected
+        assert 6 in runner.graphs.replayed                 # 5 sequences padded to 6
+        assert_pool_free(llm)
+
+
+def test_graphs_are_kept_only_if_every_rank_captured(llama_ckpt):
+    """Rank 0 'captures' (a stand-in); rank 1 cannot (no CUDA here): every rank runs eagerly."""
+    with LLM(llama_ckpt, tensor_parallel_size=2, block_size=4, num_kv_blocks=64, max_num_seqs=4) as llm:
+        runner = llm.engine.runner
+        assert llm.engine.workers.capture_graphs(lambda: EagerReplayGraphs(runner, 4), 4, 256) is None
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, min_tokens=4, temperature=0))[0]
+        assert out.token_ids == hf_greedy(llama_ckpt, [[5, 6, 7]], 4)[0]
 
 
 def _tp_loop(path):
