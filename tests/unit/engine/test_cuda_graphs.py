@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.cuda_graphs import (DecodeGraphs, _check_against_eager, capture_decode_graphs,
+from backend.engine.cuda_graphs import (_check_against_eager, capture_decode_graphs,
                                         capture_sizes, estimate_graph_bytes, graph_size_for, is_decode_only)
 from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
-from backend.engine.step_inputs import static_decode_inputs
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 from tests.helpers.graphs import EagerReplayGraphs
