@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.config import validated
+
+
+GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar")
 
 
 class SamplingParamsError(ValueError):
@@ -38,6 +42,15 @@ class SamplingParams(BaseModel):
     # Log probabilities of each generated token and of this many most likely ones (vLLM's
     # name; 0: the generated token's only). None: none are computed.
     logprobs: Optional[int] = Field(None, ge=0, le=20)
+    # Structured output (vLLM's guided decoding; at most one): the output follows a JSON
+    # schema, any JSON object, a regular expression, one of the given strings, or an
+    # EBNF grammar (xgrammar's GBNF dialect). Enforced by a token mask in the sampler
+    # (backend/engine/structured_output.py).
+    guided_json: Optional[Union[dict, str]] = None
+    guided_json_object: bool = False
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -63,11 +76,39 @@ class SamplingParams(BaseModel):
             raise ValueError("must be a finite number")
         return v
 
+    @field_validator("guided_json")
+    @classmethod
+    def _schema_is_json(cls, v: Union[None, dict, str]) -> Union[None, dict, str]:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+            if not isinstance(v, dict):
+                raise ValueError("a JSON schema must be a JSON object")
+        return v
+
+    @field_validator("guided_choice")
+    @classmethod
+    def _choices(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is not None and (not v or any(c == "" for c in v)):
+            raise ValueError("needs at least one choice, none of them empty")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        guided = self.guided_fields()
+        if len(guided) > 1:
+            raise ValueError(f"at most one of {', '.join(guided)} may be set")
+        if guided and self.min_tokens:
+            raise ValueError(f"min_tokens cannot be combined with {guided[0]}: the grammar decides where the output ends")
         return self
+
+    def guided_fields(self) -> list[str]:
+        """The structured-output fields this request sets (0 or 1 once validated)."""
+        return [name for name in GUIDED_FIELDS if getattr(self, name) not in (None, False)]
 
     @property
     def greedy(self) -> bool:

@@ -8,6 +8,7 @@ threaded; EngineLoop (engine_loop.py) drives it from a thread for servers.
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import FIRST_COMPLETED, wait
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ from backend.engine.request import FinishReason, Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.step_inputs import StepInputBuilder
+from backend.engine.structured_output import StructuredOutput
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
@@ -118,6 +120,8 @@ class LLMEngine:
             self.runner.graphs = (capture() if self.workers is None else
                                   self.workers.capture_graphs(capture, args.max_num_seqs, self.max_model_len))
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        # Guided requests whose grammar is still compiling: id -> (request, future).
+        self._awaiting_grammar: dict[str, tuple[Request, object]] = {}
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -218,10 +222,44 @@ class LLMEngine:
             eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
+        grammar = self._compile_grammar(params) if params.guided_fields() else None
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params, self._fast_decode)
-        self.scheduler.add_request(request)
+        if grammar is not None:
+            # Held back from the scheduler until its grammar is compiled (off this thread).
+            self._awaiting_grammar[request_id] = (request, grammar)
+        else:
+            self.scheduler.add_request(request)
         self.num_prompt_tokens_total += len(token_ids)
         return request
+
+    def _compile_grammar(self, params: SamplingParams):
+        if self.runner.structured is None:
+            self.runner.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.device,
+                                                      self.args.max_num_seqs)
+        return self.runner.structured.compile(params)
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
+        request with the compiler's message. Waits a moment when nothing else can run."""
+        if not self._awaiting_grammar:
+            return []
+        if self.scheduler.num_unfinished == 0:
+            wait([f for _, f in self._awaiting_grammar.values()], timeout=0.01, return_when=FIRST_COMPLETED)
+        failed = []
+        for request_id, (request, future) in list(self._awaiting_grammar.items()):
+            if not future.done():
+                continue
+            del self._awaiting_grammar[request_id]
+            try:
+                request.grammar = self.runner.structured.matcher(future.result())
+            except InvalidRequestError as e:
+                request.finish_reason = FinishReason.ABORT
+                out = self._final_output(request, self._detokenizers.pop(request_id))
+                out.error = e
+                failed.append(out)
+                continue
+            self.scheduler.add_request(request)
+        return failed
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -247,6 +285,11 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort now; the request's blocks are free when this returns."""
+        if request_id in self._awaiting_grammar:
+            request, future = self._awaiting_grammar.pop(request_id)
+            future.cancel()
+            request.finish_reason = FinishReason.ABORT
+            return self._final_output(request, self._detokenizers.pop(request_id))
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
@@ -264,13 +307,14 @@ class LLMEngine:
             self.workers.shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or bool(self._awaiting_grammar)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
+        outputs = self._admit_compiled()
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return []
+            return outputs
         try:
             next_tokens, logprobs = self.runner.execute(sched)
         except Exception as e:
@@ -279,7 +323,6 @@ class LLMEngine:
             raise
         self.scheduler.update_after_step(sched.scheduled)
         now = time.monotonic()
-        outputs: list[RequestOutput] = []
         for index, (s, token) in enumerate(zip(sched.scheduled, next_tokens)):
             if token is None:
                 continue
@@ -323,6 +366,11 @@ class LLMEngine:
         params = request.sampling_params
         past_min = request.num_output_tokens >= params.min_tokens
         stop_str = detok.add_token(token, check_stop=past_min)
+        # The mask let only allowed tokens through; once complete the grammar allows only
+        # the stop token, and accepting it ends the request.
+        if request.grammar is not None and (not request.grammar.accept_token(token)
+                                            or request.grammar.is_terminated()):
+            return FinishReason.STOP
         if past_min:
             if not params.ignore_eos and token in request.eos_token_ids:
                 return FinishReason.STOP
@@ -370,6 +418,6 @@ class LLMEngine:
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
+            "num_waiting": len(self.scheduler.waiting) + len(self._awaiting_grammar),
             "max_model_len": self.max_model_len,
         }

@@ -69,6 +69,9 @@ class ModelRunner:
         # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
         # step's plan before this rank runs its shard of the same forward.
         self.workers = workers
+        # Structured output (backend/engine/structured_output.py), set by the engine once
+        # a request asks for a grammar.
+        self.structured = None
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
@@ -91,6 +94,10 @@ class ModelRunner:
             return [None] * len(out.scheduled), {}
         # Host work for sampling overlaps the forward pass the device is still running.
         batch = self.sampler.prepare(sampling, self.vocab_size)
+        mask = self.structured.bitmask(sampling) if self.structured is not None else None
+        if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
+            logits = logits.float()
+            self.structured.apply(logits, mask)
         sampled = self.sampler.sample(logits, batch)
         # The step's one device-to-host copy: the ids, with the logprobs asked for.
         tokens, by_row = logprobs.unpack(logprobs.pack(logits, sampled, batch.logprobs).tolist(),

@@ -44,6 +44,8 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     generator: Optional[torch.Generator] = None
+    # Structured output: the xgrammar matcher of this request's grammar, or None.
+    grammar: Optional[object] = None
     # Hashes of this request's full blocks, chained; extended as tokens are added.
     block_hashes: list[int] = field(default_factory=list)
     first_token_time: Optional[float] = None

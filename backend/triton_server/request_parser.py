@@ -147,6 +147,28 @@ def _coerce_json_value(key: str, value: Any) -> Any:
     return value
 
 
+# The vLLM backend's `structured_outputs` (vLLM's StructuredOutputsParams) -> our fields.
+STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
+                      "grammar": "guided_grammar", "json_object": "guided_json_object"}
+
+
+def structured_outputs(value: Any) -> dict[str, Any]:
+    """`structured_outputs` as the vLLM backend takes it: a JSON object (or its text)
+    with one of json, regex, choice, grammar, json_object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InvalidRequestError(f"sampling parameter 'structured_outputs' is not valid JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("sampling parameter 'structured_outputs' must be a JSON object")
+    unknown = sorted(set(value) - set(STRUCTURED_OUTPUTS))
+    if unknown:
+        raise InvalidRequestError(f"unknown key '{unknown[0]}' in sampling parameter 'structured_outputs' "
+                                  f"(supported: {', '.join(STRUCTURED_OUTPUTS)})")
+    return {STRUCTURED_OUTPUTS[k]: v for k, v in value.items() if v not in (None, False)}
+
+
 def parse_request(inputs: dict[str, np.ndarray],
                   tokenize: Optional[Callable[[str], list[int]]] = None,
                   request_parameters: str = "") -> ParsedRequest:
@@ -179,6 +201,9 @@ def parse_request(inputs: dict[str, np.ndarray],
     if "sampling_parameters" in inputs:
         raw = _text("sampling_parameters", _scalar("sampling_parameters", inputs["sampling_parameters"]))
     fields: dict[str, Any] = {key: _coerce_json_value(key, value) for key, value in parse_sampling_json(raw).items()}
+
+    if "structured_outputs" in fields:
+        fields.update(structured_outputs(fields.pop("structured_outputs")))
 
     def merge(key: str, value: Any, source: str) -> None:
         if key in fields and fields[key] != value:

@@ -3,6 +3,7 @@ hypothesis fuzz test that arbitrary tensors and JSON end in a valid request or a
 InvalidRequestError, never anything else."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -109,3 +110,26 @@ def test_fuzz_never_crashes(inputs):
         return
     assert req.prompt
     assert req.params.max_tokens is None or req.params.max_tokens >= 1
+
+
+def test_vllm_structured_outputs_key_maps_to_guided_fields():
+    sp = json.dumps({"structured_outputs": json.dumps({"choice": ["Positive", "Negative"]}), "temperature": "0"})
+    req = parse_request({"text_input": np.array([b"x"], dtype=object), "sampling_parameters": np.array([sp.encode()], dtype=object)})
+    assert req.params.guided_choice == ["Positive", "Negative"]
+    sp = json.dumps({"structured_outputs": {"json": {"type": "object"}}})
+    req = parse_request({"text_input": np.array([b"x"], dtype=object), "sampling_parameters": np.array([sp.encode()], dtype=object)})
+    assert req.params.guided_json == {"type": "object"}
+
+
+@pytest.mark.parametrize("sp, expected", [
+    ({"structured_outputs": {"yaml": "x"}}, "unknown key 'yaml' in sampling parameter 'structured_outputs'"),
+    ({"structured_outputs": "{bad"}, "'structured_outputs' is not valid JSON"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "at most one of guided_regex, guided_choice"),
+    ({"guided_json": "{not json"}, "'guided_json': Value error, not valid JSON"),
+    ({"guided_choice": []}, "'guided_choice'"),
+    ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens cannot be combined with guided_regex"),
+])
+def test_bad_guided_parameters_name_the_field(sp, expected):
+    with pytest.raises(InvalidRequestError, match=re.escape(expected)):
+        parse_request({"text_input": np.array([b"x"], dtype=object),
+                       "sampling_parameters": np.array([json.dumps(sp).encode()], dtype=object)})

@@ -1,0 +1,128 @@
+"""Structured output in the engine (xgrammar): on the random-weight default model, every
+generation under a JSON schema, regex or choice follows it; a permissive grammar leaves
+greedy output unchanged; a bad grammar fails its request alone; mixed batches with
+chunked prefill, prefix hits and preemption keep both kinds of request right."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from backend import LLM, SamplingParams
+from backend.engine.errors import InvalidRequestError
+from tests.conftest import assert_pool_free, random_prompts
+
+pytest.importorskip("xgrammar")
+
+# Nested: objects, arrays of objects, enums, numbers, integers with bounds, booleans,
+# required fields. Strings and arrays are bounded so a random model's output ends.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "pets": {"type": "array", "maxItems": 3, "items": {
+            "type": "object",
+            "properties": {"kind": {"enum": ["cat", "dog", "fish"]}, "weight": {"type": "number", "minimum": 0, "maximum": 100},
+                           "vaccinated": {"type": "boolean"}},
+            "required": ["kind", "vaccinated"], "additionalProperties": False}},
+        "address": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["zip"], "additionalProperties": False},
+    },
+    "required": ["name", "age", "role", "pets", "address"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    return LLM(tiny_ckpt, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=1024)
+
+
+def test_200_generations_follow_a_nested_json_schema(llm):
+    params = [SamplingParams(max_tokens=400, seed=i, temperature=1.0, guided_json=SCHEMA) for i in range(200)]
+    outs = llm.generate([f"Person number {i}:" for i in range(200)], params)
+    for out in outs:
+        assert out.finish_reason == "stop", (out.finish_reason, out.text)
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert len({o.text for o in outs}) > 150            # sampled, not one answer
+    assert_pool_free(llm)
+
+
+def test_regex_choice_and_json_object(llm):
+    regex = r"[A-Z][a-z]{2,5}-\d{3}"
+    outs = llm.generate(["Code:"] * 30, [SamplingParams(max_tokens=40, seed=i, guided_regex=regex) for i in range(30)])
+    assert all(re.fullmatch(regex, o.text) for o in outs), [o.text for o in outs]
+    choices = ["yes", "no", "it depends"]
+    outs = llm.generate(["Answer:"] * 30, [SamplingParams(max_tokens=10, seed=i, temperature=1.5, guided_choice=choices)
+                                           for i in range(30)])
+    assert {o.text for o in outs} <= set(choices) and len({o.text for o in outs}) > 1
+    outs = llm.generate(["JSON:"] * 10, [SamplingParams(max_tokens=300, seed=i, guided_json_object=True)
+                                         for i in range(10)])
+    done = [o for o in outs if o.finish_reason == "stop"]
+    assert done and all(isinstance(json.loads(o.text), dict) for o in done)
+    assert_pool_free(llm)
+
+
+def test_a_permissive_grammar_leaves_greedy_output_unchanged(llm):
+    """`[\\s\\S]*` allows any text. A random model's greedy output is not always text:
+    xgrammar (rightly) never lets a grammar produce invalid UTF-8 or special tokens, so
+    the comparison is over the prompts whose unconstrained output is valid text."""
+    import xgrammar as xgr
+    vocab = xgr.TokenizerInfo.from_huggingface(llm.tokenizer, vocab_size=llm.engine.model_config.vocab_size)
+    pieces, special = vocab.decoded_vocab, set(vocab.special_token_ids)
+    prompts = random_prompts(24, [3, 40, 9, 17], vocab=4000, seed=5)
+    plain = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    guided = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, guided_regex=r"[\s\S]*"))
+    compared = 0
+    for p, g in zip(plain, guided):
+        ids = [t for t in p.token_ids if t != 2]                # EOS ends both
+        try:
+            b"".join(pieces[t] for t in ids).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if special & set(ids):
+            continue
+        assert g.token_ids == p.token_ids and g.text == p.text
+        compared += 1
+    assert compared >= 4, compared
+
+
+def test_bad_grammar_fails_its_request_alone(llm):
+    outs = llm.generate(["a", "b", "c"], [SamplingParams(max_tokens=5, guided_regex="([a-z"),
+                                          SamplingParams(max_tokens=5, temperature=0),
+                                          SamplingParams(max_tokens=5, guided_json={"type": "objectx"})])
+    assert isinstance(outs[0].error, InvalidRequestError) and "invalid guided_regex" in str(outs[0].error)
+    assert "Unclosed '['" in str(outs[0].error)
+    assert outs[1].error is None and len(outs[1].token_ids) == 5
+    assert isinstance(outs[2].error, InvalidRequestError) and 'Unsupported type "objectx"' in str(outs[2].error)
+    assert_pool_free(llm)
+
+
+def test_guided_and_plain_requests_share_steps_with_chunking_preemption_and_prefix_hits(tiny_ckpt):
+    prompts = random_prompts(8, [5, 90, 30, 140], vocab=4000, seed=9)
+    prompts += [prompts[3][:128] + [7, 8]]
+    plain = SamplingParams(max_tokens=16, min_tokens=16, temperature=0)
+    alone = LLM(tiny_ckpt, num_kv_blocks=512).generate(prompts, plain)
+    llm = LLM(tiny_ckpt, block_size=8, num_kv_blocks=60, max_num_seqs=16, max_num_batched_tokens=64)
+    guided = SamplingParams(max_tokens=150, seed=1, guided_json=SCHEMA)
+    params = [plain if i % 2 else guided for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    for i, (out, ref) in enumerate(zip(outs, alone)):
+        if i % 2:
+            assert out.token_ids == ref.token_ids
+        else:
+            jsonschema.validate(json.loads(out.text), SCHEMA)
+    stats = llm.kv_cache_stats()
+    assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0 and stats["prefix_cache_hit_tokens"] > 0
+    assert_pool_free(llm)
+
+
+def test_abort_while_the_grammar_compiles(llm):
+    engine = llm.engine
+    request = engine.add_request("x", SamplingParams(guided_json={"type": "object", "properties": {
+        f"k{i}": {"type": "integer"} for i in range(50)}}))
+    out = engine.abort_request(request.request_id)
+    assert out.finished and out.finish_reason == "abort" and not engine.has_unfinished_requests()
