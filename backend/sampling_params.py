@@ -42,6 +42,8 @@ class SamplingParams(BaseModel):
     # Log probabilities of each generated token and of this many most likely ones (vLLM's
     # name; 0: the generated token's only). None: none are computed.
     logprobs: Optional[int] = Field(None, ge=0, le=20)
+    # Added to the token's logit before sampling (OpenAI's logit_bias: -100..100).
+    logit_bias: Optional[dict[int, float]] = None
     # Structured output (vLLM's guided decoding; at most one): the output follows a JSON
     # schema, any JSON object, a regular expression, one of the given strings, or an
     # EBNF grammar (xgrammar's GBNF dialect). Enforced by a token mask in the sampler
@@ -87,6 +89,13 @@ class SamplingParams(BaseModel):
             if not isinstance(v, dict):
                 raise ValueError("a JSON schema must be a JSON object")
         return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: Optional[dict[int, float]]) -> Optional[dict[int, float]]:
+        if v and any(not -100.0 <= b <= 100.0 for b in v.values()):
+            raise ValueError("biases must be within [-100, 100]")
+        return v or None
 
     @field_validator("guided_choice")
     @classmethod

@@ -1,6 +1,6 @@
 """Turn one step's logits into next tokens: one batched pass over [B, V].
 
-Order of operations (as in vLLM): penalties, min_tokens masking, then greedy argmax or
+Order of operations (as in vLLM): logit bias, penalties, min_tokens masking, then greedy argmax or
 temperature -> top-k -> top-p -> min-p -> draw. Per-row parameters travel as one [B, 7]
 tensor (one host-to-device copy); features no row uses cost nothing. Greedy rows ride in
 the same pass and take the argmax of the penalized logits.
@@ -48,6 +48,7 @@ class SamplingBatch:
     banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens: (rows, token ids)
     seeded: list[tuple[int, torch.Generator]]
     logprobs: Optional[LogprobRows] = None                    # rows whose request wants logprobs
+    bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # logit_bias: rows, ids, values
 
 
 class Sampler:
@@ -56,6 +57,7 @@ class Sampler:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device)
         self._indices = GrowingStagedBuffer(torch.int64, self.device)
+        self._bias_values = GrowingStagedBuffer(torch.float32, self.device)
 
     # ------------------------------------------------------------------ host side
     def prepare(self, requests: Sequence[Request], vocab_size: int) -> SamplingBatch:
@@ -67,7 +69,8 @@ class Sampler:
         rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
         # (row, token ids) per request, for each index set: repetition, counted, banned,
         # and (row, [count]) for logprobs.
-        lists: tuple[list, list, list, list] = ([], [], [], [])
+        lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        bias_values: list[float] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
         any_top_p = any_min_p = False
@@ -93,13 +96,21 @@ class Sampler:
                 lists[2].append((i, np.asarray(sorted(t for t in stop if 0 <= t < vocab_size))))
             if p.logprobs is not None:
                 lists[3].append((i, np.asarray([p.logprobs])))
+            if p.logit_bias:
+                ids = [t for t in p.logit_bias if 0 <= t < vocab_size]
+                lists[4].append((i, np.asarray(ids, dtype=np.int64)))
+                bias_values += [p.logit_bias[t] for t in ids]
         uploaded = self._upload_indices(lists)
         logprobs = None
         if uploaded[3] is not None:
             counts = [int(ids[0]) for _, ids in lists[3]]
             logprobs = LogprobRows(rows=uploaded[3][0], counts=counts, row_ids=[i for i, _ in lists[3]],
                                    max_count=min(max(counts), vocab_size))
+        bias = None
+        if uploaded[4] is not None:
+            bias = (*uploaded[4], self._bias_values.upload(np.asarray(bias_values, dtype=np.float32)))
         return SamplingBatch(
+            bias=bias,
             params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
             all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
             any_top_p=any_top_p, any_min_p=any_min_p, repetition=uploaded[0], counted=uploaded[1],
@@ -129,6 +140,9 @@ class Sampler:
         """logits [B, V] -> next token ids [B] (int64, on the logits' device)."""
         logits = logits.float()
         params = batch.params
+        if batch.bias is not None:
+            rows, ids, values = batch.bias
+            logits = logits.clone().index_put_((rows, ids), values, accumulate=True)
         if batch.repetition is not None or batch.counted is not None or batch.banned is not None:
             logits = apply_penalties(logits.clone(), batch)
         if batch.all_greedy:

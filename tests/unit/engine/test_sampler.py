@@ -79,7 +79,16 @@ def test_min_tokens_masks_eos_and_stop_ids():
     assert Sampler()(logits, [r]) == [0]
 
 
+def test_logit_bias_shifts_only_its_rows_tokens():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0]])
+    biased = req(SamplingParams(temperature=0, logit_bias={2: 5.0, 7: 100.0}))   # 7 is outside: ignored
+    plain = req(SamplingParams(temperature=0))
+    assert Sampler()(logits, [biased, plain]) == [2, 0]
+    assert set(draws(SamplingParams(logit_bias={0: -100.0}), logits[0]).tolist()) == {1, 2}
+
+
 @pytest.mark.parametrize("bad", [
+    {"logit_bias": {1: 101.0}},
     {"temperature": -1}, {"temperature": math.nan}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2},
     {"max_tokens": 0}, {"min_p": 2}, {"min_tokens": 5, "max_tokens": 2}, {"stop": [""]}, {"bogus": 1},
 ])

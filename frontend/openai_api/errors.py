@@ -1,0 +1,44 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP
+status the official client maps to its exception classes."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from fastapi.responses import JSONResponse
+
+TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError", 500: "InternalServerError",
+         503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(status_code=self.status, content=error_body(self.status, self.message, self.param))
+
+
+def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": TYPES.get(status, "APIError"), "param": param, "code": status}}
+
+
+# The engine's messages name the field: "sampling parameter 'x'", "input 'y'".
+_PARAM = re.compile(r"(?:sampling parameter|parameter|field|invalid) '([\w.]+)'")
+
+
+def from_triton(message: str) -> APIError:
+    """A Triton error -> the OpenAI status. gRPC streaming delivers only the message; the
+    backend spells out the codes a client must act on (backend/triton_server/errors.py):
+    UNAVAILABLE (queue full, model out of service) 503; everything else it refuses is a
+    bad request, 400, naming the field when the message does."""
+    if "unknown model" in message.lower() or "is not found" in message:
+        return APIError(404, message, "model")
+    if message.startswith("UNAVAILABLE") or "UNAVAILABLE:" in message:
+        return APIError(503, message)
+    if message.startswith(("INTERNAL", "CANCELLED")):
+        return APIError(500, message)
+    m = _PARAM.search(message)
+    return APIError(400, message, m.group(1) if m else None)

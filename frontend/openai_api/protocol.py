@@ -1,0 +1,145 @@
+"""The OpenAI request bodies we accept, validated once (pydantic), and their translation
+into our Triton contract's `sampling_parameters` (vLLM's names).
+
+Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
+types and values are a 400 naming the field. vLLM's extras (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, guided_*) are accepted as `vllm serve` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from frontend.openai_api.errors import APIError
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict[str, Any]] = None
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=64)
+    stop: Union[None, str, list[str]] = None
+    seed: Optional[int] = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None                      # accepted, unused
+    # vLLM's extras
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    guided_json: Union[None, dict, str] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
+
+    def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
+        p: dict[str, Any] = {
+            "n": self.n, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
+            "min_tokens": self.min_tokens, "ignore_eos": self.ignore_eos}
+        if max_tokens is not None:
+            p["max_tokens"] = max_tokens
+        if self.stop:
+            p["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if self.seed is not None:
+            p["seed"] = self.seed
+        if self.logit_bias:
+            try:
+                p["logit_bias"] = {int(k): v for k, v in self.logit_bias.items()}
+            except ValueError:
+                raise APIError(400, "logit_bias keys must be token ids", "logit_bias") from None
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+            if getattr(self, name) is not None:
+                p[name] = getattr(self, name)
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            p["guided_json_object"] = True
+        elif fmt is not None and fmt.type == "json_schema":
+            schema = (fmt.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
+                               "response_format")
+            p["guided_json"] = schema
+        return p
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = Field(16, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    @model_validator(mode="after")
+    def _single_prompt(self) -> "CompletionRequest":
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
+            if len(self.prompt) != 1:
+                raise ValueError("one prompt per request (send a list of several as separate requests)")
+            self.prompt = self.prompt[0]
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported")
+        return self
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Union[None, str, list[dict[str, Any]]] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):     # content parts: the text ones
+            return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+
+def parse(model_cls: type[BaseModel], body: Any):
+    """The request body as `model_cls`, or a 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"invalid '{param}': {msg}" if param else msg, param) from None
