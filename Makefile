@@ -8,6 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SUPERVISOR_PORT ?= 8003
+OPENAI_PORT ?= 9000
 
 .PHONY: install test test-unit test-integration serve model tritonserver bench clean
 
@@ -40,7 +41,7 @@ test-integration: $(STAMP) tritonserver
 serve: $(STAMP) tritonserver model
 	exec $(PY) -m clients.tritonserver serve --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--supervisor-port $(SUPERVISOR_PORT)
+		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT)
 
 bench: $(STAMP) tritonserver model
 	$(PY) -m pip install -q matplotlib

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
+# So that chat works out of the box (the OpenAI frontend's /v1/chat/completions).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ def train_tokenizer(output: str, vocab_size: int):
         cfg = json.load(f)
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg.pop("backend", None)
+    cfg["chat_template"] = CHAT_TEMPLATE
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
     return fast

@@ -246,7 +246,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     s.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     s.add_argument("--supervisor-port", type=int, default=int(os.environ.get("SUPERVISOR_PORT", 8003)),
                    help="the supervisor's /live, /ready, /status and /metrics")
-    s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched")
+    s.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
+                   help="the OpenAI-compatible API (python -m frontend.openai_api) beside tritonserver; 0: none")
+    s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched (no OpenAI API)")
     s.add_argument("--max-recovery-tries", type=int, default=3)
     s.add_argument("--tritonserver", default=os.environ.get("TRITONSERVER"),
                    help="a tritonserver binary to use instead of the unpacked wheel's (e.g. in NVIDIA's image)")
@@ -269,8 +271,20 @@ def main(argv: Optional[list[str]] = None) -> None:
     from supervisor.core import Supervisor, SupervisorOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [supervisor] %(levelname)s %(message)s",
                         stream=sys.stderr)
-    sys.exit(Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,
-                                          port=args.supervisor_port, max_tries=args.max_recovery_tries)).run())
+    frontend = None
+    if args.openai_port:
+        # It waits for tritonserver on its own (its /health says so) and lives as long as we do.
+        frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--port", str(args.openai_port),
+                                     "--triton-url", f"127.0.0.1:{args.grpc_port}",
+                                     "--model-repository", args.model_repository])
+    try:
+        code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,
+                                            port=args.supervisor_port, max_tries=args.max_recovery_tries)).run()
+    finally:
+        if frontend is not None:
+            frontend.terminate()
+            frontend.wait(timeout=10)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

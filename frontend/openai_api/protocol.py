@@ -132,6 +132,9 @@ class ChatCompletionRequest(_Common):
         return self
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 def parse(model_cls: type[BaseModel], body: Any):
     """The request body as `model_cls`, or a 400 naming the first bad field."""
     if not isinstance(body, dict):
@@ -140,6 +143,8 @@ def parse(model_cls: type[BaseModel], body: Any):
         return model_cls.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        # The field's path, without pydantic's union-member tags ("prompt.str" -> "prompt").
+        param = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and (p in _TYPE_TAGS or "[" in p)))
+        param = param or None
         msg = err["msg"].removeprefix("Value error, ")
         raise APIError(400, f"invalid '{param}': {msg}" if param else msg, param) from None

@@ -1,0 +1,236 @@
+"""OpenAI-compatible HTTP API in front of tritonserver: /v1/models, /v1/completions,
+/v1/chat/completions, /health. Each completion is one Triton request over gRPC
+streaming; `stream: true` answers with server-sent events ending in `data: [DONE]`; a
+client that disconnects cancels its Triton request (the backend frees its KV blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.errors import APIError, error_body
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse
+from frontend.openai_api.triton_client import Delta, Generation, TritonLLM
+
+FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # The gRPC channel belongs to the server's event loop: made here, not at import.
+        app.state.llm = TritonLLM(triton_url, model_repository)
+        yield
+        await app.state.llm.close()
+
+    app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
+    app.state.chat = ChatTemplates(chat_template)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = await app.state.llm.ready()
+        return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "unavailable"})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        served = await app.state.llm.models()
+        return {"object": "list", "data": [{"id": m.name, "object": "model", "created": m.created,
+                                            "owned_by": "paged_llm"} for m in served.values()]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse(CompletionRequest, await _json(request))
+        await app.state.llm.model(req.model)
+        sampling = req.sampling_parameters(req.max_tokens)
+        if req.logprobs is not None:
+            sampling["logprobs"] = req.logprobs
+        gen = app.state.llm.generate(req.model, req.prompt, sampling, req.stream, req.logprobs is not None)
+        return await _respond(request, gen, req, Completion(req))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse(ChatCompletionRequest, await _json(request))
+        served = await app.state.llm.model(req.model)
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
+        ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages)
+        sampling = req.sampling_parameters(req.max_completion_tokens or req.max_tokens)
+        sampling.setdefault("max_tokens", None)          # OpenAI's default: up to the context length
+        if req.logprobs:
+            sampling["logprobs"] = req.top_logprobs or 0
+        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
+        return await _respond(request, gen, req, ChatCompletion(req))
+
+    return app
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+async def _respond(request: Request, gen: Generation, req, shape: "Shape"):
+    deltas = gen.__aiter__()
+    if req.stream:
+        # Wait for the first response (or error) before answering 200: a bad request is
+        # a proper 400, not an event inside a stream that already said OK.
+        try:
+            first: Optional[Delta] = await deltas.__anext__()
+        except StopAsyncIteration:
+            first = None
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_events(gen, deltas, first, shape, usage), media_type="text/event-stream")
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, gen))
+    try:
+        async for delta in deltas:
+            shape.add(delta)
+    finally:
+        watcher.cancel()
+    return shape.whole()
+
+
+async def _cancel_on_disconnect(request: Request, gen: Generation) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.2)
+    gen.cancel()
+
+
+async def _events(gen: Generation, deltas, first: Optional[Delta], shape: "Shape",
+                  include_usage: bool) -> AsyncIterator[str]:
+    try:
+        for chunk in shape.opening():
+            yield _sse(chunk, include_usage)
+        if first is not None:
+            shape.add(first)
+            yield _sse(shape.chunk(first), include_usage)
+        async for delta in deltas:
+            shape.add(delta)
+            yield _sse(shape.chunk(delta), include_usage)
+        if include_usage:
+            yield _sse({**shape.base(), "choices": [], "usage": shape.usage()}, False)
+        yield "data: [DONE]\n\n"
+    except APIError as e:       # after the 200: the error as an event, as OpenAI does
+        yield f"data: {json.dumps(error_body(e.status, e.message, e.param))}\n\n"
+    finally:
+        gen.cancel()            # the client left, or the request is over: end it in Triton
+
+
+def _sse(chunk: dict, include_usage: bool) -> str:
+    if include_usage:
+        chunk = {**chunk, "usage": None}
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+class Shape:
+    """Accumulates one completion's deltas and writes the OpenAI objects."""
+    object_name = chunk_name = ""
+
+    def __init__(self, req) -> None:
+        self.req = req
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.texts = [""] * req.n
+        self.token_logprobs: list[list] = [[] for _ in range(req.n)]
+        self.finish: list[Optional[str]] = [None] * req.n
+        self.prompt_tokens = 0
+        self.completion_tokens = [0] * req.n
+
+    def base(self, chunk: bool = True) -> dict:
+        return {"id": self.id, "object": self.chunk_name if chunk else self.object_name, "created": self.created,
+                "model": self.req.model}
+
+    def add(self, d: Delta) -> None:
+        self.texts[d.index] += d.text
+        self.token_logprobs[d.index] += list(zip(d.token_ids, d.logprobs))
+        if d.finish_reason is not None:
+            self.finish[d.index] = FINISH.get(d.finish_reason, d.finish_reason)
+        self.prompt_tokens = d.num_input_tokens
+        self.completion_tokens[d.index] += len(d.token_ids)     # a stream's responses carry deltas
+
+    def usage(self) -> dict:
+        done = sum(self.completion_tokens)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}
+
+    def opening(self) -> list[dict]:
+        return []
+
+
+def _top(entry: dict, k: int) -> list[tuple[str, float]]:
+    """The k most likely tokens of one position: (decoded text, logprob), by rank."""
+    ranked = sorted(entry.values(), key=lambda lp: lp["rank"])
+    return [(lp["decoded_token"] or "", lp["logprob"]) for lp in ranked[:k]]
+
+
+class Completion(Shape):
+    prefix, object_name, chunk_name = "cmpl", "text_completion", "text_completion"
+
+    def _logprobs(self, pairs: list, offset: int) -> Optional[dict]:
+        if self.req.logprobs is None:
+            return None
+        out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, entry in pairs:
+            chosen = entry[str(token_id)]
+            out["tokens"].append(chosen["decoded_token"] or "")
+            out["token_logprobs"].append(chosen["logprob"])
+            out["top_logprobs"].append(dict(_top(entry, self.req.logprobs)))
+            out["text_offset"].append(offset)
+            offset += len(chosen["decoded_token"] or "")
+        return out
+
+    def chunk(self, d: Delta) -> dict:
+        offset = len(self.texts[d.index]) - len(d.text)
+        return {**self.base(), "choices": [{"index": d.index, "text": d.text, "finish_reason": self.finish[d.index],
+                                            "logprobs": self._logprobs(list(zip(d.token_ids, d.logprobs)), offset)}]}
+
+    def whole(self) -> dict:
+        return {**self.base(chunk=False), "usage": self.usage(), "choices": [
+            {"index": i, "text": self.texts[i], "finish_reason": self.finish[i],
+             "logprobs": self._logprobs(self.token_logprobs[i], 0)} for i in range(self.req.n)]}
+
+
+class ChatCompletion(Shape):
+    prefix, object_name, chunk_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def _logprobs(self, pairs: list) -> Optional[dict]:
+        if not self.req.logprobs:
+            return None
+        k = self.req.top_logprobs or 0
+
+        def item(text: str, lp: float) -> dict:
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        content = []
+        for token_id, entry in pairs:
+            chosen = entry[str(token_id)]
+            content.append({**item(chosen["decoded_token"] or "", chosen["logprob"]),
+                            "top_logprobs": [item(t, lp) for t, lp in _top(entry, k)]})
+        return {"content": content}
+
+    def opening(self) -> list[dict]:
+        return [{**self.base(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None} for i in range(self.req.n)]}]
+
+    def chunk(self, d: Delta) -> dict:
+        return {**self.base(), "choices": [{"index": d.index, "delta": {"content": d.text} if d.text else {},
+                                            "logprobs": self._logprobs(list(zip(d.token_ids, d.logprobs))),
+                                            "finish_reason": self.finish[d.index]}]}
+
+    def whole(self) -> dict:
+        return {**self.base(chunk=False), "usage": self.usage(), "choices": [
+            {"index": i, "message": {"role": "assistant", "content": self.texts[i]},
+             "logprobs": self._logprobs(self.token_logprobs[i]), "finish_reason": self.finish[i]}
+            for i in range(self.req.n)]}

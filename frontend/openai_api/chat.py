@@ -1,0 +1,50 @@
+"""Chat messages -> prompt token ids, with the checkpoint's chat template (jinja, through
+the tokenizer's `apply_chat_template`) or the one given with `--chat-template`.
+
+The frontend renders and tokenizes the conversation itself and sends token ids, so the
+template's own special tokens (BOS included) are not added twice, and the prompt token
+count is exact.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from frontend.openai_api.errors import APIError
+
+
+def load_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file's path, or the template itself."""
+    if value and os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    return value
+
+
+class ChatTemplates:
+    def __init__(self, override: Optional[str] = None) -> None:
+        self.override = override
+        self._tokenizers: dict[str, object] = {}
+
+    def tokenizer(self, checkpoint: Optional[str], model: str):
+        if checkpoint is None:
+            raise APIError(400, f"chat with '{model}' needs its checkpoint's tokenizer: start the frontend with "
+                                "--model-repository pointing at the repository tritonserver serves", "model")
+        if checkpoint not in self._tokenizers:
+            from transformers import AutoTokenizer
+            self._tokenizers[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
+        return self._tokenizers[checkpoint]
+
+    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict]) -> list[int]:
+        tok = self.tokenizer(checkpoint, model)
+        template = self.override or getattr(tok, "chat_template", None)
+        if not template:
+            raise APIError(400, f"model '{model}' has no chat template: use /v1/completions, or start the "
+                                "frontend with --chat-template", "messages")
+        try:
+            text = tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                           tokenize=False)
+        except Exception as e:  # a template error is about these messages
+            raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
+        return tok(text, add_special_tokens=False)["input_ids"]

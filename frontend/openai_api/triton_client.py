@@ -1,0 +1,180 @@
+"""The frontend's side of Triton: which models our backend serves, and one streamed gRPC
+request per completion (tritonclient's asyncio client), read back as per-sequence deltas.
+
+The request is our backend's contract (the vLLM backend's): `text_input` or `input_ids`,
+`sampling_parameters` as JSON, `stream`, and the `return_*` switches for finish reasons,
+token counts and logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional, Union
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException
+
+from frontend.openai_api.errors import APIError, from_triton
+
+BACKENDS = ("paged_llm",)
+OUTPUTS = ("text_output", "output_ids", "finish_reason", "num_input_tokens", "logprobs")
+
+
+@dataclass
+class ServedModel:
+    name: str
+    checkpoint: Optional[str]     # the checkpoint folder (tokenizer, chat template), if on this machine
+    created: int
+
+
+@dataclass
+class Delta:
+    """One Triton response, for sequence `index`: what it added, and the totals so far."""
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    logprobs: list[dict] = field(default_factory=list)   # per new token: {token id: {logprob, rank, decoded_token}}
+    num_input_tokens: int = 0
+
+
+class TritonLLM:
+    def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0) -> None:
+        self.client = grpcaio.InferenceServerClient(url)
+        self.repository = model_repository
+        self._models: dict[str, ServedModel] = {}
+        self._listed_at = 0.0
+        self._cache_s = cache_s
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready())
+        except InferenceServerException:
+            return False
+
+    async def models(self) -> dict[str, ServedModel]:
+        """Ready models whose backend is ours and whose contract is the vLLM one (not the
+        TensorRT-LLM fronts). Cached for a few seconds."""
+        if time.monotonic() - self._listed_at < self._cache_s:
+            return self._models
+        found = {}
+        index = await self.client.get_model_repository_index(as_json=True)
+        for entry in index.get("models", []):
+            if entry.get("state") != "READY" or entry["name"] in found:
+                continue
+            config = (await self.client.get_model_config(entry["name"], as_json=True))["config"]
+            params = {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()}
+            if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
+                continue
+            found[entry["name"]] = ServedModel(entry["name"], self._checkpoint(entry["name"], params.get("model")),
+                                               int(time.time()))
+        self._models, self._listed_at = found, time.monotonic()
+        return found
+
+    def _checkpoint(self, name: str, model: Optional[str]) -> Optional[str]:
+        if not model:
+            return None
+        path = model if os.path.isabs(model) or not self.repository else os.path.join(self.repository, name, model)
+        return path if os.path.isdir(path) else None
+
+    async def model(self, name: str) -> ServedModel:
+        models = await self.models()
+        if name not in models:
+            self._listed_at = 0.0                    # loaded since the last listing?
+            models = await self.models()
+        if name not in models:
+            raise APIError(404, f"The model '{name}' does not exist", "model")
+        return models[name]
+
+    def generate(self, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
+                 logprobs: bool) -> "Generation":
+        return Generation(self.client, model, prompt, sampling, stream, logprobs)
+
+
+class Generation:
+    """One Triton request. Iterate for its deltas; `cancel()` ends it (the backend aborts
+    the request and frees its KV blocks)."""
+
+    def __init__(self, client, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
+                 logprobs: bool) -> None:
+        self.request_id = uuid.uuid4().hex
+        self.n = int(sampling.get("n", 1))
+        inputs = [_tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)),
+                  _tensor("stream", np.array([stream])), _tensor("exclude_input_in_output", np.array([True]))]
+        for name in ("return_finish_reason", "return_num_input_tokens"):
+            inputs.append(_tensor(name, np.array([True])))
+        if logprobs:
+            inputs.append(_tensor("return_logprobs", np.array([True])))
+        if isinstance(prompt, str):
+            inputs.append(_tensor("text_input", np.array([prompt.encode()], dtype=object)))
+        else:
+            inputs.append(_tensor("input_ids", np.array(prompt, dtype=np.int32)))
+        self._request = {"model_name": model, "inputs": inputs, "request_id": self.request_id,
+                         "outputs": [InferRequestedOutput(o) for o in OUTPUTS]}
+        self._client = client
+        self._call = None
+        self._finished = [False] * self.n
+
+    async def _requests(self):
+        yield self._request
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        self._call = self._client.stream_infer(self._requests())
+        try:
+            async for result, error in self._call:
+                if error is not None:
+                    raise from_triton(str(error.message() if hasattr(error, "message") else error))
+                for delta in _deltas(result, self.n, self._finished):
+                    if delta.finish_reason is not None:
+                        self._finished[delta.index] = True
+                    yield delta
+                if all(self._finished):
+                    return
+        except InferenceServerException as e:
+            raise from_triton(e.message() or str(e)) from None
+        finally:
+            # Ends the gRPC stream too: one left open keeps Triton from unloading the
+            # model (a decoupled model stays live while any of its streams is open).
+            self.cancel()
+
+
+def _tensor(name: str, value: np.ndarray) -> InferInput:
+    dtype = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}.get(value.dtype, "BYTES")
+    t = InferInput(name, list(value.shape), dtype)
+    t.set_data_from_numpy(value)
+    return t
+
+
+def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:
+    """A stream response carries one sequence's delta ("" and padding for the others, and
+    every sequence's finish reason so far); a single response carries every sequence whole.
+    Sequences already reported finished are skipped."""
+    texts = [t.decode() for t in result.as_numpy("text_output").reshape(-1)]
+    ids = result.as_numpy("output_ids")
+    rows = [ids.reshape(-1).tolist()] if n == 1 else [[t for t in row if t >= 0] for row in ids.reshape(n, -1)]
+    reasons = [r.decode() for r in result.as_numpy("finish_reason").reshape(-1)]
+    num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
+    raw_lp = result.as_numpy("logprobs")
+    lps = [json.loads(x.decode()) or [] for x in raw_lp.reshape(-1)] if raw_lp is not None else [[]] * n
+    out = []
+    for i in range(n):
+        if finished[i]:
+            continue
+        reason = None if reasons[i] == "None" else reasons[i]
+        if n > 1 and not rows[i] and not texts[i] and reason is None:
+            continue                                  # another sequence's delta
+        out.append(Delta(i, texts[i], rows[i], reason, lps[i], num_input))
+    return out

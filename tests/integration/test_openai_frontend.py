@@ -1,0 +1,198 @@
+"""The OpenAI-compatible frontend (`python -m frontend.openai_api`, a process of its own)
+in front of the session's real tritonserver, driven by the official `openai` client:
+completions and chat, streamed and not, n > 1, stop strings, seeds, exact usage,
+logprobs against the offline engine, structured output, OpenAI-style errors, and a
+client that leaves mid-stream freeing its KV blocks."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import http.client
+import urllib.error
+
+import jsonschema
+import pytest
+
+from backend import LLM, SamplingParams
+from clients.tritonserver import free_port
+from tests.integration.conftest import wait_blocks_free
+
+openai = pytest.importorskip("openai")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROMPT = "The pass statement"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is a generator?"}]
+
+
+@pytest.fixture(scope="module")
+def frontend(server, model_repo, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("frontend") / "frontend.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--port", str(port), "--host", "127.0.0.1",
+                             "--triton-url", server.grpc_url, "--model-repository", model_repo],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, open(log.name).read()
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(frontend):
+    return openai.OpenAI(base_url=frontend + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_ckpt):
+    return LLM(tiny_ckpt, block_size=16, num_kv_blocks=256)
+
+
+def chat_ids(llm):
+    text = llm.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    return llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == ["llm"]
+
+
+def test_completion_streamed_and_not_equals_offline_with_exact_usage(client, offline, server):
+    ref = offline.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0))[0]
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ref.prompt_token_ids), len(ref.token_ids))
+    chunks = list(client.completions.create(model="llm", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-2].choices[0].finish_reason == "length"
+    wait_blocks_free(server)
+
+
+def test_chat_uses_the_checkpoints_template(client, offline, server):
+    ref = offline.generate(chat_ids(offline), SamplingParams(max_tokens=10, temperature=0))[0]
+    r = client.chat.completions.create(model="llm", messages=MESSAGES, max_completion_tokens=10, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref.text
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == 10
+    stream = client.chat.completions.create(model="llm", messages=MESSAGES, max_tokens=10, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref.text
+    wait_blocks_free(server)
+
+
+def test_n_seeds_and_stop_strings(client, offline, server):
+    kw = dict(model="llm", prompt=PROMPT, max_tokens=16, temperature=1.0, n=3, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    texts = [c.text for c in sorted(a.choices, key=lambda c: c.index)]
+    assert texts == [c.text for c in sorted(b.choices, key=lambda c: c.index)] and len(set(texts)) > 1
+    # Sequence i is seeded seed + i (vLLM's rule): the offline engine gives the same.
+    refs = [offline.generate(PROMPT, SamplingParams(max_tokens=16, temperature=1.0, seed=7 + i))[0] for i in range(3)]
+    assert texts == [r.text for r in refs]
+    assert a.usage.completion_tokens == sum(len(r.token_ids) for r in refs)
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**kw, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == texts
+    ref = offline.generate(PROMPT, SamplingParams(max_tokens=30, temperature=0))[0].text
+    stop = ref[len(ref) // 2:len(ref) // 2 + 2]
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop])
+    assert r.choices[0].text == ref[:ref.index(stop)] and r.choices[0].finish_reason == "stop"
+    wait_blocks_free(server)
+
+
+def test_logprobs_equal_the_offline_engines(client, offline):
+    ref = offline.generate(PROMPT, SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    for i, (token_id, entry) in enumerate(zip(ref.token_ids, ref.logprobs)):
+        assert lp.token_logprobs[i] == pytest.approx(entry[token_id].logprob, abs=1e-4)
+        top = sorted(entry.values(), key=lambda x: x.rank)[:3]
+        assert list(lp.top_logprobs[i].values()) == pytest.approx([x.logprob for x in top], abs=1e-4)
+    chat_ref = offline.generate(chat_ids(offline), SamplingParams(max_tokens=4, temperature=0, logprobs=2))[0]
+    r = client.chat.completions.create(model="llm", messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(
+        [e[t].logprob for t, e in zip(chat_ref.token_ids, chat_ref.logprobs)], abs=1e-4)
+    assert all(len(c.top_logprobs) == 2 for c in content)
+
+
+def test_structured_output(client, server):
+    schema = {"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 12}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "horror"]}, "maxItems": 3},
+        "rating": {"type": "object", "properties": {"stars": {"type": "integer", "minimum": 1, "maximum": 5}},
+                   "required": ["stars"]}},
+        "required": ["title", "year", "genres", "rating"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "movie", "schema": schema}}
+    for seed in range(20):
+        r = client.chat.completions.create(model="llm", messages=MESSAGES, max_tokens=200, seed=seed,
+                                           response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=20, seed=1,
+                                  extra_body={"guided_regex": r"[a-z]{3}-\d{2}"})
+    assert re.fullmatch(r"[a-z]{3}-\d{2}", r.choices[0].text)
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=20, n=4, seed=2,
+                                  extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert {c.text for c in r.choices} <= {"red", "green", "blue"}
+    r = client.chat.completions.create(model="llm", messages=MESSAGES, max_tokens=100, seed=3,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    wait_blocks_free(server)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "nope", "prompt": "x"}, 404, "model"),
+    ({"model": "llm", "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"model": "llm", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"model": "llm", "prompt": 5}, 400, "prompt"),
+    ({"model": "llm", "prompt": "x", "guided_json": {"type": "objectx"}}, 400, None),
+    ({"model": "llm", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}},
+     400, "response_format"),
+    ({"model": "llm", "prompt": "word " * 2000}, 400, None),
+    ("{not json", 400, None),
+], ids=["unknown-model", "negative-max-tokens", "wrong-type", "prompt-type", "invalid-schema", "schema-missing",
+        "oversize-prompt", "bad-json-body"])
+def test_bad_requests_get_openai_errors_and_the_next_is_served(frontend, client, server, body, status, param):
+    data = (body if isinstance(body, str) else json.dumps(body)).encode()
+    request = urllib.request.Request(frontend + "/v1/completions", data=data,
+                                     headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=60)
+    assert e.value.code == status
+    error = json.loads(e.value.read())["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status and error["message"]
+    if param:
+        assert error["param"] == param
+    assert client.completions.create(model="llm", prompt=PROMPT, max_tokens=3).usage.completion_tokens == 3
+    wait_blocks_free(server)
+
+
+def test_client_leaving_mid_stream_frees_the_kv_blocks(frontend, server):
+    body = {"model": "llm", "prompt": PROMPT, "max_tokens": 1000, "min_tokens": 1000, "ignore_eos": True,
+            "stream": True}
+    conn = http.client.HTTPConnection(frontend.removeprefix("http://"), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    got = [response.readline() for _ in range(6)]
+    assert any(line.startswith(b"data: {") for line in got)
+    conn.close()                                        # gone, 1000 tokens short
+    wait_blocks_free(server, timeout_s=10)
