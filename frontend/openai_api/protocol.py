@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from frontend.openai_api.errors import APIError
 
@@ -93,16 +93,24 @@ class CompletionRequest(_Common):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
-    @model_validator(mode="after")
-    def _single_prompt(self) -> "CompletionRequest":
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)):
-            if len(self.prompt) != 1:
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
                 raise ValueError("one prompt per request (send a list of several as separate requests)")
-            self.prompt = self.prompt[0]
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        if self.echo:
-            raise ValueError("echo is not supported")
+            return v[0]
+        return v
+
+    @field_validator("suffix", "echo")
+    @classmethod
+    def _unsupported(cls, v):
+        if v:
+            raise ValueError("not supported")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of(self) -> "CompletionRequest":
         if self.best_of not in (None, self.n):
             raise ValueError("best_of is not supported")
         return self

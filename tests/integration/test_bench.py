@@ -46,3 +46,17 @@ def test_genai_perf_vllm_contract(server, tiny_ckpt):
                        measurement_ms=2000, entries=10)
     assert r["request_count"]["avg"] > 0
     assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0
+
+
+def test_openai_frontend_bench_side_by_side(server, capsys):
+    from clients import bench_openai
+    bench_openai.main(["frontend", "--url", server.grpc_url, "--concurrency", "2", "--tokens", "6", "--rounds", "1"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.search(r"direct gRPC \(tritonclient\) [\d.]+ ms; .* openai client [\d.]+ ms \([\d.]+x\), raw SSE", line)
+
+
+def test_structured_output_bitmask_bench(tiny_ckpt, capsys):
+    from clients import bench_openai
+    bench_openai.main(["bitmask", "--checkpoint", tiny_ckpt, "--batch", "4", "--steps", "3"])
+    assert re.search(r"batch 4: decode step [\d.]+ ms; .* = [\d.]+ ms \([\d.]+% of the step\)",
+                     capsys.readouterr().out)

@@ -1,0 +1,50 @@
+"""The frontend's request validation and its mapping of the backend's errors to OpenAI
+statuses (the messages are the backend's own: backend/triton_server/errors.py)."""
+
+import pytest
+
+from backend.engine.errors import QueueFullError
+from frontend.openai_api.errors import from_triton
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse
+
+
+@pytest.mark.parametrize("message, status, param", [
+    (f"UNAVAILABLE: {QueueFullError('waiting queue is full (max_queue_size=4)')}", 503, None),
+    ("UNAVAILABLE: the engine failed: EngineDeadError('tensor parallel rank 1 exited')", 503, None),
+    ("invalid sampling parameter 'top_p': Input should be less than or equal to 1 (got 2)", 400, "top_p"),
+    ("invalid guided_regex: Regex parsing error at position 4: Unclosed '['", 400, None),
+    ("Request for unknown model: 'x' is not found", 404, "model"),
+    ("INTERNAL: RuntimeError('boom')", 500, None),
+])
+def test_backend_errors_map_to_openai_statuses(message, status, param):
+    e = from_triton(message)
+    assert (e.status, e.param) == (status, param)
+    body = e.response().body
+    assert b'"code":%d' % status in body and b'"type"' in body
+
+
+def test_requests_translate_to_sampling_parameters():
+    req = parse(CompletionRequest, {"model": "m", "prompt": ["only one"], "stop": "x", "seed": 3, "top_k": 5,
+                                    "logit_bias": {"17": -100}, "user": "ignored", "unknown_field": 1})
+    p = req.sampling_parameters(req.max_tokens)
+    assert req.prompt == "only one"
+    assert (p["stop"], p["seed"], p["top_k"], p["logit_bias"], p["max_tokens"]) == (["x"], 3, 5, {17: -100}, 16)
+    chat = parse(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}]}], "response_format": {"type": "json_object"}})
+    assert chat.messages[0].text() == "hi"
+    assert chat.sampling_parameters(None)["guided_json_object"] is True
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": "a", "n": 0}, "n"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None),
+    ({"prompt": "a"}, "model"),
+])
+def test_bad_bodies_name_the_field(body, param):
+    from frontend.openai_api.errors import APIError
+    cls = ChatCompletionRequest if "messages" in body else CompletionRequest
+    with pytest.raises(APIError) as e:
+        parse(cls, body)
+    assert e.value.status == 400 and e.value.param == param
