@@ -14,6 +14,17 @@ from backend.config import validated
 GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar")
 
 
+def json_object(text: str) -> dict:
+    """A JSON object given as text (vLLM's backend takes nested values either way)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
 class SamplingParamsError(ValueError):
     """Bad sampling parameters; the message names the field."""
 
@@ -81,14 +92,7 @@ class SamplingParams(BaseModel):
     @field_validator("guided_json")
     @classmethod
     def _schema_is_json(cls, v: Union[None, dict, str]) -> Union[None, dict, str]:
-        if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
-            if not isinstance(v, dict):
-                raise ValueError("a JSON schema must be a JSON object")
-        return v
+        return json_object(v) if isinstance(v, str) else v
 
     @field_validator("logit_bias")
     @classmethod

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from backend.engine.errors import InvalidRequestError
-from backend.sampling_params import SamplingParams, SamplingParamsError
+from backend.sampling_params import SamplingParams, SamplingParamsError, json_object
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
                "return_num_output_tokens", "return_cumulative_logprob", "return_logprobs", "ignore_eos")
@@ -155,13 +155,12 @@ STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": 
 def structured_outputs(value: Any) -> dict[str, Any]:
     """`structured_outputs` as the vLLM backend takes it: a JSON object (or its text)
     with one of json, regex, choice, grammar, json_object."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(f"sampling parameter 'structured_outputs' is not valid JSON: {e.msg}") from None
-    if not isinstance(value, dict):
-        raise InvalidRequestError("sampling parameter 'structured_outputs' must be a JSON object")
+    try:
+        value = json_object(value) if isinstance(value, str) else value
+        if not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+    except ValueError as e:
+        raise InvalidRequestError(f"sampling parameter 'structured_outputs' {e}") from None
     unknown = sorted(set(value) - set(STRUCTURED_OUTPUTS))
     if unknown:
         raise InvalidRequestError(f"unknown key '{unknown[0]}' in sampling parameter 'structured_outputs' "

@@ -123,7 +123,7 @@ def test_vllm_structured_outputs_key_maps_to_guided_fields():
 
 @pytest.mark.parametrize("sp, expected", [
     ({"structured_outputs": {"yaml": "x"}}, "unknown key 'yaml' in sampling parameter 'structured_outputs'"),
-    ({"structured_outputs": "{bad"}, "'structured_outputs' is not valid JSON"),
+    ({"structured_outputs": "{bad"}, "'structured_outputs' not valid JSON"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "at most one of guided_regex, guided_choice"),
     ({"guided_json": "{not json"}, "'guided_json': Value error, not valid JSON"),
     ({"guided_choice": []}, "'guided_choice'"),
