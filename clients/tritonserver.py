@@ -136,10 +136,12 @@ class TritonServer:
 
     def __init__(self, model_repository: str, log_path: Optional[str] = None,
                  extra_args: Optional[list[str]] = None, startup_timeout_s: float = 180.0,
-                 supervised: bool = False) -> None:
+                 supervised: bool = False, openai: bool = False) -> None:
+        """openai: with supervised, also the OpenAI-compatible frontend (as `make serve`)."""
         install()
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.supervised = supervised
+        self.openai_port = free_port() if supervised and openai else 0
         self.supervisor_port = free_port() if supervised else None
         self.model_repository = model_repository
         if log_path is None:
@@ -163,6 +165,10 @@ class TritonServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.openai_port}"
+
+    @property
     def supervisor_url(self) -> str:
         return f"http://127.0.0.1:{self.supervisor_port}"
 
@@ -173,7 +179,7 @@ class TritonServer:
         return [sys.executable, "-m", "clients.tritonserver", "serve", "--model-repository", self.model_repository,
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--metrics-port", str(self.metrics_port), "--supervisor-port", str(self.supervisor_port),
-                *(self.extra_args or [])]
+                "--openai-port", str(self.openai_port), *(self.extra_args or [])]
 
     def start(self) -> "TritonServer":
         self._log = open(self.log_path, "w")

@@ -118,8 +118,10 @@ class Generation:
             inputs.append(_tensor("text_input", np.array([prompt.encode()], dtype=object)))
         else:
             inputs.append(_tensor("input_ids", np.array(prompt, dtype=np.int32)))
+        # The empty final response tells us when Triton is done with the request.
         self._request = {"model_name": model, "inputs": inputs, "request_id": self.request_id,
-                         "outputs": [InferRequestedOutput(o) for o in OUTPUTS]}
+                         "outputs": [InferRequestedOutput(o) for o in OUTPUTS],
+                         "parameters": {"triton_enable_empty_final_response": True}}
         self._client = client
         self._call = None
         self._finished = [False] * self.n
@@ -133,16 +135,25 @@ class Generation:
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         self._call = self._client.stream_infer(self._requests())
+        failure: Optional[APIError] = None
         try:
             async for result, error in self._call:
                 if error is not None:
-                    raise from_triton(str(error.message() if hasattr(error, "message") else error))
-                for delta in _deltas(result, self.n, self._finished):
-                    if delta.finish_reason is not None:
-                        self._finished[delta.index] = True
-                    yield delta
-                if all(self._finished):
-                    return
+                    # The backend sends FINAL after an error: read on to it. Cancelling the
+                    # stream in between leaves the request behind in Triton 24.10, which
+                    # then never unloads the model.
+                    failure = failure or from_triton(str(error.message() if hasattr(error, "message") else error))
+                    continue
+                param = result.get_response().parameters.get("triton_final_response")
+                if failure is None and result.as_numpy("text_output") is not None:
+                    for delta in _deltas(result, self.n, self._finished):
+                        if delta.finish_reason is not None:
+                            self._finished[delta.index] = True
+                        yield delta
+                if param is not None and param.bool_param:
+                    break
+            if failure is not None:
+                raise failure
         except InferenceServerException as e:
             raise from_triton(e.message() or str(e)) from None
         finally:

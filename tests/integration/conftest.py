@@ -36,8 +36,9 @@ def model_repo(tmp_path_factory, tiny_ckpt):
 
 @pytest.fixture(scope="session")
 def server(model_repo):
-    # Supervised, as `make serve` runs it.
-    srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True)
+    # Supervised and with the OpenAI frontend, as `make serve` runs it.
+    srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True,
+                       openai=True)
     with srv:
         yield srv
 

@@ -1,14 +1,11 @@
-"""The OpenAI-compatible frontend (`python -m frontend.openai_api`, a process of its own)
-in front of the session's real tritonserver, driven by the official `openai` client:
+"""The OpenAI-compatible frontend (`python -m frontend.openai_api`, started beside the
+session's real tritonserver as `make serve` starts it), driven by the official `openai` client:
 completions and chat, streamed and not, n > 1, stop strings, seeds, exact usage,
 logprobs against the offline engine, structured output, OpenAI-style errors, and a
 client that leaves mid-stream freeing its KV blocks."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -19,36 +16,27 @@ import jsonschema
 import pytest
 
 from backend import LLM, SamplingParams
-from clients.tritonserver import free_port
 from tests.integration.conftest import wait_blocks_free
 
 openai = pytest.importorskip("openai")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "The pass statement"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is a generator?"}]
 
 
 @pytest.fixture(scope="module")
-def frontend(server, model_repo, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("frontend") / "frontend.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--port", str(port), "--host", "127.0.0.1",
-                             "--triton-url", server.grpc_url, "--model-repository", model_repo],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+def frontend(server):
+    """The frontend `make serve` starts beside tritonserver (clients.tritonserver serve
+    --openai-port), in its own process."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            with urllib.request.urlopen(server.openai_url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return server.openai_url
         except OSError:
             pass
-        assert proc.poll() is None and time.monotonic() < deadline, open(log.name).read()
+        assert time.monotonic() < deadline, server.log_tail()
         time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
