@@ -148,6 +148,32 @@ def sampled_requests(path: str) -> dict:
             "seeded_alone_equals_in_batch": alone == outs[2].token_ids}
 
 
+def structured_requests(root: str) -> dict:
+    """Structured output and logit_bias on CUDA (the default model, which has a
+    tokenizer): every JSON-schema output parses, the biased token wins."""
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        return {"skipped": "xgrammar is not installed"}
+    from backend import SamplingParams
+    from builder.tiny import build_tiny
+    path = build_tiny(os.path.join(root, "default-model"))
+    llm = _llm(path, max_num_seqs=16)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "tag": {"enum": ["a", "b"]}}, "required": ["n", "tag"]}
+    outs = llm.generate(["Give JSON"] * 8, [SamplingParams(max_tokens=64, seed=i, guided_json=schema)
+                                            for i in range(8)])
+    parsed = 0
+    for o in outs:
+        try:
+            parsed += isinstance(json.loads(o.text), dict)
+        except ValueError:
+            pass
+    biased = llm.generate(["x"], SamplingParams(max_tokens=4, temperature=0, logit_bias={77: 100.0}))[0]
+    _free(llm)
+    return {"json_outputs_parsed": f"{parsed}/8", "logit_bias_token_wins": biased.token_ids == [77] * 4}
+
+
 def nano_vllm_workload(path: str, num_seqs: int = 256, lo: int = 100, hi: int = 1024, seed: int = 0,
                        enforce_eager: bool = False) -> dict:
     """nano-vllm's bench.py workload, same distributions and seed scheme."""
@@ -232,6 +258,9 @@ def main(argv=None) -> int:
     print(attention_bench.render(report["attention"]), flush=True)
     save()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
+        report["structured_output"] = structured_requests(root)
+        print("structured output:", report["structured_output"], flush=True)
+        save()
         for name in a.models:
             path = make_checkpoint(name, root)
             entry = report["models"][name] = {}
@@ -262,7 +291,8 @@ def main(argv=None) -> int:
 def render(report: dict) -> str:
     lines = [f"GPU: {report['gpu']}, torch {report['torch']}, {report['date']} ({report.get('seconds', 0):.0f} s)",
              f"command: {report['command']}", f"unit tests: {report['unit_tests']}",
-             f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s", ""]
+             f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s",
+             f"structured output and logit_bias on CUDA: {report.get('structured_output')}", ""]
     for name, entry in report["models"].items():
         if "nano_vllm_workload" in entry:
             w = entry["nano_vllm_workload"]

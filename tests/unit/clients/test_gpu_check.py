@@ -9,7 +9,7 @@ from backend import LLM
 from clients import gpu_check
 
 
-def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch):
+def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
     def cpu_llm(path, **kw):
@@ -18,6 +18,8 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch):
     monkeypatch.setattr(gpu_check, "_llm", cpu_llm)
     sampled = gpu_check.sampled_requests(tiny_ckpt)
     assert sampled["completed"] and sampled["seeded_alone_equals_in_batch"]
+    structured = gpu_check.structured_requests(str(tmp_path))
+    assert structured == {"json_outputs_parsed": "8/8", "logit_bias_token_wins": True}
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
     rows = gpu_check.decode_benchmarks(tiny_ckpt, [1, 2], enforce_eager=False, prompt_len=6, new_tokens=3)
@@ -25,10 +27,10 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch):
     for r in rows:
         r["weight_read_floor_ms"] = r["x_of_floor"] = 1.0
     report = {"gpu": "cpu", "torch": torch.__version__, "date": "today", "command": "x", "unit_tests": "skipped",
-              "copy_bandwidth_gbs": 1.0, "models": {"llama-3.2-1b": {"sampled_requests": sampled,
+              "copy_bandwidth_gbs": 1.0, "structured_output": structured, "models": {"llama-3.2-1b": {"sampled_requests": sampled,
                                                                      "nano_vllm_workload": nano, "decode": rows}}}
     text = gpu_check.render(report)
-    assert "nano-vllm workload" in text and "| llama-3.2-1b | 2 |" in text
+    assert "nano-vllm workload" in text and "| llama-3.2-1b | 2 |" in text and "logit_bias_token_wins" in text
 
 
 def test_attention_bench_runs_and_kernels_agree():

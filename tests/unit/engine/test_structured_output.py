@@ -6,7 +6,6 @@ chunked prefill, prefix hits and preemption keep both kinds of request right."""
 import json
 import re
 
-import jsonschema
 import pytest
 
 from backend import LLM, SamplingParams
@@ -14,6 +13,7 @@ from backend.engine.errors import InvalidRequestError
 from tests.conftest import assert_pool_free, random_prompts
 
 pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
 
 # Nested: objects, arrays of objects, enums, numbers, integers with bounds, booleans,
 # required fields. Strings and arrays are bounded so a random model's output ends.
