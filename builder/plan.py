@@ -80,7 +80,7 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1) -> int:
 
 
 def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1) -> int:
-    """Blocks the engine allocates from a KV budget (its `_blocks_from_budget`)."""
+    """Blocks the engine allocates from a KV budget (backend/engine/sizing.py)."""
     return max(budget_bytes // (kv_bytes_per_token(cfg, kv_dtype, tp) * block_size), 0)
 
 

@@ -144,7 +144,7 @@ def bitmask(args) -> None:
     # The structured part alone, on B requests with matchers of the schema at the start.
     structured_params = SamplingParams(guided_json=SCHEMA, max_tokens=200)
     reqs = [engine.add_request("x", structured_params) for _ in range(args.batch)]
-    while engine._awaiting_grammar:
+    while len(engine._awaiting_grammar):
         engine._admit_compiled()
     so = engine.runner.structured
     logits = torch.randn(args.batch, engine.model_config.vocab_size)

@@ -8,7 +8,6 @@ threaded; EngineLoop (engine_loop.py) drives it from a thread for servers.
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import FIRST_COMPLETED, wait
 import logging
 import os
 import time
@@ -17,8 +16,9 @@ from typing import Optional, Sequence, Union
 import torch
 
 from backend.config import ConfigError, EngineArgs
+from backend.engine import sizing
 from backend.engine.block_manager import KVCacheManager
-from backend.engine.cuda_graphs import capture_decode_graphs, estimate_graph_bytes
+from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.engine.logprobs import TokenLogprobs
@@ -28,30 +28,21 @@ from backend.engine.request import FinishReason, Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.step_inputs import StepInputBuilder
-from backend.engine.structured_output import StructuredOutput
+from backend.engine.structured_output import AwaitingGrammar, StructuredOutput
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
-from backend.parallel.sharding import check_tensor_parallel, local_config
+from backend.parallel.sharding import local_config
 from backend.parallel.workers import TensorParallelWorkers, WorkerSpec, kv_bytes, model_bytes
 from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CPU_KV_CACHE_BYTES = 1 << 30
 
 Prompt = Union[str, Sequence[int]]
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("invalid engine argument 'device': 'cuda' requested but no CUDA device is available")
-    return torch.device(name)
 
 
 class LLMEngine:
@@ -68,9 +59,9 @@ class LLMEngine:
         self.model_config: ModelConfig = load_model_config(args.model)
         cfg = self.model_config
         # The onnxruntime runner is a CPU reference: "auto" means the CPU there, GPU or not.
-        self.device = _resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
+        self.device = sizing.resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
         tp_size = args.tensor_parallel_size
-        self._check_tensor_parallel(tp_size)
+        sizing.check_tensor_parallel_size(cfg, tp_size, self.device)
         if tp_size > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", 0)   # rank r runs on cuda:r
         self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
@@ -103,8 +94,9 @@ class LLMEngine:
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
-        self.num_kv_blocks = args.num_kv_blocks or self._blocks_from_budget(bytes_per_block)
-        self.max_model_len = self._resolve_max_model_len(self.num_kv_blocks * args.block_size)
+        self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
+            args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block)
+        self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
 
         self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
@@ -113,37 +105,22 @@ class LLMEngine:
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
         if self.workers is not None:
-            self.workers.setup(self.num_kv_blocks, args.block_size, self._input_sizes(),
+            self.workers.setup(self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
                                model_bytes(self.model), kv_bytes(kv_layers))
         if self.use_cuda_graphs:
             capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)  # noqa: E731
             self.runner.graphs = (capture() if self.workers is None else
                                   self.workers.capture_graphs(capture, args.max_num_seqs, self.max_model_len))
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        # Guided requests whose grammar is still compiling: id -> (request, future).
-        self._awaiting_grammar: dict[str, tuple[Request, object]] = {}
+        self._awaiting_grammar = AwaitingGrammar()
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 
-    def _check_tensor_parallel(self, tp_size: int) -> None:
-        problem = check_tensor_parallel(self.model_config, tp_size)
-        if problem is None and tp_size > 1 and self.device.type == "cuda" and torch.cuda.device_count() < tp_size:
-            problem = f"{torch.cuda.device_count()} CUDA devices are visible"
-        if problem:
-            raise ConfigError(f"invalid engine argument 'tensor_parallel_size': {tp_size} ({problem})")
-
-    def _input_sizes(self) -> tuple[int, int, int]:
-        """Step buffer capacities: tokens, sequences, blocks per sequence. A padded decode
-        step has up to max_num_seqs tokens, whatever the token budget."""
-        args = self.args
-        return (max(args.max_num_batched_tokens, args.max_num_seqs), args.max_num_seqs,
-                -(-self.max_model_len // args.block_size))
-
     def _make_runner(self, kv_layers) -> ModelRunner:
         args = self.args
         sampler = Sampler(args.seed, self.device, args.max_num_seqs)
-        inputs = StepInputBuilder(*self._input_sizes(), args.block_size, self.device)
+        inputs = StepInputBuilder(*sizing.input_sizes(self.args, self.max_model_len), args.block_size, self.device)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.model_runner == "torch":
@@ -158,36 +135,6 @@ class LLMEngine:
             raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "
                               f"that is not installed ({e})") from None
         return GraphModelRunner(graph, *common)
-
-    # ------------------------------------------------------------------ sizing
-    def _blocks_from_budget(self, bytes_per_block: int) -> int:
-        budget = self.args.kv_cache_memory_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * self.args.gpu_memory_utilization)
-                if self.use_cuda_graphs:
-                    # The graphs' memory pool is captured after the cache is allocated.
-                    budget -= estimate_graph_bytes(self.model_config, self.args.max_num_seqs,
-                                                   torch.tensor([], dtype=self.dtype).element_size())
-            else:
-                budget = _CPU_KV_CACHE_BYTES
-        num = budget // bytes_per_block
-        if num < 1:
-            raise ConfigError(f"invalid engine argument 'kv_cache_memory_bytes': {budget} bytes "
-                              f"hold no KV block ({bytes_per_block} bytes each)")
-        return num
-
-    def _resolve_max_model_len(self, pool_tokens: int) -> int:
-        limit = self.model_config.max_position_embeddings
-        if self.args.max_model_len is not None:
-            if self.args.max_model_len > pool_tokens:
-                raise ConfigError(
-                    f"invalid engine argument 'max_model_len': {self.args.max_model_len} tokens do not fit "
-                    f"the KV cache ({self.num_kv_blocks} blocks x {self.args.block_size} = {pool_tokens} tokens)")
-            return self.args.max_model_len
-        # One sequence must always fit the pool alone, or preemption could not save it.
-        return min(limit, pool_tokens)
 
     # --------------------------------------------------------------- requests
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -225,8 +172,7 @@ class LLMEngine:
         grammar = self._compile_grammar(params) if params.guided_fields() else None
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params, self._fast_decode)
         if grammar is not None:
-            # Held back from the scheduler until its grammar is compiled (off this thread).
-            self._awaiting_grammar[request_id] = (request, grammar)
+            self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
         else:
             self.scheduler.add_request(request)
         self.num_prompt_tokens_total += len(token_ids)
@@ -241,25 +187,18 @@ class LLMEngine:
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
         request with the compiler's message. Waits a moment when nothing else can run."""
-        if not self._awaiting_grammar:
+        if not len(self._awaiting_grammar):
             return []
-        if self.scheduler.num_unfinished == 0:
-            wait([f for _, f in self._awaiting_grammar.values()], timeout=0.01, return_when=FIRST_COMPLETED)
-        failed = []
-        for request_id, (request, future) in list(self._awaiting_grammar.items()):
-            if not future.done():
-                continue
-            del self._awaiting_grammar[request_id]
-            try:
-                request.grammar = self.runner.structured.matcher(future.result())
-            except InvalidRequestError as e:
-                request.finish_reason = FinishReason.ABORT
-                out = self._final_output(request, self._detokenizers.pop(request_id))
-                out.error = e
-                failed.append(out)
-                continue
+        admitted, failed = self._awaiting_grammar.ready(
+            self.runner.structured, wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
+        for request in admitted:
             self.scheduler.add_request(request)
-        return failed
+        outputs = []
+        for request, error in failed:
+            request.finish_reason = FinishReason.ABORT
+            outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id)))
+            outputs[-1].error = error
+        return outputs
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -286,8 +225,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort now; the request's blocks are free when this returns."""
         if request_id in self._awaiting_grammar:
-            request, future = self._awaiting_grammar.pop(request_id)
-            future.cancel()
+            request = self._awaiting_grammar.pop(request_id)
             request.finish_reason = FinishReason.ABORT
             return self._final_output(request, self._detokenizers.pop(request_id))
         request = self.scheduler.abort_request(request_id)
@@ -307,7 +245,7 @@ class LLMEngine:
             self.workers.shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._awaiting_grammar)
+        return self.scheduler.num_unfinished > 0 or len(self._awaiting_grammar) > 0
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:

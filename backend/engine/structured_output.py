@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Optional, Sequence
 
 import numpy as np
@@ -116,3 +116,42 @@ class StructuredOutput:
         bitmask, rows = mask
         self.xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
 
+
+
+class AwaitingGrammar:
+    """Guided requests whose grammar is still compiling, held back from the scheduler."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[object, Future]] = {}
+
+    def add(self, request, future: Future) -> None:
+        self._items[request.request_id] = (request, future)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._items
+
+    def pop(self, request_id: str):
+        request, future = self._items.pop(request_id)
+        future.cancel()
+        return request
+
+    def ready(self, structured: StructuredOutput, wait_s: float = 0.0) -> tuple[list, list]:
+        """(requests whose grammar is compiled, their matcher set; (request, error) for
+        grammars that failed). Waits up to wait_s for one to finish."""
+        if wait_s and self._items:
+            wait([f for _, f in self._items.values()], timeout=wait_s, return_when=FIRST_COMPLETED)
+        admitted, failed = [], []
+        for request_id, (request, future) in list(self._items.items()):
+            if not future.done():
+                continue
+            del self._items[request_id]
+            try:
+                request.grammar = structured.matcher(future.result())
+            except InvalidRequestError as e:
+                failed.append((request, e))
+                continue
+            admitted.append(request)
+        return admitted, failed
