@@ -56,7 +56,8 @@ def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
     linear_per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
     # Output channels (one scale each): o_proj's and down_proj's are whole on every rank.
     rows_per_layer = (q + 2 * kv) + h + 2 * inter + h
-    other_per_layer = 2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (2 * hd if cfg.qk_norm else 0)
+    other_per_layer = (2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.o_bias else 0)
+                       + (2 * hd if cfg.qk_norm else 0))
     embed = local_vocab_size(cfg, tp) * h
     other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
     return ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)

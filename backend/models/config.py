@@ -44,6 +44,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default=())
     # config.json's quantization_config for FP8 builds (see backend/models/fp8.py).
     quantization: Optional[dict[str, Any]] = None
+    # o_proj's bias: Llama / Qwen3 with attention_bias (Hugging Face gives every attention
+    # projection a bias then); Qwen2 has one on q/k/v only.
+    o_bias: bool = False
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -139,4 +142,5 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         sliding_windows=windows,
         eos_token_ids=tuple(eos),
         quantization=quant,
+        o_bias=bool(cfg.get("attention_bias", False)),
     )

@@ -45,7 +45,7 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         h = cfg.hidden_size
         self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, h, bias=False)
+        self.o_proj = nn.Linear(self.q_size, h, bias=cfg.o_bias)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)

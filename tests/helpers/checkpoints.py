@@ -46,6 +46,11 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
+    elif kw.get("attention_bias") or kw.get("mlp_bias"):
+        with torch.no_grad():
+            for module in model.model.layers.modules():
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    module.bias.normal_(0, 0.5)
     model.save_pretrained(path)
     return path
 

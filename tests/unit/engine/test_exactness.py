@@ -43,3 +43,15 @@ def test_triton_backend_matches_transformers(ckpt_dir):
     stats = llm.kv_cache_stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert_pool_free(llm)
+
+
+def test_llama_with_every_bias_matches_transformers(ckpt_dir):
+    """attention_bias gives q, k, v and o_proj a bias in Hugging Face's Llama; mlp_bias
+    gate, up and down."""
+    path = make_checkpoint(str(ckpt_dir / "llama_bias"), "llama", attention_bias=True, mlp_bias=True)
+    prompts = random_prompts(4, [1, 30, 9, 17], seed=4)
+    expected = hf_greedy(path, prompts, 12)
+    llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_batched_tokens=16)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, min_tokens=12, temperature=0))
+    assert [o.token_ids for o in outs] == expected
+    assert_pool_free(llm)

@@ -33,7 +33,8 @@ def _prompts():
     ("llama", {}),                                          # 4 heads, 2 KV heads: one each
     ("llama", {"num_key_value_heads": 1}),                  # GQA, fewer KV heads than ranks
     ("qwen2", {"vocab_size": 321}),                         # qkv bias, tied, padded vocab
-], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab"])
+    ("llama", {"attention_bias": True, "mlp_bias": True}),  # row-parallel biases: added once
+], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias"])
 def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides):
     name = "_".join([f"tp_{arch}"] + [f"{k}{v}" for k, v in overrides.items()])
     path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)
