@@ -135,7 +135,7 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptio
     """Per device. KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and
     V), with each rank's KV heads under tensor parallelism."""
     tp = opts.tensor_parallel_size
-    kv_per_token = 2 * cfg.num_layers * local_config(cfg, tp).num_kv_heads * cfg.head_dim * kv_bytes_per_elem
+    kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
     weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
     # The torch engine on a GPU captures decode CUDA graphs (every rank); the engine

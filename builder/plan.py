@@ -77,7 +77,7 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1) -> int:
-    return 2 * cfg.num_layers * local_config(cfg, tp).num_kv_heads * cfg.head_dim * KV_DTYPES[kv_dtype]
+    return local_config(cfg, tp).kv_bytes_per_token * KV_DTYPES[kv_dtype]
 
 
 def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1) -> int:

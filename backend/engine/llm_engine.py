@@ -104,9 +104,12 @@ class LLMEngine:
                                    static_batching=static_batching)
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
+        # (weight bytes, KV cache bytes) of each rank, rank 0 first.
+        self.bytes_per_rank = [(model_bytes(self.model) if self.model is not None else 0, kv_bytes(kv_layers))]
         if self.workers is not None:
-            self.workers.setup(self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
-                               model_bytes(self.model), kv_bytes(kv_layers))
+            self.bytes_per_rank = self.workers.setup(
+                self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
+                *self.bytes_per_rank[0])
         if self.use_cuda_graphs:
             capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)  # noqa: E731
             self.runner.graphs = (capture() if self.workers is None else
@@ -227,10 +230,10 @@ class LLMEngine:
         if request_id in self._awaiting_grammar:
             request = self._awaiting_grammar.pop(request_id)
             request.finish_reason = FinishReason.ABORT
-            return self._final_output(request, self._detokenizers.pop(request_id))
-        request = self.scheduler.abort_request(request_id)
-        if request is None:
-            return None
+        else:
+            request = self.scheduler.abort_request(request_id)
+            if request is None:
+                return None
         return self._final_output(request, self._detokenizers.pop(request_id))
 
     def check_health(self) -> None:
@@ -346,9 +349,7 @@ class LLMEngine:
             "block_size": self.args.block_size,
             "kv_cache_bytes": self.kv_cache_bytes,           # per rank
             "tensor_parallel_size": self.args.tensor_parallel_size,
-            # (weight bytes, KV cache bytes) of each rank, rank 0 first.
-            "bytes_per_rank": (self.workers.per_rank_bytes if self.workers is not None else
-                               [(model_bytes(self.model) if self.model is not None else 0, self.kv_cache_bytes)]),
+            "bytes_per_rank": self.bytes_per_rank,
             "kv_cache_dtype": str(self.runner.kv_caches[0].key.dtype).replace("torch.", ""),
             "num_cached_blocks": len(kv.pool.cached),
             "num_preemptions": self.scheduler.num_preemptions,

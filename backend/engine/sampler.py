@@ -140,11 +140,14 @@ class Sampler:
         """logits [B, V] -> next token ids [B] (int64, on the logits' device)."""
         logits = logits.float()
         params = batch.params
-        if batch.bias is not None:
-            rows, ids, values = batch.bias
-            logits = logits.clone().index_put_((rows, ids), values, accumulate=True)
-        if batch.repetition is not None or batch.counted is not None or batch.banned is not None:
-            logits = apply_penalties(logits.clone(), batch)
+        penalized = batch.repetition is not None or batch.counted is not None or batch.banned is not None
+        if batch.bias is not None or penalized:
+            logits = logits.clone()             # the caller's logits also give the logprobs
+            if batch.bias is not None:
+                rows, ids, values = batch.bias
+                logits.index_put_((rows, ids), values, accumulate=True)
+            if penalized:
+                logits = apply_penalties(logits, batch)
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         temperature = params[:, TEMPERATURE:TEMPERATURE + 1]

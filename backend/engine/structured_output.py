@@ -117,7 +117,6 @@ class StructuredOutput:
         self.xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
 
 
-
 class AwaitingGrammar:
     """Guided requests whose grammar is still compiling, held back from the scheduler."""
 

@@ -77,7 +77,6 @@ class TensorParallelWorkers:
                                   name=f"paged_llm-tp-rank{r}", daemon=True)
                       for r in range(1, spec.size)]
         self._closed = False
-        self.per_rank_bytes: list[tuple[int, int]] = []
         # On CPU the ranks share the machine's cores: each takes its share (the workers
         # do the same), or they would oversubscribe it. Given back at shutdown.
         self._threads = torch.get_num_threads()
@@ -115,14 +114,14 @@ class TensorParallelWorkers:
         return result[0]
 
     def setup(self, num_kv_blocks: int, block_size: int, input_sizes: tuple[int, int, int],
-              weight_bytes: int, kv_cache_bytes: int) -> None:
-        """Tell the workers the KV pool and step buffer sizes rank 0 chose; collect every
-        rank's (weight bytes, KV bytes)."""
+              weight_bytes: int, kv_cache_bytes: int) -> list[tuple[int, int]]:
+        """Tell the workers the KV pool and step buffer sizes rank 0 chose; returns every
+        rank's (weight bytes, KV bytes), rank 0 first."""
         self._send([_SETUP, num_kv_blocks, block_size, *input_sizes])
         mine = torch.tensor([weight_bytes, kv_cache_bytes], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.size)]
         dist.gather(mine, parts, dst=0, group=self.ctrl)
-        self.per_rank_bytes = [(int(p[0]), int(p[1])) for p in parts]
+        return [(int(p[0]), int(p[1])) for p in parts]
 
     def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor], graph_size: int = 0) -> None:
         """graph_size: the decode CUDA graph rank 0 replays for this step, 0 for eager."""

@@ -17,9 +17,10 @@ from typing import AsyncIterator, Optional, Union
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
+from clients.triton_client import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
 
 BACKENDS = ("paged_llm",)
@@ -108,16 +109,10 @@ class Generation:
                  logprobs: bool) -> None:
         self.request_id = uuid.uuid4().hex
         self.n = int(sampling.get("n", 1))
-        inputs = [_tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)),
-                  _tensor("stream", np.array([stream])), _tensor("exclude_input_in_output", np.array([True]))]
-        for name in ("return_finish_reason", "return_num_input_tokens"):
-            inputs.append(_tensor(name, np.array([True])))
-        if logprobs:
-            inputs.append(_tensor("return_logprobs", np.array([True])))
-        if isinstance(prompt, str):
-            inputs.append(_tensor("text_input", np.array([prompt.encode()], dtype=object)))
-        else:
-            inputs.append(_tensor("input_ids", np.array(prompt, dtype=np.int32)))
+        flags = ["exclude_input_in_output", "return_num_input_tokens"] + (["return_logprobs"] if logprobs else [])
+        inputs = make_inputs(prompt if isinstance(prompt, str) else None, sampling, stream,
+                             input_ids=None if isinstance(prompt, str) else list(prompt),
+                             extra={name: np.array([True]) for name in flags})
         # The empty final response tells us when Triton is done with the request.
         self._request = {"model_name": model, "inputs": inputs, "request_id": self.request_id,
                          "outputs": [InferRequestedOutput(o) for o in OUTPUTS],
@@ -160,13 +155,6 @@ class Generation:
             # Ends the gRPC stream too: one left open keeps Triton from unloading the
             # model (a decoupled model stays live while any of its streams is open).
             self.cancel()
-
-
-def _tensor(name: str, value: np.ndarray) -> InferInput:
-    dtype = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}.get(value.dtype, "BYTES")
-    t = InferInput(name, list(value.shape), dtype)
-    t.set_data_from_numpy(value)
-    return t
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:
