@@ -5,13 +5,40 @@ Names follow vLLM's engine arguments so that operators can carry their settings 
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+import json
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
     """A bad engine argument; the message names the field."""
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's `speculative_config`: who proposes tokens for the target to verify
+    (backend/engine/spec_decode/). n-gram: prompt lookup over the request's own tokens;
+    draft_model: a smaller checkpoint with the target's tokenizer."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in it.
+    prompt_lookup_min: int = Field(1, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+    # draft_model: the draft's checkpoint folder.
+    model: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method 'draft_model' needs 'model' (the draft checkpoint folder)")
+        if self.method == "ngram" and self.model:
+            raise ValueError("method 'ngram' takes no 'model'")
+        return self
 
 
 class EngineArgs(BaseModel):
@@ -46,6 +73,18 @@ class EngineArgs(BaseModel):
     # Rank 0 is the engine's process, the others are processes it starts: one device
     # each on CUDA, gloo between processes on CPU.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
+    # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
+    speculative_config: Optional[SpeculativeConfig] = None
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _speculative_json(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return json.loads(v) if v.strip() else None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+        return v
 
     @model_validator(mode="after")
     def _check_runner(self) -> "EngineArgs":
@@ -58,6 +97,13 @@ class EngineArgs(BaseModel):
         if self.tensor_parallel_size > 1 and self.model_runner != "torch":
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs model_runner='torch' "
                              "(the exported graphs are single-device)")
+        if self.speculative_config is not None and self.model_runner != "torch":
+            raise ValueError("speculative_config needs model_runner='torch' (the exported graphs return one "
+                             "row of logits per sequence)")
+        if (self.speculative_config is not None and self.speculative_config.method == "draft_model"
+                and self.tensor_parallel_size > 1):
+            raise ValueError("speculative_config with method 'draft_model' runs on one rank: use "
+                             "tensor_parallel_size=1, or method 'ngram'")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self

@@ -64,6 +64,9 @@ class SamplingParams(BaseModel):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
+    # With the engine's speculative_config: false verifies no proposed tokens for this
+    # request (it decodes one token per step). Guided and logprobs requests never speculate.
+    speculative_decoding: bool = True
 
     @field_validator("stop", mode="before")
     @classmethod

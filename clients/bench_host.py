@@ -29,7 +29,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
         runner.inputs.build(out, runner._block_table_of)
         sampling = [s.request for s in out.scheduled if s.completes_prompt]
         runner.sampler.prepare(sampling, runner.vocab_size)
-        return [7 if s.completes_prompt else None for s in out.scheduled], {}
+        return [[7] if s.completes_prompt else [] for s in out.scheduled], {}
     runner.execute = host_only
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size

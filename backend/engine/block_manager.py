@@ -212,7 +212,9 @@ class KVCacheManager:
         if not blocks:
             return
         bs = self.block_size
-        num_full = min(request.num_computed_tokens // bs, len(blocks))
+        # Only blocks of final tokens: accepted proposals join the request's tokens only
+        # after this is first called for their step (the engine calls it again then).
+        num_full = min(min(request.num_computed_tokens, request.num_tokens) // bs, len(blocks))
         start = self._num_registered.get(request.request_id, 0)
         if num_full <= start:
             return                      # most decode steps fill no block
@@ -223,6 +225,19 @@ class KVCacheManager:
             self.pool.register(blocks[i], request.block_hashes[i], parent,
                                tuple(tokens[i * bs:(i + 1) * bs]))
         self._num_registered[request.request_id] = max(start, num_full)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past those that hold the request's first `num_tokens`
+        (rejected proposals'). They were never registered: only full blocks of computed
+        tokens are."""
+        blocks = self.req_blocks.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if not blocks or len(blocks) <= keep:
+            return
+        for block in reversed(blocks[keep:]):
+            self.pool.release(block)
+        del blocks[keep:]
+        del self.req_block_ids[request.request_id][keep:]
 
     def free(self, request: Request) -> None:
         """Give back every block of the request. Tail blocks are queued first, so

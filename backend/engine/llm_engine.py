@@ -27,6 +27,8 @@ from backend.engine.outputs import RequestOutput
 from backend.engine.request import FinishReason, Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
+from backend.engine.spec_decode.draft_model import load_draft
+from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.step_inputs import StepInputBuilder
 from backend.engine.structured_output import AwaitingGrammar, StructuredOutput
 from backend.models.config import ModelConfig, load_model_config
@@ -88,12 +90,19 @@ class LLMEngine:
                                     self.workers.tp if self.workers else SINGLE)
         self.tokenizer = load_tokenizer(args.model)
         self._fast_decode = fast_decoder(self.tokenizer)
+        spec = args.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = load_draft(spec.model, cfg.vocab_size, self.tokenizer, self.dtype, self.device,
+                               self.attention_backend, max_position)
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
                                 and args.model_runner == "torch" and not args.enforce_eager)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
+        if draft is not None:           # the draft's K/V lives in the same blocks
+            bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
         self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
             args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block)
         self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
@@ -114,6 +123,17 @@ class LLMEngine:
             capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)  # noqa: E731
             self.runner.graphs = (capture() if self.workers is None else
                                   self.workers.capture_graphs(capture, args.max_num_seqs, self.max_model_len))
+        self.speculator: Optional[Speculator] = None
+        if spec is not None:
+            draft_layers = (allocate_kv_cache(draft[1], self.num_kv_blocks, args.block_size, kv_dtype, self.device)
+                            if draft is not None else None)
+            tokens, seqs, blocks = sizing.input_sizes(args, self.max_model_len)
+            self.speculator = Speculator(spec, make_proposer(
+                spec, draft, self.kv_cache, draft_layers, StepInputBuilder(tokens + seqs, seqs, blocks,
+                                                                           args.block_size, self.device),
+                Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
+            if draft_layers is not None:
+                self.kv_cache_bytes += kv_bytes(draft_layers)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._awaiting_grammar = AwaitingGrammar()
         self._ids = itertools.count()
@@ -262,32 +282,47 @@ class LLMEngine:
             if self.workers is not None:    # name the rank whose death broke the collective
                 self.workers.raise_if_dead(wait_s=1.0, cause=e)
             raise
+        for s, tokens in zip(sched.scheduled, next_tokens):
+            if s.spec_token_ids and tokens:
+                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
         self.scheduler.update_after_step(sched.scheduled)
         now = time.monotonic()
-        for index, (s, token) in enumerate(zip(sched.scheduled, next_tokens)):
-            if token is None:
-                continue
-            request = s.request
-            if request.first_token_time is None:
-                request.first_token_time = now
+        for index, (s, tokens) in enumerate(zip(sched.scheduled, next_tokens)):
+            if tokens:
+                outputs.append(self._append_tokens(s.request, tokens, logprobs.get(index), now))
+        if self.speculator is not None:
+            self.speculator.record(sched.scheduled)
+            self.speculator.propose([s.request for s in sched.scheduled if not s.request.is_finished])
+        return outputs
+
+    def _append_tokens(self, request: Request, tokens: list[int], entry: Optional[TokenLogprobs],
+                       now: float) -> RequestOutput:
+        """A request's new tokens in order, each checked for a stop as if it came alone:
+        the first stop ends the request and drops the tokens after it."""
+        if request.first_token_time is None:
+            request.first_token_time = now
+        detok = self._detokenizers[request.request_id]
+        emitted, reason, new_logprobs = [], None, None
+        for token in tokens:
             request.output_token_ids.append(token)
-            new_logprobs = self._record_logprobs(request, token, logprobs.get(index))
+            emitted.append(token)
+            if len(tokens) == 1:        # requests with logprobs do not speculate
+                new_logprobs = self._record_logprobs(request, token, entry)
             self.num_generation_tokens_total += 1
-            detok = self._detokenizers[request.request_id]
             reason = self._check_stop(request, token, detok)
             if reason is not None:
-                self.scheduler.finish_request(request, reason)
-                outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id), [token],
-                                                  new_logprobs))
-            else:
-                outputs.append(RequestOutput(
-                    request_id=request.request_id, new_token_ids=[token],
-                    new_text=detok.take_delta(finished=False), finished=False,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_output_tokens=request.num_output_tokens,
-                    num_cached_tokens=request.num_cached_tokens, new_logprobs=new_logprobs,
-                    cumulative_logprob=request.cumulative_logprob if new_logprobs is not None else None))
-        return outputs
+                break
+        if len(tokens) > 1:             # accepted proposals fill blocks the prefix cache can take
+            self.kv_cache.cache_computed_blocks(request)
+        if reason is not None:
+            self.scheduler.finish_request(request, reason)
+            return self._final_output(request, self._detokenizers.pop(request.request_id), emitted, new_logprobs)
+        return RequestOutput(
+            request_id=request.request_id, new_token_ids=emitted,
+            new_text=detok.take_delta(finished=False), finished=False,
+            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens, new_logprobs=new_logprobs,
+            cumulative_logprob=request.cumulative_logprob if new_logprobs is not None else None)
 
     def _record_logprobs(self, request: Request, token: int, entry: Optional[TokenLogprobs]
                          ) -> Optional[list[TokenLogprobs]]:
@@ -359,4 +394,5 @@ class LLMEngine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting) + len(self._awaiting_grammar),
             "max_model_len": self.max_model_len,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

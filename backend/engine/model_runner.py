@@ -15,6 +15,7 @@ from backend.engine.logprobs import TokenLogprobs
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
+from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
 from backend.engine.step_inputs import StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
@@ -72,15 +73,17 @@ class ModelRunner:
         # Structured output (backend/engine/structured_output.py), set by the engine once
         # a request asks for a grammar.
         self.structured = None
+        self.rejection_sampler = RejectionSampler(device)
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[Optional[int]], dict[int, TokenLogprobs]]:
-        """One forward pass. Returns, per scheduled request, its next token, or None
-        when the request is mid-prefill (its chunk did not reach the last token); and
-        the logprobs of those that asked, by their index in `out.scheduled`."""
+    def execute(self, out: SchedulerOutput) -> tuple[list[list[int]], dict[int, TokenLogprobs]]:
+        """One forward pass. Returns, per scheduled request, its new tokens: none when
+        the request is mid-prefill (its chunk did not reach the last token), one, or with
+        proposals verified, the accepted ones and the target's next; and the logprobs of
+        those that asked, by their index in `out.scheduled`."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
         if self.workers is not None:
@@ -89,28 +92,41 @@ class ModelRunner:
             logits = self.graphs.replay(graph_size)[:step.num_seqs]
         else:
             logits = self.forward(step)
-        sampling: list[Request] = [s.request for s in out.scheduled if s.completes_prompt]
+        sampling = [s for s in out.scheduled if s.completes_prompt]
         if not sampling:
-            return [None] * len(out.scheduled), {}
-        # Host work for sampling overlaps the forward pass the device is still running.
-        batch = self.sampler.prepare(sampling, self.vocab_size)
-        mask = self.structured.bitmask(sampling) if self.structured is not None else None
+            return [[] for _ in out.scheduled], {}
+        speculative = any(s.spec_token_ids for s in sampling)
+        # One sampler row per logits row. Host work for sampling overlaps the forward
+        # pass the device is still running.
+        rows = verify_rows(sampling) if speculative else [s.request for s in sampling]
+        batch = self.sampler.prepare(rows, self.vocab_size)
+        mask = self.structured.bitmask(rows) if self.structured is not None else None
         if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
             logits = logits.float()
             self.structured.apply(logits, mask)
-        sampled = self.sampler.sample(logits, batch)
-        # The step's one device-to-host copy: the ids, with the logprobs asked for.
-        tokens, by_row = logprobs.unpack(logprobs.pack(logits, sampled, batch.logprobs).tolist(),
-                                         len(sampling), batch.logprobs)
-        result: list[Optional[int]] = []
+        if speculative:
+            sampled, accepted = self.rejection_sampler.sample(
+                self.sampler, logits, batch, self.rejection_sampler.plan(sampling))
+        else:
+            sampled, accepted = self.sampler.sample(logits, batch), None
+        # The step's one device-to-host copy: the ids, with the logprobs asked for (and
+        # whether each proposal stands).
+        packed = logprobs.pack(logits, sampled, batch.logprobs)
+        if accepted is not None:
+            packed = torch.cat([packed, accepted.float()])
+        values = packed.tolist()
+        tokens, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
+        flags = values[-len(rows):]
+        result: list[list[int]] = []
         by_index: dict[int, TokenLogprobs] = {}
         row = 0
         for i, s in enumerate(out.scheduled):
             if not s.completes_prompt:
-                result.append(None)
+                result.append([])
                 continue
-            result.append(tokens[row])
+            spec = s.spec_token_ids
+            result.append(accepted_tokens(spec, tokens, flags, row) if spec else [tokens[row]])
             if row in by_row:
                 by_index[i] = by_row[row]
-            row += 1
+            row += len(spec) + 1
         return result, by_index

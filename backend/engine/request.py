@@ -52,6 +52,13 @@ class Request:
     # With sampling_params.logprobs: one entry per output token, and their running sum.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0
+    # Speculative decoding (backend/engine/spec_decode/): tokens proposed for the next
+    # step to verify, and with a draft model on a sampled request the draft's
+    # distribution each was drawn from ([len(spec_token_ids), V] on the device).
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Optional[torch.Tensor] = None
+    # Tokens whose K/V the draft model has in its cache (the same blocks as the target's).
+    num_draft_computed: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:

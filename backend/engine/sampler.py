@@ -138,6 +138,20 @@ class Sampler:
     # ---------------------------------------------------------------- device side
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [B, V] -> next token ids [B] (int64, on the logits' device)."""
+        logits, probs = self.distributions(logits, batch)
+        if probs is None:
+            return logits.argmax(dim=-1)
+        sampled = self.draw(probs, batch)
+        if not batch.any_greedy:
+            return sampled
+        return torch.where(batch.params[:, TEMPERATURE] == 0.0, logits.argmax(dim=-1), sampled)
+
+    def distributions(self, logits: torch.Tensor, batch: SamplingBatch
+                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(the biased and penalized logits [B, V] float32, whose argmax a greedy row takes;
+        the distribution each sampled row draws from [B, V], after temperature, top-k,
+        top-p and min-p, or None when every row is greedy). Greedy rows' distributions
+        are computed at temperature 1 and mean nothing."""
         logits = logits.float()
         params = batch.params
         penalized = batch.repetition is not None or batch.counted is not None or batch.banned is not None
@@ -149,10 +163,9 @@ class Sampler:
             if penalized:
                 logits = apply_penalties(logits, batch)
         if batch.all_greedy:
-            return logits.argmax(dim=-1)
+            return logits, None
         temperature = params[:, TEMPERATURE:TEMPERATURE + 1]
-        greedy = temperature == 0.0
-        x = logits / torch.where(greedy, 1.0, temperature)
+        x = logits / torch.where(temperature == 0.0, 1.0, temperature)
         if batch.max_top_k:
             x = apply_top_k(x, params[:, TOP_K], batch.max_top_k)
         probs = torch.softmax(x, dim=-1)
@@ -161,13 +174,22 @@ class Sampler:
         if batch.any_min_p:
             min_p = params[:, MIN_P:MIN_P + 1]
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        return logits, probs
+
+    def noise(self, like: torch.Tensor, batch: SamplingBatch, kind: str = "exponential") -> torch.Tensor:
+        """Per-row random numbers shaped like `like` ([B, N]): Exp(1) or U[0, 1), from the
+        sampler's generator except on seeded rows, which use their request's."""
+        out = torch.empty_like(like, dtype=torch.float32)
+        fill = (lambda t, g: t.exponential_(generator=g)) if kind == "exponential" else \
+            (lambda t, g: t.uniform_(generator=g))
+        fill(out, self.generator)
         for row, gen in batch.seeded:
-            noise[row].exponential_(generator=gen)
-        sampled = (probs / noise).argmax(dim=-1)
-        if not batch.any_greedy:
-            return sampled
-        return torch.where(greedy[:, 0], logits.argmax(dim=-1), sampled)
+            fill(out[row], gen)
+        return out
+
+    def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """One token per row from `probs` (unnormalised is fine): the exponential race."""
+        return (probs / self.noise(probs, batch)).argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         """Convenience for tests and tools: prepare, sample and copy the ids back."""

@@ -7,6 +7,10 @@ are served first, in admission order, so a long prompt never stalls running deco
 waiting requests are admitted FIFO only while the budget, `max_num_seqs` and the block
 pool allow. When the pool runs dry the most recently admitted request is preempted:
 its blocks are freed and it recomputes later (its generated tokens are kept).
+
+Speculative decoding adds a decoding request's proposed tokens to its step (they are
+verified in the same forward): budgeted like any token, dropped first when the budget
+or the pool is short, and rolled back after the step when rejected.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
+
+import torch
 
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.request import FinishReason, Request, RequestStatus
@@ -23,12 +29,18 @@ from backend.engine.request import FinishReason, Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
+    # Proposed tokens verified in this step (the last len() of num_new_tokens), and the
+    # draft's distributions they were drawn from, if any.
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Optional[torch.Tensor] = None
+    # Set from the step's result: proposed tokens the target rejected.
+    num_rejected: int = 0
 
     @property
     def completes_prompt(self) -> bool:
         """True when after this step every token of the request has its K/V, so the
         logits of the last one give the next token."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
 
 
 @dataclass
@@ -95,7 +107,11 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens, budget)
+            if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
+                # Proposals are optional: never preempt anyone to verify them.
+                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+                request.spec_token_ids = []
             while not self.kv_cache.allocate_slots(request, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -120,6 +136,7 @@ class Scheduler:
             self.waiting.popleft()
             request.num_computed_tokens = num_computed
             request.num_cached_tokens = len(cached) * self.kv_cache.block_size
+            request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(out, request, num_new)
@@ -129,19 +146,30 @@ class Scheduler:
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         if request.num_computed_tokens + num_new < request.num_tokens:
             self.num_chunked_prefills += 1
-        out.scheduled.append(ScheduledRequest(request, num_new))
+        num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens)
+        spec = request.spec_token_ids[:num_spec]
+        probs = request.draft_probs[:num_spec] if spec and request.draft_probs is not None else None
+        request.spec_token_ids, request.draft_probs = [], None      # proposals are used once
+        out.scheduled.append(ScheduledRequest(request, num_new, spec, probs))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.WAITING
-        request.num_computed_tokens = 0
+        request.num_computed_tokens = request.num_draft_computed = 0
+        request.spec_token_ids, request.draft_probs = [], None
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def update_after_step(self, scheduled: Iterable[ScheduledRequest]) -> None:
-        """Advance computed-token counts and register newly filled blocks."""
+        """Advance computed-token counts and register newly filled blocks. Rejected
+        proposals are rolled back: their K/V slots count as not computed (the next step
+        overwrites them) and blocks that held only them go back to the pool."""
         for s in scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.kv_cache.cache_computed_blocks(s.request)
+            request = s.request
+            request.num_computed_tokens += s.num_new_tokens - s.num_rejected
+            if s.num_rejected:
+                # The accepted tokens plus the one sampled after them (no K/V yet).
+                self.kv_cache.trim(request, request.num_computed_tokens + 1)
+            self.kv_cache.cache_computed_blocks(request)

@@ -4,7 +4,7 @@ sent to the device in one copy.
 All integer inputs live in one int32 staging buffer at fixed offsets (capacities set
 once from the engine limits):
 
-    input_ids [T] | positions [T] | slot_mapping [T] | logits_indices [B] |
+    input_ids [T] | positions [T] | slot_mapping [T] | logits_indices [T] |
     query_start_loc [B + 1] | seq_lens [B] | block_tables [B, M]
 
 so the upload is a single copy of a prefix of that buffer (the block-table rows in use
@@ -47,7 +47,7 @@ class StepInputBuilder:
         self.T, self.B, self.M = max_num_tokens, max_num_seqs, max_blocks_per_seq
         self.block_size = block_size
         off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
-                          ("logits_indices", self.B), ("query_start_loc", self.B + 1), ("seq_lens", self.B),
+                          ("logits_indices", self.T), ("query_start_loc", self.B + 1), ("seq_lens", self.B),
                           ("block_tables", self.B * self.M)]
         pos = 0
         for name, n in sizes:
@@ -70,12 +70,34 @@ class StepInputBuilder:
 
     def build(self, out: SchedulerOutput, block_table_of: Callable[[str], list[int]],
               pad_to: Optional[int] = None) -> StepInputs:
+        """The scheduled step: each request's new tokens from its computed ones, its
+        proposed tokens last; logits for the last token of each request whose prompt is
+        complete, and for each proposed token (the target scores them all)."""
         sched = out.scheduled
         B = len(sched)
+        starts = np.fromiter((s.request.num_computed_tokens for s in sched), dtype=np.int64, count=B)
+        n_new = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=B)
+        rows = np.fromiter(((1 + len(s.spec_token_ids)) if s.completes_prompt else 0 for s in sched),
+                           dtype=np.int64, count=B)
+
+        def tokens(i: int, a: int, b: int) -> list[int]:
+            r = sched[i].request
+            n = r.num_tokens
+            if b <= n:
+                return _token_slice(r.prompt_token_ids, r.output_token_ids, a, b)
+            return _token_slice(r.prompt_token_ids, r.output_token_ids, a, n) + sched[i].spec_token_ids[:b - n]
+
+        return self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
+                                   block_table_of, pad_to)
+
+    def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
+                       tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
+                       pad_to: Optional[int] = None) -> StepInputs:
+        """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
+        b)) over its cached ones, and wants logits for its last num_rows[i] of them."""
+        B = len(request_ids)
         Bp = pad_to or B
         bs = self.block_size
-        n_new = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=B)
-        start = np.fromiter((s.request.num_computed_tokens for s in sched), dtype=np.int64, count=B)
         T = int(n_new.sum())
         Tp = T + (Bp - B)                       # one token per padding row
         if Tp > self.T or Bp > self.B:
@@ -98,11 +120,10 @@ class StepInputBuilder:
         input_ids = self._host("input_ids", Tp)
         tables = self._host("block_tables", Bp * self.M).reshape(Bp, self.M)
         widest = 1
-        for i, s in enumerate(sched):
-            r = s.request
+        for i, request_id in enumerate(request_ids):
             a, b = int(start[i]), int(start[i] + n_new[i])
-            input_ids[qsl[i]:qsl[i + 1]] = _token_slice(r.prompt_token_ids, r.output_token_ids, a, b)
-            table = block_table_of(r.request_id)
+            input_ids[qsl[i]:qsl[i + 1]] = tokens(i, a, b)
+            table = block_table_of(request_id)
             tables[i, :len(table)] = table
             widest = max(widest, len(table))
         input_ids[T:] = 0
@@ -111,14 +132,13 @@ class StepInputBuilder:
         slots[:T] = tables[seq_of_token, pos // bs] * bs + pos % bs
         slots[T:] = -1
 
-        # Logits are needed for the last token of every request whose prompt is complete.
-        done = np.fromiter((s.completes_prompt for s in sched), dtype=bool, count=B)
-        rows = qsl[1:B + 1][done] - 1
-        num_logits = int(rows.shape[0])
-        logits_idx = self._host("logits_indices", Bp)
-        logits_idx[:num_logits] = rows
+        # The last num_rows[i] packed rows of each sequence, in order.
+        num_logits = int(num_rows.sum())
+        logits_idx = self._host("logits_indices", max(Bp, num_logits))
+        first = np.repeat(qsl[1:B + 1] - num_rows, num_rows)
+        logits_idx[:num_logits] = first + np.arange(num_logits) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
         logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
-        all_rows = num_logits == T and B == T
+        all_rows = num_logits == Tp
 
         self.buffer.upload(self.offsets["block_tables"] + Bp * self.M)
         return self._views(Tp, Bp, T, B, widest, num_logits, all_rows,

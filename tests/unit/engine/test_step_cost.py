@@ -43,7 +43,7 @@ def decode_step_counts(path: str, backend: str, logprobs: bool = False):
     with count_dispatches(engine.model) as counts:
         tokens, _ = engine.runner.execute(sched)
     engine.scheduler.update_after_step(sched.scheduled)
-    assert all(isinstance(t, int) for t in tokens)
+    assert all(len(t) == 1 and isinstance(t[0], int) for t in tokens)
     for rid in list(engine.scheduler.requests):
         engine.abort_request(rid)
     assert_pool_free(engine)

@@ -1,0 +1,170 @@
+"""Draft-model proposals: a smaller model of the same tokenizer guesses the next tokens.
+
+The draft keeps its own K/V cache tensors, but in the target's blocks: the same block
+ids, block tables and slot mapping, in tensors shaped for the draft's layers. So the
+block manager manages both at once (allocated, preempted, freed and prefix-cached with
+the target request's blocks) and nothing here tracks blocks of its own.
+
+Each step, after the target's tokens are settled, the draft
+1. catches up: one packed forward over every running request's tokens it has no K/V for
+   (this step's prefill chunk or accepted tokens), through the newest token for the
+   requests that speculate, whose logits give proposal 1;
+2. proposes: k - 1 more one-token forwards. Each proposal is drawn from the draft's
+   distribution under the request's sampling settings (argmax for greedy requests) and
+   written into the next forward's input on the device, so the k forwards cost one
+   device-to-host copy, at the end, of all the proposals.
+The distributions go with the proposals to the rejection sampler, which needs q.
+
+A prefix-cache hit reuses the draft's K/V of the hit blocks too. It is whatever the
+draft wrote there: right unless the request that computed the block ended in that very
+step (the draft runs only for requests still running). Stale draft K/V lowers the
+acceptance rate, never the output's correctness.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from backend.config import ConfigError
+from backend.engine.block_manager import KVCacheManager
+from backend.engine.model_runner import run_model
+from backend.engine.request import Request
+from backend.engine.sampler import TEMPERATURE, Sampler
+from backend.engine.step_inputs import StepInputBuilder, _token_slice
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int) -> None:
+    """The draft's proposals are token ids: they mean the same text only under one vocabulary."""
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise ConfigError("invalid engine argument 'speculative_config.model': the draft's tokenizer differs "
+                              "from the target's (a draft model must share the target's vocabulary)")
+    elif target_vocab != draft_vocab:
+        raise ConfigError(f"invalid engine argument 'speculative_config.model': the draft's vocabulary has "
+                          f"{draft_vocab} tokens, the target's {target_vocab}")
+
+
+class DraftModelProposer:
+    def __init__(self, model, kv_caches, kv_cache: KVCacheManager, inputs: StepInputBuilder, sampler: Sampler,
+                 vocab_size: int) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.kv_cache = kv_cache
+        self.inputs = inputs
+        self.sampler = sampler
+        self.vocab_size = vocab_size
+
+    @torch.inference_mode()
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> None:
+        ks: dict[str, int] = {}
+        for request, k in eligible:
+            # Slots for the newest token and proposals 1..k-1, whose K/V the draft writes.
+            if self.kv_cache.allocate_slots(request, k):
+                ks[request.request_id] = k
+            elif self.kv_cache.allocate_slots(request, 1):
+                ks[request.request_id] = 1
+        proposing = [r for r in running if r.request_id in ks]
+        first = self._catch_up(running, ks)
+        if first is None:
+            return
+        tokens, probs = [first[0]], [first[1]]
+        active = proposing
+        for j in range(1, max(ks.values())):
+            keep = [i for i, r in enumerate(active) if ks[r.request_id] > j]
+            prev_tokens = tokens[-1]
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=prev_tokens.device)
+                prev_tokens = prev_tokens.index_select(0, index)
+            active = [active[i] for i in keep]
+            starts = np.asarray([r.num_tokens - 1 + j for r in active], dtype=np.int64)
+            step = self.inputs.build_segments(
+                [r.request_id for r in active], starts, np.ones(len(active), np.int64),
+                np.ones(len(active), np.int64), lambda i, a, b: [0], self.kv_cache.block_table)
+            step.input_ids[:len(active)].copy_(prev_tokens)
+            t, p = self._draw(run_model(self.model, self.kv_caches, step), active)
+            tokens.append(t)
+            probs.append(p)
+        self._hand_over(proposing, ks, tokens, probs)
+
+    def _catch_up(self, running: list[Request], ks: dict[str, int]):
+        """The forward over what the draft lacks; (proposal 1 per proposing request, its
+        distributions or None), or None when no request proposes."""
+        segments = []
+        for r in running:
+            end = r.num_tokens if r.request_id in ks else r.num_computed_tokens
+            if end > r.num_draft_computed:
+                segments.append((r, r.num_draft_computed, end))
+        if not segments:
+            return None
+        reqs = [r for r, _, _ in segments]
+        step = self.inputs.build_segments(
+            [r.request_id for r in reqs], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            np.asarray([b - a for _, a, b in segments], dtype=np.int64),
+            np.asarray([int(r.request_id in ks) for r in reqs], dtype=np.int64),
+            lambda i, a, b: _token_slice(reqs[i].prompt_token_ids, reqs[i].output_token_ids, a, b),
+            self.kv_cache.block_table)
+        logits = run_model(self.model, self.kv_caches, step)
+        for r, _, end in segments:
+            r.num_draft_computed = end
+        if logits is None:
+            return None
+        return self._draw(logits, [r for r in reqs if r.request_id in ks])
+
+    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Proposals from the draft's logits under each request's sampling settings, and
+        the distributions they came from (None when every request is greedy)."""
+        V = self.vocab_size
+        if logits.shape[-1] < V:
+            logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
+        logits = logits[:, :V]
+        batch = self.sampler.prepare(requests, V)
+        logits, probs = self.sampler.distributions(logits, batch)
+        greedy = logits.argmax(dim=-1)
+        if probs is None:
+            return greedy, None
+        drawn = self.sampler.draw(probs, batch)
+        # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
+        q = probs / probs.sum(dim=-1, keepdim=True)
+        return torch.where(batch.params[:, TEMPERATURE] == 0.0, greedy, drawn), q
+
+    def _hand_over(self, proposing: list[Request], ks: dict[str, int], tokens: list[torch.Tensor],
+                   probs: list[Optional[torch.Tensor]]) -> None:
+        """Proposals to the requests: one device-to-host copy of all of them."""
+        table = torch.full((len(proposing), len(tokens)), -1, dtype=torch.int64, device=tokens[0].device)
+        rows_of_j = []                  # per forward j: row in `proposing` of each active request
+        for j, t in enumerate(tokens):
+            rows = [i for i, r in enumerate(proposing) if ks[r.request_id] > j]
+            rows_of_j.append(rows)
+            table[rows, j] = t
+        host = table.tolist()
+        for i, r in enumerate(proposing):
+            k = ks[r.request_id]
+            r.spec_token_ids = host[i][:k]
+            r.draft_probs = None
+            if not r.sampling_params.greedy and probs[0] is not None:
+                r.draft_probs = torch.stack([probs[j][rows_of_j[j].index(i)] for j in range(k)])
+            # The draft's K/V of the proposals is not final: the next catch-up rewrites it.
+
+
+def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtype, device: torch.device,
+               attention_backend: str, max_position: int):
+    """(the draft model, its ModelConfig), after checking that it speaks the target's
+    vocabulary. Errors name speculative_config.model."""
+    import os
+
+    from backend.attention import make_attention_factory
+    from backend.models.config import load_model_config
+    from backend.models.loader import load_model, load_tokenizer
+    from backend.ops import make_layer_ops
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"invalid engine argument 'speculative_config.model': no checkpoint (config.json) "
+                          f"in '{path}'")
+    cfg = load_model_config(path)
+    check_same_tokenizer(target_tokenizer, load_tokenizer(path), target_vocab, cfg.vocab_size)
+    model = load_model(path, cfg, dtype, device, make_attention_factory(attention_backend),
+                       max(max_position, cfg.max_position_embeddings), make_layer_ops(attention_backend))
+    return model, cfg

@@ -1,0 +1,125 @@
+"""Verification of proposed tokens, batched over every row the step scores.
+
+A request verifying k proposals has k + 1 logits rows: row j scores the token after its
+j-th proposal. Row j is sampled as decoding would sample it one token at a time: its
+penalties and min_tokens see the request's output plus proposals 1..j (VerifyRow), and
+its seeded draws come from the request's generator.
+
+The rule (Leviathan et al. 2023; Chen et al. 2023), per row j with proposal d drawn from
+q: greedy rows accept d when it is the target's argmax; sampled rows accept with
+probability min(1, p(d) / q(d)). The first rejected row emits a token drawn from the
+normalised residual max(0, p - q), and when all k are accepted the last row emits a
+bonus token drawn from p. An n-gram proposal is a point mass: q(d) = 1. The output is
+distributed exactly as p, whatever q is.
+
+Everything runs on the logits' device; the host learns the outcome from the step's one
+device-to-host copy (accept flags beside the tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from backend.engine.buffers import GrowingStagedBuffer
+from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
+
+# Row kinds in the verification plan.
+BONUS, POINT, DRAWN = 0, 1, 2
+
+
+class VerifyRow:
+    """A request as its logits row after `proposed` tokens sees it: those tokens count as
+    output, as they would when decoding one token at a time."""
+    __slots__ = ("_request", "output_token_ids")
+
+    def __init__(self, request, proposed: list[int]) -> None:
+        self._request = request
+        self.output_token_ids = request.output_token_ids + proposed
+
+    def __getattr__(self, name: str):
+        return getattr(self._request, name)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+def verify_rows(scheduled: Sequence) -> list:
+    """One sampler row per logits row: k + 1 per request verifying k proposals."""
+    rows: list = []
+    for s in scheduled:
+        spec = s.spec_token_ids
+        rows.extend(VerifyRow(s.request, spec[:j]) if j else s.request for j in range(len(spec) + 1))
+    return rows
+
+
+@dataclass
+class VerifyPlan:
+    proposals: torch.Tensor         # int64 [R]: the row's proposal, -1 on bonus rows
+    kinds: torch.Tensor             # int64 [R]: BONUS, POINT or DRAWN
+    drawn_rows: torch.Tensor        # int64 [N]: rows whose proposal was drawn from a draft distribution
+    draft_probs: list[torch.Tensor]  # those distributions, [k_i, V] per request, rows in order
+
+
+class RejectionSampler:
+    def __init__(self, device: torch.device) -> None:
+        self._plan = GrowingStagedBuffer(torch.int64, device)
+
+    def plan(self, scheduled: Sequence) -> VerifyPlan:
+        """Host side: each row's proposal and kind, in one upload."""
+        proposals, kinds, drawn, probs = [], [], [], []
+        for s in scheduled:
+            spec = s.spec_token_ids
+            drawn_from_draft = s.draft_probs is not None
+            if drawn_from_draft:
+                drawn.extend(range(len(proposals), len(proposals) + len(spec)))
+                probs.append(s.draft_probs)
+            proposals += spec + [-1]
+            kinds += [DRAWN if drawn_from_draft else POINT] * len(spec) + [BONUS]
+        R = len(proposals)
+        dev = self._plan.upload(np.asarray(proposals + kinds + drawn, dtype=np.int64))
+        return VerifyPlan(dev[:R], dev[R:2 * R], dev[2 * R:], probs)
+
+    def sample(self, sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, plan: VerifyPlan
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's token [R]: the target's choice there if the row is reached, bool
+        accepted [R]: whether the row's proposal stands). A request's output is its
+        leading accepted proposals and then the token of its first non-accepted row."""
+        logits, probs = sampler.distributions(logits, batch)
+        target = logits.argmax(dim=-1)
+        proposals = plan.proposals
+        is_proposal = proposals >= 0
+        safe = proposals.clamp(min=0)[:, None]
+        greedy_accept = (target == proposals) & is_proposal
+        if probs is None:                       # every row greedy
+            return target, greedy_accept
+        probs = probs / probs.sum(dim=-1, keepdim=True)     # top-p / min-p leave it unnormalised
+        q = torch.zeros_like(probs)
+        if plan.draft_probs:
+            q.index_copy_(0, plan.drawn_rows, torch.cat(plan.draft_probs).to(q.dtype))
+        point = plan.kinds == POINT
+        q.scatter_(1, safe, torch.where(point[:, None], 1.0, q.gather(1, safe)))
+        p_d = probs.gather(1, safe)[:, 0]
+        q_d = q.gather(1, safe)[:, 0]
+        u = sampler.noise(p_d[:, None], batch, "uniform")[:, 0]
+        # u < p/q, written without the division (q(d) > 0 for every drawn proposal).
+        sampled_accept = (u * q_d < p_d) & is_proposal
+        residual = (probs - q).clamp(min=0.0)
+        # p == q leaves nothing: then rejection was impossible, and p is as good a choice.
+        empty = residual.sum(dim=-1, keepdim=True) <= 0.0
+        recovered = sampler.draw(torch.where(empty, probs, residual), batch)
+        greedy = batch.params[:, TEMPERATURE] == 0.0
+        return (torch.where(greedy, target, recovered), torch.where(greedy, greedy_accept, sampled_accept))
+
+
+def accepted_tokens(spec: list[int], row_tokens: list[int], row_accepted: list[float], first: int) -> list[int]:
+    """A request's output from its rows (from `first`): proposals while accepted, then
+    the token of the first row not accepted."""
+    a = 0
+    while a < len(spec) and row_accepted[first + a]:
+        a += 1
+    return spec[:a] + [row_tokens[first + a]]

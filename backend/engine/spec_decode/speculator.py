@@ -1,0 +1,72 @@
+"""Which requests speculate each step, how far, and how it went.
+
+A running request speculates when it is decoding (its prompt is done), did not switch
+it off (`speculative_decoding: false`), and asks for nothing speculation cannot give:
+a grammar (each proposal would need the matcher advanced) or logprobs. It proposes at
+most num_speculative_tokens, and never more than its remaining max_tokens leave room for
+(the accepted tokens plus the target's own one).
+
+Counters follow vLLM's spec-decode metrics: drafts (verifications with at least one
+proposal), draft tokens proposed and accepted; the acceptance rate is accepted / draft
+tokens and the mean acceptance length 1 + accepted / drafts (tokens per verification,
+the target's own one included).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from backend.config import SpeculativeConfig
+from backend.engine.request import Request
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    @staticmethod
+    def can_speculate(request: Request) -> bool:
+        p = request.sampling_params
+        return p.speculative_decoding and request.grammar is None and p.logprobs is None
+
+    def propose(self, running: list[Request]) -> None:
+        """Sets spec_token_ids (and draft_probs) of the running requests that speculate."""
+        eligible = []
+        for r in running:
+            if r.num_computed_tokens != r.num_tokens - 1 or not self.can_speculate(r):
+                continue
+            k = min(self.config.num_speculative_tokens, r.max_tokens - r.num_output_tokens - 1)
+            if k > 0:
+                eligible.append((r, k))
+        self.proposer.propose(running, eligible)
+
+    def record(self, scheduled: Iterable) -> None:
+        for s in scheduled:
+            if s.spec_token_ids:
+                self.num_drafts += 1
+                self.num_draft_tokens += len(s.spec_token_ids)
+                self.num_accepted_tokens += len(s.spec_token_ids) - s.num_rejected
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "spec_decode_num_drafts": self.num_drafts,
+            "spec_decode_num_draft_tokens": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens
+            if self.num_draft_tokens else 0.0,
+            "spec_decode_mean_acceptance_length": 1.0 + self.num_accepted_tokens / self.num_drafts
+            if self.num_drafts else 0.0,
+        }
+
+
+def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs, sampler, vocab_size: int):
+    """The proposer the config names; `draft` is load_draft's (model, config) for a draft model."""
+    if config.method == "ngram":
+        from backend.engine.spec_decode.ngram import NgramProposer
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    from backend.engine.spec_decode.draft_model import DraftModelProposer
+    return DraftModelProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
