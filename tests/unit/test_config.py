@@ -34,3 +34,26 @@ def test_unsupported_architecture(tmp_path):
         load_model_config(str(tmp_path))
     with pytest.raises(UnsupportedModelError, match="no config.json"):
         load_model_config(str(tmp_path / "nowhere"))
+
+
+def test_speculative_config_is_validated_and_names_the_field():
+    ok = EngineArgs.create(model="m", speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    assert ok.speculative_config.method == "ngram" and ok.speculative_config.prompt_lookup_max == 4
+    bad = [
+        ('{"method": "medusa", "num_speculative_tokens": 3}', "speculative_config.method"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "speculative_config.num_speculative_tokens"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
+         "prompt_lookup_min"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "needs 'model'"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "k": 1}', "speculative_config.k"),
+        ("{not json", "speculative_config.*not valid JSON"),
+    ]
+    for value, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            EngineArgs.create(model="m", speculative_config=value)
+    with pytest.raises(ConfigError, match="model_runner='torch'"):
+        EngineArgs.create(model="m", model_runner="onnxruntime", model_graph="g.onnx",
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ConfigError, match="tensor_parallel_size=1"):
+        EngineArgs.create(model="m", tensor_parallel_size=2,
+                          speculative_config={"method": "draft_model", "model": "d", "num_speculative_tokens": 2})
