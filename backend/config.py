@@ -15,6 +15,16 @@ class ConfigError(ValueError):
     """A bad engine argument; the message names the field."""
 
 
+def json_or_value(v: Any) -> Any:
+    """A nested setting given as JSON text (config.pbtxt, the command line) or as a value."""
+    if isinstance(v, str):
+        try:
+            return json.loads(v) if v.strip() else None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+    return v
+
+
 class SpeculativeConfig(BaseModel):
     """vLLM's `speculative_config`: who proposes tokens for the target to verify
     (backend/engine/spec_decode/). n-gram: prompt lookup over the request's own tokens;
@@ -76,15 +86,7 @@ class EngineArgs(BaseModel):
     # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
     speculative_config: Optional[SpeculativeConfig] = None
 
-    @field_validator("speculative_config", mode="before")
-    @classmethod
-    def _speculative_json(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                return json.loads(v) if v.strip() else None
-            except json.JSONDecodeError as e:
-                raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
-        return v
+    _speculative_json = field_validator("speculative_config", mode="before")(lambda v: json_or_value(v))
 
     @model_validator(mode="after")
     def _check_runner(self) -> "EngineArgs":

@@ -59,6 +59,9 @@ def main(argv=None) -> int:
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8)")
+    b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
+                   "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "
+                   "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}'")
     b.add_argument("--gpu-memory-gb", type=float, help="memory plan: device memory (default 80)")
     b.add_argument("--plan-seq-len", type=int, help="memory plan: sequence length (default 4096)")
 

@@ -11,10 +11,10 @@ import shutil
 import time
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
-from backend.config import EngineArgs, validated
+from backend.config import EngineArgs, SpeculativeConfig, json_or_value, validated
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import load_model_config
 from backend.parallel.sharding import check_tensor_parallel, local_config
@@ -51,12 +51,17 @@ class BuildOptions(BaseModel):
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
     tensor_parallel_size: int = Field(1, ge=1)
+    # The engine's speculative_config (JSON). A draft model's checkpoint is copied into
+    # the entry (`draft/`), or pointed at with `link`.
+    speculative: Optional[SpeculativeConfig] = None
     grace_period_s: float = Field(10.0, ge=0)
     calibration_data: Optional[str] = None
     # Memory plan: device memory and sequence length to size for.
     gpu_memory_gb: float = Field(80.0, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     plan_seq_len: int = Field(4096, ge=1)
+
+    _speculative_json = field_validator("speculative", mode="before")(lambda v: json_or_value(v))
 
     @model_validator(mode="after")
     def _check(self) -> "BuildOptions":
@@ -85,13 +90,18 @@ def checkpoint_hash(path: str) -> str:
     return h.hexdigest()
 
 
-def engine_parameters(opts: BuildOptions, model_path: str) -> dict:
+def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[str] = None) -> dict:
     dtype = opts.weights if opts.weights in ("float32", "bfloat16", "float16") else "auto"
     values = dict(model=model_path, dtype=dtype, block_size=opts.block_size, num_kv_blocks=opts.num_kv_blocks,
                   kv_cache_memory_bytes=opts.kv_cache_memory_bytes, max_num_seqs=opts.max_num_seqs,
                   max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
                   enable_prefix_caching=opts.enable_prefix_caching, max_queue_size=opts.max_queue_size,
                   kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size)
+    if opts.speculative is not None:
+        spec = opts.speculative.model_dump(exclude_none=True)
+        if draft_path is not None:
+            spec["model"] = draft_path
+        values["speculative_config"] = spec
     # The same validation the backend runs at load, before anything is written.
     EngineArgs.create(**values)
     return values
@@ -203,7 +213,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (opts.weights == "auto"
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
-    params = engine_parameters(opts, model_path)
+    params = engine_parameters(opts, model_path, _place_draft(opts, out))
     if opts.engine != "torch":
         params.update(_export_graph(opts, served, cfg, plan, stages, log))
     params["grace_period_s"] = opts.grace_period_s
@@ -221,6 +231,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
                      "triton": _version("triton"), "tensorrt": _version("tensorrt"),
                      "transformers": _version("transformers")},
         "memory_plan": plan,
+        "speculative_config": params.get("speculative_config"),
         "quality": None if quality is None else {
             "held_out_tokens": quality.held_out_tokens, "relative_logit_error": quality.relative_logit_error,
             "top1_agreement": quality.top1_agreement},
@@ -236,6 +247,25 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
         f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")
     return out
+
+
+def _place_draft(opts: BuildOptions, out: str) -> Optional[str]:
+    """The draft model's checkpoint in the entry (its path relative to the entry), or its
+    absolute path with `link`; None without a draft. Its tokenizer is checked at load."""
+    spec = opts.speculative
+    if spec is None or spec.method != "draft_model":
+        return None
+    if not os.path.isfile(os.path.join(spec.model, "config.json")):
+        raise BuildError(f"invalid build option 'speculative.model': no checkpoint (config.json) in '{spec.model}'")
+    if opts.link:
+        return os.path.abspath(spec.model)
+    dst = os.path.join(out, "draft")
+    os.makedirs(dst, exist_ok=True)
+    for f in sorted(os.listdir(spec.model)):
+        src = os.path.join(spec.model, f)
+        if os.path.isfile(src) and f.endswith(CHECKPOINT_FILES):
+            shutil.copy2(src, os.path.join(dst, f))
+    return "draft"
 
 
 def _export_graph(opts: BuildOptions, checkpoint: str, cfg, plan: dict, stages: "Stages", log) -> dict:

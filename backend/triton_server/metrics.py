@@ -45,6 +45,17 @@ COUNTERS = {
     "vllm:prefix_cache_queries_total": "Prefix cache queries, in terms of number of queried tokens.",
     "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
 }
+# With a speculative_config only: vLLM's spec-decode counters, under our prefix, and the
+# two ratios dashboards plot (backend/engine/spec_decode/speculator.py defines them).
+SPEC_COUNTERS = {
+    "llm_spec_decode_num_drafts_total": "Verifications of at least one proposed token.",
+    "llm_spec_decode_num_draft_tokens_total": "Proposed tokens verified by the target model.",
+    "llm_spec_decode_num_accepted_tokens_total": "Proposed tokens the target model accepted.",
+}
+SPEC_GAUGES = {
+    "llm_spec_decode_acceptance_rate": "Accepted / proposed tokens since load.",
+    "llm_spec_decode_mean_acceptance_length": "Tokens per verification (accepted + 1) since load.",
+}
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
     "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
@@ -117,13 +128,16 @@ class EngineMetrics:
                    "vllm:request_prompt_tokens": tokens_buckets,
                    "vllm:request_generation_tokens": tokens_buckets,
                    "vllm:request_params_n": N_BUCKETS}
-        self.gauges = {n: family(n, d, MF.GAUGE).Metric(labels=labels) for n, d in GAUGES.items()}
-        self.counters = {n: family(n, d, MF.COUNTER).Metric(labels=labels) for n, d in COUNTERS.items()}
+        speculative = getattr(engine, "speculator", None) is not None
+        gauges = {**GAUGES, **(SPEC_GAUGES if speculative else {})}
+        counters = {**COUNTERS, **(SPEC_COUNTERS if speculative else {})}
+        self.gauges = {n: family(n, d, MF.GAUGE).Metric(labels=labels) for n, d in gauges.items()}
+        self.counters = {n: family(n, d, MF.COUNTER).Metric(labels=labels) for n, d in counters.items()}
         rejected = family("llm_requests_rejected_total", "Requests that ended in an error, by reason", MF.COUNTER)
         self.rejected = {r: rejected.Metric(labels={**labels, "reason": r}) for r in REJECT_REASONS}
         self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets[n])
                            for n, d in HISTOGRAMS.items()}
-        self._last = {n: 0 for n in COUNTERS}
+        self._last = {n: 0 for n in counters}
         # Filled from the response and execute threads; deque append/popleft are thread-safe.
         self._pending: deque = deque()
         self._gauge_values: dict[str, float] = {}
@@ -158,6 +172,10 @@ class EngineMetrics:
             "vllm:num_preemptions_total": stats["num_preemptions"],
             "vllm:prefix_cache_queries_total": stats["prefix_cache_queries"],
             "vllm:prefix_cache_hits_total": stats["prefix_cache_hit_tokens"],
+            **({"llm_spec_decode_num_drafts_total": stats["spec_decode_num_drafts"],
+                "llm_spec_decode_num_draft_tokens_total": stats["spec_decode_num_draft_tokens"],
+                "llm_spec_decode_num_accepted_tokens_total": stats["spec_decode_num_accepted_tokens"]}
+               if "spec_decode_num_drafts" in stats else {}),
         }
 
     def flush(self, stats: Optional[dict] = None) -> None:
@@ -169,7 +187,7 @@ class EngineMetrics:
                 return
             stats = stats or self.engine.kv_cache_stats()
             for name, total in self._totals(stats).items():
-                if total > self._last[name]:
+                if name in self._last and total > self._last[name]:
                     self.counters[name].increment(total - self._last[name])
                     self._last[name] = total
             while self._pending:
@@ -183,7 +201,9 @@ class EngineMetrics:
                   "vllm:num_requests_waiting": stats["num_waiting"],
                   "vllm:kv_cache_usage_perc": stats["usage_ratio"],
                   "llm_kv_cache_blocks_used": stats["num_used_blocks"],
-                  "llm_kv_cache_blocks_total": stats["num_total_blocks"]}
+                  "llm_kv_cache_blocks_total": stats["num_total_blocks"],
+                  "llm_spec_decode_acceptance_rate": stats.get("spec_decode_acceptance_rate"),
+                  "llm_spec_decode_mean_acceptance_length": stats.get("spec_decode_mean_acceptance_length")}
         with self._lock:
             for name, value in values.items():
                 if name in self.gauges and self._gauge_values.get(name) != value:  # each set is a server call

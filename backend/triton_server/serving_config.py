@@ -6,6 +6,7 @@ it, and a bad one fails the model load with a message naming the parameter.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -53,8 +54,23 @@ def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, S
     graph = engine.get("model_graph")
     if graph and not os.path.isabs(graph):
         engine["model_graph"] = os.path.normpath(os.path.join(model_dir, graph))
+    spec = engine.get("speculative_config")
+    if spec:
+        engine["speculative_config"] = _draft_path_from(spec, model_dir)
     settings = validated(ServerSettings, ConfigError, "parameter", **server)
     return validated(EngineArgs, ConfigError, "parameter", **engine), settings
+
+
+def _draft_path_from(spec: str, model_dir: str) -> str:
+    """A draft model's folder, like `model`'s, is relative to the model directory."""
+    try:
+        value = json.loads(spec)
+    except json.JSONDecodeError:
+        return spec                     # EngineArgs names the parameter and the JSON error
+    path = value.get("model") if isinstance(value, dict) else None
+    if isinstance(path, str) and path and not os.path.isabs(path):
+        value["model"] = os.path.normpath(os.path.join(model_dir, path))
+    return json.dumps(value)
 
 
 def render_parameters(values: dict[str, Any]) -> str:
@@ -63,6 +79,9 @@ def render_parameters(values: dict[str, Any]) -> str:
     for key, value in values.items():
         if value is None:
             continue
+        if isinstance(value, dict):
+            value = json.dumps(value)
         text = str(value).lower() if isinstance(value, bool) else str(value)
+        text = text.replace("\\", "\\\\").replace('"', '\\"')      # a protobuf text-format string
         lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from backend.config import ConfigError
 # Applied as they are: the same name and meaning here.
 SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
         "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
-        "max_queue_size", "tensor_parallel_size"}
+        "max_queue_size", "tensor_parallel_size", "speculative_config"}
 RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
 DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = {"fp8_e4m3": "fp8"}
@@ -77,7 +77,8 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
                 value = KV_DTYPES.get(value, value)
             if key == "max_queue_size" and value is None:
                 continue
-            text = str(value).lower() if isinstance(value, bool) else str(value)
+            text = (json.dumps(value) if isinstance(value, dict) else
+                    str(value).lower() if isinstance(value, bool) else str(value))
             params[RENAMED.get(key, key)] = text
         else:
             warnings.append(f"model.json key '{key}' has no effect with this backend; ignored")

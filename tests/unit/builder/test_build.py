@@ -142,3 +142,32 @@ def test_engine_serves_fp8_build_with_and_without_prefix_caching(fp8_build):
     llm = check_fp8_prefix_caching(os.path.join(fp8_build, "checkpoint"), prefix_len=40, seed=31)
     # The calibrated KV scales are in use.
     assert llm.engine.runner.kv_caches[0].k_scale != 1.0
+
+
+def test_speculative_build_copies_the_draft_and_records_the_config(tiny_ckpt, tmp_path):
+    """`builder build --speculative ...`: the draft checkpoint lands in the entry, config.pbtxt
+    carries speculative_config (JSON in a protobuf string), the manifest records it, and
+    the backend's settings resolve the draft inside the entry and load it."""
+    import codecs
+
+    from backend import LLM, SamplingParams
+    from backend.triton_server.serving_config import load_settings
+    from builder.__main__ import main
+    out = tmp_path / "spec"
+    spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 3}
+    assert main(["build", "--checkpoint", tiny_ckpt, "--output", str(out), "--num-kv-blocks", "64",
+                 "--speculative", json.dumps(spec)]) == 0
+    assert os.path.isfile(out / "draft" / "config.json") and os.path.isfile(out / "draft" / "tokenizer.json")
+    manifest = json.load(open(out / "build_manifest.json"))
+    assert manifest["speculative_config"] == {**spec, "model": "draft", "prompt_lookup_min": 1,
+                                              "prompt_lookup_max": 4}
+    text = re.search(r'key: "speculative_config" value: \{ string_value: "(.*)" \}', open(out / "config.pbtxt").read())
+    params = {"model": "checkpoint", "num_kv_blocks": "64",
+              "speculative_config": codecs.decode(text.group(1), "unicode_escape")}
+    args, _ = load_settings(params, str(out))
+    assert args.speculative_config.model == str(out / "draft")
+    llm = LLM(**args.model_dump(exclude_none=True))
+    llm.generate("the cat", SamplingParams(max_tokens=8, temperature=0))
+    assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
+    with pytest.raises(BuildError, match="speculative.num_speculative_tokens"):
+        opts(tiny_ckpt, tmp_path / "x", speculative='{"method": "ngram", "num_speculative_tokens": 0}')
