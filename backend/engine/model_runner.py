@@ -12,7 +12,6 @@ import torch
 from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs
 from backend.engine.logprobs import TokenLogprobs
-from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
