@@ -39,6 +39,15 @@ class SpeculativeConfig(BaseModel):
     # draft_model: the draft's checkpoint folder.
     model: Optional[str] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_method(cls, data: Any) -> Any:
+        # vLLM infers the method when only a draft model is named.
+        if isinstance(data, dict) and "method" not in data and data.get("model"):
+            return {**data, "method": "ngram" if data["model"] == "[ngram]" else "draft_model",
+                    **({"model": None} if data["model"] == "[ngram]" else {})}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "SpeculativeConfig":
         if self.prompt_lookup_min > self.prompt_lookup_max:

@@ -7,17 +7,19 @@ packages may live outside site-packages: child processes inherit sys.path). Plan
 finish inside 10 minutes on an H100.
 
 1. Random-weight checkpoints of real configurations made on the spot (bf16).
-2. Sampled requests on CUDA: temperature, top-k/top-p/min-p, seeds, penalties and
+2. Speculative decoding on CUDA (n-gram and draft model): greedy agreement, sampled
+   requests, batch-1 decode with prompt lookup (clients/bench_spec.py's workload).
+3. Sampled requests on CUDA: temperature, top-k/top-p/min-p, seeds, penalties and
    min_tokens together; a seeded request alone vs inside a batch.
-3. The nano-vllm workload: 256 sequences, prompt and output lengths U[100, 1024],
+4. The nano-vllm workload: 256 sequences, prompt and output lengths U[100, 1024],
    temperature 0.6, ignore_eos, Llama-3.2-1B configuration, one generate call
    (target: >= 20,000 output tok/s).
-4. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
+5. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
    the one-token and the tiled kernel on decode and prefill shapes.
-5. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
+6. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
    against the weight-read floor (weight bytes / measured copy bandwidth; target at
    batch 1 for Llama-3.1-8B: <= 1.25x).
-6. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
+7. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
    CUDA graphs vs eager, engine exactness. Results are written after every stage.
 """
 
@@ -51,7 +53,7 @@ ARCHS = {
 }
 UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/engine/test_sampler.py",
               "tests/unit/engine/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
-              "tests/unit/engine/test_llm_engine.py"]
+              "tests/unit/engine/test_llm_engine.py", "tests/unit/engine/spec_decode"]
 
 
 def make_checkpoint(name: str, root: str) -> str:
@@ -228,6 +230,42 @@ def decode_benchmarks(path: str, batches: list[int], enforce_eager: bool, prompt
     return rows
 
 
+SPEC_BENCH = ["--tokens", "256", "--repeats", "2", "--hidden", "2048", "--layers", "16", "--heads", "16",
+              "--vocab", "32000", "--window", "32", "--configs", "off", "ngram k=4", "ngram k=8"]
+
+
+def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
+    """Speculative decoding on CUDA: greedy tokens with an n-gram and a draft-model
+    proposer against speculation off (bf16: kernels of different shapes may round
+    differently, so the agreement is reported, not asserted), sampled requests complete
+    with the pool free, and batch-1 decode with prompt lookup on the workload of
+    clients/bench_spec.py at a 1B-class size."""
+    from backend import SamplingParams
+    from builder.tiny import build_tiny
+    from clients import bench_spec
+    path = build_tiny(os.path.join(root, "default-model"))
+    prompts = ["the cat sat on the mat. the cat sat on the mat. the cat", "def add(a, b):\n    return a + b\n\ndef"]
+    greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    plain = _llm(path, max_num_seqs=16)
+    reference = [o.token_ids for o in plain.generate(prompts, greedy)]
+    _free(plain)
+    report = {}
+    for name, spec in (("ngram", {"method": "ngram", "num_speculative_tokens": 4}),
+                       ("draft_model", {"method": "draft_model", "model": path, "num_speculative_tokens": 4})):
+        llm = _llm(path, max_num_seqs=16, speculative_config=spec)
+        outs = [o.token_ids for o in llm.generate(prompts, greedy)]
+        sampled = llm.generate(prompts * 4, [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i,
+                                                            repetition_penalty=1.1) for i in range(8)])
+        stats = llm.kv_cache_stats()
+        report[name] = {"greedy_tokens_equal": sum(a == b for x, y in zip(outs, reference) for a, b in zip(x, y)),
+                        "greedy_tokens": sum(len(r) for r in reference),
+                        "sampled_completed": all(len(o.token_ids) == 32 for o in sampled),
+                        "acceptance_rate": stats["spec_decode_acceptance_rate"]}
+        _free(llm)
+    report["bench_spec"] = bench_spec.main(bench_args)["results"]
+    return report
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.gpu_check")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_results"))
@@ -261,6 +299,9 @@ def main(argv=None) -> int:
         report["structured_output"] = structured_requests(root)
         print("structured output:", report["structured_output"], flush=True)
         save()
+        report["speculative"] = speculative_requests(root)
+        print("speculative decoding:", json.dumps(report["speculative"]), flush=True)
+        save()
         for name in a.models:
             path = make_checkpoint(name, root)
             entry = report["models"][name] = {}
@@ -292,7 +333,8 @@ def render(report: dict) -> str:
     lines = [f"GPU: {report['gpu']}, torch {report['torch']}, {report['date']} ({report.get('seconds', 0):.0f} s)",
              f"command: {report['command']}", f"unit tests: {report['unit_tests']}",
              f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s",
-             f"structured output and logit_bias on CUDA: {report.get('structured_output')}", ""]
+             f"structured output and logit_bias on CUDA: {report.get('structured_output')}",
+             f"speculative decoding on CUDA: {report.get('speculative')}", ""]
     for name, entry in report["models"].items():
         if "nano_vllm_workload" in entry:
             w = entry["nano_vllm_workload"]

@@ -19,10 +19,9 @@ from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs
-from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from backend.engine.errors import InvalidRequestError, QueueFullError
-from backend.engine.logprobs import TokenLogprobs
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
+from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import RequestOutput
 from backend.engine.request import FinishReason, Request
 from backend.engine.sampler import Sampler
@@ -89,7 +88,6 @@ class LLMEngine:
                                     make_layer_ops(self.attention_backend),
                                     self.workers.tp if self.workers else SINGLE)
         self.tokenizer = load_tokenizer(args.model)
-        self._fast_decode = fast_decoder(self.tokenizer)
         spec = args.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
@@ -134,11 +132,10 @@ class LLMEngine:
                 Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
         self._awaiting_grammar = AwaitingGrammar()
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
-        self.num_generation_tokens_total = 0
 
     def _make_runner(self, kv_layers) -> ModelRunner:
         args = self.args
@@ -193,7 +190,7 @@ class LLMEngine:
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         grammar = self._compile_grammar(params) if params.guided_fields() else None
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params, self._fast_decode)
+        self.outputs.add(request)
         if grammar is not None:
             self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
         else:
@@ -219,7 +216,7 @@ class LLMEngine:
         outputs = []
         for request, error in failed:
             request.finish_reason = FinishReason.ABORT
-            outputs.append(self._final_output(request, self._detokenizers.pop(request.request_id)))
+            outputs.append(self.outputs.final_output(request))
             outputs[-1].error = error
         return outputs
 
@@ -254,7 +251,7 @@ class LLMEngine:
             request = self.scheduler.abort_request(request_id)
             if request is None:
                 return None
-        return self._final_output(request, self._detokenizers.pop(request_id))
+        return self.outputs.final_output(request)
 
     def check_health(self) -> None:
         """Raises EngineDeadError when a part of the engine outside this thread is gone
@@ -266,6 +263,10 @@ class LLMEngine:
         """Stop the tensor-parallel ranks, if any (the engine is unusable after)."""
         if self.workers is not None:
             self.workers.shutdown()
+
+    @property
+    def num_generation_tokens_total(self) -> int:
+        return self.outputs.num_generation_tokens_total
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0 or len(self._awaiting_grammar) > 0
@@ -289,87 +290,11 @@ class LLMEngine:
         now = time.monotonic()
         for index, (s, tokens) in enumerate(zip(sched.scheduled, next_tokens)):
             if tokens:
-                outputs.append(self._append_tokens(s.request, tokens, logprobs.get(index), now))
+                outputs.append(self.outputs.append_tokens(s.request, tokens, logprobs.get(index), now))
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
             self.speculator.propose([s.request for s in sched.scheduled if not s.request.is_finished])
         return outputs
-
-    def _append_tokens(self, request: Request, tokens: list[int], entry: Optional[TokenLogprobs],
-                       now: float) -> RequestOutput:
-        """A request's new tokens in order, each checked for a stop as if it came alone:
-        the first stop ends the request and drops the tokens after it."""
-        if request.first_token_time is None:
-            request.first_token_time = now
-        detok = self._detokenizers[request.request_id]
-        emitted, reason, new_logprobs = [], None, None
-        for token in tokens:
-            request.output_token_ids.append(token)
-            emitted.append(token)
-            if len(tokens) == 1:        # requests with logprobs do not speculate
-                new_logprobs = self._record_logprobs(request, token, entry)
-            self.num_generation_tokens_total += 1
-            reason = self._check_stop(request, token, detok)
-            if reason is not None:
-                break
-        if len(tokens) > 1:             # accepted proposals fill blocks the prefix cache can take
-            self.kv_cache.cache_computed_blocks(request)
-        if reason is not None:
-            self.scheduler.finish_request(request, reason)
-            return self._final_output(request, self._detokenizers.pop(request.request_id), emitted, new_logprobs)
-        return RequestOutput(
-            request_id=request.request_id, new_token_ids=emitted,
-            new_text=detok.take_delta(finished=False), finished=False,
-            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens, new_logprobs=new_logprobs,
-            cumulative_logprob=request.cumulative_logprob if new_logprobs is not None else None)
-
-    def _record_logprobs(self, request: Request, token: int, entry: Optional[TokenLogprobs]
-                         ) -> Optional[list[TokenLogprobs]]:
-        """Keeps the token's logprobs on the request, with each token's text (vLLM's
-        `decoded_token`); None for a request that did not ask."""
-        if entry is None:
-            return None
-        if self.tokenizer is not None:
-            detok = self._detokenizers[request.request_id]  # still before this token
-            for tid, lp in entry.items():
-                lp.decoded_token = detok.peek(tid)
-        request.output_logprobs.append(entry)
-        request.cumulative_logprob += entry[token].logprob
-        return [entry]
-
-    def _check_stop(self, request: Request, token: int, detok: IncrementalDetokenizer) -> Optional[FinishReason]:
-        params = request.sampling_params
-        past_min = request.num_output_tokens >= params.min_tokens
-        stop_str = detok.add_token(token, check_stop=past_min)
-        # The mask let only allowed tokens through; once complete the grammar allows only
-        # the stop token, and accepting it ends the request.
-        if request.grammar is not None and (not request.grammar.accept_token(token)
-                                            or request.grammar.is_terminated()):
-            return FinishReason.STOP
-        if past_min:
-            if not params.ignore_eos and token in request.eos_token_ids:
-                return FinishReason.STOP
-            if token in params.stop_token_ids or stop_str is not None:
-                return FinishReason.STOP
-        if request.num_output_tokens >= request.max_tokens:
-            return FinishReason.LENGTH
-        return None
-
-    def _final_output(self, request: Request, detok: IncrementalDetokenizer,
-                      new_token_ids: Optional[list[int]] = None,
-                      new_logprobs: Optional[list[TokenLogprobs]] = None) -> RequestOutput:
-        wants = request.sampling_params.logprobs is not None
-        return RequestOutput(
-            request_id=request.request_id, new_token_ids=new_token_ids or [],
-            new_text=detok.take_delta(finished=True), finished=True,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens, prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids), text=detok.output_text,
-            new_logprobs=(new_logprobs or []) if wants else None,
-            cumulative_logprob=request.cumulative_logprob if wants else None,
-            logprobs=list(request.output_logprobs) if wants else None)
 
     # ------------------------------------------------------------------ stats
     def kv_cache_stats(self) -> dict[str, float]:

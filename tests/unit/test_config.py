@@ -39,6 +39,9 @@ def test_unsupported_architecture(tmp_path):
 def test_speculative_config_is_validated_and_names_the_field():
     ok = EngineArgs.create(model="m", speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
     assert ok.speculative_config.method == "ngram" and ok.speculative_config.prompt_lookup_max == 4
+    # vLLM's shorthand: the method follows from `model`.
+    assert EngineArgs.create(model="m", speculative_config={"model": "d", "num_speculative_tokens": 2}
+                             ).speculative_config.method == "draft_model"
     bad = [
         ('{"method": "medusa", "num_speculative_tokens": 3}', "speculative_config.method"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "speculative_config.num_speculative_tokens"),

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from backend.config import ConfigError
 from backend.engine.block_manager import KVCacheManager
+from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request
 from backend.engine.sampler import TEMPERATURE, Sampler
@@ -57,6 +58,7 @@ class DraftModelProposer:
         self.inputs = inputs
         self.sampler = sampler
         self.vocab_size = vocab_size
+        self._index = GrowingStagedBuffer(torch.int64, kv_caches[0].key.device)
 
     @torch.inference_mode()
     def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> None:
@@ -76,9 +78,8 @@ class DraftModelProposer:
         for j in range(1, max(ks.values())):
             keep = [i for i, r in enumerate(active) if ks[r.request_id] > j]
             prev_tokens = tokens[-1]
-            if len(keep) < len(active):
-                index = torch.tensor(keep, device=prev_tokens.device)
-                prev_tokens = prev_tokens.index_select(0, index)
+            if len(keep) < len(active):     # (staged: an upload, not a sync)
+                prev_tokens = prev_tokens.index_select(0, self._index.upload(np.asarray(keep, dtype=np.int64)))
             active = [active[i] for i in keep]
             starts = np.asarray([r.num_tokens - 1 + j for r in active], dtype=np.int64)
             step = self.inputs.build_segments(
@@ -133,21 +134,23 @@ class DraftModelProposer:
 
     def _hand_over(self, proposing: list[Request], ks: dict[str, int], tokens: list[torch.Tensor],
                    probs: list[Optional[torch.Tensor]]) -> None:
-        """Proposals to the requests: one device-to-host copy of all of them."""
-        table = torch.full((len(proposing), len(tokens)), -1, dtype=torch.int64, device=tokens[0].device)
-        rows_of_j = []                  # per forward j: row in `proposing` of each active request
-        for j, t in enumerate(tokens):
-            rows = [i for i, r in enumerate(proposing) if ks[r.request_id] > j]
-            rows_of_j.append(rows)
-            table[rows, j] = t
-        host = table.tolist()
-        for i, r in enumerate(proposing):
-            k = ks[r.request_id]
-            r.spec_token_ids = host[i][:k]
-            r.draft_probs = None
-            if not r.sampling_params.greedy and probs[0] is not None:
-                r.draft_probs = torch.stack([probs[j][rows_of_j[j].index(i)] for j in range(k)])
-            # The draft's K/V of the proposals is not final: the next catch-up rewrites it.
+        """Proposals to the requests: one device-to-host copy of all of them. Forward j
+        ran the requests with more than j proposals, in `proposing` order."""
+        flat = torch.cat(tokens).tolist()
+        for r in proposing:
+            r.spec_token_ids, r.draft_probs = [], None
+        rows: dict[str, list[torch.Tensor]] = {}
+        offset = 0
+        for j in range(len(tokens)):
+            active = [r for r in proposing if ks[r.request_id] > j]
+            for row, r in enumerate(active):
+                r.spec_token_ids.append(flat[offset + row])
+                if probs[j] is not None and not r.sampling_params.greedy:
+                    rows.setdefault(r.request_id, []).append(probs[j][row])
+            offset += len(active)
+        for r in proposing:
+            if r.request_id in rows:    # the rejection sampler's q; the K/V of the
+                r.draft_probs = torch.stack(rows[r.request_id])    # proposals is rewritten by the next catch-up
 
 
 def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtype, device: torch.device,

@@ -11,6 +11,7 @@ from clients import gpu_check
 
 def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
 
     def cpu_llm(path, **kw):
         kw.update(device="cpu", dtype="float32", attention_backend="torch", num_kv_blocks=256)
@@ -20,6 +21,13 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     assert sampled["completed"] and sampled["seeded_alone_equals_in_batch"]
     structured = gpu_check.structured_requests(str(tmp_path))
     assert structured == {"json_outputs_parsed": "8/8", "logit_bias_token_wins": True}
+    spec = gpu_check.speculative_requests(str(tmp_path), [
+        "--tokens", "16", "--repeats", "1", "--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "320",
+        "--window", "8", "--configs", "off", "ngram k=4"])
+    for name in ("ngram", "draft_model"):   # fp32 on CPU: exact
+        assert spec[name]["greedy_tokens_equal"] == spec[name]["greedy_tokens"] and spec[name]["sampled_completed"]
+    assert spec["draft_model"]["acceptance_rate"] == 1.0
+    assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
     rows = gpu_check.decode_benchmarks(tiny_ckpt, [1, 2], enforce_eager=False, prompt_len=6, new_tokens=3)

@@ -20,3 +20,20 @@ def test_no_match_and_bounds():
     assert lookup(t(1, 2, 1), 2, 3, 4) == []                # only n = 1 matches, below the minimum
     # The continuation may run into the suffix itself (a period of 2), never past the end.
     assert lookup(t(1, 2, 1, 2), 1, 2, 5) == [1, 2]
+
+
+def _brute_force(tokens: list[int], n_min: int, n_max: int, k: int) -> list[int]:
+    L = len(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        for start in range(L - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[L - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_matches_a_brute_force_search():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        tokens = rng.integers(0, 4, rng.integers(1, 40)).tolist()
+        lo, hi = sorted(rng.integers(1, 5, 2).tolist())
+        assert lookup(np.asarray(tokens), lo, hi, 3) == _brute_force(tokens, lo, hi, 3), (tokens, lo, hi)
