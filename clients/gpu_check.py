@@ -255,7 +255,8 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
         llm = _llm(path, max_num_seqs=16, speculative_config=spec)
         outs = [o.token_ids for o in llm.generate(prompts, greedy)]
         sampled = llm.generate(prompts * 4, [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i,
-                                                            repetition_penalty=1.1) for i in range(8)])
+                                                            ignore_eos=True, repetition_penalty=1.1)
+                                             for i in range(8)])
         stats = llm.kv_cache_stats()
         report[name] = {"greedy_tokens_equal": sum(a == b for x, y in zip(outs, reference) for a, b in zip(x, y)),
                         "greedy_tokens": sum(len(r) for r in reference),

@@ -231,3 +231,21 @@ def test_draft_must_share_the_tokenizer(tiny_ckpt, ckpt_dir, target):
     with pytest.raises(ConfigError, match="speculative_config.model.*no checkpoint"):
         LLM(target, speculative_config={"method": "draft_model", "model": str(ckpt_dir / "nope"),
                                         "num_speculative_tokens": 2})
+
+
+def test_triton_kernels_and_two_ranks(target):
+    """k + 1 query tokens per sequence through the OpenAI Triton attention kernels
+    (interpreter on CPU), and n-gram speculation with the model split over two ranks."""
+    prompts = random_prompts(3, [1, 30, 9], seed=2)
+    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0)
+    engine = dict(block_size=4, num_kv_blocks=100, max_num_batched_tokens=48, dtype="float32")
+    reference = [o.token_ids for o in LLM(target, **engine).generate(prompts, params)]
+    llm = LLM(target, attention_backend="triton", speculative_config=spec_config("draft_same", 3, target, ""),
+              **engine)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == reference
+    assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
+    assert_pool_free(llm)
+    with LLM(target, tensor_parallel_size=2, speculative_config=spec_config("ngram", 3, target, ""), **engine) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == reference
+        assert llm.kv_cache_stats()["spec_decode_num_accepted_tokens"] > 0
+        assert_pool_free(llm)
