@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Optional
 
 from clients.tritonserver import EXTRA_LIBS, THIRD_PARTY, install
@@ -27,12 +28,23 @@ VENV = os.path.join(THIRD_PARTY, "genai-perf-venv")
 SPEC = "genai-perf==0.0.16"
 
 
+_VENV_LOCK = threading.Lock()
+
+
 def ensure_venv() -> str:
     exe = os.path.join(VENV, "bin", "genai-perf")
-    if not os.path.isfile(exe):
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-        subprocess.run([os.path.join(VENV, "bin", "python"), "-m", "pip", "install", "-q", SPEC], check=True)
+    with _VENV_LOCK:                    # a caller waits for an install already under way
+        if not os.path.isfile(exe):
+            subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+            subprocess.run([os.path.join(VENV, "bin", "python"), "-m", "pip", "install", "-q", SPEC], check=True)
     return exe
+
+
+def prepare_in_background() -> None:
+    """Start installing the venv on a thread (about a minute on a fresh machine), so that
+    a test suite can do other work meanwhile; ensure_venv() then waits for it."""
+    if not os.path.isfile(os.path.join(VENV, "bin", "genai-perf")):
+        threading.Thread(target=ensure_venv, name="genai-perf-venv", daemon=True).start()
 
 
 def command(exe: str, url: str, model: str, tokenizer: str, concurrency: int, input_tokens: int,

@@ -29,6 +29,13 @@ def build_repo(repo, checkpoint: str, **options) -> str:
     return str(repo)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def genai_perf_venv():
+    """genai-perf's own venv installs while the first tests run (its tests come late)."""
+    from clients import genai_perf
+    genai_perf.prepare_in_background()
+
+
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory, tiny_ckpt):
     return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt)

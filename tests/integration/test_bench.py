@@ -39,15 +39,6 @@ def test_perf_analyzer_streaming(server):
     assert r["concurrency"] == 2 and r["infer_per_s"] > 0 and r["latency_us"] > 0
 
 
-def test_genai_perf_vllm_contract(server, tiny_ckpt):
-    """genai-perf (own venv, numpy 2) with --backend vllm against our model over gRPC."""
-    from clients import genai_perf
-    r = genai_perf.run(server.grpc_url, tiny_ckpt, concurrency=2, input_tokens=32, output_tokens=16,
-                       measurement_ms=2000, entries=10)
-    assert r["request_count"]["avg"] > 0
-    assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0
-
-
 def test_openai_frontend_bench_side_by_side(server, capsys):
     from clients import bench_openai
     bench_openai.main(["frontend", "--url", server.grpc_url, "--concurrency", "2", "--tokens", "6", "--rounds", "1"])

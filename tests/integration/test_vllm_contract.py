@@ -164,3 +164,12 @@ def test_vllm_metrics_count_a_known_workload_right_after_it(server, tiny_ckpt):
     labels = server.metrics()
     assert 'vllm:num_requests_running{model="llm",version="1"}' in labels
     wait_blocks_free(server)
+
+
+def test_genai_perf_vllm_contract(server, tiny_ckpt):
+    """genai-perf (own venv, numpy 2) with --backend vllm against our model over gRPC."""
+    from clients import genai_perf
+    r = genai_perf.run(server.grpc_url, tiny_ckpt, concurrency=2, input_tokens=32, output_tokens=16,
+                       measurement_ms=2000, entries=10)
+    assert r["request_count"]["avg"] > 0
+    assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0

@@ -29,24 +29,29 @@ def _prompts():
     return prompts + [prompts[1][:120] + [5, 6, 7]]     # shares 30 full blocks with prompt 1
 
 
-@pytest.mark.parametrize("arch, overrides", [
-    ("llama", {}),                                          # 4 heads, 2 KV heads: one each
-    ("llama", {"num_key_value_heads": 1}),                  # GQA, fewer KV heads than ranks
-    ("qwen2", {"vocab_size": 321}),                         # qkv bias, tied, padded vocab
-    ("llama", {"attention_bias": True, "mlp_bias": True}),  # row-parallel biases: added once
-], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias"])
-def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides):
+@pytest.mark.parametrize("arch, overrides, engine", [
+    ("llama", {}, {}),                                          # 4 heads, 2 KV heads: one each
+    ("llama", {"num_key_value_heads": 1}, {}),                  # GQA, fewer KV heads than ranks
+    ("qwen2", {"vocab_size": 321}, {}),                         # qkv bias, tied, padded vocab
+    ("llama", {"attention_bias": True, "mlp_bias": True}, {}),  # row-parallel biases: added once
+    # Verification steps (k + 1 tokens per sequence, rollback) on both ranks.
+    ("llama", {"initializer_range": 0.05}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                                  "prompt_lookup_min": 1}}),
+], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias", "llama-ngram-speculation"])
+def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides, engine):
     name = "_".join([f"tp_{arch}"] + [f"{k}{v}" for k, v in overrides.items()])
     path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)
     prompts = _prompts()
     expected = hf_greedy(path, prompts, MAX_NEW)   # what one rank gives (tests/unit/engine/test_exactness.py)
-    with LLM(path, tensor_parallel_size=2, **TIGHT) as llm:
+    with LLM(path, tensor_parallel_size=2, **TIGHT, **engine) as llm:
         outs = llm.generate(prompts, GREEDY)
         for i, (out, ref) in enumerate(zip(outs, expected)):
             assert out.token_ids == ref, f"prompt {i} (len {len(prompts[i])}) differs"
         stats = llm.kv_cache_stats()
         assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
         assert stats["prefix_cache_hit_tokens"] >= 120
+        if engine:
+            assert stats["spec_decode_num_accepted_tokens"] > 0
         assert_pool_free(llm)
 
 

@@ -233,9 +233,9 @@ def test_draft_must_share_the_tokenizer(tiny_ckpt, ckpt_dir, target):
                                         "num_speculative_tokens": 2})
 
 
-def test_triton_kernels_and_two_ranks(target):
+def test_triton_kernels(target):
     """k + 1 query tokens per sequence through the OpenAI Triton attention kernels
-    (interpreter on CPU), and n-gram speculation with the model split over two ranks."""
+    (interpreter on CPU). (Two ranks: tests/unit/parallel/test_tensor_parallel.py.)"""
     prompts = random_prompts(3, [1, 30, 9], seed=2)
     params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0)
     engine = dict(block_size=4, num_kv_blocks=100, max_num_batched_tokens=48, dtype="float32")
@@ -245,7 +245,3 @@ def test_triton_kernels_and_two_ranks(target):
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
     assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
     assert_pool_free(llm)
-    with LLM(target, tensor_parallel_size=2, speculative_config=spec_config("ngram", 3, target, ""), **engine) as llm:
-        assert [o.token_ids for o in llm.generate(prompts, params)] == reference
-        assert llm.kv_cache_stats()["spec_decode_num_accepted_tokens"] > 0
-        assert_pool_free(llm)
