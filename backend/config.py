@@ -33,24 +33,30 @@ class SpeculativeConfig(BaseModel):
 
     method: Literal["ngram", "draft_model"]
     num_speculative_tokens: int = Field(ge=1, le=16)
-    # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in it.
-    prompt_lookup_min: int = Field(1, ge=1)
-    prompt_lookup_max: int = Field(4, ge=1)
+    # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in
+    # it. vLLM's defaults: 5 and 5; one given, the other equals it.
+    prompt_lookup_min: Optional[int] = Field(None, ge=1)
+    prompt_lookup_max: Optional[int] = Field(None, ge=1)
     # draft_model: the draft's checkpoint folder.
     model: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod
-    def _infer_method(cls, data: Any) -> Any:
-        # vLLM infers the method when only a draft model is named.
-        if isinstance(data, dict) and "method" not in data and data.get("model"):
-            return {**data, "method": "ngram" if data["model"] == "[ngram]" else "draft_model",
-                    **({"model": None} if data["model"] == "[ngram]" else {})}
+    def _vllm_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if "method" not in data and data.get("model"):
+            # vLLM infers the method when only a model is named.
+            ngram = data["model"] == "[ngram]"
+            data = {**data, "method": "ngram" if ngram else "draft_model", **({"model": None} if ngram else {})}
+        if data.get("method") == "ngram":
+            lo, hi = data.get("prompt_lookup_min"), data.get("prompt_lookup_max")
+            data = {**data, "prompt_lookup_min": lo or hi or 5, "prompt_lookup_max": hi or lo or 5}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> "SpeculativeConfig":
-        if self.prompt_lookup_min > self.prompt_lookup_max:
+        if self.method == "ngram" and self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")
         if self.method == "draft_model" and not self.model:

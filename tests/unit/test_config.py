@@ -38,7 +38,11 @@ def test_unsupported_architecture(tmp_path):
 
 def test_speculative_config_is_validated_and_names_the_field():
     ok = EngineArgs.create(model="m", speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
-    assert ok.speculative_config.method == "ngram" and ok.speculative_config.prompt_lookup_max == 4
+    spec = ok.speculative_config
+    assert spec.method == "ngram" and (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)  # vLLM's
+    spec = EngineArgs.create(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                            "prompt_lookup_max": 3}).speculative_config
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 3)
     # vLLM's shorthand: the method follows from `model`.
     assert EngineArgs.create(model="m", speculative_config={"model": "d", "num_speculative_tokens": 2}
                              ).speculative_config.method == "draft_model"

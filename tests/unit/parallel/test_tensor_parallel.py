@@ -36,7 +36,7 @@ def _prompts():
     ("llama", {"attention_bias": True, "mlp_bias": True}, {}),  # row-parallel biases: added once
     # Verification steps (k + 1 tokens per sequence, rollback) on both ranks.
     ("llama", {"initializer_range": 0.05}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                                                  "prompt_lookup_min": 1}}),
+                                                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3}}),
 ], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias", "llama-ngram-speculation"])
 def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides, engine):
     name = "_".join([f"tp_{arch}"] + [f"{k}{v}" for k, v in overrides.items()])
