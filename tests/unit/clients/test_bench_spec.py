@@ -6,8 +6,10 @@ from clients.bench_spec import main
 
 def test_bench_spec_runs_every_config_on_both_workloads(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
-    out = main(["--tokens", "24", "--repeats", "1", "--hidden", "64", "--layers", "2", "--heads", "4",
-                "--vocab", "320", "--window", "8"])["results"]
+    report = main(["--tokens", "24", "--repeats", "1", "--batch", "2", "--hidden", "64", "--layers", "2", "--heads", "4",
+                "--vocab", "320", "--window", "8"])
+    out = report["results"]
+    assert report["copied_share"] > 0.5
     assert {(r["workload"], r["config"]) for r in out} == {
         (w, c) for w in ("lookup", "no-lookup")
         for c in ("off", "ngram k=4", "ngram k=8", "ngram k=4 min=1", "draft k=4")}
