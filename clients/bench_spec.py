@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
           f"median of {args.repeats} alternating runs")
     share = min(min(v) for v in copied.values())
     print(f"lookup workload: at least {share:.1%} of each run's output repeats the passages (tokens before the "
-          f"first difference; batched float rounding can flip a near-tie)")
+          f"first difference: the same window at other positions rounds differently, which can flip a near-tie)")
     if share < 0.5:
         raise SystemExit("the lookup workload did not repeat its passages: its premise does not hold here")
     print(f"{'workload':>10} {'config':>16} {'tok/s':>8} {'vs off':>7} {'accepted':>9} {'tok/verify':>11}")
