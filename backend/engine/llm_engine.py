@@ -1,8 +1,10 @@
 """The engine: requests in, one scheduled step at a time, outputs out.
 
 Data flows one way: add_request -> Scheduler.schedule -> ModelRunner.execute (model and
-sampler) -> stop checks and detokenization -> RequestOutput. The engine is single
-threaded; EngineLoop (engine_loop.py) drives it from a thread for servers.
+sampler, or the rejection sampler when proposals are verified) -> OutputProcessor (stop
+checks and detokenization) -> RequestOutput; with speculative decoding the Speculator
+then proposes the next step's tokens. The engine is single threaded; EngineLoop
+(engine_loop.py) drives it from a thread for servers.
 """
 
 from __future__ import annotations
