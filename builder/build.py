@@ -201,11 +201,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     else:
         advance = stages("write", 2)
         model_path = "checkpoint"
-        os.makedirs(ckpt_dst, exist_ok=True)
-        for f in sorted(os.listdir(opts.checkpoint)):
-            src = os.path.join(opts.checkpoint, f)
-            if os.path.isfile(src) and f.endswith(CHECKPOINT_FILES):
-                shutil.copy2(src, os.path.join(ckpt_dst, f))
+        _copy_checkpoint(opts.checkpoint, ckpt_dst)
         advance()
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
@@ -259,13 +255,17 @@ def _place_draft(opts: BuildOptions, out: str) -> Optional[str]:
         raise BuildError(f"invalid build option 'speculative.model': no checkpoint (config.json) in '{spec.model}'")
     if opts.link:
         return os.path.abspath(spec.model)
-    dst = os.path.join(out, "draft")
-    os.makedirs(dst, exist_ok=True)
-    for f in sorted(os.listdir(spec.model)):
-        src = os.path.join(spec.model, f)
-        if os.path.isfile(src) and f.endswith(CHECKPOINT_FILES):
-            shutil.copy2(src, os.path.join(dst, f))
+    _copy_checkpoint(spec.model, os.path.join(out, "draft"))
     return "draft"
+
+
+def _copy_checkpoint(src: str, dst: str) -> None:
+    """A checkpoint folder's files (config, weights, tokenizer) into dst."""
+    os.makedirs(dst, exist_ok=True)
+    for f in sorted(os.listdir(src)):
+        path = os.path.join(src, f)
+        if os.path.isfile(path) and f.endswith(CHECKPOINT_FILES):
+            shutil.copy2(path, os.path.join(dst, f))
 
 
 def _export_graph(opts: BuildOptions, checkpoint: str, cfg, plan: dict, stages: "Stages", log) -> dict:

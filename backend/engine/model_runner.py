@@ -97,7 +97,7 @@ class ModelRunner:
         speculative = any(s.spec_token_ids for s in sampling)
         # One sampler row per logits row. Host work for sampling overlaps the forward
         # pass the device is still running.
-        rows = verify_rows(sampling) if speculative else [s.request for s in sampling]
+        rows = verify_rows(sampling)
         batch = self.sampler.prepare(rows, self.vocab_size)
         mask = self.structured.bitmask(rows) if self.structured is not None else None
         if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
@@ -115,7 +115,7 @@ class ModelRunner:
             packed = torch.cat([packed, accepted.float()])
         values = packed.tolist()
         tokens, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
-        flags = values[-len(rows):]
+        flags = values[-len(rows):] if speculative else []
         result: list[list[int]] = []
         by_index: dict[int, TokenLogprobs] = {}
         row = 0

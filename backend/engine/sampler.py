@@ -138,13 +138,19 @@ class Sampler:
     # ---------------------------------------------------------------- device side
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [B, V] -> next token ids [B] (int64, on the logits' device)."""
+        return self.sample_with_distributions(logits, batch)[0]
+
+    def sample_with_distributions(self, logits: torch.Tensor, batch: SamplingBatch
+                                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(next token ids [B], the distributions the sampled rows drew from, as
+        distributions() gives them, or None when every row is greedy)."""
         logits, probs = self.distributions(logits, batch)
         if probs is None:
-            return logits.argmax(dim=-1)
+            return logits.argmax(dim=-1), None
         sampled = self.draw(probs, batch)
-        if not batch.any_greedy:
-            return sampled
-        return torch.where(batch.params[:, TEMPERATURE] == 0.0, logits.argmax(dim=-1), sampled)
+        if batch.any_greedy:
+            sampled = torch.where(batch.params[:, TEMPERATURE] == 0.0, logits.argmax(dim=-1), sampled)
+        return sampled, probs
 
     def distributions(self, logits: torch.Tensor, batch: SamplingBatch
                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -187,7 +187,7 @@ class EngineMetrics:
                 return
             stats = stats or self.engine.kv_cache_stats()
             for name, total in self._totals(stats).items():
-                if name in self._last and total > self._last[name]:
+                if total > self._last[name]:
                     self.counters[name].increment(total - self._last[name])
                     self._last[name] = total
             while self._pending:

@@ -73,15 +73,20 @@ def _draft_path_from(spec: str, model_dir: str) -> str:
     return json.dumps(value)
 
 
+def parameter_text(value: Any) -> str:
+    """A setting as a config.pbtxt `string_value` holds it: JSON for nested settings,
+    `true`/`false` for booleans."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def render_parameters(values: dict[str, Any]) -> str:
     """config.pbtxt `parameters` blocks for the given (already validated) values."""
     lines = []
     for key, value in values.items():
         if value is None:
             continue
-        if isinstance(value, dict):
-            value = json.dumps(value)
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        text = text.replace("\\", "\\\\").replace('"', '\\"')      # a protobuf text-format string
+        text = parameter_text(value).replace("\\", "\\\\").replace('"', '\\"')  # protobuf text format
         lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import os
 from typing import Any, Callable
 
 from backend.config import ConfigError
+from backend.triton_server.serving_config import parameter_text
 
 # Applied as they are: the same name and meaning here.
 SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -77,9 +78,7 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
                 value = KV_DTYPES.get(value, value)
             if key == "max_queue_size" and value is None:
                 continue
-            text = (json.dumps(value) if isinstance(value, dict) else
-                    str(value).lower() if isinstance(value, bool) else str(value))
-            params[RENAMED.get(key, key)] = text
+            params[RENAMED.get(key, key)] = parameter_text(value)
         else:
             warnings.append(f"model.json key '{key}' has no effect with this backend; ignored")
     return params, warnings

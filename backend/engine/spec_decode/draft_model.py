@@ -23,6 +23,7 @@ acceptance rate, never the output's correctness.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -34,7 +35,7 @@ from backend.engine.block_manager import KVCacheManager
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request
-from backend.engine.sampler import TEMPERATURE, Sampler
+from backend.engine.sampler import Sampler
 from backend.engine.step_inputs import StepInputBuilder, _token_slice
 
 
@@ -122,15 +123,11 @@ class DraftModelProposer:
         if logits.shape[-1] < V:
             logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
         logits = logits[:, :V]
-        batch = self.sampler.prepare(requests, V)
-        logits, probs = self.sampler.distributions(logits, batch)
-        greedy = logits.argmax(dim=-1)
+        tokens, probs = self.sampler.sample_with_distributions(logits, self.sampler.prepare(requests, V))
         if probs is None:
-            return greedy, None
-        drawn = self.sampler.draw(probs, batch)
+            return tokens, None
         # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
-        q = probs / probs.sum(dim=-1, keepdim=True)
-        return torch.where(batch.params[:, TEMPERATURE] == 0.0, greedy, drawn), q
+        return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
     def _hand_over(self, proposing: list[Request], ks: dict[str, int], tokens: list[torch.Tensor],
                    probs: list[Optional[torch.Tensor]]) -> None:
@@ -157,8 +154,6 @@ def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtyp
                attention_backend: str, max_position: int):
     """(the draft model, its ModelConfig), after checking that it speaks the target's
     vocabulary. Errors name speculative_config.model."""
-    import os
-
     from backend.attention import make_attention_factory
     from backend.models.config import load_model_config
     from backend.models.loader import load_model, load_tokenizer
