@@ -48,28 +48,34 @@ def prepare_in_background() -> None:
 
 
 def command(exe: str, url: str, model: str, tokenizer: str, concurrency: int, input_tokens: int,
-            output_tokens: int, measurement_ms: int, entries: int, artifact_dir: str, backend: str = "vllm"
-            ) -> list[str]:
+            output_tokens: int, measurement_ms: int, entries: int, artifact_dir: str, backend: str = "vllm",
+            request_count: Optional[int] = None) -> list[str]:
+    # A fixed request count measures exactly that many requests, however slow the machine;
+    # time windows can close with none finished on a loaded CI box, and perf_analyzer then
+    # leaves an empty profile export.
+    window = (["--request-count", str(request_count)] if request_count
+              else ["--measurement-interval", str(measurement_ms)])
     return [exe, "profile", "-m", model, "--backend", backend, "--endpoint-type", "kserve", "--streaming",
             "--tokenizer", tokenizer, "-u", url, "--synthetic-input-tokens-mean", str(input_tokens),
-            "--output-tokens-mean", str(output_tokens), "--concurrency", str(concurrency),
-            "--measurement-interval", str(measurement_ms), "--num-dataset-entries", str(entries),
-            "--artifact-dir", artifact_dir]
+            "--output-tokens-mean", str(output_tokens), "--concurrency", str(concurrency), *window,
+            "--num-dataset-entries", str(entries), "--artifact-dir", artifact_dir, "--verbose"]
 
 
 def run(url: str, tokenizer: str, model: str = "llm", concurrency: int = 4, input_tokens: int = 128,
         output_tokens: int = 64, measurement_ms: int = 4000, entries: int = 50,
-        artifact_dir: str = os.path.join(THIRD_PARTY, "genai-perf-artifacts"), backend: str = "vllm") -> dict:
+        artifact_dir: str = os.path.join(THIRD_PARTY, "genai-perf-artifacts"), backend: str = "vllm",
+        request_count: Optional[int] = None) -> dict:
     install()
     exe = ensure_venv()
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                LD_LIBRARY_PATH=EXTRA_LIBS + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
     cmd = command(exe, url, model, tokenizer, concurrency, input_tokens, output_tokens, measurement_ms, entries,
-                  artifact_dir, backend)
+                  artifact_dir, backend, request_count)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=THIRD_PARTY)
     if proc.returncode != 0:
-        raise RuntimeError(f"genai-perf failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        # --verbose puts perf_analyzer's own messages in stdout: they say why, the traceback doesn't
+        raise RuntimeError(f"genai-perf failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
     exports = sorted(glob.glob(os.path.join(artifact_dir, "**", "profile_export_genai_perf.json"), recursive=True),
                      key=os.path.getmtime)
     with open(exports[-1]) as f:

@@ -202,8 +202,8 @@ def test_genai_perf_tensorrtllm_backend(trt_server, tiny_ckpt):
     """genai-perf (own venv) with --backend tensorrtllm -m ensemble, as TensorRT-LLM users run it."""
     from clients import genai_perf
     r = genai_perf.run(trt_server.grpc_url, tiny_ckpt, model="ensemble", concurrency=2, input_tokens=32,
-                       output_tokens=16, measurement_ms=2000, entries=10, backend="tensorrtllm")
-    assert r["request_count"]["avg"] > 0
+                       output_tokens=16, request_count=8, entries=10, backend="tensorrtllm")
+    assert r["request_count"]["avg"] == 8        # every request measured, none lost
     assert r["time_to_first_token"]["avg"] > 0 and r["output_token_throughput"]["avg"] > 0
     wait_blocks_free(trt_server)
 
