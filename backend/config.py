@@ -66,6 +66,26 @@ class SpeculativeConfig(BaseModel):
         return self
 
 
+def lora_modules_value(v: Any) -> Any:
+    """vLLM's `lora_modules`: {name: folder}, as JSON text, as `name=folder` items (its
+    command line), or as a list of {"name", "path"} objects (its JSON form)."""
+    v = json_or_value(v) if isinstance(v, str) and v.strip()[:1] in "{[" else v
+    if isinstance(v, str):
+        v = [item for item in v.replace(",", " ").split() if item]
+    if isinstance(v, list):
+        out = {}
+        for item in v:
+            if isinstance(item, dict):
+                out[item.get("name")] = item.get("path")
+            elif isinstance(item, str) and "=" in item:
+                name, path = item.split("=", 1)
+                out[name] = path
+            else:
+                raise ValueError(f"{item!r} is neither name=folder nor {{\"name\": ..., \"path\": ...}}")
+        return out
+    return v
+
+
 class EngineArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,7 +121,24 @@ class EngineArgs(BaseModel):
     # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
     speculative_config: Optional[SpeculativeConfig] = None
 
+    # Multi-LoRA (vLLM's names; backend/lora/): adapters by name (PEFT folders), how many
+    # are resident on the device at once (slots, LRU), the largest rank they may have, and
+    # how many stay loaded in host memory. Adapters given make enable_lora true.
+    enable_lora: bool = False
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int = Field(1, ge=1, le=256)
+    max_lora_rank: int = Field(16, ge=1, le=512)
+    max_cpu_loras: Optional[int] = Field(None, ge=1)
+
     _speculative_json = field_validator("speculative_config", mode="before")(lambda v: json_or_value(v))
+    _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_implied(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("lora_modules") and "enable_lora" not in data:
+            data = {**data, "enable_lora": True}
+        return data
 
     @model_validator(mode="after")
     def _check_runner(self) -> "EngineArgs":
@@ -121,6 +158,15 @@ class EngineArgs(BaseModel):
                 and self.tensor_parallel_size > 1):
             raise ValueError("speculative_config with method 'draft_model' runs on one rank: use "
                              "tensor_parallel_size=1, or method 'ngram'")
+        if self.enable_lora:
+            if self.model_runner != "torch" or self.tensor_parallel_size > 1:
+                raise ValueError("enable_lora needs model_runner='torch' and tensor_parallel_size=1 (the adapters' "
+                                 "deltas run in the torch model, on one rank)")
+            if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+                raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+            bad = [n for n, p in self.lora_modules.items() if not n or not isinstance(p, str) or not p]
+            if bad:
+                raise ValueError(f"lora_modules: adapter {bad[0]!r} needs a name and a folder")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self

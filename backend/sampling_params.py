@@ -67,6 +67,9 @@ class SamplingParams(BaseModel):
     # With the engine's speculative_config: false verifies no proposed tokens for this
     # request (it decodes one token per step). Guided and logprobs requests never speculate.
     speculative_decoding: bool = True
+    # Multi-LoRA: the adapter (a name from the engine's lora_modules) this request runs
+    # under; None: the base model. In `sampling_parameters`, as Triton's vLLM backend takes it.
+    lora_name: Optional[str] = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -145,7 +145,7 @@ class KVCacheManager:
             return                      # no newly full block: skip building the token list
         tokens = request.all_token_ids
         for i in range(len(hashes), len(tokens) // bs):
-            parent = hashes[i - 1] if i else None
+            parent = hashes[i - 1] if i else request.cache_salt
             hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
 
     def find_cached_blocks(self, request: Request) -> list[KVBlock]:
@@ -162,7 +162,7 @@ class KVCacheManager:
         max_blocks = (len(tokens) - 1) // bs
         found: list[KVBlock] = []
         for i in range(max_blocks):
-            parent = request.block_hashes[i - 1] if i else None
+            parent = request.block_hashes[i - 1] if i else request.cache_salt
             block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
             if block is None:
                 break
@@ -221,7 +221,7 @@ class KVCacheManager:
         self._update_block_hashes(request)
         tokens = request.all_token_ids
         for i in range(start, num_full):
-            parent = request.block_hashes[i - 1] if i else None
+            parent = request.block_hashes[i - 1] if i else request.cache_salt
             self.pool.register(blocks[i], request.block_hashes[i], parent,
                                tuple(tokens[i * bs:(i + 1) * bs]))
         self._num_registered[request.request_id] = max(start, num_full)

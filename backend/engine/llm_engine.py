@@ -32,6 +32,7 @@ from backend.engine.spec_decode.draft_model import load_draft
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.step_inputs import StepInputBuilder
 from backend.engine.structured_output import AwaitingGrammar, StructuredOutput
+from backend.lora import cache_salt, make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
@@ -89,6 +90,7 @@ class LLMEngine:
                                     make_attention_factory(self.attention_backend), max_position,
                                     make_layer_ops(self.attention_backend),
                                     self.workers.tp if self.workers else SINGLE)
+        self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend)
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None
@@ -97,7 +99,8 @@ class LLMEngine:
                                self.attention_backend, max_position)
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
-                                and args.model_runner == "torch" and not args.enforce_eager)
+                                and args.model_runner == "torch" and not args.enforce_eager
+                                and self.lora is None)     # LoRA steps run eagerly (docs/status.md)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
@@ -110,7 +113,8 @@ class LLMEngine:
 
         self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
-                                   static_batching=static_batching)
+                                   static_batching=static_batching,
+                                   max_loras=args.max_loras if self.lora is not None else None)
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
         # (weight bytes, KV cache bytes) of each rank, rank 0 first.
@@ -146,7 +150,7 @@ class LLMEngine:
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.model_runner == "torch":
-            return ModelRunner(self.model, *common, workers=self.workers)
+            return ModelRunner(self.model, *common, workers=self.workers, lora=self.lora)
         from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
         if not os.path.isfile(args.model_graph):
             raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
@@ -179,6 +183,11 @@ class LLMEngine:
         max_queue = self.args.max_queue_size
         if max_queue is not None and len(self.scheduler.waiting) >= max_queue:
             raise QueueFullError(f"waiting queue is full (max_queue_size={max_queue})")
+        if params.lora_name is not None:
+            if self.lora is None:
+                raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
+                                          "enabled on this model (engine arguments enable_lora, lora_modules)")
+            self.lora.check_request(params.lora_name)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         max_tokens = self._effective_max_tokens(len(token_ids), params)
@@ -189,6 +198,7 @@ class LLMEngine:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens,
             eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
+            cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         grammar = self._compile_grammar(params) if params.guided_fields() else None

@@ -55,7 +55,7 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs) 
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
-                 inputs: StepInputBuilder, vocab_size: int, workers=None) -> None:
+                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -73,6 +73,9 @@ class ModelRunner:
         # a request asks for a grammar.
         self.structured = None
         self.rejection_sampler = RejectionSampler(device)
+        # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and
+        # tells the wrapped projections which rows run under which.
+        self.lora = lora
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
@@ -85,6 +88,9 @@ class ModelRunner:
         those that asked, by their index in `out.scheduled`."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        if self.lora is not None:
+            self.lora.prepare([s.request.sampling_params.lora_name for s in out.scheduled],
+                              [s.num_new_tokens for s in out.scheduled])
         if self.workers is not None:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0)
         if graph_size is not None:

@@ -48,6 +48,9 @@ class Request:
     grammar: Optional[object] = None
     # Hashes of this request's full blocks, chained; extended as tokens are added.
     block_hashes: list[int] = field(default_factory=list)
+    # The chain's root (its first block's parent): set for a LoRA adapter, so that blocks
+    # computed under one adapter are never reused under another or the base model.
+    cache_salt: Optional[bytes] = None
     first_token_time: Optional[float] = None
     # With sampling_params.logprobs: one entry per output token, and their running sum.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)

@@ -11,6 +11,9 @@ its blocks are freed and it recomputes later (its generated tokens are kept).
 Speculative decoding adds a decoding request's proposed tokens to its step (they are
 verified in the same forward): budgeted like any token, dropped first when the budget
 or the pool is short, and rolled back after the step when rejected.
+
+With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
+waiting request under another adapter waits, and the requests behind it may go first.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 static_batching: bool = False) -> None:
+                 static_batching: bool = False, max_loras: Optional[int] = None) -> None:
         self.kv_cache = kv_cache
+        self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # For benchmarks only: admit a batch and wait until all of it finishes.
@@ -126,8 +130,14 @@ class Scheduler:
             break  # the request itself was preempted: nothing after it can run either
 
         can_admit = not out.preempted and not (self.static_batching and self.running)
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        skipped: list[Request] = []
         while can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            lora = request.sampling_params.lora_name
+            if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.popleft())      # its adapter has no slot this step
+                continue
             cached = self.kv_cache.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(request.num_tokens - num_computed, budget)
@@ -139,8 +149,11 @@ class Scheduler:
             request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if lora:
+                loras.add(lora)
             self._record(out, request, num_new)
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
         return out
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:

@@ -1,0 +1,118 @@
+"""Which adapters exist, which are loaded in host memory, and which sit in the device's
+slots; and, per step, each scheduled request's slot.
+
+- All adapters named in `lora_modules` are read and checked at load, so a bad one fails
+  the model load with a message naming it. Host copies are kept for the `max_cpu_loras`
+  most recently used (the others are read again from their folder when asked for).
+- The device has `max_loras` slots (vLLM's name). A step's adapters are made resident
+  before its forward, evicting the least recently used adapter that the step does not
+  use. The scheduler never puts more distinct adapters in one step than there are
+  slots, so that always succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+from torch import nn
+
+from backend.config import EngineArgs
+from backend.engine.errors import InvalidRequestError
+from backend.lora.adapter import LoRAAdapter, load_adapter, projection_shapes
+from backend.lora.layers import SLICES, LoRAState, wrap_model
+from backend.lora.punica import LoRAMetadataBuilder, make_lora_ops
+from backend.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def cache_salt(lora_name: Optional[str]) -> Optional[bytes]:
+    """The root of a request's block-hash chain: KV computed under an adapter is found
+    only by requests under the same adapter."""
+    return hashlib.sha256(b"lora\0" + lora_name.encode()).digest() if lora_name else None
+
+
+class LoRAManager:
+    def __init__(self, args: EngineArgs, cfg: ModelConfig, model: nn.Module, device: torch.device,
+                 dtype: torch.dtype, kernel_backend: str, max_num_tokens: int) -> None:
+        self.cfg = cfg
+        self.paths = dict(args.lora_modules)
+        self.max_rank = args.max_lora_rank
+        self.num_slots = args.max_loras
+        self.max_cpu_loras = args.max_cpu_loras or max(args.max_loras, len(self.paths))
+        self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()
+        for name, path in self.paths.items():       # every adapter checked now, not on first use
+            self._remember(load_adapter(name, path, cfg, self.max_rank))
+        shrink, expand = make_lora_ops(kernel_backend)
+        self.state = LoRAState(self.num_slots, self.max_rank, device, shrink, expand)
+        self.layers = wrap_model(model, projection_shapes(cfg), self.state, dtype, device)
+        self._slot_of: OrderedDict[str, int] = OrderedDict()       # resident adapters, LRU first
+        self._free = list(range(self.num_slots))
+        self._meta = LoRAMetadataBuilder(max_num_tokens, self.num_slots, device)
+        self.num_slot_loads = 0
+        self.num_host_loads = 0
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.paths)
+
+    def check_request(self, lora_name: str) -> None:
+        if lora_name not in self.paths:
+            # The Triton vLLM backend's words.
+            raise InvalidRequestError(f"LoRA {lora_name} is not supported, we currently support {self.names}")
+
+    # ------------------------------------------------------------------ per step
+    def prepare(self, lora_names: list[Optional[str]], num_new_tokens: list[int]) -> None:
+        """Make the step's adapters resident and set the row groups the layers read."""
+        slots = self.activate(lora_names)
+        self.state.meta = self._meta.build(slots, num_new_tokens)
+
+    def activate(self, lora_names: list[Optional[str]]) -> list[int]:
+        """Each request's slot (-1: base model), loading adapters into slots as needed."""
+        wanted = list(dict.fromkeys(n for n in lora_names if n))
+        if len(wanted) > self.num_slots:
+            raise RuntimeError(f"a step uses {len(wanted)} adapters; max_loras is {self.num_slots}")
+        for name in wanted:
+            if name in self._slot_of:
+                self._slot_of.move_to_end(name)
+            else:
+                self._load_into_slot(name, self._take_slot(set(wanted)))
+        return [self._slot_of[n] if n else -1 for n in lora_names]
+
+    def _take_slot(self, keep: set[str]) -> int:
+        if self._free:
+            return self._free.pop(0)
+        victim = next(n for n in self._slot_of if n not in keep)     # least recently used first
+        return self._slot_of.pop(victim)
+
+    def _load_into_slot(self, name: str, slot: int) -> None:
+        adapter = self._adapter(name)
+        for layer_idx, layers in enumerate(self.layers):
+            for fused, lin in layers.items():
+                lin.set_slot(slot, [adapter.weights.get((layer_idx, part)) for part in SLICES[fused]])
+        self.state.scaling[slot] = adapter.scaling
+        self.state.scaling_cpu[slot] = adapter.scaling
+        self._slot_of[name] = slot
+        self.num_slot_loads += 1
+
+    def _adapter(self, name: str) -> LoRAAdapter:
+        adapter = self._host.get(name)
+        if adapter is None:
+            adapter = load_adapter(name, self.paths[name], self.cfg, self.max_rank)
+            self.num_host_loads += 1
+            self._remember(adapter)
+        self._host.move_to_end(name)
+        return adapter
+
+    def _remember(self, adapter: LoRAAdapter) -> None:
+        self._host[adapter.name] = adapter
+        while len(self._host) > self.max_cpu_loras:
+            self._host.popitem(last=False)
+
+    def resident(self) -> dict[str, int]:
+        return dict(self._slot_of)
+

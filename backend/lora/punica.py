@@ -1,0 +1,88 @@
+"""The per-token LoRA delta of a batch that mixes adapters (punica's SGMV idea): the
+step's packed rows are grouped by adapter slot, and each group runs two small GEMMs
+against its slot's weights:
+
+    shrink:  y[rows of s]               = x[rows of s] @ A[s]^T          [n, K] -> [n, R]
+    expand:  out[rows of s, cols]      += (y[rows of s] @ B[s]^T) * scaling[s]
+
+R is max_lora_rank; an adapter of lower rank has zero rows in A and zero columns in B,
+which add exactly nothing. Rows of the base model (no adapter) are in no group.
+
+`LoRAMetadata` is built once per step on the host (numpy) and uploaded in one copy; the
+layers only read it. Two implementations with the same arguments: torch (the reference,
+CPU) and Triton (backend/ops/lora_triton.py: one launch per call, grid over slots x row
+tiles x column tiles; tiles past a slot's rows exit at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from backend.engine.buffers import StagedBuffer
+
+
+@dataclass
+class LoRAMetadata:
+    sorted_rows: torch.Tensor       # int32 [n]: packed rows under some adapter, grouped by slot
+    slot_starts: torch.Tensor       # int32 [S + 1]: slot s owns sorted_rows[starts[s]:starts[s + 1]]
+    slot_starts_cpu: list[int]      # the same on the host (the torch path slices with it)
+    max_rows_per_slot: int          # the Triton grid's row-tile extent
+
+
+class LoRAMetadataBuilder:
+    def __init__(self, max_num_tokens: int, num_slots: int, device: torch.device) -> None:
+        self.S = num_slots
+        self.buffer = StagedBuffer(max_num_tokens + num_slots + 1, torch.int32, device)
+
+    def build(self, slots: list[int], num_new_tokens: list[int]) -> Optional[LoRAMetadata]:
+        """slots[i]: request i's adapter slot (-1: the base model); it adds
+        num_new_tokens[i] packed rows. None when no row has an adapter."""
+        token_slots = np.repeat(np.asarray(slots, dtype=np.int64), num_new_tokens)
+        under = token_slots >= 0
+        n = int(under.sum())
+        if n == 0:
+            return None
+        counts = np.bincount(token_slots[under], minlength=self.S)
+        host = self.buffer.writable()
+        # A stable sort keeps each group's rows in packed order.
+        host[:n] = np.argsort(token_slots, kind="stable")[len(token_slots) - n:]
+        starts = host[n:n + self.S + 1]
+        starts[0] = 0
+        np.cumsum(counts, out=starts[1:])
+        dev = self.buffer.upload(n + self.S + 1)
+        return LoRAMetadata(sorted_rows=dev[:n], slot_starts=dev[n:], slot_starts_cpu=starts.tolist(),
+                            max_rows_per_slot=int(counts.max()))
+
+
+def _groups(meta: LoRAMetadata):
+    starts = meta.slot_starts_cpu
+    for s in range(len(starts) - 1):
+        if starts[s + 1] > starts[s]:
+            yield s, meta.sorted_rows[starts[s]:starts[s + 1]].long()
+
+
+def shrink_torch(x: torch.Tensor, a: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor) -> None:
+    """out[rows of s] = x[rows of s] @ a[s]^T; a: [S, R, K]; out: [T, R] (other rows untouched)."""
+    for s, rows in _groups(meta):
+        out.index_copy_(0, rows, x.index_select(0, rows) @ a[s].t())
+
+
+def expand_torch(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor,
+                 scaling: torch.Tensor, scaling_cpu: list[float]) -> None:
+    """out[rows of s] += (y[rows of s] @ b[s]^T) * scaling[s]; b: [S, N, R]; out: [T, N]
+    (a column slice of the projection's output)."""
+    for s, rows in _groups(meta):
+        delta = (y.index_select(0, rows) @ b[s].t()) * scaling_cpu[s]
+        out.index_copy_(0, rows, out.index_select(0, rows) + delta)
+
+
+def make_lora_ops(backend: str):
+    """(shrink, expand) of the torch reference or the Triton kernels."""
+    if backend == "triton":
+        from backend.ops import lora_triton
+        return lora_triton.shrink, lora_triton.expand
+    return shrink_torch, expand_torch
