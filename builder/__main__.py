@@ -62,6 +62,10 @@ def main(argv=None) -> int:
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "
                    "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}'")
+    b.add_argument("--lora", dest="lora_modules", action="append", metavar="NAME=FOLDER",
+                   help="a LoRA adapter (PEFT folder) to serve under NAME; repeat for more")
+    b.add_argument("--max-loras", type=int, help="adapters resident on the device at once (default 1)")
+    b.add_argument("--max-lora-rank", type=int, help="the largest adapter rank (default 16)")
     b.add_argument("--gpu-memory-gb", type=float, help="memory plan: device memory (default 80)")
     b.add_argument("--plan-seq-len", type=int, help="memory plan: sequence length (default 4096)")
 

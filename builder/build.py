@@ -14,7 +14,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
-from backend.config import EngineArgs, SpeculativeConfig, json_or_value, validated
+from backend.config import EngineArgs, SpeculativeConfig, json_or_value, lora_modules_value, validated
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import load_model_config
 from backend.parallel.sharding import check_tensor_parallel, local_config
@@ -54,6 +54,11 @@ class BuildOptions(BaseModel):
     # The engine's speculative_config (JSON). A draft model's checkpoint is copied into
     # the entry (`draft/`), or pointed at with `link`.
     speculative: Optional[SpeculativeConfig] = None
+    # LoRA adapters (PEFT folders) by name, copied into the entry (`loras/<name>/`) or
+    # pointed at with `link`; and the engine's slots for them.
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int = Field(1, ge=1)
+    max_lora_rank: int = Field(16, ge=1)
     grace_period_s: float = Field(10.0, ge=0)
     calibration_data: Optional[str] = None
     # Memory plan: device memory and sequence length to size for.
@@ -62,6 +67,7 @@ class BuildOptions(BaseModel):
     plan_seq_len: int = Field(4096, ge=1)
 
     _speculative_json = field_validator("speculative", mode="before")(lambda v: json_or_value(v))
+    _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 
     @model_validator(mode="after")
     def _check(self) -> "BuildOptions":
@@ -90,7 +96,8 @@ def checkpoint_hash(path: str) -> str:
     return h.hexdigest()
 
 
-def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[str] = None) -> dict:
+def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[str] = None,
+                      lora_paths: Optional[dict[str, str]] = None) -> dict:
     dtype = opts.weights if opts.weights in ("float32", "bfloat16", "float16") else "auto"
     values = dict(model=model_path, dtype=dtype, block_size=opts.block_size, num_kv_blocks=opts.num_kv_blocks,
                   kv_cache_memory_bytes=opts.kv_cache_memory_bytes, max_num_seqs=opts.max_num_seqs,
@@ -102,6 +109,9 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
         if draft_path is not None:
             spec["model"] = draft_path
         values["speculative_config"] = spec
+    if opts.lora_modules:
+        values.update(lora_modules=lora_paths or dict(opts.lora_modules), max_loras=opts.max_loras,
+                      max_lora_rank=opts.max_lora_rank)
     # The same validation the backend runs at load, before anything is written.
     EngineArgs.create(**values)
     return values
@@ -209,7 +219,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (opts.weights == "auto"
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
-    params = engine_parameters(opts, model_path, _place_draft(opts, out))
+    params = engine_parameters(opts, model_path, _place_draft(opts, out), _place_adapters(opts, cfg, out))
     if opts.engine != "torch":
         params.update(_export_graph(opts, served, cfg, plan, stages, log))
     params["grace_period_s"] = opts.grace_period_s
@@ -228,6 +238,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
                      "transformers": _version("transformers")},
         "memory_plan": plan,
         "speculative_config": params.get("speculative_config"),
+        "lora_modules": params.get("lora_modules"),
         "quality": None if quality is None else {
             "held_out_tokens": quality.held_out_tokens, "relative_logit_error": quality.relative_logit_error,
             "top1_agreement": quality.top1_agreement},
@@ -257,6 +268,27 @@ def _place_draft(opts: BuildOptions, out: str) -> Optional[str]:
         return os.path.abspath(spec.model)
     _copy_checkpoint(spec.model, os.path.join(out, "draft"))
     return "draft"
+
+
+def _place_adapters(opts: BuildOptions, cfg, out: str) -> dict[str, str]:
+    """Each LoRA adapter, checked against the model as the engine will check it, in the
+    entry (`loras/<name>`, relative) or at its absolute path with `link`."""
+    from backend.lora.adapter import LoRAConfigError, load_adapter
+    placed = {}
+    for name, path in opts.lora_modules.items():
+        try:
+            load_adapter(name, path, cfg, opts.max_lora_rank)
+        except LoRAConfigError as e:
+            raise BuildError(f"invalid build option 'lora_modules': {e}") from None
+        if opts.link:
+            placed[name] = os.path.abspath(path)
+            continue
+        dst = os.path.join(out, "loras", name)
+        os.makedirs(dst, exist_ok=True)
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(os.path.join(path, f), os.path.join(dst, f))
+        placed[name] = os.path.join("loras", name)
+    return placed
 
 
 def _copy_checkpoint(src: str, dst: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.config import ConfigError, EngineArgs, validated
+from backend.config import ConfigError, EngineArgs, lora_modules_value, validated
 
 
 class ServerSettings(BaseModel):
@@ -57,6 +57,8 @@ def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, S
     spec = engine.get("speculative_config")
     if spec:
         engine["speculative_config"] = _draft_path_from(spec, model_dir)
+    if engine.get("lora_modules"):
+        engine["lora_modules"] = _adapter_paths_from(engine["lora_modules"], model_dir)
     settings = validated(ServerSettings, ConfigError, "parameter", **server)
     return validated(EngineArgs, ConfigError, "parameter", **engine), settings
 
@@ -71,6 +73,18 @@ def _draft_path_from(spec: str, model_dir: str) -> str:
     if isinstance(path, str) and path and not os.path.isabs(path):
         value["model"] = os.path.normpath(os.path.join(model_dir, path))
     return json.dumps(value)
+
+
+def _adapter_paths_from(modules: str, model_dir: str) -> Any:
+    """LoRA adapter folders, like `model`, are relative to the model directory."""
+    try:
+        value = lora_modules_value(modules)
+    except ValueError:
+        return modules                  # EngineArgs names the parameter and the error
+    if not isinstance(value, dict):
+        return modules
+    return {name: path if not isinstance(path, str) or os.path.isabs(path)
+            else os.path.normpath(os.path.join(model_dir, path)) for name, path in value.items()}
 
 
 def parameter_text(value: Any) -> str:

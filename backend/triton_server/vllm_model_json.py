@@ -19,7 +19,8 @@ from backend.triton_server.serving_config import parameter_text
 # Applied as they are: the same name and meaning here.
 SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
         "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
-        "max_queue_size", "tensor_parallel_size", "speculative_config"}
+        "max_queue_size", "tensor_parallel_size", "speculative_config", "enable_lora", "max_loras",
+        "max_lora_rank", "max_cpu_loras"}
 RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
 DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = {"fp8_e4m3": "fp8"}
@@ -81,4 +82,23 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
             params[RENAMED.get(key, key)] = parameter_text(value)
         else:
             warnings.append(f"model.json key '{key}' has no effect with this backend; ignored")
+    if str(raw.get("enable_lora", "")).lower() == "true":
+        params["lora_modules"] = _multi_lora(os.path.join(model_dir, str(version)))
     return params, warnings
+
+
+def _multi_lora(version_dir: str) -> str:
+    """The vLLM backend's adapter list: `multi_lora.json` beside model.json, {name: folder};
+    relative folders are taken from that version folder."""
+    path = os.path.join(version_dir, "multi_lora.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"model.json sets enable_lora, but '{path}' (the adapters: {{name: folder}}) is missing")
+    try:
+        with open(path) as f:
+            modules = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
+    if not isinstance(modules, dict):
+        raise ConfigError(f"'{path}' must hold a JSON object {{adapter name: folder}}")
+    return json.dumps({name: p if not isinstance(p, str) or os.path.isabs(p) else os.path.join(version_dir, p)
+                       for name, p in modules.items()})

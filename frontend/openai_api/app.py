@@ -48,7 +48,8 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     async def models() -> dict:
         served = await app.state.llm.models()
         return {"object": "list", "data": [{"id": m.name, "object": "model", "created": m.created,
-                                            "owned_by": "paged_llm"} for m in served.values()]}
+                                            "owned_by": "paged_llm", "root": m.triton_model, "parent": m.parent}
+                                           for m in served.values()]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):

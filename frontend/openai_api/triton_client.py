@@ -32,6 +32,14 @@ class ServedModel:
     name: str
     checkpoint: Optional[str]     # the checkpoint folder (tokenizer, chat template), if on this machine
     created: int
+    # A LoRA adapter is served as a model of its own name (as vLLM does): requests go to
+    # the Triton model that holds it, with `lora_name` in their sampling parameters.
+    triton_model: str = ""
+    lora_name: Optional[str] = None
+
+    @property
+    def parent(self) -> Optional[str]:
+        return self.triton_model if self.lora_name else None
 
 
 @dataclass
@@ -76,10 +84,29 @@ class TritonLLM:
             params = {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()}
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
-            found[entry["name"]] = ServedModel(entry["name"], self._checkpoint(entry["name"], params.get("model")),
-                                               int(time.time()))
+            name, now = entry["name"], int(time.time())
+            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name)
+            for adapter in self._adapters(name, params):
+                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter))
         self._models, self._listed_at = found, time.monotonic()
         return found
+
+    def _adapters(self, name: str, params: dict) -> list[str]:
+        """The model's LoRA adapters: its `lora_modules` parameter, or the vLLM backend's
+        `1/multi_lora.json` when the repository is on this machine."""
+        text = params.get("lora_modules")
+        if not text and self.repository:
+            path = os.path.join(self.repository, name, "1", "multi_lora.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    text = f.read()
+        if not text:
+            return []
+        from backend.config import lora_modules_value
+        try:
+            return list(lora_modules_value(text))
+        except ValueError:
+            return []                   # the backend refused to load it anyway
 
     def _checkpoint(self, name: str, model: Optional[str]) -> Optional[str]:
         if not model:
@@ -98,6 +125,9 @@ class TritonLLM:
 
     def generate(self, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
                  logprobs: bool) -> "Generation":
+        served = self._models.get(model)
+        if served is not None and served.lora_name:
+            model, sampling = served.triton_model, {**sampling, "lora_name": served.lora_name}
         return Generation(self.client, model, prompt, sampling, stream, logprobs)
 
 

@@ -37,8 +37,20 @@ def genai_perf_venv():
 
 
 @pytest.fixture(scope="session")
-def model_repo(tmp_path_factory, tiny_ckpt):
-    return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt)
+def lora_adapters(tmp_path_factory, tiny_ckpt):
+    """Two PEFT adapters of the default model (tests/helpers/adapters.py)."""
+    from tests.helpers.adapters import make_adapter
+    root = tmp_path_factory.mktemp("loras")
+    return {"sql": make_adapter(tiny_ckpt, str(root / "sql"), rank=8, alpha=16, seed=1),
+            "chat": make_adapter(tiny_ckpt, str(root / "chat"), rank=4, alpha=8, targets=("q_proj", "v_proj"),
+                                 seed=2)}
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory, tiny_ckpt, lora_adapters):
+    # The session's model serves the base model and two LoRA adapters (copied into the
+    # entry by the builder), as a multi-LoRA deployment does.
+    return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt, lora_modules=lora_adapters, max_loras=2)
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +107,21 @@ def assert_served_like_offline(repo: str, log_path: str, prompts: list[str], par
             res = StreamingRequest(srv.grpc_url).run(p, params)
             assert res.ok and res.token_ids == o.token_ids
         wait_blocks_free(srv)
+
+
+def openai_frontend(server, timeout_s: float = 60.0) -> str:
+    """The OpenAI frontend's URL once it answers /health."""
+    import urllib.request
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(server.openai_url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return server.openai_url
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
 
 
 def tensor(name, value):

@@ -6,7 +6,6 @@ client that leaves mid-stream freeing its KV blocks."""
 
 import json
 import re
-import time
 import urllib.request
 
 import http.client
@@ -16,7 +15,7 @@ import jsonschema
 import pytest
 
 from backend import LLM, SamplingParams
-from tests.integration.conftest import wait_blocks_free
+from tests.integration.conftest import openai_frontend, wait_blocks_free
 
 openai = pytest.importorskip("openai")
 PROMPT = "The pass statement"
@@ -27,16 +26,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 def frontend(server):
     """The frontend `make serve` starts beside tritonserver (clients.tritonserver serve
     --openai-port), in its own process."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(server.openai_url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return server.openai_url
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.2)
+    return openai_frontend(server)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +45,8 @@ def chat_ids(llm):
 
 
 def test_models_lists_the_served_model(client):
-    assert [m.id for m in client.models.list().data] == ["llm"]
+    """`llm`, and its LoRA adapters as models of their own (tests/integration/test_lora_serving.py)."""
+    assert [m.id for m in client.models.list().data] == ["llm", "sql", "chat"]
 
 
 def test_completion_streamed_and_not_equals_offline_with_exact_usage(client, offline, server):

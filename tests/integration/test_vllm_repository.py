@@ -26,14 +26,23 @@ def vllm_repo(root, engine_args: dict) -> str:
     return os.path.join(root, "repo")
 
 
-def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt):
+def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt, lora_adapters):
+    """With the vLLM backend's multi-LoRA layout too: `enable_lora` in model.json and the
+    adapters in `1/multi_lora.json`; a request names one with `lora_name`."""
     repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "gpu_memory_utilization": 0.1, "enforce_eager": True,
-                                     "num_gpu_blocks_override": 128, "disable_log_requests": True})
+                                     "num_gpu_blocks_override": 128, "disable_log_requests": True,
+                                     "enable_lora": "true", "max_lora_rank": 8, "max_loras": 1})
+    with open(os.path.join(repo, "vllm_model", "1", "multi_lora.json"), "w") as f:
+        json.dump({"sql": lora_adapters["sql"]}, f)
     params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    expected = LLM(tiny_ckpt, num_kv_blocks=128).generate(["The pass statement"], SamplingParams(**params))[0]
+    llm = LLM(tiny_ckpt, num_kv_blocks=128, lora_modules={"sql": lora_adapters["sql"]}, max_lora_rank=8)
+    expected = {name: llm.generate(["The pass statement"], SamplingParams(**params, lora_name=name))[0]
+                for name in (None, "sql")}
     with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
-        res = StreamingRequest(srv.grpc_url, model="vllm_model").run("The pass statement", params)
-        assert res.ok and res.token_ids == expected.token_ids
+        for name, want in expected.items():
+            res = StreamingRequest(srv.grpc_url, model="vllm_model").run(
+                "The pass statement", {**params, **({"lora_name": name} if name else {})})
+            assert res.ok and res.token_ids == want.token_ids, name
         wait_blocks_free(srv, model="vllm_model")
     log = open(tmp_path / "server.log").read()
     assert "model.json key 'disable_log_requests' has no effect with this backend; ignored" in log

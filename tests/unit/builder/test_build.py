@@ -170,3 +170,29 @@ def test_speculative_build_copies_the_draft_and_records_the_config(tiny_ckpt, tm
     assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
     with pytest.raises(BuildError, match="speculative.num_speculative_tokens"):
         opts(tiny_ckpt, tmp_path / "x", speculative='{"method": "ngram", "num_speculative_tokens": 0}')
+
+
+def test_lora_build_copies_the_adapters(tiny_ckpt, tmp_path):
+    """`builder build --lora NAME=FOLDER`: each adapter is checked against the model and
+    copied into the entry; config.pbtxt names them relative to it, and the backend's
+    settings find them there."""
+    import codecs
+
+    from backend.triton_server.serving_config import load_settings
+    from builder.__main__ import main
+    from tests.helpers.adapters import make_adapter
+    adapter = make_adapter(tiny_ckpt, str(tmp_path / "a"), rank=4, targets=("q_proj",))
+    out = tmp_path / "lora"
+    assert main(["build", "--checkpoint", tiny_ckpt, "--output", str(out), "--lora", f"sql={adapter}",
+                 "--max-loras", "2", "--max-lora-rank", "8"]) == 0
+    assert sorted(os.listdir(out / "loras" / "sql")) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert json.load(open(out / "build_manifest.json"))["lora_modules"] == {"sql": "loras/sql"}
+    config = open(out / "config.pbtxt").read()
+    text = re.search(r'key: "lora_modules" value: \{ string_value: "(.*)" \}', config)
+    args, _ = load_settings({"model": "checkpoint", "max_loras": "2", "max_lora_rank": "8",
+                             "lora_modules": codecs.decode(text.group(1), "unicode_escape")}, str(out))
+    assert args.enable_lora and args.lora_modules == {"sql": str(out / "loras" / "sql")}
+    with pytest.raises(BuildError, match=r"invalid build option 'lora_modules': LoRA adapter 'sql': field 'r' is 4, "
+                                         r"above max_lora_rank=2"):
+        build(opts(tiny_ckpt, tmp_path / "x", lora_modules={"sql": adapter}, max_lora_rank=2), log=lambda *_: None,
+              progress=False)

@@ -63,3 +63,17 @@ def test_vllm_backends_report_custom_metrics_key_sets_ours():
     from backend.triton_server.serving_config import parameters_from_model_config
     cfg = {"parameters": {"REPORT_CUSTOM_METRICS": {"string_value": "false"}, "model": {"string_value": "m"}}}
     assert parameters_from_model_config(cfg) == {"report_metrics": "false", "model": "m"}
+
+
+def test_enable_lora_reads_multi_lora_json(tmp_path, tiny_ckpt):
+    """The vLLM backend's layout: `enable_lora` in model.json, adapters in 1/multi_lora.json
+    (relative folders from that folder)."""
+    write(tmp_path, {"model": tiny_ckpt, "enable_lora": "true", "max_loras": 2, "max_lora_rank": 32})
+    with pytest.raises(ConfigError, match="multi_lora.json"):
+        read_model_json(str(tmp_path))
+    (tmp_path / "1" / "multi_lora.json").write_text(json.dumps({"sql": "/abs/sql", "chat": "loras/chat"}))
+    params, warnings = read_model_json(str(tmp_path))
+    assert not warnings
+    args, _ = load_settings(params, str(tmp_path))
+    assert args.enable_lora and (args.max_loras, args.max_lora_rank) == (2, 32)
+    assert args.lora_modules == {"sql": "/abs/sql", "chat": str(tmp_path / "1" / "loras" / "chat")}
