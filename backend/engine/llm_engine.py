@@ -89,7 +89,8 @@ class LLMEngine:
             self.model = load_model(args.model, cfg, self.dtype, self.device,
                                     make_attention_factory(self.attention_backend), max_position,
                                     make_layer_ops(self.attention_backend),
-                                    self.workers.tp if self.workers else SINGLE)
+                                    self.workers.tp if self.workers else SINGLE,
+                                    int_kernel=self.attention_backend == "triton")
         self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend)
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config

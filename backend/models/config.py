@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -112,9 +114,15 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
     quant = cfg.get("quantization_config")
-    if quant is not None and quant.get("quant_method") != "paged_llm_fp8":
-        raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' "
-                                    "(supported: FP8 builds made by `python -m builder build --weights fp8`)")
+    if quant is not None and quant.get("quant_method") not in ("paged_llm_fp8", *INT_METHODS):
+        raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
+                                    "made by `python -m builder build --weights fp8`; weight-only INT4/INT8 "
+                                    f"checkpoints: {', '.join(INT_METHODS)})")
+    if quant is not None and quant.get("quant_method") in INT_METHODS:
+        try:
+            scheme_of(quant)
+        except IntFormatError as e:
+            raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
     hidden_act = cfg.get("hidden_act", "silu")
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 from backend.models.config import ModelConfig
 from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
+from backend.models.int_formats import IntScheme, scheme_of
+from backend.models.int_linear import IntLinear, int_state_dict, swap_in_int_linears
 from backend.models.llama import CausalLM
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE, TensorParallel
@@ -63,13 +65,20 @@ def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None,
-               tp: TensorParallel = SINGLE) -> CausalLM:
+               tp: TensorParallel = SINGLE, int_kernel: bool = False) -> CausalLM:
     """The model, or with tp.size > 1 this rank's shard of it (reading only its slices)."""
+    scheme = int_scheme(cfg)
+    if scheme is not None and tp.size > 1:
+        raise ValueError(f"{scheme.method} INT{scheme.bits} checkpoints run on one rank: use tensor_parallel_size=1")
     with torch.device("meta"):
         model = CausalLM(local_config(cfg, tp.size), attn_factory, max_position, ops, tp)
-        if cfg.quantization is not None:
+        if scheme is not None:
+            swap_in_int_linears(model, scheme, use_kernel=int_kernel)
+        elif cfg.quantization is not None:
             swap_in_fp8_linears(model)
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
+    if scheme is not None:
+        weights = int_state_dict(weights, cfg.num_layers, scheme)
     state = fuse_projections(weights, cfg.num_layers)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -83,10 +92,10 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     # Buffers (rotary tables) were built on meta: rebuild them for real.
     model.rotary = type(model.rotary)(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
     model = model.to(device=device)
-    # Cast to the compute dtype everything except FP8 layers (their weights stay FP8,
-    # their scales fp32).
+    # Cast to the compute dtype everything except FP8 and INT layers (their weights stay
+    # FP8 / packed, their scales as the checkpoint has them).
     for module in model.modules():
-        if isinstance(module, FP8Linear):
+        if isinstance(module, (FP8Linear, IntLinear)):
             continue
         for name, p in list(module.named_parameters(recurse=False)):
             if p.is_floating_point() and p.dtype != dtype:
@@ -97,6 +106,11 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+def int_scheme(cfg: ModelConfig) -> Optional[IntScheme]:
+    """The weight-only integer scheme of a GPTQ / AWQ / compressed-tensors checkpoint."""
+    return scheme_of(cfg.quantization) if cfg.quantization else None
 
 
 def load_tokenizer(path: str):

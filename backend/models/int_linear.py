@@ -1,0 +1,89 @@
+"""Weight-only INT4/INT8 linear layers (W4A16 / W8A16) over the one packed layout of
+backend/models/int_formats.py.
+
+On CUDA (and with attention_backend="triton" anywhere) the matmul is the Triton kernel
+of backend/ops/int_gemm_triton.py, which unpacks and dequantizes each weight tile in
+registers: the weights stay packed in memory (4 or 8 bits each). The torch path (CPU)
+dequantizes once and keeps the result: it is the correctness reference, the checkpoint
+is what is smaller.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.models import int_formats
+from backend.models.int_formats import IntScheme, IntWeight
+
+
+class IntLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: IntScheme, use_kernel: bool,
+                 part_sizes: list[int]) -> None:
+        """part_sizes: the output widths of the projections fused here (q/k/v, gate/up)."""
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bits, self.use_kernel = scheme.bits, use_kernel
+        self.part_sizes = part_sizes
+        groups = 1 if scheme.group_size == -1 else -(-in_features // scheme.group_size)
+        p = lambda *shape, dtype=torch.float32: nn.Parameter(torch.empty(*shape, dtype=dtype),  # noqa: E731
+                                                             requires_grad=False)
+        self.qweight = p(in_features // scheme.pack, out_features, dtype=torch.int32)
+        self.scales = p(groups, out_features)
+        self.zeros = p(groups, out_features)
+        self.g_idx = p(len(part_sizes), in_features, dtype=torch.int32)       # each part's own act order
+        self.bias = p(out_features) if bias else None
+        self._dequantized: Optional[torch.Tensor] = None
+        self._shared_groups: Optional[bool] = None
+
+    def weight_only(self) -> IntWeight:
+        return IntWeight(self.qweight, self.scales, self.zeros, self.g_idx, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self.use_kernel or x.is_cuda:
+            from backend.ops.int_gemm_triton import int_gemm
+            if self._shared_groups is None:         # once, at the first call: one launch if the parts agree
+                self._shared_groups = bool((self.g_idx == self.g_idx[:1]).all())
+            bounds = [(0, self.out_features)] if self._shared_groups else int_formats.part_bounds(self.part_sizes)
+            out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            for part, (a, b) in enumerate(bounds):
+                int_gemm(x, self.qweight[:, a:b], self.scales[:, a:b], self.zeros[:, a:b], self.g_idx[part],
+                         self.bits, out[:, a:b])
+            return out if bias is None else out + bias
+        if self._dequantized is None or self._dequantized.dtype != x.dtype:
+            self._dequantized = int_formats.dequantize(self.weight_only(), self.bits, self.part_sizes).to(x.dtype)
+        return F.linear(x, self._dequantized, bias)
+
+
+def swap_in_int_linears(model: nn.Module, scheme: IntScheme, use_kernel: bool) -> None:
+    """The decoder's projections (not embeddings or the LM head) as IntLinear."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = {(attn, "qkv_proj"): [attn.q_size, attn.kv_size, attn.kv_size], (attn, "o_proj"): None,
+                 (mlp, "gate_up_proj"): [mlp.gate_up_proj.out_features // 2] * 2, (mlp, "down_proj"): None}
+        for (parent, name), sizes in parts.items():
+            lin = getattr(parent, name)
+            with torch.device(lin.weight.device):
+                setattr(parent, name, IntLinear(lin.in_features, lin.out_features, lin.bias is not None, scheme,
+                                                use_kernel, sizes or [lin.out_features]))
+
+
+def int_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: IntScheme) -> dict[str, torch.Tensor]:
+    """The checkpoint's quantized projections (popped from `state`) as the fused IntLinear
+    parameters; every other tensor stays as it is."""
+    from backend.models.loader import FUSED_PROJECTIONS
+    fused = dict(FUSED_PROJECTIONS)
+    fused.update({"self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",)})
+    for i in range(num_layers):
+        for target, parts in fused.items():
+            w = int_formats.concat([int_formats.read_projection(state, f"model.layers.{i}.{p}", scheme)
+                                    for p in parts])
+            for field in ("qweight", "scales", "zeros", "g_idx", "bias"):
+                value = getattr(w, field)
+                if value is not None:
+                    state[f"model.layers.{i}.{target}.{field}"] = value
+    return state

@@ -1,0 +1,66 @@
+"""W4A16 / W8A16 GEMM in OpenAI Triton: out = x @ dequant(W)^T with W packed as
+backend/models/int_formats.py lays it out (int32 words along K, scales and zeros per
+group of input rows, g_idx giving each row's group, so act-order checkpoints need no
+reordering).
+
+Each program computes a [BLOCK_M, BLOCK_N] tile: per K step it loads the packed words of
+BLOCK_K rows, shifts and masks out the values, looks up each row's group scale and zero,
+and forms the fp tile in registers before tl.dot; the weights cross memory packed. fp32
+accumulation, one rounding to x's dtype at the end. The torch reference is
+int_formats.dequantize + F.linear. With TRITON_INTERPRET=1 it runs on CPU tensors (CI).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg,
+                     stride_om, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    PER: tl.constexpr = 32 // BITS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = rows < M
+    mask_n = cols < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask_k = ks < K
+        xt = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
+                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        wmask = mask_k[:, None] & mask_n[None, :]
+        words = tl.load(qw_ptr + (ks // PER)[:, None] * stride_qk + cols[None, :], mask=wmask, other=0)
+        q = (words >> ((ks % PER) * BITS)[:, None]) & ((1 << BITS) - 1)
+        g = tl.load(g_ptr + ks, mask=mask_k, other=0)
+        scale = tl.load(s_ptr + g[:, None] * stride_sg + cols[None, :], mask=wmask, other=0.0).to(tl.float32)
+        zero = tl.load(z_ptr + g[:, None] * stride_sg + cols[None, :], mask=wmask, other=0.0).to(tl.float32)
+        w = ((q.to(tl.float32) - zero) * scale).to(xt.dtype)
+        acc += tl.dot(xt, w)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+             g_idx: torch.Tensor, bits: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] -> [M, N], into `out` when given (a column slice of a fused output).
+    qweight / scales / zeros may be column slices of the fused tensors too."""
+    x = x.contiguous()
+    M, K = x.shape
+    N = qweight.shape[1]
+    assert qweight.stride(1) == 1 and scales.stride() == zeros.stride() and scales.stride(1) == 1
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+    block_m = 16 if M <= 16 else 64
+    block_n, block_k = 64, 64
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    _int_gemm_kernel[grid](x, qweight, scales, zeros, g_idx, out, M, N, K, x.stride(0), qweight.stride(0),
+                           scales.stride(0), out.stride(0), BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
+                           BLOCK_K=block_k)
+    return out
