@@ -49,7 +49,9 @@ def main(argv=None) -> int:
     b.add_argument("--checkpoint", required=True)
     b.add_argument("--output", required=True)
     b.add_argument("--name")
-    b.add_argument("--weights", default="auto")
+    b.add_argument("--weights", default="auto", help="auto | float32 | bfloat16 | float16 | fp8 | int8 | int4")
+    b.add_argument("--group-size", type=int, help="int8/int4: input channels per scale (default 128; -1: per "
+                   "output channel)")
     b.add_argument("--kv-cache", default="auto")
     b.add_argument("--engine", default="torch")
     b.add_argument("--link", action="store_true", help="point at the checkpoint instead of copying it")

@@ -34,7 +34,10 @@ class BuildOptions(BaseModel):
     checkpoint: str
     output: str
     name: Optional[str] = None
-    weights: Literal["auto", "float32", "bfloat16", "float16", "fp8"] = "auto"
+    weights: Literal["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"] = "auto"
+    # int8 / int4 (weight-only, compressed-tensors pack-quantized): input channels per
+    # scale; -1: one scale per output channel.
+    group_size: int = Field(128, ge=-1)
     kv_cache: Literal["auto", "fp8"] = "auto"
     # torch: the engine runs the checkpoint. onnxruntime: also export the reference graph
     # and serve it with onnxruntime (CPU check of the export). tensorrt: export the plugin
@@ -186,8 +189,9 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     problem = check_tensor_parallel(cfg, opts.tensor_parallel_size)
     if problem:
         raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} ({problem})")
-    if cfg.quantization is not None and opts.weights == "fp8":
-        raise BuildError(f"checkpoint '{opts.checkpoint}' is already an FP8 build")
+    if cfg.quantization is not None and opts.weights in ("fp8", "int8", "int4"):
+        raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
+                         f"({cfg.quantization.get('quant_method')})")
     name = opts.name or os.path.basename(os.path.normpath(opts.output))
     out = opts.output
     stages = Stages(progress)
@@ -205,6 +209,16 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         _write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
         advance()
         model_path = "checkpoint"
+    elif opts.weights in ("int8", "int4"):
+        from builder.fp8 import default_texts
+        from builder.int_quant import quantize_int_checkpoint
+        try:
+            quality = quantize_int_checkpoint(opts.checkpoint, ckpt_dst, 8 if opts.weights == "int8" else 4,
+                                              opts.group_size, default_texts()[1], stages)
+        except ValueError as e:
+            raise BuildError(f"invalid build option 'group_size': {e}") from None
+        advance = stages("write", 1)
+        model_path = "checkpoint"
     elif opts.link:
         model_path = os.path.abspath(opts.checkpoint)
         advance = stages("write", 1)
@@ -216,7 +230,8 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
-    kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (opts.weights == "auto"
+    source_dtype = opts.weights in ("auto", "int8", "int4")      # weight-only INT computes in the source's dtype
+    kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
     params = engine_parameters(opts, model_path, _place_draft(opts, out), _place_adapters(opts, cfg, out))
@@ -249,7 +264,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     stages.close()
     log(format_plan(plan))
     if quality is not None:
-        log(f"FP8 quality on {quality.held_out_tokens} held-out tokens: relative logit error "
+        log(f"{opts.weights.upper()} quality on {quality.held_out_tokens} held-out tokens: relative logit error "
             f"{quality.relative_logit_error:.4f}, top-1 agreement {quality.top1_agreement:.4f}")
     log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
         f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")

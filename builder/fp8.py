@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable
 
 import torch
 
 from backend.models.fp8 import FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, quantize_per_channel
+from builder.quality import QualityReport, load_source, logit_quality
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 
@@ -30,13 +31,6 @@ def default_texts() -> tuple[list[str], list[str]]:
     with open(CORPUS, encoding="utf-8") as f:
         paras = [p.strip() for p in f.read().split("\n\n") if len(p.strip()) > 200]
     return paras[:32], paras[-16:]
-
-
-@dataclass
-class QualityReport:
-    held_out_tokens: int
-    relative_logit_error: float
-    top1_agreement: float
 
 
 def _linears(model) -> dict[str, torch.nn.Linear]:
@@ -77,31 +71,17 @@ def calibrate(model, batches: list[torch.Tensor]) -> tuple[dict[str, float], lis
     return {n: max(a, 1e-6) / FP8_MAX for n, a in act.items()}, kv_scales
 
 
-@torch.no_grad()
 def quality(model, fp8_state: dict[str, torch.Tensor], input_scales: dict[str, float],
             texts: list[torch.Tensor]) -> QualityReport:
-    """Source logits vs the same model with FP8 numerics swapped in."""
-    ref = [model(ids[None]).logits[0].float() for ids in texts]
-    saved = {}
-    hooks = []
-    for name, lin in _linears(model).items():
-        saved[name] = lin.weight.data.clone()
-        w = fp8_state[f"{name}.weight"].float() * fp8_state[f"{name}.weight_scale"][:, None]
-        lin.weight.data = w.to(lin.weight.dtype)
+    """Source logits vs the same model with FP8 numerics swapped in: dequantized weights,
+    activations rounded through FP8 with their static scales."""
+    weights = {name: fp8_state[f"{name}.weight"].float() * fp8_state[f"{name}.weight_scale"][:, None]
+               for name in _linears(model)}
+
+    def round_input(name: str):
         scale = torch.tensor(input_scales[name])
-        hooks.append(lin.register_forward_pre_hook(lambda mod, args, s=scale: (fake_quantize(args[0], s),)))
-    try:
-        got = [model(ids[None]).logits[0].float() for ids in texts]
-    finally:
-        for h in hooks:
-            h.remove()
-        for name, lin in _linears(model).items():
-            lin.weight.data = saved[name]
-    num = sum((g - r).norm() ** 2 for g, r in zip(got, ref)) ** 0.5
-    den = sum(r.norm() ** 2 for r in ref) ** 0.5
-    agree = sum((g.argmax(-1) == r.argmax(-1)).sum().item() for g, r in zip(got, ref))
-    n = sum(r.shape[0] for r in ref)
-    return QualityReport(held_out_tokens=n, relative_logit_error=float(num / den), top1_agreement=agree / n)
+        return lambda mod, args: (fake_quantize(args[0], scale),)
+    return logit_quality(model, texts, weights, round_input)
 
 
 def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: list[str],
@@ -109,19 +89,9 @@ def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: 
     """Returns (state dict to save, quantization_config, quality report).
 
     `stage(name, steps)` opens a progress stage and returns its `advance` callable."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     advance = stage("load", 1)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto").eval()
-    tok = AutoTokenizer.from_pretrained(src) if any(
-        os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "tokenizer.model")) else None
+    model, encode = load_source(src)
     advance()
-
-    def encode(texts: list[str]) -> list[torch.Tensor]:
-        if tok is None:  # token-id-only checkpoints: bytes of the text as ids, in range
-            vocab = model.config.vocab_size
-            return [torch.tensor([b % vocab for b in t.encode()][:256]) for t in texts]
-        return [torch.tensor(tok.encode(t)[:256]) for t in texts]
-
     calib, held = encode(calibration_texts), encode(held_out_texts)
     advance = stage("calibrate", 1)
     input_scales, kv_scales = calibrate(model, calib)

@@ -1,0 +1,83 @@
+"""Weight-only INT8/INT4 quantization of a Hugging Face checkpoint into the
+compressed-tensors `pack-quantized` format (what llmcompressor writes and vLLM loads),
+on CPU, round-to-nearest.
+
+compressed-tensors does the format: its quantization scheme (symmetric int, per group of
+`group_size` input channels, or per channel), its qparams from each group's min/max, and
+its ModelCompressor packs and writes config.json's quantization_config. The quality
+report compares the source model with the same model on the dequantized weights (what
+the engine computes) on held-out text.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable
+
+import torch
+
+from backend.models.fp8 import QUANTIZED_LINEARS
+from builder.quality import QualityReport, load_source, logit_quality
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja")
+
+
+def check_group_size(model, group_size: int) -> None:
+    for name, mod in model.named_modules():
+        if name.split(".")[-1] in QUANTIZED_LINEARS and mod.in_features % group_size:
+            raise ValueError(f"group_size {group_size} does not divide {name}'s {mod.in_features} input channels")
+
+
+@torch.no_grad()
+def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held_out_texts: list[str],
+                            stage: Callable[[str, int], Callable[[], None]]) -> QualityReport:
+    """Writes dst (config, packed weights, tokenizer); returns the quality report.
+    group_size -1: one scale per output channel."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+    advance = stage("load", 1)
+    model, encode = load_source(src, dtype=torch.float32)
+    if group_size != -1:
+        check_group_size(model, group_size)
+    advance()
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=True,
+                            strategy="channel" if group_size == -1 else "group",
+                            group_size=None if group_size == -1 else group_size)
+    linears = {name: m for name, m in model.named_modules() if name.split(".")[-1] in QUANTIZED_LINEARS}
+    advance = stage("quantize", len(linears))
+    qparams, dequantized = {}, {}
+    for name, m in linears.items():
+        w = m.weight.data
+        g = w.shape[1] if group_size == -1 else group_size
+        groups = w.reshape(w.shape[0], -1, g)
+        scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+        scale, zero = scale.reshape(w.shape[0], -1), zero.reshape(w.shape[0], -1)
+        qparams[name] = (scale, zero)
+        dequantized[name] = fake_quantize(w, scale, zero, args)
+        advance()
+    # Before the scheme is attached: the reference is the source model as it is.
+    advance = stage("evaluate", 1)
+    report = logit_quality(model, encode(held_out_texts), dequantized)
+    advance()
+    advance = stage("write", 1)
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=["lm_head"]))
+    for name, m in model.named_modules():
+        if hasattr(m, "weight_scale"):
+            scale, zero = qparams[name]
+            m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
+            m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape).to(m.weight_zero_point.dtype))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(dst)
+    compressor.update_config(dst)
+    for f in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, f)):
+            shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
+    advance()
+    return report

@@ -1,0 +1,62 @@
+"""How close a quantized model's logits stay to its source's, on held-out text: the
+quality report every quantized build writes (FP8, INT8, INT4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class QualityReport:
+    held_out_tokens: int
+    relative_logit_error: float
+    top1_agreement: float
+
+
+def load_source(src: str, dtype="auto"):
+    """(the source model, a function from texts to token-id tensors of at most 256)."""
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
+    tok = AutoTokenizer.from_pretrained(src) if any(
+        os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "tokenizer.model")) else None
+
+    def encode(texts: list[str]) -> list[torch.Tensor]:
+        if tok is None:  # token-id-only checkpoints: bytes of the text as ids, in range
+            vocab = model.config.vocab_size
+            return [torch.tensor([b % vocab for b in t.encode()][:256]) for t in texts]
+        return [torch.tensor(tok.encode(t)[:256]) for t in texts]
+    return model, encode
+
+
+@torch.no_grad()
+def logit_quality(model, texts: list[torch.Tensor], weights: dict[str, torch.Tensor],
+                  input_hook: Optional[Callable[[str], Callable]] = None) -> QualityReport:
+    """Source logits vs the same model with `weights` (module name -> the weight the
+    quantized engine computes with) swapped in, and with `input_hook(name)`, if given, as
+    a forward pre-hook on each such module (FP8's rounded activations)."""
+    ref = [model(ids[None]).logits[0].float() for ids in texts]
+    modules = dict(model.named_modules())
+    saved, hooks = {}, []
+    for name, w in weights.items():
+        lin = modules[name]
+        saved[name] = lin.weight.data
+        lin.weight.data = w.to(lin.weight.dtype)
+        if input_hook is not None:
+            hooks.append(lin.register_forward_pre_hook(input_hook(name)))
+    try:
+        got = [model(ids[None]).logits[0].float() for ids in texts]
+    finally:
+        for h in hooks:
+            h.remove()
+        for name, w in saved.items():
+            modules[name].weight.data = w
+    num = sum((g - r).norm() ** 2 for g, r in zip(got, ref)) ** 0.5
+    den = sum(r.norm() ** 2 for r in ref) ** 0.5
+    agree = sum((g.argmax(-1) == r.argmax(-1)).sum().item() for g, r in zip(got, ref))
+    n = sum(r.shape[0] for r in ref)
+    return QualityReport(held_out_tokens=n, relative_logit_error=float(num / den), top1_agreement=agree / n)
