@@ -101,6 +101,8 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int) -> Opti
         t0 = time.perf_counter()
         for size in reversed(graphs.sizes):            # largest first: the rest reuse its pool
             step = dummy_decode(runner.inputs, size, rng.integers(0, cfg.vocab_size, size), splits[size])
+            if runner.lora is not None:     # the LoRA kernels read their row groups from fixed views too
+                runner.lora.use_static(size)
 
             def run_step() -> torch.Tensor:
                 return model.compute_logits(model(step.input_ids, step.positions, caches, step.meta))
@@ -137,6 +139,8 @@ def _check_against_eager(graphs: DecodeGraphs, runner, rng, splits: dict[int, in
     model, cfg = runner.model, runner.model.config
     for size in graphs.sizes:
         step = dummy_decode(runner.inputs, size, rng.integers(0, cfg.vocab_size, size), splits[size])
+        if runner.lora is not None:
+            runner.lora.use_static(size)
         eager = model.compute_logits(model(step.input_ids, step.positions, runner.kv_caches, step.meta))
         replayed = graphs.replay(size)
         if eager is None:   # a tensor-parallel rank other than 0: it ran the same collectives, rank 0 judges

@@ -100,8 +100,7 @@ class LLMEngine:
                                self.attention_backend, max_position)
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
-                                and args.model_runner == "torch" and not args.enforce_eager
-                                and self.lora is None)     # LoRA steps run eagerly (docs/status.md)
+                                and args.model_runner == "torch" and not args.enforce_eager)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)

@@ -90,7 +90,7 @@ class ModelRunner:
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
         if self.lora is not None:
             self.lora.prepare([s.request.sampling_params.lora_name for s in out.scheduled],
-                              [s.num_new_tokens for s in out.scheduled])
+                              [s.num_new_tokens for s in out.scheduled], graph_size)
         if self.workers is not None:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0)
         if graph_size is not None:

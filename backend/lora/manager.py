@@ -66,10 +66,22 @@ class LoRAManager:
             raise InvalidRequestError(f"LoRA {lora_name} is not supported, we currently support {self.names}")
 
     # ------------------------------------------------------------------ per step
-    def prepare(self, lora_names: list[Optional[str]], num_new_tokens: list[int]) -> None:
-        """Make the step's adapters resident and set the row groups the layers read."""
+    def prepare(self, lora_names: list[Optional[str]], num_new_tokens: list[int],
+                graph_size: Optional[int] = None) -> None:
+        """Make the step's adapters resident and set the row groups the layers read; for
+        a graph replay of `graph_size` rows, upload them where the graph reads them."""
         slots = self.activate(lora_names)
-        self.state.meta = self._meta.build(slots, num_new_tokens)
+        if graph_size is None:
+            self.state.meta = self._meta.build(slots, num_new_tokens)
+        else:
+            self._meta.build(slots, num_new_tokens, always=True)
+            self.state.meta = self._meta.static(graph_size)
+
+    def use_static(self, size: int) -> None:
+        """Before capturing (or standing in for) a decode graph of `size` rows: the layers
+        read the fixed views, and no row has an adapter until a step uploads some."""
+        self._meta.build([], [], always=True)
+        self.state.meta = self._meta.static(size)
 
     def activate(self, lora_names: list[Optional[str]]) -> list[int]:
         """Each request's slot (-1: base model), loading adapters into slots as needed."""

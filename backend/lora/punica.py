@@ -8,8 +8,9 @@ against its slot's weights:
 R is max_lora_rank; an adapter of lower rank has zero rows in A and zero columns in B,
 which add exactly nothing. Rows of the base model (no adapter) are in no group.
 
-`LoRAMetadata` is built once per step on the host (numpy) and uploaded in one copy; the
-layers only read it. Two implementations with the same arguments: torch (the reference,
+`LoRAMetadata` is built once per step on the host (numpy) and uploaded in one copy into
+a buffer of fixed addresses (slot_starts first, then the rows), so a captured CUDA graph
+reads each step's groups from where it recorded them; the layers only read it. Two implementations with the same arguments: torch (the reference,
 CPU) and Triton (backend/ops/lora_triton.py: one launch per call, grid over slots x row
 tiles x column tiles; tiles past a slot's rows exit at once).
 """
@@ -29,7 +30,7 @@ from backend.engine.buffers import StagedBuffer
 class LoRAMetadata:
     sorted_rows: torch.Tensor       # int32 [n]: packed rows under some adapter, grouped by slot
     slot_starts: torch.Tensor       # int32 [S + 1]: slot s owns sorted_rows[starts[s]:starts[s + 1]]
-    slot_starts_cpu: list[int]      # the same on the host (the torch path slices with it)
+    slot_starts_cpu: Optional[list[int]]    # the same on the host (the torch path slices with it)
     max_rows_per_slot: int          # the Triton grid's row-tile extent
 
 
@@ -38,24 +39,33 @@ class LoRAMetadataBuilder:
         self.S = num_slots
         self.buffer = StagedBuffer(max_num_tokens + num_slots + 1, torch.int32, device)
 
-    def build(self, slots: list[int], num_new_tokens: list[int]) -> Optional[LoRAMetadata]:
+    def build(self, slots: list[int], num_new_tokens: list[int], always: bool = False) -> Optional[LoRAMetadata]:
         """slots[i]: request i's adapter slot (-1: the base model); it adds
-        num_new_tokens[i] packed rows. None when no row has an adapter."""
+        num_new_tokens[i] packed rows. None when no row has an adapter, unless `always`
+        (a graph replay reads the buffer whatever the step holds)."""
         token_slots = np.repeat(np.asarray(slots, dtype=np.int64), num_new_tokens)
         under = token_slots >= 0
         n = int(under.sum())
-        if n == 0:
+        if n == 0 and not always:
             return None
-        counts = np.bincount(token_slots[under], minlength=self.S)
+        S = self.S
+        counts = np.bincount(token_slots[under], minlength=S)
         host = self.buffer.writable()
-        # A stable sort keeps each group's rows in packed order.
-        host[:n] = np.argsort(token_slots, kind="stable")[len(token_slots) - n:]
-        starts = host[n:n + self.S + 1]
+        starts = host[:S + 1]
         starts[0] = 0
         np.cumsum(counts, out=starts[1:])
-        dev = self.buffer.upload(n + self.S + 1)
-        return LoRAMetadata(sorted_rows=dev[:n], slot_starts=dev[n:], slot_starts_cpu=starts.tolist(),
-                            max_rows_per_slot=int(counts.max()))
+        # A stable sort keeps each group's rows in packed order.
+        host[S + 1:S + 1 + n] = np.argsort(token_slots, kind="stable")[len(token_slots) - n:]
+        dev = self.buffer.upload(S + 1 + n)
+        return LoRAMetadata(sorted_rows=dev[S + 1:S + 1 + n], slot_starts=dev[:S + 1],
+                            slot_starts_cpu=starts.tolist(), max_rows_per_slot=int(counts.max(initial=0)))
+
+    def static(self, size: int) -> LoRAMetadata:
+        """The views a decode graph of `size` rows records: whatever build() uploads
+        later is what its replays read (the grid covers all `size` rows per slot)."""
+        dev = self.buffer.device
+        return LoRAMetadata(sorted_rows=dev[self.S + 1:self.S + 1 + size], slot_starts=dev[:self.S + 1],
+                            slot_starts_cpu=None, max_rows_per_slot=size)
 
 
 def _groups(meta: LoRAMetadata):

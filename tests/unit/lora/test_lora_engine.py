@@ -49,9 +49,9 @@ def record_steps(llm):
     seen = []
     prepare = llm.engine.lora.prepare
 
-    def spy(names, num_new_tokens):
+    def spy(names, num_new_tokens, graph_size=None):
         seen.append(set(names) - {None})
-        prepare(names, num_new_tokens)
+        prepare(names, num_new_tokens, graph_size)
     llm.engine.lora.prepare = spy
     return seen
 
@@ -118,4 +118,36 @@ def test_unknown_adapter_is_a_per_request_error(base, adapters):
     plain = LLM(base, block_size=4, num_kv_blocks=32)
     with pytest.raises(InvalidRequestError, match="'lora_name' is 'qv', but LoRA is not enabled"):
         plain.engine.add_request([5, 6, 7], params("qv"))
+    assert_pool_free(llm)
+
+
+def test_speculative_decoding_under_adapters(base, adapters, reference):
+    """n-gram proposals are verified by the target under each request's adapter: still
+    PEFT's tokens, with proposals accepted along the way."""
+    prompts, refs = reference
+    names = [NAMES[i % len(NAMES)] for i in range(len(prompts))]
+    llm = LLM(base, block_size=4, num_kv_blocks=128, lora_modules=adapters, max_loras=3,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                  "prompt_lookup_max": 2})
+    outs = llm.generate(prompts, [params(n) for n in names])
+    for i, (out, name) in enumerate(zip(outs, names)):
+        assert out.token_ids == refs[name][i], f"prompt {i} under {name}"
+    assert llm.kv_cache_stats()["spec_decode_num_draft_tokens"] > 0
+    assert_pool_free(llm)
+
+
+def test_decode_graph_path_with_adapters(base, adapters, reference):
+    """Decode steps through the CUDA-graph path (its CPU stand-in: fixed buffers, padded
+    batches, the LoRA kernels reading their row groups from the views a capture records):
+    PEFT's tokens for two adapters and the base model."""
+    from tests.helpers.graphs import EagerReplayGraphs
+    prompts, refs = reference
+    pick, names = [0, 1, 2, 4, 5], [None, "all", "qv", None, "all"]
+    llm = LLM(base, block_size=8, num_kv_blocks=64, max_num_seqs=6, max_num_batched_tokens=64,
+              attention_backend="triton", lora_modules=adapters, max_loras=2)
+    runner = llm.engine.runner
+    runner.graphs = EagerReplayGraphs(runner, 6)
+    outs = llm.generate([prompts[i] for i in pick], [params(n) for n in names])
+    assert [o.token_ids for o in outs] == [refs[n][i] for n, i in zip(names, pick)]
+    assert 6 in runner.graphs.replayed                  # five sequences padded to six
     assert_pool_free(llm)
