@@ -16,7 +16,9 @@ finish inside 10 minutes on an H100.
    (target: >= 20,000 output tok/s).
 5. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
    the one-token and the tiled kernel on decode and prefill shapes.
-6. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
+6. LoRA decode-step overhead with 1, 4, 16 adapters (clients/bench_lora.py) and INT4
+   decode at batch 1 vs bf16 (clients/bench_int.py) on the last model.
+6b. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
    against the weight-read floor (weight bytes / measured copy bandwidth; target at
    batch 1 for Llama-3.1-8B: <= 1.25x).
 7. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
@@ -53,7 +55,7 @@ ARCHS = {
 }
 UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/engine/test_sampler.py",
               "tests/unit/engine/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
-              "tests/unit/engine/test_llm_engine.py", "tests/unit/engine/spec_decode"]
+              "tests/unit/engine/test_llm_engine.py", "tests/unit/engine/spec_decode", "tests/unit/lora/test_punica.py"]
 
 
 def make_checkpoint(name: str, root: str) -> str:
@@ -64,6 +66,8 @@ def make_checkpoint(name: str, root: str) -> str:
     cfg_cls = tf.Qwen3Config if arch.startswith("Qwen3") else tf.LlamaConfig
     cfg = cfg_cls(max_position_embeddings=8192, initializer_range=0.02, dtype="bfloat16", **spec)
     path = os.path.join(root, name)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
     with torch.device("cuda"):
         model = getattr(tf, arch)(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
@@ -267,6 +271,19 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
     return report
 
 
+LORA_BENCH = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--layers", "16", "--heads", "16",
+              "--vocab", "32000", "--batch", "16", "--rank", "16", "--tokens", "64", "--repeats", "2"]
+
+
+def lora_and_int(root: str, model_path: str) -> dict:
+    """Issue 15's GPU targets: LoRA's decode-step overhead with 1, 4 and 16 adapters in a
+    batch of 16 (target at 16: <= 1.3x), and INT4 (GPTQ layout, g128) decode at batch 1
+    against bf16 on `model_path` (target: <= 0.4x)."""
+    from clients import bench_int, bench_lora
+    return {"lora": bench_lora.main(LORA_BENCH)["results"],
+            "int4": bench_int.main(["--checkpoint", model_path, "--tokens", "64", "--repeats", "2"])["results"]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.gpu_check")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_results"))
@@ -318,6 +335,9 @@ def main(argv=None) -> int:
             entry["decode"] = rows
             print(name, json.dumps(rows), flush=True)
             save()
+        report["lora_and_int"] = lora_and_int(root, make_checkpoint(a.models[-1], root))
+        print("LoRA and INT4:", json.dumps(report["lora_and_int"]), flush=True)
+        save()
     # Last, so that a slow first compile of every test shape cannot eat the measurements.
     report["unit_tests"] = "skipped" if a.skip_tests else run_unit_tests()
     print("unit tests:", report["unit_tests"], flush=True)
@@ -335,7 +355,8 @@ def render(report: dict) -> str:
              f"command: {report['command']}", f"unit tests: {report['unit_tests']}",
              f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s",
              f"structured output and logit_bias on CUDA: {report.get('structured_output')}",
-             f"speculative decoding on CUDA: {report.get('speculative')}", ""]
+             f"speculative decoding on CUDA: {report.get('speculative')}",
+             f"LoRA overhead and INT4 decode on CUDA: {report.get('lora_and_int')}", ""]
     for name, entry in report["models"].items():
         if "nano_vllm_workload" in entry:
             w = entry["nano_vllm_workload"]

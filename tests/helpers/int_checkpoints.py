@@ -99,7 +99,7 @@ def _rtn(w_rows: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor
     """w_rows [k, N] of one group -> (unsigned q [k, N], scale [N], zero [N] unsigned)."""
     top = (1 << bits) - 1
     if symmetric:
-        scale = (w_rows.abs().amax(0) / ((top + 1) / 2 - 0.5)).clamp(min=1e-8).half().float()
+        scale = (w_rows.abs().amax(0) / ((top + 1) // 2 - 1)).clamp(min=1e-8).half().float()
         zero = torch.full_like(scale, (top + 1) // 2)
     else:
         lo, hi = w_rows.amin(0).clamp(max=0), w_rows.amax(0).clamp(min=0)
