@@ -47,7 +47,10 @@ class LoRALinear(nn.Module):
         self.offsets = [sum(slice_sizes[:i]) for i in range(len(slice_sizes))]
         # A of every slice stacked along the rank: one shrink serves them all.
         self.lora_a = torch.zeros(S, len(slice_sizes) * R, in_features, dtype=dtype, device=device)
-        self.lora_b = [torch.zeros(S, n, R, dtype=dtype, device=device) for n in slice_sizes]
+        # B stored [N, S, R] and handed out as [S, N, R] views: the torch path's dense expand
+        # reads every slot as one [N, S * R] matrix without a copy.
+        self._lora_b = [torch.zeros(n, S, R, dtype=dtype, device=device) for n in slice_sizes]
+        self.lora_b = [b.permute(1, 0, 2) for b in self._lora_b]
 
     def set_slot(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Write one adapter's (A [r, in], B [out, r]) per slice into `slot`; None: the

@@ -32,12 +32,14 @@ class LoRAMetadata:
     slot_starts: torch.Tensor       # int32 [S + 1]: slot s owns sorted_rows[starts[s]:starts[s + 1]]
     slot_starts_cpu: Optional[list[int]]    # the same on the host (the torch path slices with it)
     max_rows_per_slot: int          # the Triton grid's row-tile extent
+    row_slots: Optional[torch.Tensor] = None    # int32 [T]: each packed row's slot, -1 for the base model
 
 
 class LoRAMetadataBuilder:
     def __init__(self, max_num_tokens: int, num_slots: int, device: torch.device) -> None:
-        self.S = num_slots
-        self.buffer = StagedBuffer(max_num_tokens + num_slots + 1, torch.int32, device)
+        self.S, self.T = num_slots, max_num_tokens
+        # [slot_starts S + 1 | sorted_rows T | row_slots T]
+        self.buffer = StagedBuffer(2 * max_num_tokens + num_slots + 1, torch.int32, device)
 
     def build(self, slots: list[int], num_new_tokens: list[int], always: bool = False) -> Optional[LoRAMetadata]:
         """slots[i]: request i's adapter slot (-1: the base model); it adds
@@ -56,9 +58,12 @@ class LoRAMetadataBuilder:
         np.cumsum(counts, out=starts[1:])
         # A stable sort keeps each group's rows in packed order.
         host[S + 1:S + 1 + n] = np.argsort(token_slots, kind="stable")[len(token_slots) - n:]
-        dev = self.buffer.upload(S + 1 + n)
+        T, at = len(token_slots), S + 1 + self.T
+        host[at:at + T] = token_slots
+        dev = self.buffer.upload(at + T)
         return LoRAMetadata(sorted_rows=dev[S + 1:S + 1 + n], slot_starts=dev[:S + 1],
-                            slot_starts_cpu=starts.tolist(), max_rows_per_slot=int(counts.max(initial=0)))
+                            slot_starts_cpu=starts.tolist(), max_rows_per_slot=int(counts.max(initial=0)),
+                            row_slots=dev[at:at + T])
 
     def static(self, size: int) -> LoRAMetadata:
         """The views a decode graph of `size` rows records: whatever build() uploads
@@ -75,16 +80,44 @@ def _groups(meta: LoRAMetadata):
             yield s, meta.sorted_rows[starts[s]:starts[s + 1]].long()
 
 
+# Small steps (decode) on the torch path run every slot at once: two dense GEMMs against
+# all slots' weights instead of a few small ops per slot, which on a CPU costs more than
+# the arithmetic. Rows pick their own slot's part; the other slots' parts are zeros for
+# them in the expand (exact: they add nothing).
+DENSE_MAX_ROWS = 64
+
+
+def _dense(meta: LoRAMetadata, rows: int) -> bool:
+    return meta.row_slots is not None and rows <= DENSE_MAX_ROWS
+
+
 def shrink_torch(x: torch.Tensor, a: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor) -> None:
     """out[rows of s] = x[rows of s] @ a[s]^T; a: [S, R, K]; out: [T, R] (other rows untouched)."""
+    T = x.shape[0]
+    if _dense(meta, T):
+        S, R, K = a.shape
+        every = (x @ a.reshape(S * R, K).t()).view(T, S, R)
+        out.copy_(every[torch.arange(T, device=x.device), meta.row_slots.long().clamp(min=0)])
+        return
     for s, rows in _groups(meta):
         out.index_copy_(0, rows, x.index_select(0, rows) @ a[s].t())
 
 
 def expand_torch(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor,
                  scaling: torch.Tensor, scaling_cpu: list[float]) -> None:
-    """out[rows of s] += (y[rows of s] @ b[s]^T) * scaling[s]; b: [S, N, R]; out: [T, N]
-    (a column slice of the projection's output)."""
+    """out[rows of s] += (y[rows of s] @ b[s]^T) * scaling[s]; b: [S, N, R] (a view of an
+    [N, S, R] tensor); out: [T, N] (a column slice of the projection's output)."""
+    T = y.shape[0]
+    if _dense(meta, T):
+        S, N, R = b.shape
+        slots = meta.row_slots.long()
+        under = slots >= 0
+        spread = y.new_zeros(T, S, R)
+        spread[under, slots[under]] = y[under]
+        delta = (spread.view(T, S * R) @ b.permute(1, 0, 2).reshape(N, S * R).t()) * \
+            torch.where(under, scaling[slots.clamp(min=0)], 0.0).to(y.dtype)[:, None]
+        out.add_(delta)
+        return
     for s, rows in _groups(meta):
         delta = (y.index_select(0, rows) @ b[s].t()) * scaling_cpu[s]
         out.index_copy_(0, rows, out.index_select(0, rows) + delta)

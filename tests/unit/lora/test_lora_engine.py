@@ -57,11 +57,14 @@ def record_steps(llm):
 
 
 @pytest.mark.parametrize("max_loras", [3, 2])
-def test_mixed_adapters_equal_peft(base, adapters, reference, max_loras):
+def test_mixed_adapters_equal_peft(base, adapters, reference, max_loras, monkeypatch):
     """Each request gets the tokens PEFT gives it alone. max_loras=3: the three adapters
     and the base model share steps. max_loras=2 (and 2 in host memory): the scheduler
     keeps each step within two adapters, slots are evicted and reloaded, adapters are
-    read again from their folders."""
+    read again from their folders. The torch path's two forms: all slots at once
+    (max_loras=3), slot by slot (2)."""
+    from backend.lora import punica
+    monkeypatch.setattr(punica, "DENSE_MAX_ROWS", 64 if max_loras == 3 else 0)
     prompts, refs = reference
     names = [NAMES[i % len(NAMES)] for i in range(len(prompts))]
     llm = LLM(base, block_size=4, num_kv_blocks=40, max_num_seqs=8, max_num_batched_tokens=32,

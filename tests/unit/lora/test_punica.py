@@ -37,6 +37,7 @@ def test_metadata_groups_rows_by_slot():
     rows = meta.sorted_rows.tolist()
     starts = meta.slot_starts_cpu
     assert starts == meta.slot_starts.tolist() == [0, 2, 9, 18]
+    assert meta.row_slots.tolist() == token_slots
     for s in range(3):
         group = rows[starts[s]:starts[s + 1]]
         assert group == sorted(group) and all(token_slots[r] == s for r in group)
@@ -45,11 +46,15 @@ def test_metadata_groups_rows_by_slot():
     assert punica.LoRAMetadataBuilder(8, 2, torch.device("cpu")).build([-1, -1], [3, 1]) is None
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_shrink_expand_equal_dense(impl):
+@pytest.mark.parametrize("impl", ["torch-grouped", "torch-all-slots", "triton"])
+def test_shrink_expand_equal_dense(impl, monkeypatch):
+    """torch-grouped: per slot (prefill-sized steps); torch-all-slots: every slot in two
+    GEMMs (decode-sized steps)."""
+    monkeypatch.setattr(punica, "DENSE_MAX_ROWS", 0 if impl == "torch-grouped" else 64)
     x, a, b, meta, token_slots, scaling = batch()
-    shrink, expand = (punica.shrink_torch, punica.expand_torch) if impl == "torch" else (
-        lora_triton.shrink, lora_triton.expand)
+    b = b.permute(1, 0, 2).contiguous().permute(1, 0, 2)     # as LoRALinear stores B: [N, S, R] underneath
+    shrink, expand = (lora_triton.shrink, lora_triton.expand) if impl == "triton" else (
+        punica.shrink_torch, punica.expand_torch)
     base = torch.randn(x.shape[0], 100)
     out = base.clone()
     cols = slice(30, 70)                            # the slice of a fused projection's output
