@@ -32,24 +32,32 @@ def _pipeline_parallel_size(value: Any) -> None:
                           "not supported (tensor_parallel_size is)")
 
 
+# vLLM's `quantization` values -> the quant_method the checkpoint must say it has.
+QUANTIZATION = {"fp8": "paged_llm_fp8", "gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq",
+                "compressed-tensors": "compressed-tensors"}
+
+
 def _quantization(model_dir: str, model: str) -> Callable[[Any], None]:
-    """vLLM quantizes at load or reads a quantized checkpoint; here FP8 comes from
-    `builder build --weights fp8`, and the checkpoint says so itself."""
+    """vLLM quantizes at load or reads a quantized checkpoint; here the checkpoint says
+    itself (FP8 from `builder build --weights fp8`, GPTQ, AWQ, compressed-tensors), and the
+    key must agree with it."""
     def check(value: Any) -> None:
         if value in (None, "", "None"):
             return
-        if value != "fp8":
-            raise ConfigError(f"invalid model.json key 'quantization': {value!r}; supported: 'fp8' (a checkpoint "
-                              "written by `python -m builder build --weights fp8`)")
+        if value not in QUANTIZATION:
+            raise ConfigError(f"invalid model.json key 'quantization': {value!r}; supported: "
+                              f"{', '.join(QUANTIZATION)} (a checkpoint quantized that way; fp8: written by "
+                              "`python -m builder build --weights fp8`)")
         path = model if os.path.isabs(model) else os.path.join(model_dir, model)
         try:
             with open(os.path.join(path, "config.json")) as f:
                 quant = (json.load(f).get("quantization_config") or {}).get("quant_method")
         except OSError:
-            quant = None  # the missing checkpoint is reported by the 'model' check
-        if quant is None:
-            raise ConfigError("invalid model.json key 'quantization': 'fp8', but the checkpoint is not an FP8 "
-                              "build; make one with `python -m builder build --weights fp8`")
+            quant = None
+        if quant != QUANTIZATION[value]:
+            hint = "; make one with `python -m builder build --weights fp8`" if value == "fp8" else ""
+            raise ConfigError(f"invalid model.json key 'quantization': {value!r}, but the checkpoint's "
+                              f"quantization_config says {quant!r}{hint}")
     return check
 
 

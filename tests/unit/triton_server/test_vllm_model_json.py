@@ -32,8 +32,8 @@ def test_no_file_is_nothing(tmp_path):
 
 @pytest.mark.parametrize("obj,expected", [
     ({"pipeline_parallel_size": 2}, "'pipeline_parallel_size'"),
-    ({"quantization": "awq"}, "'quantization'"),
-    ({"quantization": "fp8", "model": "."}, "not an FP8 build"),
+    ({"quantization": "bitsandbytes"}, "'quantization'"),
+    ({"quantization": "fp8", "model": "."}, "says None; make one with"),
     ("{not json", "not valid JSON"),
     ([1, 2], "JSON object"),
 ])
@@ -77,3 +77,17 @@ def test_enable_lora_reads_multi_lora_json(tmp_path, tiny_ckpt):
     args, _ = load_settings(params, str(tmp_path))
     assert args.enable_lora and (args.max_loras, args.max_lora_rank) == (2, 32)
     assert args.lora_modules == {"sql": "/abs/sql", "chat": str(tmp_path / "1" / "loras" / "chat")}
+
+
+def test_quantization_key_must_agree_with_the_checkpoint(tmp_path):
+    """vLLM's `quantization: gptq | awq | compressed-tensors` (and the marlin names) are
+    accepted when the checkpoint says the same; here the checkpoint decides the kernels."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    for ok in ("gptq", "gptq_marlin"):
+        write(tmp_path, {"model": str(ckpt), "quantization": ok})
+        read_model_json(str(tmp_path))
+    write(tmp_path, {"model": str(ckpt), "quantization": "awq"})
+    with pytest.raises(ConfigError, match="'awq', but the checkpoint's quantization_config says 'gptq'"):
+        read_model_json(str(tmp_path))
