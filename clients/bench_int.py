@@ -17,14 +17,13 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import tempfile
-import time
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from backend.models.int_formats import pack_along_k
+from clients.bench_steps import decode_step_ms, report
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -65,12 +64,8 @@ def write_gptq_rtn(src: str, dst: str, bits: int, group_size: int) -> str:
 
 def step_ms(llm, prompt: list[int], tokens: int) -> float:
     from backend import SamplingParams
-
-    def run(n: int) -> float:
-        t0 = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-        return time.perf_counter() - t0
-    return (run(tokens) - run(1)) / (tokens - 1) * 1e3
+    return decode_step_ms(llm, [prompt], lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+                          tokens)
 
 
 def main(argv=None) -> dict:
@@ -96,18 +91,9 @@ def main(argv=None) -> dict:
     for _ in range(args.repeats):
         for name, llm in llms.items():
             times[name].append(step_ms(llm, prompt, args.tokens))
-    base = statistics.median(times[args.dtype])
     device = next(iter(llms.values())).engine.device
     print(f"{args.checkpoint} on {device}, batch 1, {args.tokens} tokens, median of {args.repeats}")
-    results = []
-    for name, values in times.items():
-        ms = statistics.median(values)
-        results.append({"config": name, "ms_per_step": ms, "vs_base": ms / base, "device": str(device)})
-        print(f"{name:>16} {ms:8.2f} ms/step {ms / base:6.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return {"results": results}
+    return {"results": report(times, args.dtype, {"device": str(device)}, args.json)}
 
 
 if __name__ == "__main__":

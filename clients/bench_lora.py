@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
+
+from clients.bench_steps import decode_step_ms, report
 
 ADAPTERS = 16
 MODULES = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
@@ -72,15 +72,9 @@ def make_adapter(path: str, base: str, rank: int, seed: int) -> str:
 
 
 def step_ms(llm, prompts: list[list[int]], names: list, tokens: int) -> float:
-    """One decode step's wall time (ms): the prefill cancels out of the difference."""
     from backend import SamplingParams
-
-    def run(n: int) -> float:
-        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, lora_name=name) for name in names]
-        t0 = time.perf_counter()
-        llm.generate(prompts, params)
-        return time.perf_counter() - t0
-    return (run(tokens) - run(1)) / (tokens - 1) * 1e3
+    return decode_step_ms(llm, prompts, lambda n: [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True,
+                                                                  lora_name=name) for name in names], tokens)
 
 
 def main(argv=None) -> dict:
@@ -126,21 +120,10 @@ def main(argv=None) -> dict:
     for _ in range(args.repeats):
         for name, (llm, names) in configs.items():
             times[name].append(step_ms(llm, prompts, names, args.tokens))
-    off = statistics.median(times["base (LoRA off)"])
     print(f"model {path}: Llama, hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, {args.dtype}, "
           f"device {lora_llm.engine.device}, batch {args.batch}, rank {args.rank} on all 7 projections, "
           f"{torch.get_num_threads()} threads; median of {args.repeats} alternating runs")
-    print(f"{'config':>20} {'ms/step':>8} {'vs off':>7}")
-    results = []
-    for name, values in times.items():
-        ms = statistics.median(values)
-        results.append({"config": name, "ms_per_step": ms, "vs_off": ms / off, "batch": args.batch,
-                        "rank": args.rank})
-        print(f"{name:>20} {ms:8.2f} {ms / off:6.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return {"results": results}
+    return {"results": report(times, "base (LoRA off)", {"batch": args.batch, "rank": args.rank}, args.json)}
 
 
 if __name__ == "__main__":

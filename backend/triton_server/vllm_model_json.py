@@ -66,13 +66,7 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
     path = os.path.join(model_dir, str(version), "model.json")
     if not os.path.isfile(path):
         return {}, []
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"'{path}' must hold a JSON object of engine arguments")
+    raw = _json_object(path, "of engine arguments")
     checks = {"pipeline_parallel_size": _pipeline_parallel_size,
               "quantization": _quantization(model_dir, str(raw.get("model", "")))}
     params: dict[str, str] = {}
@@ -95,18 +89,23 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
     return params, warnings
 
 
+def _json_object(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{path}' must hold a JSON object {what}")
+    return value
+
+
 def _multi_lora(version_dir: str) -> str:
     """The vLLM backend's adapter list: `multi_lora.json` beside model.json, {name: folder};
     relative folders are taken from that version folder."""
     path = os.path.join(version_dir, "multi_lora.json")
     if not os.path.isfile(path):
         raise ConfigError(f"model.json sets enable_lora, but '{path}' (the adapters: {{name: folder}}) is missing")
-    try:
-        with open(path) as f:
-            modules = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"'{path}' is not valid JSON: {e}") from None
-    if not isinstance(modules, dict):
-        raise ConfigError(f"'{path}' must hold a JSON object {{adapter name: folder}}")
+    modules = _json_object(path, "{adapter name: folder}")
     return json.dumps({name: p if not isinstance(p, str) or os.path.isabs(p) else os.path.join(version_dir, p)
                        for name, p in modules.items()})

@@ -33,4 +33,4 @@ def test_bench_int_runs(ckpt_dir, tmp_path, monkeypatch):
     src = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     out = main(["--checkpoint", src, "--group-size", "32", "--tokens", "4", "--repeats", "1", "--dtype", "float32"])
     assert [r["config"] for r in out["results"]] == ["float32", "int4 g32"]
-    assert out["results"][0]["vs_base"] == 1.0
+    assert out["results"][0]["vs_baseline"] == 1.0

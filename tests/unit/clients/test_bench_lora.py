@@ -10,6 +10,6 @@ def test_bench_lora_runs_every_config(capsys, tmp_path, monkeypatch):
                    "--layers", "2", "--heads", "4", "--vocab", "320", "--rank", "4", "--adapters", "1", "4"])
     by = {r["config"]: r for r in report["results"]}
     assert list(by) == ["base (LoRA off)", "base rows (LoRA on)", "1 adapter", "4 adapters"]
-    assert by["base (LoRA off)"]["vs_off"] == 1.0
+    assert by["base (LoRA off)"]["vs_baseline"] == 1.0
     assert all(r["ms_per_step"] > 0 for r in by.values())
     assert "4 adapters" in capsys.readouterr().out
