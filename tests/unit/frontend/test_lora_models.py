@@ -1,0 +1,38 @@
+"""The frontend serves each LoRA adapter of a Triton model as a model of its own: from the
+model's `lora_modules` parameter or the vLLM backend's `1/multi_lora.json`, and a request
+naming the adapter goes to its Triton model with `lora_name` set."""
+
+import asyncio
+import json
+
+from frontend.openai_api import triton_client
+from frontend.openai_api.triton_client import ServedModel, TritonLLM
+
+
+def test_adapters_from_parameter_and_multi_lora_json(tmp_path):
+    async def run():
+        llm = TritonLLM("127.0.0.1:1", model_repository=str(tmp_path))
+        assert llm._adapters("llm", {"lora_modules": '{"sql": "loras/sql", "chat": "/abs"}'}) == ["sql", "chat"]
+        assert llm._adapters("llm", {"lora_modules": "sql=loras/sql chat=/abs"}) == ["sql", "chat"]
+        (tmp_path / "vllm_model" / "1").mkdir(parents=True)
+        (tmp_path / "vllm_model" / "1" / "multi_lora.json").write_text(json.dumps({"a": "/x"}))
+        assert llm._adapters("vllm_model", {}) == ["a"]
+        assert llm._adapters("other", {}) == []
+        await llm.close()
+    asyncio.run(run())
+
+
+def test_a_request_for_an_adapter_goes_to_its_model(monkeypatch):
+    sent = []
+    monkeypatch.setattr(triton_client, "Generation", lambda client, model, prompt, sampling, *a: sent.append(
+        (model, sampling)))
+
+    async def run():
+        llm = TritonLLM("127.0.0.1:1")
+        llm._models = {"llm": ServedModel("llm", None, 0, "llm"), "sql": ServedModel("sql", None, 0, "llm", "sql")}
+        llm.generate("sql", "hi", {"max_tokens": 3}, stream=False, logprobs=False)
+        llm.generate("llm", "hi", {"max_tokens": 3}, stream=False, logprobs=False)
+        assert llm._models["sql"].parent == "llm" and llm._models["llm"].parent is None
+        await llm.close()
+    asyncio.run(run())
+    assert sent == [("llm", {"max_tokens": 3, "lora_name": "sql"}), ("llm", {"max_tokens": 3})]
