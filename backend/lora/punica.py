@@ -111,11 +111,13 @@ def expand_torch(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torc
     if _dense(meta, T):
         S, N, R = b.shape
         slots = meta.row_slots.long()
-        under = slots >= 0
-        spread = y.new_zeros(T, S, R)
-        spread[under, slots[under]] = y[under]
+        under = (slots >= 0)[:, None]
+        # Each row's y in its own slot's columns, zeros elsewhere (no boolean indexing:
+        # that would wait for the device).
+        spread = y.new_zeros(T * S, R)
+        spread.index_copy_(0, torch.arange(T, device=y.device) * S + slots.clamp(min=0), torch.where(under, y, 0))
         delta = (spread.view(T, S * R) @ b.permute(1, 0, 2).reshape(N, S * R).t()) * \
-            torch.where(under, scaling[slots.clamp(min=0)], 0.0).to(y.dtype)[:, None]
+            torch.where(under, scaling[slots.clamp(min=0)][:, None], 0.0).to(y.dtype)
         out.add_(delta)
         return
     for s, rows in _groups(meta):
