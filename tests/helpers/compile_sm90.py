@@ -51,6 +51,21 @@ def layer_ops(dtype: str) -> list:
     return out
 
 
+def lora_and_int_gemm(dtype: str) -> list:
+    """The LoRA SGMV kernel (shrink and expand) and the W4A16 / W8A16 GEMM."""
+    from backend.ops import int_gemm_triton, lora_triton
+    act = f"*{dtype}"
+    sgmv = {"x_ptr": act, "w_ptr": act, "out_ptr": act, "rows_ptr": "*i32", "starts_ptr": "*i32",
+            "scaling_ptr": "*fp32", **{n: "i32" for n in ("N", "K", "stride_x", "stride_ws", "stride_wn", "stride_o")}}
+    out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64))
+           for add in (False, True)]
+    gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,
+            **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om")}}
+    out += [compile_kernel(int_gemm_triton._int_gemm_kernel, gemm, dict(BITS=bits, BLOCK_M=16, BLOCK_N=64,
+                                                                           BLOCK_K=64)) for bits in (4, 8)]
+    return out
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET to compile for a GPU target")
@@ -61,9 +76,15 @@ def main() -> int:
     ptx = {v: tiled_attention(*v).asm["ptx"] for v in variants}
     assert all(".target sm_90" in p for p in ptx.values())
     assert all(".target sm_90" in c.asm["ptx"] for c in layer_ops("bf16"))
+    extra = lora_and_int_gemm("bf16")
+    assert all(".target sm_90" in c.asm["ptx"] for c in extra)
+    if "mma" not in extra[-1].asm["ptx"]:
+        print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
+        return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
     mma = "mma" in ptx[("bf16", False, 0)]
-    print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants), "+ layer ops (bf16)",
+    print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
+          "+ layer ops, LoRA SGMV and INT4/INT8 GEMM (bf16)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 
