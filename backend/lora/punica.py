@@ -32,14 +32,17 @@ class LoRAMetadata:
     slot_starts: torch.Tensor       # int32 [S + 1]: slot s owns sorted_rows[starts[s]:starts[s + 1]]
     slot_starts_cpu: Optional[list[int]]    # the same on the host (the torch path slices with it)
     max_rows_per_slot: int          # the Triton grid's row-tile extent
-    row_slots: Optional[torch.Tensor] = None    # int32 [T]: each packed row's slot, -1 for the base model
+    # The torch path's all-at-once form: the slots in use, and each row's index among them
+    # (-1: the base model).
+    active_slots: Optional[torch.Tensor] = None     # int32 [A]
+    row_active: Optional[torch.Tensor] = None       # int32 [T]
 
 
 class LoRAMetadataBuilder:
     def __init__(self, max_num_tokens: int, num_slots: int, device: torch.device) -> None:
         self.S, self.T = num_slots, max_num_tokens
-        # [slot_starts S + 1 | sorted_rows T | row_slots T]
-        self.buffer = StagedBuffer(2 * max_num_tokens + num_slots + 1, torch.int32, device)
+        # [slot_starts S + 1 | sorted_rows T | row_active T | active_slots S]
+        self.buffer = StagedBuffer(2 * max_num_tokens + 2 * num_slots + 1, torch.int32, device)
 
     def build(self, slots: list[int], num_new_tokens: list[int], always: bool = False) -> Optional[LoRAMetadata]:
         """slots[i]: request i's adapter slot (-1: the base model); it adds
@@ -59,11 +62,15 @@ class LoRAMetadataBuilder:
         # A stable sort keeps each group's rows in packed order.
         host[S + 1:S + 1 + n] = np.argsort(token_slots, kind="stable")[len(token_slots) - n:]
         T, at = len(token_slots), S + 1 + self.T
-        host[at:at + T] = token_slots
-        dev = self.buffer.upload(at + T)
+        active = np.flatnonzero(counts)
+        compact = np.full(S + 1, -1, dtype=np.int64)        # slot -> index among the active; -1 -> -1
+        compact[active] = np.arange(len(active))
+        host[at:at + T] = compact[token_slots]
+        host[at + self.T:at + self.T + len(active)] = active
+        dev = self.buffer.upload(at + self.T + len(active))
         return LoRAMetadata(sorted_rows=dev[S + 1:S + 1 + n], slot_starts=dev[:S + 1],
                             slot_starts_cpu=starts.tolist(), max_rows_per_slot=int(counts.max(initial=0)),
-                            row_slots=dev[at:at + T])
+                            active_slots=dev[at + self.T:at + self.T + len(active)], row_active=dev[at:at + T])
 
     def static(self, size: int) -> LoRAMetadata:
         """The views a decode graph of `size` rows records: whatever build() uploads
@@ -80,24 +87,28 @@ def _groups(meta: LoRAMetadata):
             yield s, meta.sorted_rows[starts[s]:starts[s + 1]].long()
 
 
-# Small steps (decode) on the torch path run every slot at once: two dense GEMMs against
-# all slots' weights instead of a few small ops per slot, which on a CPU costs more than
-# the arithmetic. Rows pick their own slot's part; the other slots' parts are zeros for
-# them in the expand (exact: they add nothing).
+# Small steps (decode) with several adapters run them at once on the torch path: two
+# GEMMs against the slots in use instead of a few small ops per slot, which on a CPU cost
+# more than the arithmetic (docs/benchmarks.md §12: per slot wins below 4 adapters). Rows
+# pick their own slot's part; the other slots' parts are zeros for them in the expand
+# (exact: they add nothing).
 DENSE_MAX_ROWS = 64
+DENSE_MIN_ADAPTERS = 4
 
 
 def _dense(meta: LoRAMetadata, rows: int) -> bool:
-    return meta.row_slots is not None and rows <= DENSE_MAX_ROWS
+    return (meta.row_active is not None and rows <= DENSE_MAX_ROWS
+            and meta.active_slots.shape[0] >= DENSE_MIN_ADAPTERS)
 
 
 def shrink_torch(x: torch.Tensor, a: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor) -> None:
     """out[rows of s] = x[rows of s] @ a[s]^T; a: [S, R, K]; out: [T, R] (other rows untouched)."""
     T = x.shape[0]
     if _dense(meta, T):
-        S, R, K = a.shape
-        every = (x @ a.reshape(S * R, K).t()).view(T, S, R)
-        out.copy_(every[torch.arange(T, device=x.device), meta.row_slots.long().clamp(min=0)])
+        _, R, K = a.shape
+        used = a.index_select(0, meta.active_slots.long())                  # [A, R, K]
+        every = (x @ used.reshape(-1, K).t()).view(T, -1, R)
+        out.copy_(every[torch.arange(T, device=x.device), meta.row_active.long().clamp(min=0)])
         return
     for s, rows in _groups(meta):
         out.index_copy_(0, rows, x.index_select(0, rows) @ a[s].t())
@@ -109,15 +120,19 @@ def expand_torch(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torc
     [N, S, R] tensor); out: [T, N] (a column slice of the projection's output)."""
     T = y.shape[0]
     if _dense(meta, T):
-        S, N, R = b.shape
-        slots = meta.row_slots.long()
-        under = (slots >= 0)[:, None]
+        _, N, R = b.shape
+        active = meta.active_slots.long()
+        A = active.shape[0]
+        idx = meta.row_active.long()
+        under = (idx >= 0)[:, None]
+        idx = idx.clamp(min=0)
         # Each row's y in its own slot's columns, zeros elsewhere (no boolean indexing:
         # that would wait for the device).
-        spread = y.new_zeros(T * S, R)
-        spread.index_copy_(0, torch.arange(T, device=y.device) * S + slots.clamp(min=0), torch.where(under, y, 0))
-        delta = (spread.view(T, S * R) @ b.permute(1, 0, 2).reshape(N, S * R).t()) * \
-            torch.where(under, scaling[slots.clamp(min=0)][:, None], 0.0).to(y.dtype)
+        spread = y.new_zeros(T * A, R)
+        spread.index_copy_(0, torch.arange(T, device=y.device) * A + idx, torch.where(under, y, 0))
+        used = b.permute(1, 0, 2).index_select(1, active)                   # [N, A, R]
+        delta = (spread.view(T, A * R) @ used.reshape(N, A * R).t()) * \
+            torch.where(under, scaling[active][idx][:, None], 0.0).to(y.dtype)
         out.add_(delta)
         return
     for s, rows in _groups(meta):

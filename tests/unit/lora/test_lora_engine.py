@@ -66,6 +66,7 @@ def test_mixed_adapters_equal_peft(base, adapters, reference, max_loras, monkeyp
     (max_loras=3), slot by slot (2)."""
     from backend.lora import punica
     monkeypatch.setattr(punica, "DENSE_MAX_ROWS", 64 if max_loras == 3 else 0)
+    monkeypatch.setattr(punica, "DENSE_MIN_ADAPTERS", 1)
     prompts, refs = reference
     names = [NAMES[i % len(NAMES)] for i in range(len(prompts))]
     llm = LLM(base, block_size=4, num_kv_blocks=40, max_num_seqs=8, max_num_batched_tokens=32,

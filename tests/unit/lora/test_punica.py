@@ -9,7 +9,8 @@ from backend.lora import punica
 from backend.ops import lora_triton
 
 
-def batch(seed=0, S=3, R=16, K=48, N=40, T=23):
+def batch(seed=0, S=4, R=16, K=48, N=40, T=23):
+    """Slots 0-2 in use (slot 3 holds an adapter no row runs under)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, K, generator=g)
     a = torch.randn(S, R, K, generator=g)
@@ -20,7 +21,7 @@ def batch(seed=0, S=3, R=16, K=48, N=40, T=23):
     sizes = [5, 3, 1, 7, 2, 4, 1]
     meta = punica.LoRAMetadataBuilder(64, S, torch.device("cpu")).build(slots, sizes)
     token_slots = [s for s, n in zip(slots, sizes) for _ in range(n)]
-    scaling = torch.tensor([0.5, 2.0, 1.25])
+    scaling = torch.tensor([0.5, 2.0, 1.25, 3.0])
     return x, a, b, meta, token_slots, scaling
 
 
@@ -36,8 +37,11 @@ def test_metadata_groups_rows_by_slot():
     *_, meta, token_slots, _ = batch()
     rows = meta.sorted_rows.tolist()
     starts = meta.slot_starts_cpu
-    assert starts == meta.slot_starts.tolist() == [0, 2, 9, 18]
-    assert meta.row_slots.tolist() == token_slots
+    assert starts == meta.slot_starts.tolist() == [0, 2, 9, 18, 18]
+    assert meta.active_slots.tolist() == [0, 1, 2]
+    assert meta.row_active.tolist() == token_slots          # all three in use: index = slot
+    one = punica.LoRAMetadataBuilder(16, 4, torch.device("cpu")).build([3, -1, 3], [2, 1, 1])
+    assert one.active_slots.tolist() == [3] and one.row_active.tolist() == [0, 0, -1, 0]
     for s in range(3):
         group = rows[starts[s]:starts[s + 1]]
         assert group == sorted(group) and all(token_slots[r] == s for r in group)
@@ -51,6 +55,7 @@ def test_shrink_expand_equal_dense(impl, monkeypatch):
     """torch-grouped: per slot (prefill-sized steps); torch-all-slots: every slot in two
     GEMMs (decode-sized steps)."""
     monkeypatch.setattr(punica, "DENSE_MAX_ROWS", 0 if impl == "torch-grouped" else 64)
+    monkeypatch.setattr(punica, "DENSE_MIN_ADAPTERS", 1)
     x, a, b, meta, token_slots, scaling = batch()
     b = b.permute(1, 0, 2).contiguous().permute(1, 0, 2)     # as LoRALinear stores B: [N, S, R] underneath
     shrink, expand = (lora_triton.shrink, lora_triton.expand) if impl == "triton" else (
