@@ -227,8 +227,10 @@ def test_int_build_writes_compressed_tensors_with_a_quality_report(tiny_ckpt, tm
     ref = reference_model(tiny_ckpt, str(out / "checkpoint"))
     prompt = [5, 6, 7, 8, 9, 10]
     want = ref.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(prompt):]
-    got = LLM(str(out / "checkpoint"), num_kv_blocks=64).generate(
-        [prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0))[0].token_ids
+    from tests.conftest import assert_pool_free
+    llm = LLM(str(out / "checkpoint"), num_kv_blocks=64)
+    got = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0))[0].token_ids
     assert got == want.tolist()
+    assert_pool_free(llm)
     with pytest.raises(BuildError, match=r"invalid build option 'group_size': group_size 100 does not divide"):
         build(opts(tiny_ckpt, tmp_path / "x", weights="int4", group_size=100), log=lambda *_: None, progress=False)

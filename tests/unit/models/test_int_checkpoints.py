@@ -96,3 +96,23 @@ def test_triton_backend_engine_runs_the_kernel(base, quantized):
     params = SamplingParams(max_tokens=6, min_tokens=6, temperature=0)
     assert [o.token_ids for o in triton_llm.generate(prompts, params)] == \
         [o.token_ids for o in torch_llm.generate(prompts, params)]
+
+
+def test_lora_adapter_on_an_int4_base(base, quantized, tmp_path):
+    """An adapter over a GPTQ INT4 base (act order): transformers + PEFT on the
+    reference-dequantized weights give the engine's greedy tokens."""
+    from peft import PeftModel
+
+    from tests.helpers.adapters import make_adapter
+    adapter = make_adapter(base, str(tmp_path / "lora"), rank=8, targets=("q_proj", "v_proj", "down_proj"), seed=3)
+    ref = PeftModel.from_pretrained(ic.reference_model(base, quantized["gptq-4-g32-act-order"]), adapter).eval()
+    prompts = random_prompts(2, [5, 19], seed=8)
+    llm = LLM(quantized["gptq-4-g32-act-order"], block_size=4, num_kv_blocks=32, lora_modules={"a": adapter})
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0,
+                                                lora_name="a"))
+    with torch.no_grad():
+        for p, out in zip(prompts, outs):
+            want = ref.generate(input_ids=torch.tensor([p]), max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
+                                do_sample=False, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            assert out.token_ids == want[0, len(p):].tolist()
+    assert_pool_free(llm)
