@@ -215,6 +215,9 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         try:
             quality = quantize_int_checkpoint(opts.checkpoint, ckpt_dst, 8 if opts.weights == "int8" else 4,
                                               opts.group_size, default_texts()[1], stages)
+        except ImportError as e:
+            raise BuildError(f"--weights {opts.weights} writes the compressed-tensors format with its library: "
+                             f"pip install compressed-tensors==0.20.0 ({e})") from None
         except ValueError as e:
             raise BuildError(f"invalid build option 'group_size': {e}") from None
         advance = stages("write", 1)
