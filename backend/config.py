@@ -159,9 +159,9 @@ class EngineArgs(BaseModel):
             raise ValueError("speculative_config with method 'draft_model' runs on one rank: use "
                              "tensor_parallel_size=1, or method 'ngram'")
         if self.enable_lora:
-            if self.model_runner != "torch" or self.tensor_parallel_size > 1:
-                raise ValueError("enable_lora needs model_runner='torch' and tensor_parallel_size=1 (the adapters' "
-                                 "deltas run in the torch model, on one rank)")
+            if self.model_runner != "torch":
+                raise ValueError("enable_lora needs model_runner='torch' (the adapters' deltas run in the torch "
+                                 "model)")
             if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
                 raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
             bad = [n for n, p in self.lora_modules.items() if not n or not isinstance(p, str) or not p]

@@ -83,7 +83,8 @@ class LLMEngine:
             self.workers = TensorParallelWorkers(WorkerSpec(
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
                 dtype=str(self.dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
-                attention_backend=self.attention_backend, max_position=max_position))
+                attention_backend=self.attention_backend, max_position=max_position,
+                lora_engine_args=args.model_dump() if args.enable_lora else None))
         self.model = None
         if args.model_runner == "torch":
             self.model = load_model(args.model, cfg, self.dtype, self.device,
@@ -91,7 +92,8 @@ class LLMEngine:
                                     make_layer_ops(self.attention_backend),
                                     self.workers.tp if self.workers else SINGLE,
                                     int_kernel=self.attention_backend == "triton")
-        self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend)
+        self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend,
+                                      tp_size=tp_size)
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None

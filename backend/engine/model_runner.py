@@ -88,11 +88,12 @@ class ModelRunner:
         those that asked, by their index in `out.scheduled`."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
         if self.lora is not None:
-            self.lora.prepare([s.request.sampling_params.lora_name for s in out.scheduled],
-                              [s.num_new_tokens for s in out.scheduled], graph_size)
+            self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled], graph_size)
         if self.workers is not None:
-            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0)
+            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0,
+                                   self.lora.index_of(lora_names) if self.lora is not None else None)
         if graph_size is not None:
             logits = self.graphs.replay(graph_size)[:step.num_seqs]
         else:

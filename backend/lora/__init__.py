@@ -15,12 +15,14 @@ from backend.models.config import ModelConfig
 
 
 def make_lora_manager(args: EngineArgs, cfg: ModelConfig, model: Optional[nn.Module], device: torch.device,
-                      dtype: torch.dtype, kernel_backend: str) -> Optional[LoRAManager]:
-    """The engine's adapters, with the model's projections wrapped; None without enable_lora."""
+                      dtype: torch.dtype, kernel_backend: str, tp_rank: int = 0,
+                      tp_size: int = 1) -> Optional[LoRAManager]:
+    """The engine's adapters (this rank's shard of them), with the model's projections
+    wrapped; None without enable_lora."""
     if not args.enable_lora or model is None:
         return None
     max_tokens = sizing.input_sizes(args, args.max_model_len or cfg.max_position_embeddings)[0]
-    return LoRAManager(args, cfg, model, device, dtype, kernel_backend, max_tokens)
+    return LoRAManager(args, cfg, model, device, dtype, kernel_backend, max_tokens, tp_rank, tp_size)
 
 
 __all__ = ["LoRAManager", "cache_salt", "make_lora_manager"]

@@ -60,6 +60,22 @@ class LoRAAdapter:
         return sorted({m for _, m in self.weights})
 
 
+def shard_adapter(adapter: LoRAAdapter, cfg: ModelConfig, rank: int, size: int) -> LoRAAdapter:
+    """This tensor-parallel rank's part of the adapter, split as the base weights are
+    (backend/parallel/sharding.py): a column-parallel projection's B by output rows, a
+    row-parallel one's A by input columns (its partial delta joins the layer's all-reduce)."""
+    if size == 1:
+        return adapter
+    from backend.parallel.sharding import weight_slice
+    parents = {"o_proj": "self_attn", "q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn"}
+    weights = {}
+    for (layer, module), (a, b) in adapter.weights.items():
+        dim, start, stop = weight_slice(f"model.layers.{layer}.{parents.get(module, 'mlp')}.{module}.weight", cfg,
+                                        rank, size)
+        weights[(layer, module)] = (a, b[start:stop]) if dim == 0 else (a[:, start:stop], b)
+    return LoRAAdapter(adapter.name, adapter.path, adapter.rank, adapter.scaling, weights)
+
+
 def read_adapter_config(name: str, path: str) -> dict:
     cfg_path = os.path.join(path, "adapter_config.json")
     if not os.path.isfile(cfg_path):

@@ -22,10 +22,11 @@ from torch import nn
 
 from backend.config import EngineArgs
 from backend.engine.errors import InvalidRequestError
-from backend.lora.adapter import LoRAAdapter, load_adapter, projection_shapes
+from backend.lora.adapter import LoRAAdapter, load_adapter, projection_shapes, shard_adapter
 from backend.lora.layers import SLICES, LoRAState, wrap_model
 from backend.lora.punica import LoRAMetadataBuilder, make_lora_ops
 from backend.models.config import ModelConfig
+from backend.parallel.sharding import local_config
 
 logger = logging.getLogger(__name__)
 
@@ -38,18 +39,23 @@ def cache_salt(lora_name: Optional[str]) -> Optional[bytes]:
 
 class LoRAManager:
     def __init__(self, args: EngineArgs, cfg: ModelConfig, model: nn.Module, device: torch.device,
-                 dtype: torch.dtype, kernel_backend: str, max_num_tokens: int) -> None:
+                 dtype: torch.dtype, kernel_backend: str, max_num_tokens: int, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
+        """Under tensor parallelism each rank has a manager of its own over its shard of the
+        model and of every adapter; given the same steps in the same order, they make the
+        same slot choices as rank 0's."""
         self.cfg = cfg
+        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.paths = dict(args.lora_modules)
         self.max_rank = args.max_lora_rank
         self.num_slots = args.max_loras
         self.max_cpu_loras = args.max_cpu_loras or max(args.max_loras, len(self.paths))
         self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()
-        for name, path in self.paths.items():       # every adapter checked now, not on first use
-            self._remember(load_adapter(name, path, cfg, self.max_rank))
+        for name in self.paths:                     # every adapter checked now, not on first use
+            self._remember(self._read(name))
         shrink, expand = make_lora_ops(kernel_backend)
         self.state = LoRAState(self.num_slots, self.max_rank, device, shrink, expand)
-        self.layers = wrap_model(model, projection_shapes(cfg), self.state, dtype, device)
+        self.layers = wrap_model(model, projection_shapes(local_config(cfg, tp_size)), self.state, dtype, device)
         self._slot_of: OrderedDict[str, int] = OrderedDict()       # resident adapters, LRU first
         self._free = list(range(self.num_slots))
         self._meta = LoRAMetadataBuilder(max_num_tokens, self.num_slots, device)
@@ -114,16 +120,30 @@ class LoRAManager:
     def _adapter(self, name: str) -> LoRAAdapter:
         adapter = self._host.get(name)
         if adapter is None:
-            adapter = load_adapter(name, self.paths[name], self.cfg, self.max_rank)
+            adapter = self._read(name)
             self.num_host_loads += 1
             self._remember(adapter)
         self._host.move_to_end(name)
         return adapter
 
+    def _read(self, name: str) -> LoRAAdapter:
+        adapter = load_adapter(name, self.paths[name], self.cfg, self.max_rank)
+        return shard_adapter(adapter, self.cfg, self.tp_rank, self.tp_size)
+
     def _remember(self, adapter: LoRAAdapter) -> None:
         self._host[adapter.name] = adapter
         while len(self._host) > self.max_cpu_loras:
             self._host.popitem(last=False)
+
+    def index_of(self, lora_names: list[Optional[str]]) -> list[int]:
+        """The names as indices into lora_modules (-1: the base model): what rank 0 sends
+        the other tensor-parallel ranks each step."""
+        order = {n: i for i, n in enumerate(self.paths)}
+        return [order[n] if n else -1 for n in lora_names]
+
+    def names_of(self, indices: list[int]) -> list[Optional[str]]:
+        names = list(self.paths)
+        return [names[i] if i >= 0 else None for i in indices]
 
     def resident(self) -> dict[str, int]:
         return dict(self._slot_of)

@@ -88,6 +88,14 @@ def _rule(name: str, cfg: ModelConfig, rank: int, tp: int) -> Optional[tuple[int
     return None                                     # row-parallel biases and per-output scales
 
 
+def weight_slice(name: str, cfg: ModelConfig, rank: int, tp: int) -> tuple[int, int, int]:
+    """(dim, start, stop) of a projection weight's slice on this rank (the LoRA adapters
+    split the same way)."""
+    rule = _rule(name, cfg, rank, tp)
+    assert rule is not None, name
+    return rule
+
+
 def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int) -> dict[str, torch.Tensor]:
     """This rank's tensors of the checkpoint, under the checkpoint's names."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))

@@ -52,6 +52,9 @@ class WorkerSpec:
     attention_backend: str
     max_position: int
     rank: int = 0
+    # With enable_lora: the engine arguments (model_dump()), from which each rank builds
+    # its shard of the adapters.
+    lora_engine_args: Optional[dict] = None
 
     def device(self) -> torch.device:
         return torch.device("cuda", self.rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -123,11 +126,16 @@ class TensorParallelWorkers:
         dist.gather(mine, parts, dst=0, group=self.ctrl)
         return [(int(p[0]), int(p[1])) for p in parts]
 
-    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor], graph_size: int = 0) -> None:
-        """graph_size: the decode CUDA graph rank 0 replays for this step, 0 for eager."""
+    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor], graph_size: int = 0,
+                  lora_ids: Optional[list[int]] = None) -> None:
+        """graph_size: the decode CUDA graph rank 0 replays for this step, 0 for eager.
+        lora_ids (with LoRA): each scheduled request's adapter, as an index into
+        lora_modules (-1: base); the ranks make the same slot choices from them."""
         self.check_health()
         self._send([_STEP, *plan, graph_size])
         dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
+        if lora_ids is not None:
+            dist.broadcast(torch.tensor(lora_ids, dtype=torch.int64), 0, group=self.ctrl)
 
     def capture_graphs(self, capture: Callable[[], Optional[DecodeGraphs]], max_num_seqs: int,
                        max_model_len: int) -> Optional[DecodeGraphs]:
@@ -199,7 +207,9 @@ def worker_main(spec: WorkerSpec) -> None:
     """Entry point of ranks 1..N-1 (a spawned process)."""
     # Imported here: the engine imports this module, and a spawned child imports only what it runs.
     from backend.attention import make_attention_factory
+    from backend.config import EngineArgs
     from backend.engine.model_runner import allocate_kv_cache, run_model
+    from backend.lora import make_lora_manager
     from backend.engine.step_inputs import StepInputBuilder
     from backend.models.config import load_model_config
     from backend.models.loader import load_model
@@ -219,6 +229,10 @@ def worker_main(spec: WorkerSpec) -> None:
         model = load_model(spec.model, cfg, getattr(torch, spec.dtype), device,
                            make_attention_factory(spec.attention_backend), spec.max_position,
                            make_layer_ops(spec.attention_backend), tp)
+        lora = None
+        if spec.lora_engine_args is not None:
+            lora = make_lora_manager(EngineArgs(**spec.lora_engine_args), cfg, model, device,
+                                     getattr(torch, spec.dtype), spec.attention_backend, spec.rank, spec.size)
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
         dist.broadcast(header, 0, group=ctrl)
         command, num_blocks, block_size, max_tokens, max_seqs, max_blocks_per_seq = header[:6].tolist()
@@ -236,7 +250,7 @@ def worker_main(spec: WorkerSpec) -> None:
                 command, *values = header.tolist()
                 if command == _CAPTURE:
                     runner = SimpleNamespace(model=model, kv_caches=kv_caches, block_size=block_size,
-                                             device=device, inputs=inputs)
+                                             device=device, inputs=inputs, lora=lora)
                     graphs = capture_decode_graphs(runner, values[0], values[1])
                     graphs = graphs if agree(graphs is not None, ctrl) else None
                     continue
@@ -246,6 +260,11 @@ def worker_main(spec: WorkerSpec) -> None:
                 inputs.buffer.writable()
                 dist.broadcast(inputs.host_prefix(plan[0]), 0, group=ctrl)
                 step = inputs.rebuild(plan)
+                if lora is not None:
+                    ids = torch.empty(step.num_seqs, dtype=torch.int64)
+                    dist.broadcast(ids, 0, group=ctrl)
+                    lora.prepare(lora.names_of(ids.tolist()), step.meta.query_lens_cpu[:step.num_seqs],
+                                 graph_size or None)
                 if not graph_size:
                     run_model(model, kv_caches, step)
                 elif graphs is not None:

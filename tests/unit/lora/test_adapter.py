@@ -69,5 +69,5 @@ def test_engine_argument_checks():
     assert EngineArgs.create(model="m", lora_modules='[{"name": "a", "path": "/x"}]').enable_lora
     with pytest.raises(ConfigError, match="max_cpu_loras"):
         EngineArgs.create(model="m", enable_lora=True, max_loras=4, max_cpu_loras=2)
-    with pytest.raises(ConfigError, match="tensor_parallel_size=1"):
-        EngineArgs.create(model="m", lora_modules="a=/x", tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="enable_lora needs model_runner='torch'"):
+        EngineArgs.create(model="m", lora_modules="a=/x", model_runner="onnxruntime", model_graph="g.onnx")

@@ -55,6 +55,30 @@ def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides,
         assert_pool_free(llm)
 
 
+def test_two_ranks_with_lora_adapters_give_peft_tokens(ckpt_dir, tmp_path):
+    """Each rank holds its shard of every adapter (B split with column-parallel outputs, A
+    with row-parallel inputs) and mirrors rank 0's slot choices from the adapter ids sent
+    each step: two adapters and the base model in one batch, max_loras 1 (slots swap),
+    chunked prefill and preemption, give transformers + PEFT's tokens."""
+    from tests.helpers.adapters import make_adapter, peft_greedy
+    path = make_checkpoint(str(ckpt_dir / "tp_llama"), "llama")
+    adapters = {"all": make_adapter(path, str(tmp_path / "all"), rank=8, seed=1),
+                "qv": make_adapter(path, str(tmp_path / "qv"), rank=4, targets=("q_proj", "v_proj", "o_proj",
+                                                                               "down_proj"), seed=2)}
+    prompts = _prompts()[:6]
+    names = [[None, "all", "qv"][i % 3] for i in range(len(prompts))]
+    refs = {n: peft_greedy(path, adapters.get(n), prompts, MAX_NEW) for n in (None, "all", "qv")}
+    with LLM(path, tensor_parallel_size=2, lora_modules=adapters, max_loras=1, **{**TIGHT, "num_kv_blocks": 64}) as llm:
+        outs = llm.generate(prompts, [SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0,
+                                                     lora_name=n) for n in names])
+        for i, (out, name) in enumerate(zip(outs, names)):
+            assert out.token_ids == refs[name][i], f"prompt {i} under {name}"
+        stats = llm.kv_cache_stats()
+        assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
+        assert llm.engine.lora.num_slot_loads > 2
+        assert_pool_free(llm)
+
+
 def test_each_rank_holds_half_the_weights_and_kv_cache(llama_ckpt):
     single = LLM(llama_ckpt, **TIGHT).kv_cache_stats()["bytes_per_rank"]
     ((weights, kv),) = single
