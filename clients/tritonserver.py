@@ -189,7 +189,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if self.is_ready():
+            # Triton opens its metrics port after the HTTP one: wait for both, or a caller
+            # that reads metrics right after start() can find the port still closed.
+            if self.is_ready() and self._metrics_up():
                 return self
             time.sleep(0.5)
         self.stop()
@@ -197,6 +199,13 @@ class TritonServer:
 
     def is_ready(self) -> bool:
         return TritonAPI(self.http_url).server_ready()
+
+    def _metrics_up(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def model_ready(self, model: str) -> bool:
         return TritonAPI(self.http_url).model_ready(model)
