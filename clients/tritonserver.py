@@ -149,6 +149,10 @@ class TritonServer:
             log_path = os.path.join(THIRD_PARTY, "logs", f"tritonserver-{self.http_port}.log")
         self.log_path = log_path
         self.extra_args = extra_args
+        # The last --allow-metrics given wins, as in Triton's own parsing.
+        args = " ".join(extra_args or []).replace("--allow-metrics ", "--allow-metrics=").split()
+        allow = [a.split("=", 1)[1] for a in args if a.startswith("--allow-metrics=")]
+        self.metrics_enabled = not allow or allow[-1].lower() not in ("false", "0", "off", "no")
         self.startup_timeout_s = startup_timeout_s
         self.proc: Optional[subprocess.Popen] = None
 
@@ -191,7 +195,7 @@ class TritonServer:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
             # Triton opens its metrics port after the HTTP one: wait for both, or a caller
             # that reads metrics right after start() can find the port still closed.
-            if self.is_ready() and self._metrics_up():
+            if self.is_ready() and (not self.metrics_enabled or self._metrics_up()):
                 return self
             time.sleep(0.5)
         self.stop()
