@@ -334,4 +334,5 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting) + len(self._awaiting_grammar),
             "max_model_len": self.max_model_len,
             **(self.speculator.stats() if self.speculator is not None else {}),
+            **(self.scheduler.lora_stats() if self.lora is not None else {}),
         }

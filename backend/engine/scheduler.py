@@ -103,6 +103,15 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.requests)
 
+    def lora_stats(self) -> dict:
+        """The adapters of running and of waiting requests, by name (vLLM's
+        `lora_requests_info`). Read from the metrics thread: each queue is copied in one
+        C-level call first, as the engine thread may be changing it."""
+        def names(requests: list[Request]) -> list[str]:
+            return sorted({r.sampling_params.lora_name for r in requests} - {None})
+        return {"running_lora_adapters": names(list(self.running)),
+                "waiting_lora_adapters": names(list(self.waiting)), "max_loras": self.max_loras}
+
     # -------------------------------------------------------------- scheduling
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

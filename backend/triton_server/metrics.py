@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -56,6 +57,10 @@ SPEC_GAUGES = {
     "llm_spec_decode_acceptance_rate": "Accepted / proposed tokens since load.",
     "llm_spec_decode_mean_acceptance_length": "Tokens per verification (accepted + 1) since load.",
 }
+# With LoRA: vLLM's info gauge. Its labels name the adapters of running and of waiting
+# requests (comma-joined) and max_lora; its value is when they last changed. Gateway API
+# inference-extension schedulers route on it (adapter affinity).
+LORA_INFO = "vllm:lora_requests_info"
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
     "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
@@ -138,6 +143,9 @@ class EngineMetrics:
         self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets[n])
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in counters}
+        self._labels = labels
+        self._lora_enabled = getattr(engine, "lora", None) is not None
+        self._lora_family = self._lora_series = self._lora_labels = None
         # Filled from the response and execute threads; deque append/popleft are thread-safe.
         self._pending: deque = deque()
         self._gauge_values: dict[str, float] = {}
@@ -150,6 +158,8 @@ class EngineMetrics:
         the server is not stopping."""
         with self._lock:
             self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
+            self._lora_enabled = False
+            self._lora_series = self._lora_family = None
             self._families = []
         gc.collect()
 
@@ -209,6 +219,26 @@ class EngineMetrics:
                 if name in self.gauges and self._gauge_values.get(name) != value:  # each set is a server call
                     self.gauges[name].set(value)
                     self._gauge_values[name] = value
+            if self._lora_enabled:
+                self._update_lora_info(stats)
+
+    def _update_lora_info(self, stats: dict) -> None:
+        labels = {**self._labels, "running_lora_adapters": ",".join(stats["running_lora_adapters"]),
+                  "waiting_lora_adapters": ",".join(stats["waiting_lora_adapters"]),
+                  "max_lora": str(stats["max_loras"])}
+        if labels == self._lora_labels:
+            return
+        # One series at a time, as a scrape should show only the current adapters. A
+        # family object holds every Metric made from it, so a series goes away only with
+        # its family object: each change gets a new one (Triton shares the family by
+        # name), and the old pair is dropped, Metric first.
+        MF = pb_utils.MetricFamily
+        family = MF(name=LORA_INFO, description="Running stats on lora requests.", kind=MF.GAUGE)
+        series = family.Metric(labels=labels)
+        series.set(time.time())
+        self._lora_series = None
+        self._lora_family = None
+        self._lora_family, self._lora_series, self._lora_labels = family, series, labels
 
     def _observe(self, item: tuple) -> None:
         kind = item[0]

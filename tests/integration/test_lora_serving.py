@@ -5,7 +5,9 @@ and `chat` (built with `builder build --lora`). tritonclient streams with `lora_
 names an adapter as the model. Every answer equals the offline engine's under the same
 adapter (which equals transformers + PEFT: tests/unit/lora/)."""
 
+import re
 import threading
+import time
 
 import pytest
 
@@ -64,4 +66,43 @@ def test_openai_client_names_the_adapter_as_model(server, offline):
         want = offline[None if name == "llm" else name]
         assert r.choices[0].text == want.text, name
         assert r.usage.completion_tokens == 12 and r.model == name
+    wait_blocks_free(server)
+
+
+def lora_info_series(server) -> list[dict[str, str]]:
+    return [dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            for m in re.finditer(r'^vllm:lora_requests_info\{([^}]*)\} \S+$', server.metrics(), re.M)]
+
+
+def wait_lora_info(server, running: str, timeout_s: float = 10.0) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        series = lora_info_series(server)
+        if len(series) == 1 and series[0]["running_lora_adapters"] == running:
+            return series[0]
+        assert time.monotonic() < deadline, series
+        time.sleep(0.05)
+
+
+def test_lora_requests_info_names_the_running_adapters(server, offline):
+    """vLLM's `vllm:lora_requests_info`: while a request under `sql` runs, the gauge's one
+    series names it; once the request ends, the one series names no adapter."""
+    seen = threading.Event()
+    result = {}
+
+    def run():
+        # The stream's first piece waits until the metric was read; then it is cancelled.
+        result["r"] = StreamingRequest(server.grpc_url).run(
+            PROMPT, {**PARAMS, "max_tokens": 1000, "min_tokens": 1000, "lora_name": "sql"},
+            on_piece=lambda _: seen.wait(30), cancel_after=1)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        series = wait_lora_info(server, "sql")
+        assert series["max_lora"] == "2" and series["waiting_lora_adapters"] == "" and series["model"] == "llm"
+    finally:
+        seen.set()
+        t.join(30)
+    assert result["r"].cancelled
+    wait_lora_info(server, "")
     wait_blocks_free(server)

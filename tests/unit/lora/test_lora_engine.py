@@ -52,7 +52,9 @@ def record_steps(llm):
 
     def spy(names, num_new_tokens, graph_size=None):
         seen.append(set(names) - {None})
+        seen_stats.append(llm.kv_cache_stats())
         prepare(names, num_new_tokens, graph_size)
+    seen_stats = llm.lora_stats_seen = []
     llm.engine.lora.prepare = spy
     return seen
 
@@ -80,6 +82,14 @@ def test_mixed_adapters_equal_peft(base, adapters, reference, max_loras, monkeyp
     assert max(len(s) for s in steps) == max_loras          # steps were shared, up to the limit
     stats = llm.kv_cache_stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
+    # What vllm:lora_requests_info shows: the adapters of running and waiting requests.
+    assert stats["running_lora_adapters"] == stats["waiting_lora_adapters"] == [] and stats["max_loras"] == max_loras
+    running = [set(s["running_lora_adapters"]) for s in llm.lora_stats_seen]
+    assert {"all", "qv", "mlp"} in running or max_loras == 2
+    assert all(len(r) <= max_loras for r in running)
+    if max_loras == 2:  # an adapter waited for a slot while two others ran
+        assert any(len(s["running_lora_adapters"]) == 2 and set(s["waiting_lora_adapters"]) - set(s["running_lora_adapters"])
+                   for s in llm.lora_stats_seen)
     lora = llm.engine.lora
     if max_loras == 2:
         assert lora.num_slot_loads > 3 and lora.num_host_loads > 0
