@@ -80,7 +80,7 @@ def cmd_offline(a: argparse.Namespace) -> dict:
         for bsz in a.hf_batch_size:
             peers.append(bo.run_hf_static(path, wl, bsz))
             print(f"  {peers[-1].name}: {peers[-1].tokens_per_s:.1f} tok/s", flush=True)
-        peers.append(bo.run_hf_continuous(path, wl))
+        peers.append(bo.run_hf_continuous(path, wl, num_blocks=a.hf_kv_blocks))
         print(f"  {peers[-1].name}: {peers[-1].tokens_per_s:.1f} tok/s", flush=True)
     results += peers
     report: dict = {"workload": {"num_seqs": a.num_seqs, "input_len": a.input_len, "output_len": a.output_len,
@@ -230,6 +230,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     o.add_argument("--max-num-batched-tokens", type=int, default=2048)
     o.add_argument("--num-kv-blocks", type=int, default=8192)
     o.add_argument("--hf-batch-size", type=int, nargs="+", default=[64])
+    o.add_argument("--hf-kv-blocks", type=int,
+                   help="KV blocks (of 256 tokens) for transformers' continuous batching; default: "
+                        "it sizes them from free memory, which takes seconds to set up (not timed)")
     o.add_argument("--util-kv-blocks", type=int, default=1024)
     o.add_argument("--prefix-len", type=int, default=512)
     o.add_argument("--static-num-seqs", type=int, default=128)

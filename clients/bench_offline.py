@@ -101,16 +101,18 @@ def run_hf_static(path: str, wl: Workload, batch_size: int) -> RunResult:
 
 
 @torch.no_grad()
-def run_hf_continuous(path: str, wl: Workload, max_batch_tokens: Optional[int] = None) -> RunResult:
+def run_hf_continuous(path: str, wl: Workload, max_batch_tokens: Optional[int] = None,
+                      num_blocks: Optional[int] = None) -> RunResult:
     """Peer 2: transformers' own continuous batching with paged attention."""
     from transformers import GenerationConfig
     model = _hf_model(path, "paged|sdpa")
     cfg = GenerationConfig(max_new_tokens=max(wl.output_lens), do_sample=False, eos_token_id=-1,
                            pad_token_id=0)
     kwargs = {}
-    if max_batch_tokens:
+    if max_batch_tokens or num_blocks:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
-        kwargs["continuous_batching_config"] = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens)
+        kwargs["continuous_batching_config"] = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens,
+                                                                        num_blocks=num_blocks)
     produced = 0
     with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5, **kwargs) as mgr:
         t0 = time.perf_counter()  # the manager's start-up (warm-up) is not counted

@@ -136,7 +136,8 @@ class Supervisor:
                 log.warning("recovered from %s in %.1fs", failure.kind, seconds)
                 return
             restart = True  # a reload that failed (or hung on a dead instance) escalates
-            self._stop.wait(min(self.o.backoff_s * 2 ** (attempt - 1), 30.0))
+            if attempt < self.o.max_tries:  # no wait before giving up
+                self._stop.wait(min(self.o.backoff_s * 2 ** (attempt - 1), 30.0))
         reason = f"gave up after {self.o.max_tries} tries to recover from {failure.kind}: {failure.cause}"
         log.error(reason)
         self._stop_server(force=True)

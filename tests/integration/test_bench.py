@@ -9,7 +9,7 @@ from clients import bench, perf_analyzer
 
 def test_offline_bench_prints_ratio_last(tiny_ckpt, capsys, tmp_path):
     bench.main(["offline", "--checkpoint", tiny_ckpt, "--num-seqs", "6", "--input-len", "8", "24",
-                "--output-len", "4", "12", "--hf-batch-size", "4", "--util-kv-blocks", "8", "--prefix-len", "64",
+                "--output-len", "4", "12", "--hf-batch-size", "4", "--hf-kv-blocks", "16", "--util-kv-blocks", "8", "--prefix-len", "64",
                 "--static-num-seqs", "6", "--static-max-output", "16", "--static-batch", "2",
                 "--json", str(tmp_path / "o.json")])
     lines = capsys.readouterr().out.strip().splitlines()

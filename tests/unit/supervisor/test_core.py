@@ -109,9 +109,13 @@ def test_failed_reload_escalates_to_a_server_restart(sup, monkeypatch):
 
 def test_recovery_gives_up_after_max_tries(sup, monkeypatch):
     monkeypatch.setattr(sup, "_restart_server", lambda: False)
+    waits = []
+    monkeypatch.setattr(sup._stop, "wait", lambda s: waits.append(s))
     sup.recover(Failure("backend_died", "killed", "llm"))
     s = sup.status.snapshot()
     assert s["state"] == FAILED and "gave up after 3 tries" in s["reason"] and "killed" in s["reason"]
+    b = sup.o.backoff_s
+    assert waits == [b, 2 * b]  # doubling backoff between tries, none before giving up
     assert sup.proc.poll() is not None  # the server is not left running half-dead
 
 
