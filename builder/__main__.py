@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     b.add_argument("--weights", default="auto", help="auto | float32 | bfloat16 | float16 | fp8 | int8 | int4")
     b.add_argument("--group-size", type=int, help="int8/int4: input channels per scale (default 128; -1: per "
                    "output channel)")
+    b.add_argument("--int-algorithm", help="int8/int4 rounding: rtn (round-to-nearest, default) or gptq "
+                   "(GPTQ on the calibration text)")
     b.add_argument("--kv-cache", default="auto")
     b.add_argument("--engine", default="torch")
     b.add_argument("--link", action="store_true", help="point at the checkpoint instead of copying it")
@@ -60,7 +62,8 @@ def main(argv=None) -> int:
                       ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
-    b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8)")
+    b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8, gptq; "
+                   "default: built-in text)")
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "
                    "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}'")

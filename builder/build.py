@@ -38,6 +38,8 @@ class BuildOptions(BaseModel):
     # int8 / int4 (weight-only, compressed-tensors pack-quantized): input channels per
     # scale; -1: one scale per output channel.
     group_size: int = Field(128, ge=-1)
+    # int8 / int4 rounding: round-to-nearest, or GPTQ on calibration text.
+    int_algorithm: Literal["rtn", "gptq"] = "rtn"
     kv_cache: Literal["auto", "fp8"] = "auto"
     # torch: the engine runs the checkpoint. onnxruntime: also export the reference graph
     # and serve it with onnxruntime (CPU check of the export). tensorrt: export the plugin
@@ -78,8 +80,10 @@ class BuildOptions(BaseModel):
             raise ValueError(f"checkpoint '{self.checkpoint}' has no config.json")
         if self.calibration_data is not None and not os.path.isfile(self.calibration_data):
             raise ValueError(f"calibration_data file '{self.calibration_data}' does not exist")
-        if self.calibration_data is not None and self.weights != "fp8":
-            raise ValueError("calibration_data is only used with weights=fp8")
+        if self.int_algorithm == "gptq" and self.weights not in ("int8", "int4"):
+            raise ValueError(f"int_algorithm=gptq is for weights int8 or int4, not {self.weights}")
+        if self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq":
+            raise ValueError("calibration_data is only used with weights=fp8 or int_algorithm=gptq")
         return self
 
     @classmethod
@@ -183,6 +187,20 @@ def format_plan(p: dict) -> str:
             f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")
 
 
+def _calibration_texts(opts: BuildOptions) -> tuple[list[str], list[str]]:
+    """(calibration prompts, held-out texts for the quality report): the built-in corpus,
+    or one prompt per line of --calibration-data."""
+    from builder.fp8 import default_texts
+    calib, held = default_texts()
+    if opts.calibration_data:
+        with open(opts.calibration_data, encoding="utf-8") as f:
+            calib = [line.strip() for line in f if line.strip()]
+        if not calib:
+            raise BuildError(f"invalid build option 'calibration_data': '{opts.calibration_data}' has no "
+                             "non-empty line (one calibration prompt per line)")
+    return calib, held
+
+
 def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     t0 = time.time()
     cfg = load_model_config(opts.checkpoint)  # fails early on unsupported architectures
@@ -192,6 +210,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if cfg.quantization is not None and opts.weights in ("fp8", "int8", "int4"):
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
                          f"({cfg.quantization.get('quant_method')})")
+    calib, held = _calibration_texts(opts)
     name = opts.name or os.path.basename(os.path.normpath(opts.output))
     out = opts.output
     stages = Stages(progress)
@@ -199,22 +218,17 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     ckpt_dst = os.path.join(out, "checkpoint")
     quality = None
     if opts.weights == "fp8":
-        from builder.fp8 import default_texts, quantize_checkpoint
-        calib, held = default_texts()
-        if opts.calibration_data:
-            with open(opts.calibration_data, encoding="utf-8") as f:
-                calib = [line.strip() for line in f if line.strip()]
+        from builder.fp8 import quantize_checkpoint
         state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages)
         advance = stages("write", 2)
         _write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
         advance()
         model_path = "checkpoint"
     elif opts.weights in ("int8", "int4"):
-        from builder.fp8 import default_texts
         from builder.int_quant import quantize_int_checkpoint
         try:
             quality = quantize_int_checkpoint(opts.checkpoint, ckpt_dst, 8 if opts.weights == "int8" else 4,
-                                              opts.group_size, default_texts()[1], stages)
+                                              opts.group_size, held, stages, opts.int_algorithm, calib)
         except ImportError as e:
             raise BuildError(f"--weights {opts.weights} writes the compressed-tensors format with its library: "
                              f"pip install compressed-tensors==0.20.0 ({e})") from None

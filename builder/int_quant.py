@@ -1,6 +1,6 @@
 """Weight-only INT8/INT4 quantization of a Hugging Face checkpoint into the
 compressed-tensors `pack-quantized` format (what llmcompressor writes and vLLM loads),
-on CPU, round-to-nearest.
+on CPU, round-to-nearest or GPTQ (builder/gptq.py) on calibration text.
 
 compressed-tensors does the format: its quantization scheme (symmetric int, per group of
 `group_size` input channels, or per channel), its qparams from each group's min/max, and
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from backend.models.fp8 import QUANTIZED_LINEARS
+from builder.gptq import gptq_model
 from builder.quality import QualityReport, load_source, logit_quality
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -32,9 +33,11 @@ def check_group_size(model, group_size: int) -> None:
 
 @torch.no_grad()
 def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held_out_texts: list[str],
-                            stage: Callable[[str, int], Callable[[], None]]) -> QualityReport:
+                            stage: Callable[[str, int], Callable[[], None]], algorithm: str = "rtn",
+                            calibration_texts: Optional[list[str]] = None) -> QualityReport:
     """Writes dst (config, packed weights, tokenizer); returns the quality report.
-    group_size -1: one scale per output channel."""
+    group_size -1: one scale per output channel. algorithm: "rtn" or "gptq" (which
+    rounds on `calibration_texts`)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
                                                  apply_quantization_config)
@@ -49,17 +52,32 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
                             strategy="channel" if group_size == -1 else "group",
                             group_size=None if group_size == -1 else group_size)
     linears = {name: m for name, m in model.named_modules() if name.split(".")[-1] in QUANTIZED_LINEARS}
-    advance = stage("quantize", len(linears))
+    advance = stage("quantize" if algorithm == "rtn" else "gptq", len(linears))
     qparams, dequantized = {}, {}
-    for name, m in linears.items():
-        w = m.weight.data
-        g = w.shape[1] if group_size == -1 else group_size
-        groups = w.reshape(w.shape[0], -1, g)
-        scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
-        scale, zero = scale.reshape(w.shape[0], -1), zero.reshape(w.shape[0], -1)
-        qparams[name] = (scale, zero)
-        dequantized[name] = fake_quantize(w, scale, zero, args)
-        advance()
+    if algorithm == "gptq":
+        column_args = QuantizationArgs(num_bits=bits, type="int", symmetric=True, strategy="channel")
+
+        def group_qparams(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return calculate_qparams(group.amin(-1), group.amax(-1), args)
+
+        def fake_quantize_column(col: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+            return fake_quantize(col[:, None], scale[:, None], zero[:, None], column_args)[:, 0]
+        if not calibration_texts:
+            raise RuntimeError("GPTQ needs calibration text")
+        results = gptq_model(model, linears, encode(calibration_texts), group_qparams, fake_quantize_column,
+                             group_size, advance)
+        for name, (deq, scale, zero) in results.items():
+            qparams[name], dequantized[name] = (scale, zero), deq
+    else:
+        for name, m in linears.items():
+            w = m.weight.data
+            g = w.shape[1] if group_size == -1 else group_size
+            groups = w.reshape(w.shape[0], -1, g)
+            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+            scale, zero = scale.reshape(w.shape[0], -1), zero.reshape(w.shape[0], -1)
+            qparams[name] = (scale, zero)
+            dequantized[name] = fake_quantize(w, scale, zero, args)
+            advance()
     # Before the scheme is attached: the reference is the source model as it is.
     advance = stage("evaluate", 1)
     report = logit_quality(model, encode(held_out_texts), dequantized)
@@ -69,6 +87,9 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
         config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=["lm_head"]))
     for name, m in model.named_modules():
         if hasattr(m, "weight_scale"):
+            # compressed-tensors' compressor rounds the weight on the grid given here; GPTQ's
+            # dequantized weights sit on that grid, so they round back to GPTQ's integers.
+            m.weight.data = dequantized[name].to(m.weight.dtype)
             scale, zero = qparams[name]
             m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
             m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape).to(m.weight_zero_point.dtype))
