@@ -3,11 +3,9 @@ entry (config.pbtxt, version folder, checkpoint, build manifest)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
-import shutil
 import time
 from typing import Literal, Optional
 
@@ -15,17 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, SpeculativeConfig, json_or_value, lora_modules_value, validated
-from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import load_model_config
-from backend.parallel.sharding import check_tensor_parallel, local_config
+from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
+from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
+                                 write_fp8_checkpoint)
+from builder.plan import format_plan, memory_plan
 
 BACKEND_NAME = "paged_llm"
-CHECKPOINT_FILES = (".json", ".safetensors", ".model", ".txt", ".tiktoken")
-
-
-class BuildError(ValueError):
-    pass
 
 
 class BuildOptions(BaseModel):
@@ -91,18 +86,6 @@ class BuildOptions(BaseModel):
         return validated(cls, BuildError, "build option", **kw)
 
 
-def checkpoint_hash(path: str) -> str:
-    """sha256 over the names and sizes and the config; cheap enough for large checkpoints."""
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(path)):
-        full = os.path.join(path, name)
-        if os.path.isfile(full):
-            h.update(f"{name}:{os.path.getsize(full)};".encode())
-    with open(os.path.join(path, "config.json"), "rb") as f:
-        h.update(f.read())
-    return h.hexdigest()
-
-
 def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[str] = None,
                       lora_paths: Optional[dict[str, str]] = None) -> dict:
     dtype = opts.weights if opts.weights in ("float32", "bfloat16", "float16") else "auto"
@@ -158,35 +141,6 @@ class Stages:
             self._bar.close()
 
 
-def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: BuildOptions) -> dict:
-    """Per device. KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and
-    V), with each rank's KV heads under tensor parallelism."""
-    tp = opts.tensor_parallel_size
-    kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
-    weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
-    budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
-    # The torch engine on a GPU captures decode CUDA graphs (every rank); the engine
-    # reserves their pool before sizing the KV cache, and so does the plan (bf16
-    # activations).
-    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
-    kv_budget = max(budget - weight_bytes - graph_bytes, 0)
-    tokens = int(kv_budget // kv_per_token)
-    return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
-            "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
-            "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
-            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp}
-
-
-def format_plan(p: dict) -> str:
-    gib = 2**30
-    per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
-    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}): weights "
-            f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
-            f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
-            f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
-            f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")
-
-
 def _calibration_texts(opts: BuildOptions) -> tuple[list[str], list[str]]:
     """(calibration prompts, held-out texts for the quality report): the built-in corpus,
     or one prompt per line of --calibration-data."""
@@ -221,7 +175,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         from builder.fp8 import quantize_checkpoint
         state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages)
         advance = stages("write", 2)
-        _write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
+        write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
         advance()
         model_path = "checkpoint"
     elif opts.weights in ("int8", "int4"):
@@ -242,7 +196,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     else:
         advance = stages("write", 2)
         model_path = "checkpoint"
-        _copy_checkpoint(opts.checkpoint, ckpt_dst)
+        copy_checkpoint(opts.checkpoint, ckpt_dst)
         advance()
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
@@ -251,7 +205,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
-    params = engine_parameters(opts, model_path, _place_draft(opts, out), _place_adapters(opts, cfg, out))
+    params = engine_parameters(opts, model_path, place_draft(opts, out), place_adapters(opts, cfg, out))
     if opts.engine != "torch":
         params.update(_export_graph(opts, served, cfg, plan, stages, log))
     params["grace_period_s"] = opts.grace_period_s
@@ -286,50 +240,6 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
         f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")
     return out
-
-
-def _place_draft(opts: BuildOptions, out: str) -> Optional[str]:
-    """The draft model's checkpoint in the entry (its path relative to the entry), or its
-    absolute path with `link`; None without a draft. Its tokenizer is checked at load."""
-    spec = opts.speculative
-    if spec is None or spec.method != "draft_model":
-        return None
-    if not os.path.isfile(os.path.join(spec.model, "config.json")):
-        raise BuildError(f"invalid build option 'speculative.model': no checkpoint (config.json) in '{spec.model}'")
-    if opts.link:
-        return os.path.abspath(spec.model)
-    _copy_checkpoint(spec.model, os.path.join(out, "draft"))
-    return "draft"
-
-
-def _place_adapters(opts: BuildOptions, cfg, out: str) -> dict[str, str]:
-    """Each LoRA adapter, checked against the model as the engine will check it, in the
-    entry (`loras/<name>`, relative) or at its absolute path with `link`."""
-    from backend.lora.adapter import LoRAConfigError, load_adapter
-    placed = {}
-    for name, path in opts.lora_modules.items():
-        try:
-            load_adapter(name, path, cfg, opts.max_lora_rank)
-        except LoRAConfigError as e:
-            raise BuildError(f"invalid build option 'lora_modules': {e}") from None
-        if opts.link:
-            placed[name] = os.path.abspath(path)
-            continue
-        dst = os.path.join(out, "loras", name)
-        os.makedirs(dst, exist_ok=True)
-        for f in ("adapter_config.json", "adapter_model.safetensors"):
-            shutil.copy2(os.path.join(path, f), os.path.join(dst, f))
-        placed[name] = os.path.join("loras", name)
-    return placed
-
-
-def _copy_checkpoint(src: str, dst: str) -> None:
-    """A checkpoint folder's files (config, weights, tokenizer) into dst."""
-    os.makedirs(dst, exist_ok=True)
-    for f in sorted(os.listdir(src)):
-        path = os.path.join(src, f)
-        if os.path.isfile(path) and f.endswith(CHECKPOINT_FILES):
-            shutil.copy2(path, os.path.join(dst, f))
 
 
 def _export_graph(opts: BuildOptions, checkpoint: str, cfg, plan: dict, stages: "Stages", log) -> dict:
@@ -370,22 +280,6 @@ def _export_graph(opts: BuildOptions, checkpoint: str, cfg, plan: dict, stages: 
         raise BuildError(str(e)) from None
     advance()
     return {"model_runner": "tensorrt", "model_graph": "1/model.plan", "num_kv_blocks": num_blocks}
-
-
-def _write_fp8_checkpoint(src: str, dst: str, state: dict, qcfg: dict) -> None:
-    from safetensors.torch import save_file
-    os.makedirs(dst, exist_ok=True)
-    for f in sorted(os.listdir(src)):
-        full = os.path.join(src, f)
-        if os.path.isfile(full) and f.endswith(CHECKPOINT_FILES) and f != "config.json" \
-                and not f.endswith(".safetensors") and f != "model.safetensors.index.json":
-            shutil.copy2(full, os.path.join(dst, f))
-    with open(os.path.join(src, "config.json")) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = qcfg
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(dst, "model.safetensors"))
 
 
 def _version(pkg: str) -> Optional[str]:

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import ModelConfig
 from backend.parallel.sharding import local_config, local_vocab_size
+
+if TYPE_CHECKING:
+    from builder.build import BuildOptions
 
 HOURS_PER_MONTH = 720  # 30 days: the usual cloud pricing month
 
@@ -186,3 +189,33 @@ NAMED_CONFIGS = {
     "mistral-7b-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, arch="MistralForCausalLM"),
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
 }
+
+
+def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions") -> dict:
+    """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and
+    V), with each rank's KV heads under tensor parallelism."""
+    tp = opts.tensor_parallel_size
+    kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
+    weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
+    budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
+    # The torch engine on a GPU captures decode CUDA graphs (every rank); the engine
+    # reserves their pool before sizing the KV cache, and so does the plan (bf16
+    # activations).
+    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
+    kv_budget = max(budget - weight_bytes - graph_bytes, 0)
+    tokens = int(kv_budget // kv_per_token)
+    return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
+            "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
+            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp}
+
+
+def format_plan(p: dict) -> str:
+    """The memory plan as the build prints it."""
+    gib = 2**30
+    per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
+    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}): weights "
+            f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
+            f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
+            f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
+            f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")

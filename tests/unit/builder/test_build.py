@@ -101,7 +101,7 @@ def test_onnxruntime_engine_entry_serves_the_same_tokens(llama_ckpt, tmp_path):
 
 
 def test_memory_plan_formula(tiny_ckpt, tmp_path):
-    from builder.build import memory_plan
+    from builder.plan import memory_plan
     from backend.models.config import load_model_config
     cfg = load_model_config(tiny_ckpt)
     p = memory_plan(cfg, weight_bytes=0, kv_bytes_per_elem=2,
