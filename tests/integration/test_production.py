@@ -151,25 +151,47 @@ def test_crashed_engine_fails_requests_and_model_turns_not_ready(tmp_path, tiny_
         assert after.error
 
 
+STUB_CRASHED = "stub crashed"
+
+
 def _shutdown_attempt(tmp_path, tiny_ckpt):
+    """SIGTERM while a stream is sending. Returns (exit code, seconds to exit, results,
+    server log), or STUB_CRASHED when the backend never reacted: the known upstream crash
+    (docs/reliability.md), recognised within 5 s so that a retry is cheap."""
     srv = _own_server(tmp_path, tiny_ckpt, grace_period_s=1.0)
     srv.extra_args = ["--exit-timeout-secs", "8"]
+    regions_before = set(os.listdir("/dev/shm"))
     srv.start()
     results = {}
+    log_path = tmp_path / "server.log"
+    streaming = threading.Event()
 
-    def run(name, params):
-        results[name] = StreamingRequest(srv.grpc_url).run("The pass statement", params, timeout_s=60)
+    def run(name, params, on_piece=None):
+        results[name] = StreamingRequest(srv.grpc_url).run("The pass statement", params, timeout_s=60,
+                                                           on_piece=on_piece)
 
     short = threading.Thread(target=run, args=("short", {"max_tokens": 3, "temperature": 0}), daemon=True)
     endless = threading.Thread(target=run, args=("endless", {"max_tokens": 1000, "ignore_eos": True,
-                                                             "temperature": 0}), daemon=True)
+                                                             "temperature": 0}, lambda _: streaming.set()),
+                               daemon=True)
     code, elapsed = None, float("inf")
     try:
         endless.start()
-        time.sleep(0.5)
+        assert streaming.wait(30), "the stream never started"
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         short.start()
+        # A live backend notices the stop within about a second (its readiness probe).
+        while "[paged_llm] stopping" not in log_path.read_text():
+            if time.monotonic() - t0 > 5 and srv.proc.poll() is None:
+                srv.proc.kill()  # it would only wait out its exit timeout, and more
+                srv.proc.wait()
+                # Nobody is left to unlink this server's python-backend regions.
+                for name in set(os.listdir("/dev/shm")) - regions_before:
+                    if name.startswith("triton_paged_llm_backend_shm_region_"):
+                        os.unlink(os.path.join("/dev/shm", name))
+                return STUB_CRASHED
+            time.sleep(0.1)
         try:
             code = srv.proc.wait(timeout=30)  # the server must exit on its own, in time
             elapsed = time.monotonic() - t0
@@ -179,25 +201,31 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
         srv.stop()  # kills a server that did not exit, which also frees blocked clients
     short.join(timeout=30)
     endless.join(timeout=30)
-    return code, elapsed, results, open(tmp_path / "server.log").read()
+    return code, elapsed, results, log_path.read_text()
 
 
 def test_graceful_shutdown(tmp_path, tiny_ckpt):
-    """Known issue (docs/reliability.md): in about 1 of 6 runs the python backend's stub
-    freezes right at SIGTERM while a stream is sending, before any of our code runs
-    again, and the server ends at its exit timeout. Such an attempt is recognised (no
-    'stopping' line at all) and retried with a fresh server; a broken drain fails every
-    attempt."""
-    frozen = 0
-    for attempt in range(3):
-        code, elapsed, results, log = _shutdown_attempt(tmp_path / f"a{attempt}", tiny_ckpt)
-        if "[paged_llm] stopping" not in log and "successfully unloaded" not in log:
-            frozen += 1
+    """SIGTERM while a stream is sending: the stream is ended with an error after the
+    grace period, requests after the stop began are refused or served, the model unloads
+    and the server exits 0 in time.
+
+    Known upstream issue (docs/reliability.md): sometimes, more often on a loaded or slow
+    machine, the python backend's stub process segfaults inside Triton's own code right
+    at SIGTERM (IPCMessage::LoadFromSharedMemory in its message loop), before any of our
+    code runs again; the server then waits out its exit timeout. Such an attempt is
+    recognised (the backend never logs 'stopping') and retried with a fresh server, up to
+    5 times; a broken drain fails every attempt."""
+    crashed = 0
+    for attempt in range(5):
+        outcome = _shutdown_attempt(tmp_path / f"a{attempt}", tiny_ckpt)
+        if outcome == STUB_CRASHED:
+            crashed += 1
             continue
+        code, elapsed, results, log = outcome
         break
     else:
-        pytest.fail(f"the backend froze at shutdown in all {frozen} attempts")
-    print(f"graceful shutdown: {frozen} frozen attempt(s) before a clean one")
+        pytest.fail(f"the backend's stub crashed at SIGTERM in all {crashed} attempts")
+    print(f"graceful shutdown: {crashed} attempt(s) lost to the stub crash before a clean one")
     assert code == 0 and elapsed < 8, (code, elapsed)
     # The in-flight stream was cut after the grace period with an error, not left hanging.
     assert results["endless"].error and len(results["endless"].token_ids) < 1000
