@@ -198,15 +198,30 @@ def test_lora_build_copies_the_adapters(tiny_ckpt, tmp_path):
               progress=False)
 
 
+def assert_engine_greedy_equals_reference(base: str, checkpoint: str) -> None:
+    """The engine serves a quantized build with the greedy tokens transformers gives on
+    the format's reference dequantization of it (fp32), and frees its blocks."""
+    import torch
+
+    from backend import LLM, SamplingParams
+    from tests.conftest import assert_pool_free
+    from tests.helpers.int_checkpoints import reference_model
+    prompt = [5, 6, 7, 8, 9, 10]
+    want = reference_model(base, checkpoint).generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
+                                                       do_sample=False)[0, len(prompt):]
+    llm = LLM(checkpoint, num_kv_blocks=64)
+    got = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0))[0].token_ids
+    assert got == want.tolist()
+    assert_pool_free(llm)
+
+
 @pytest.mark.parametrize("weights, group", [("int4", 128), ("int8", -1)])
 def test_int_build_writes_compressed_tensors_with_a_quality_report(tiny_ckpt, tmp_path, weights, group):
     """`builder build --weights int4|int8 [--group-size]`: a compressed-tensors pack-quantized
     checkpoint (compressed-tensors' own writer), smaller weights in the memory plan, the
     quality report, and the engine serves it with transformers' tokens on the weights
     compressed-tensors itself decompresses."""
-    from backend import LLM, SamplingParams
     from builder.__main__ import main
-    from tests.helpers.int_checkpoints import reference_model
     out = tmp_path / weights
     assert main(["build", "--checkpoint", tiny_ckpt, "--output", str(out), "--weights", weights,
                  "--group-size", str(group), "--num-kv-blocks", "64"]) == 0
@@ -223,15 +238,7 @@ def test_int_build_writes_compressed_tensors_with_a_quality_report(tiny_ckpt, tm
     # per channel measures 0.057 / 0.875; INT4's 0.72 / 0.12 is reported, not bounded.
     if weights == "int8":
         assert q["relative_logit_error"] < 0.08 and q["top1_agreement"] > 0.85, q
-    import torch
-    ref = reference_model(tiny_ckpt, str(out / "checkpoint"))
-    prompt = [5, 6, 7, 8, 9, 10]
-    want = ref.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(prompt):]
-    from tests.conftest import assert_pool_free
-    llm = LLM(str(out / "checkpoint"), num_kv_blocks=64)
-    got = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0))[0].token_ids
-    assert got == want.tolist()
-    assert_pool_free(llm)
+    assert_engine_greedy_equals_reference(tiny_ckpt, str(out / "checkpoint"))
     with pytest.raises(BuildError, match=r"invalid build option 'group_size': group_size 100 does not divide"):
         build(opts(tiny_ckpt, tmp_path / "x", weights="int4", group_size=100), log=lambda *_: None, progress=False)
 
@@ -243,13 +250,11 @@ def test_gptq_build_is_what_it_reports_and_beats_round_to_nearest(tiny_ckpt, tmp
     at the same group size, and the engine serves it with transformers' tokens."""
     import torch
 
-    from backend import LLM, SamplingParams
     from builder.__main__ import main
     from builder.fp8 import default_texts
     from builder.int_quant import quantize_int_checkpoint
     from builder.quality import load_source, logit_quality
-    from tests.conftest import assert_pool_free
-    from tests.helpers.int_checkpoints import reference_model, reference_weights
+    from tests.helpers.int_checkpoints import reference_weights
     calib = tmp_path / "calib.txt"
     calib.write_text("\n".join(p.replace("\n", " ") for p in default_texts()[0]))  # the built-in text, as a file
     out = tmp_path / "gptq"
@@ -264,13 +269,7 @@ def test_gptq_build_is_what_it_reports_and_beats_round_to_nearest(tiny_ckpt, tmp
     rtn = quantize_int_checkpoint(tiny_ckpt, str(tmp_path / "rtn"), 4, 32, held, lambda *_: (lambda: None))
     # Measured on the random tiny model: 0.579 vs 0.641 (int4, group 32).
     assert written.relative_logit_error < 0.95 * rtn.relative_logit_error, (written, rtn)
-    ref = reference_model(tiny_ckpt, str(out / "checkpoint"))
-    prompt = [5, 6, 7, 8, 9, 10]
-    want = ref.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(prompt):]
-    llm = LLM(str(out / "checkpoint"), num_kv_blocks=64)
-    got = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0))[0].token_ids
-    assert got == want.tolist()
-    assert_pool_free(llm)
+    assert_engine_greedy_equals_reference(tiny_ckpt, str(out / "checkpoint"))
     for bad, match in (({"weights": "fp8", "int_algorithm": "gptq"}, "int_algorithm=gptq is for weights int8 or int4"),
                        ({"weights": "int8", "calibration_data": str(calib)}, "calibration_data is only used with")):
         with pytest.raises(BuildError, match=match):
