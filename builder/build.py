@@ -69,12 +69,22 @@ class BuildOptions(BaseModel):
     _speculative_json = field_validator("speculative", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 
+    @field_validator("calibration_data")
+    @classmethod
+    def _calibration_file(cls, path: Optional[str]) -> Optional[str]:
+        if path is None:
+            return path
+        if not os.path.isfile(path):
+            raise ValueError(f"calibration_data file '{path}' does not exist")
+        with open(path, encoding="utf-8") as f:
+            if not any(line.strip() for line in f):
+                raise ValueError(f"'{path}' has no non-empty line (one calibration prompt per line)")
+        return path
+
     @model_validator(mode="after")
     def _check(self) -> "BuildOptions":
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise ValueError(f"checkpoint '{self.checkpoint}' has no config.json")
-        if self.calibration_data is not None and not os.path.isfile(self.calibration_data):
-            raise ValueError(f"calibration_data file '{self.calibration_data}' does not exist")
         if self.int_algorithm == "gptq" and self.weights not in ("int8", "int4"):
             raise ValueError(f"int_algorithm=gptq is for weights int8 or int4, not {self.weights}")
         if self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq":
@@ -143,15 +153,12 @@ class Stages:
 
 def _calibration_texts(opts: BuildOptions) -> tuple[list[str], list[str]]:
     """(calibration prompts, held-out texts for the quality report): the built-in corpus,
-    or one prompt per line of --calibration-data."""
+    or one prompt per line of --calibration-data (checked non-empty by BuildOptions)."""
     from builder.fp8 import default_texts
     calib, held = default_texts()
     if opts.calibration_data:
         with open(opts.calibration_data, encoding="utf-8") as f:
             calib = [line.strip() for line in f if line.strip()]
-        if not calib:
-            raise BuildError(f"invalid build option 'calibration_data': '{opts.calibration_data}' has no "
-                             "non-empty line (one calibration prompt per line)")
     return calib, held
 
 
@@ -164,13 +171,14 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if cfg.quantization is not None and opts.weights in ("fp8", "int8", "int4"):
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
                          f"({cfg.quantization.get('quant_method')})")
-    calib, held = _calibration_texts(opts)
     name = opts.name or os.path.basename(os.path.normpath(opts.output))
     out = opts.output
     stages = Stages(progress)
     os.makedirs(os.path.join(out, "1"), exist_ok=True)
     ckpt_dst = os.path.join(out, "checkpoint")
     quality = None
+    if opts.weights in ("fp8", "int8", "int4"):
+        calib, held = _calibration_texts(opts)
     if opts.weights == "fp8":
         from builder.fp8 import quantize_checkpoint
         state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages)

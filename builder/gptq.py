@@ -71,22 +71,29 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, qparams: QParams,
 
 
 @torch.no_grad()
-def layer_inputs(model, batches: list[torch.Tensor]) -> list[list[tuple[tuple, dict]]]:
-    """Per decoder layer, per calibration text: the (args, kwargs) the layer is called
-    with, from one pass of the source model. Only the first layer's hidden states are
-    used as they are; the masks and position embeddings in the kwargs do not depend on
-    the weights, and each layer keeps its own (sliding-window layers get other masks)."""
+def layer_inputs(model, batches: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[list[dict]]]:
+    """From one pass of the source model, per calibration text: the first decoder layer's
+    hidden states, and the keyword arguments each layer is called with. The masks and
+    position embeddings in those do not depend on the weights, and each layer keeps its
+    own (sliding-window layers get other masks). Later layers' hidden states are not
+    kept: they come from the quantized layers before them."""
     layers = list(model.model.layers)
-    calls: list[list[tuple[tuple, dict]]] = [[] for _ in layers]
-    hooks = [layer.register_forward_pre_hook(lambda mod, args, kwargs, i=i: calls[i].append((args, kwargs)),
-                                             with_kwargs=True) for i, layer in enumerate(layers)]
+    hidden: list[torch.Tensor] = []
+    kwargs: list[list[dict]] = [[] for _ in layers]
+
+    def record(mod, args, kw, i):
+        if i == 0:
+            hidden.append(args[0])
+        kwargs[i].append(kw)
+    hooks = [layer.register_forward_pre_hook(lambda mod, args, kw, i=i: record(mod, args, kw, i), with_kwargs=True)
+             for i, layer in enumerate(layers)]
     try:
         for ids in batches:
             model.model(ids[None], use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    return calls
+    return hidden, kwargs
 
 
 def _run_layer(layer, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -103,8 +110,7 @@ def gptq_model(model, linears: dict[str, torch.nn.Linear], batches: list[torch.T
     input (its scale does not matter to GPTQ), then with its quantized weights, to make
     the next layer's inputs. Returns name -> (dequantized weight, scales, zero points);
     the model is left holding the source weights."""
-    calls = layer_inputs(model, batches)
-    hidden = [args[0] for args, _ in calls[0]]
+    hidden, layer_kwargs = layer_inputs(model, batches)
     source = {n: m.weight.data.clone() for n, m in linears.items()}
     out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     try:
@@ -119,7 +125,7 @@ def gptq_model(model, linears: dict[str, torch.nn.Linear], batches: list[torch.T
             hooks = [linears[n].register_forward_pre_hook(lambda mod, args, n=n: collect(mod, args, n))
                      for n in names]
             try:
-                for h, (_, kwargs) in zip(hidden, calls[i]):
+                for h, kwargs in zip(hidden, layer_kwargs[i]):
                     _run_layer(layer, h, kwargs)
             finally:
                 for hook in hooks:
@@ -128,7 +134,7 @@ def gptq_model(model, linears: dict[str, torch.nn.Linear], batches: list[torch.T
                 out[n] = gptq_quantize(linears[n].weight.data, hess[n], qparams, fake_quantize, group_size)
                 linears[n].weight.data = out[n][0].to(linears[n].weight.dtype)
                 advance()
-            hidden = [_run_layer(layer, h, kwargs) for h, (_, kwargs) in zip(hidden, calls[i])]
+            hidden = [_run_layer(layer, h, kwargs) for h, kwargs in zip(hidden, layer_kwargs[i])]
     finally:
         for n, m in linears.items():
             m.weight.data = source[n]

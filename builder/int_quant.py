@@ -54,11 +54,12 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
     linears = {name: m for name, m in model.named_modules() if name.split(".")[-1] in QUANTIZED_LINEARS}
     advance = stage("quantize" if algorithm == "rtn" else "gptq", len(linears))
     qparams, dequantized = {}, {}
+
+    def group_qparams(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scale and zero point of each group (the last dimension) from its min and max."""
+        return calculate_qparams(groups.amin(-1), groups.amax(-1), args)
     if algorithm == "gptq":
         column_args = QuantizationArgs(num_bits=bits, type="int", symmetric=True, strategy="channel")
-
-        def group_qparams(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return calculate_qparams(group.amin(-1), group.amax(-1), args)
 
         def fake_quantize_column(col: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
             return fake_quantize(col[:, None], scale[:, None], zero[:, None], column_args)[:, 0]
@@ -73,7 +74,7 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
             w = m.weight.data
             g = w.shape[1] if group_size == -1 else group_size
             groups = w.reshape(w.shape[0], -1, g)
-            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+            scale, zero = group_qparams(groups)
             scale, zero = scale.reshape(w.shape[0], -1), zero.reshape(w.shape[0], -1)
             qparams[name] = (scale, zero)
             dequantized[name] = fake_quantize(w, scale, zero, args)

@@ -192,8 +192,8 @@ NAMED_CONFIGS = {
 
 
 def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions") -> dict:
-    """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x head_dim x bytes (K and
-    V), with each rank's KV heads under tensor parallelism."""
+    """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x
+    head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism."""
     tp = opts.tensor_parallel_size
     kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
     weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
