@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Where every port listens: loopback unless asked (HOST=0.0.0.0 exposes them; set API_KEY then).
+HOST ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -39,7 +41,7 @@ test-integration: $(STAMP) tritonserver
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration
 
 serve: $(STAMP) tritonserver model
-	exec $(PY) -m clients.tritonserver serve --model-repository model_repository \
+	exec $(PY) -m clients.tritonserver serve --model-repository model_repository --host $(HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT)
 

@@ -80,6 +80,9 @@ def sse_tpot(base_url: str, prompt: str, tokens: int) -> float:
 def frontend(args) -> None:
     started = []
     url, openai_url = args.url, args.openai_url
+    # Our frontend lists models through Triton's restricted repository API: it needs the
+    # server's admin key (TRITON_ADMIN_KEY, or the key of the server started here).
+    env = dict(os.environ)
     if url is None:
         from builder.__main__ import main as builder_main
         from clients.tritonserver import TritonServer
@@ -87,11 +90,12 @@ def frontend(args) -> None:
         srv = TritonServer(os.path.join(ROOT, "model_repository")).start()
         started.append(srv)
         url = srv.grpc_url
+        env.update(srv.admin.env())
     if openai_url is None:
         from clients.tritonserver import free_port
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--port", str(port), "--host",
-                                 "127.0.0.1", "--triton-url", url], cwd=ROOT)
+                                 "127.0.0.1", "--triton-url", url], cwd=ROOT, env=env)
         started.append(proc)
         openai_url = f"http://127.0.0.1:{port}"
         for _ in range(300):

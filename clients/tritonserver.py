@@ -11,6 +11,10 @@ third_party/ without installing PyTriton's Python package or its dependencies.
 detects a dead or stalled backend process, recovers, and serves health and failure
 metrics on `--supervisor-port` (Ctrl-C or SIGTERM stops both). `--no-supervisor` execs
 tritonserver alone. `TritonServer` starts one in the background for tests and benchmarks.
+
+Every server started here listens on `--host` (loopback unless asked) and restricts
+Triton's repository API, and by default its shared-memory, logging, trace and model-config
+groups, to the admin key (supervisor/admin_access.py, docs/security.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import urllib.request
 import zipfile
 from typing import Optional
 
+from supervisor.admin_access import HEADER, KEY_FILE_ENV, UNRESTRICTED_ENV, AdminAccess, AdminKeyError, resolve
 from supervisor.triton_api import TritonAPI, http_request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,16 +117,23 @@ def server_env() -> dict[str, str]:
 
 
 def server_command(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
-                   extra: Optional[list[str]] = None, binary: Optional[str] = None,
-                   backend_directory: Optional[str] = None) -> list[str]:
+                   admin: AdminAccess, extra: Optional[list[str]] = None, binary: Optional[str] = None,
+                   backend_directory: Optional[str] = None, host: str = "127.0.0.1") -> list[str]:
     return [binary or server_binary(), "--model-repository", os.path.abspath(model_repository),
             "--backend-directory", backend_directory or BACKENDS,
+            "--http-address", host, "--grpc-address", host, "--metrics-address", host,
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
             # Explicit control, everything loaded at start: lets an unhealthy model unload
-            # itself so that its readiness turns false.
-            "--model-control-mode", "explicit", "--load-model", "*",
+            # itself so that its readiness turns false. Its repository API (load, unload,
+            # load with files) takes the admin key.
+            "--model-control-mode", "explicit", "--load-model", "*", *admin.server_args(),
             *(extra or [])]
+
+
+def local_address(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def free_port() -> int:
@@ -136,9 +148,14 @@ class TritonServer:
 
     def __init__(self, model_repository: str, log_path: Optional[str] = None,
                  extra_args: Optional[list[str]] = None, startup_timeout_s: float = 180.0,
-                 supervised: bool = False, openai: bool = False) -> None:
-        """openai: with supervised, also the OpenAI-compatible frontend (as `make serve`)."""
+                 supervised: bool = False, openai: bool = False, unrestricted_apis: tuple[str, ...] = (),
+                 api_keys: tuple[str, ...] = ()) -> None:
+        """openai: with supervised, also the OpenAI-compatible frontend (as `make serve`),
+        which checks `api_keys` when given. A fresh admin key is made for each server
+        (`admin_headers`); `unrestricted_apis` opens optional groups, as `--unrestricted-api`."""
         install()
+        self.admin = resolve(unrestricted=list(unrestricted_apis), environ={})
+        self.api_keys = tuple(api_keys)
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.supervised = supervised
         self.openai_port = free_port() if supervised and openai else 0
@@ -176,18 +193,35 @@ class TritonServer:
     def supervisor_url(self) -> str:
         return f"http://127.0.0.1:{self.supervisor_port}"
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What an HTTP call to a restricted API group must carry."""
+        return self.admin.headers()
+
+    @property
+    def admin_grpc_headers(self) -> dict[str, str]:
+        """What a gRPC call to a restricted API group must carry."""
+        return self.admin.grpc_headers()
+
     def command(self) -> list[str]:
         if not self.supervised:
             return server_command(self.model_repository, self.http_port, self.grpc_port, self.metrics_port,
-                                  self.extra_args)
+                                  self.admin, self.extra_args)
         return [sys.executable, "-m", "clients.tritonserver", "serve", "--model-repository", self.model_repository,
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--metrics-port", str(self.metrics_port), "--supervisor-port", str(self.supervisor_port),
-                "--openai-port", str(self.openai_port), *(self.extra_args or [])]
+                "--openai-port", str(self.openai_port),
+                *(a for g in self.admin.unrestricted for a in ("--unrestricted-api", g)), *(self.extra_args or [])]
 
     def start(self) -> "TritonServer":
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.command(), env=server_env(), cwd=ROOT, stdout=self._log,
+        # Keys travel in the environment, not on a command line others can read.
+        env = {k: v for k, v in server_env().items()
+               if k not in (KEY_FILE_ENV, UNRESTRICTED_ENV, "API_KEY", "API_KEY_FILE")}
+        env.update(self.admin.env())
+        if self.api_keys:
+            env["API_KEY"] = ",".join(self.api_keys)
+        self.proc = subprocess.Popen(self.command(), env=env, cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -260,13 +294,23 @@ def main(argv: Optional[list[str]] = None) -> None:
     i.add_argument("--force", action="store_true")
     s = sub.add_parser("serve", help="run tritonserver in the foreground")
     s.add_argument("--model-repository", default="model_repository")
+    s.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
+                   help="the address every port listens on (tritonserver's, the supervisor's, the OpenAI API's); "
+                        "default 127.0.0.1 (HOST): 0.0.0.0 exposes them to the network")
     s.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     s.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     s.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     s.add_argument("--supervisor-port", type=int, default=int(os.environ.get("SUPERVISOR_PORT", 8003)),
-                   help="the supervisor's /live, /ready, /status and /metrics")
+                   help="the supervisor's /live, /ready, /status and /metrics (read-only)")
     s.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
                    help="the OpenAI-compatible API (python -m frontend.openai_api) beside tritonserver; 0: none")
+    s.add_argument("--admin-key-file", help="a file holding the key of Triton's restricted API groups "
+                   "(else TRITON_ADMIN_KEY, TRITON_ADMIN_KEY_FILE, or one generated at start)")
+    s.add_argument("--unrestricted-api", action="append", default=None, metavar="GROUP",
+                   help="open one of shared-memory, logging, trace, model-config to clients without the admin key "
+                        "(repeatable; TRITON_UNRESTRICTED_APIS, comma-separated); model-repository stays restricted")
+    s.add_argument("--ssl-certfile", help="TLS certificate of the OpenAI API (uvicorn's)")
+    s.add_argument("--ssl-keyfile", help="TLS private key of the OpenAI API (uvicorn's)")
     s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched (no OpenAI API)")
     s.add_argument("--max-recovery-tries", type=int, default=3)
     s.add_argument("--tritonserver", default=os.environ.get("TRITONSERVER"),
@@ -279,10 +323,17 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     if args.tritonserver is None:
         install()
-    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra,
-                         binary=args.tritonserver, backend_directory=args.backend_directory)
+    try:
+        admin = resolve(key_file=args.admin_key_file, unrestricted=args.unrestricted_api,
+                        write_generated=True)
+    except AdminKeyError as e:
+        raise SystemExit(f"serve: {e}") from None
+    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, admin, extra,
+                         binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host)
     env = server_env() if args.tritonserver is None else dict(os.environ)
-    print(" ".join(cmd), flush=True)
+    print(" ".join(admin.redact(cmd)), flush=True)
+    where = f"generated, in {admin.key_file}" if admin.generated else "given"
+    print(f"Triton's {', '.join(admin.restricted)} APIs take the header '{HEADER}' (key {where})", flush=True)
     if args.no_supervisor:
         os.execve(cmd[0], cmd, env)
     import logging
@@ -292,17 +343,26 @@ def main(argv: Optional[list[str]] = None) -> None:
                         stream=sys.stderr)
     frontend = None
     if args.openai_port:
-        # It waits for tritonserver on its own (its /health says so) and lives as long as we do.
-        frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--port", str(args.openai_port),
-                                     "--triton-url", f"127.0.0.1:{args.grpc_port}",
-                                     "--model-repository", args.model_repository])
+        # It waits for tritonserver on its own (its /health says so) and lives as long as we
+        # do. Keys reach it in its environment: a command line is readable by every user.
+        tls = [a for flag, v in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)) if v
+               for a in (flag, v)]
+        frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--host", args.host,
+                                     "--port", str(args.openai_port),
+                                     "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
+                                     "--model-repository", args.model_repository, *tls],
+                                    env={**os.environ, **admin.env()})
     try:
         code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,
-                                            port=args.supervisor_port, max_tries=args.max_recovery_tries)).run()
+                                            port=args.supervisor_port, host=args.host,
+                                            triton_host=local_address(args.host),
+                                            admin_headers=admin.headers(), max_tries=args.max_recovery_tries)).run()
     finally:
         if frontend is not None:
             frontend.terminate()
             frontend.wait(timeout=10)
+        if admin.generated and admin.key_file:
+            shutil.rmtree(os.path.dirname(admin.key_file), ignore_errors=True)
     sys.exit(code)
 
 

@@ -50,6 +50,9 @@ class SupervisorOptions:
     env: dict[str, str]
     http_port: int                      # tritonserver's HTTP port (health, repository API)
     port: int = 8003                    # the supervisor's own endpoints
+    host: str = "127.0.0.1"             # where the supervisor's endpoints listen
+    triton_host: str = "127.0.0.1"      # where this machine reaches tritonserver's HTTP port
+    admin_headers: dict[str, str] = field(default_factory=dict)  # for the restricted repository API
     poll_interval_s: float = 0.25
     max_tries: int = 3
     backoff_s: float = 1.0
@@ -62,7 +65,7 @@ class SupervisorOptions:
 class Supervisor:
     def __init__(self, options: SupervisorOptions) -> None:
         self.o = options
-        self.api = TritonAPI(f"127.0.0.1:{options.http_port}")
+        self.api = TritonAPI(f"{options.triton_host}:{options.http_port}", options.admin_headers)
         self.status = SupervisorStatus()
         self.proc: Optional[subprocess.Popen] = None
         self._stop = threading.Event()
@@ -74,7 +77,7 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        http = StatusServer(self.o.port, self.status, self.api.server_ready).start()
+        http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host).start()
         try:
             if not self._start_server():
                 if self._stop.is_set():  # Ctrl-C while loading: let Triton stop on its own terms

@@ -119,7 +119,7 @@ class StatusServer:
     """The endpoints above on a background thread. `server_ready` asks tritonserver."""
 
     def __init__(self, port: int, status: SupervisorStatus, server_ready: Callable[[], bool],
-                 host: str = "0.0.0.0") -> None:
+                 host: str = "127.0.0.1") -> None:
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):

@@ -9,11 +9,12 @@ import urllib.request
 from typing import Optional
 
 
-def http_request(url: str, method: str = "GET", timeout_s: float = 5.0) -> tuple[Optional[int], str]:
+def http_request(url: str, method: str = "GET", timeout_s: float = 5.0,
+                 headers: Optional[dict[str, str]] = None) -> tuple[Optional[int], str]:
     """(status, body) of one HTTP call, error statuses included; status None when the
     server cannot be reached."""
     data = b"" if method == "POST" else None
-    request = urllib.request.Request(url, method=method, data=data)
+    request = urllib.request.Request(url, method=method, data=data, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as r:
             return r.status, r.read().decode()
@@ -24,11 +25,13 @@ def http_request(url: str, method: str = "GET", timeout_s: float = 5.0) -> tuple
 
 
 class TritonAPI:
-    def __init__(self, http_url: str) -> None:
+    def __init__(self, http_url: str, headers: Optional[dict[str, str]] = None) -> None:
+        """headers: the admin key's (supervisor/admin_access.py); the repository API needs it."""
         self.base = f"http://{http_url}"
+        self.headers = headers or {}
 
     def _call(self, method: str, path: str, timeout_s: float) -> tuple[Optional[int], str]:
-        return http_request(self.base + path, method, timeout_s)
+        return http_request(self.base + path, method, timeout_s, self.headers)
 
     def server_ready(self, timeout_s: float = 2.0) -> bool:
         return self._call("GET", "/v2/health/ready", timeout_s)[0] == 200

@@ -1,27 +1,62 @@
-"""python -m frontend.openai_api [--triton-url localhost:8001] [--port 9000]
-[--model-repository model_repository] [--chat-template FILE_OR_TEMPLATE]"""
+"""python -m frontend.openai_api [--triton-url localhost:8001] [--host 127.0.0.1] [--port 9000]
+[--model-repository model_repository] [--chat-template FILE_OR_TEMPLATE] [--api-key KEY]
+[--ssl-certfile F --ssl-keyfile F] [--max-request-body-bytes N]"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="OpenAI-compatible API in front of tritonserver")
     ap.add_argument("--triton-url", default=os.environ.get("TRITON_GRPC_URL", "localhost:8001"),
                     help="tritonserver's gRPC address")
-    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
+                    help="the address to listen on (HOST; default loopback: 0.0.0.0 exposes the API)")
     ap.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", "9000")))
     ap.add_argument("--model-repository", help="the repository tritonserver serves (tokenizers, chat templates)")
     ap.add_argument("--chat-template", help="a jinja chat template, or a file holding one (overrides the models')")
+    ap.add_argument("--api-key", action="append", default=[],
+                    help="a key every /v1 request must send as 'Authorization: Bearer <key>' (repeatable, or "
+                         "comma-separated; also API_KEY, and API_KEY_FILE with one key per line)")
+    ap.add_argument("--max-request-body-bytes", type=int, default=None,
+                    help="larger request bodies get 413 (default 16 MiB)")
+    ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
+    ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        ap.error("--ssl-certfile and --ssl-keyfile go together")
+    if args.max_request_body_bytes is not None and args.max_request_body_bytes < 1:
+        ap.error("--max-request-body-bytes must be at least 1")
     import uvicorn
-    from frontend.openai_api.app import create_app
+    from frontend.openai_api.app import DEFAULT_MAX_REQUEST_BODY_BYTES, create_app
+    from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
-    uvicorn.run(create_app(args.triton_url, args.model_repository, load_template(args.chat_template)),
-                host=args.host, port=args.port, log_level="info")
+    from supervisor.admin_access import KEY_ENV, KEY_FILE_ENV, AdminKeyError, resolve
+    try:
+        keys = APIKeys.from_sources(args.api_key)
+    except OSError as e:
+        ap.error(f"API_KEY_FILE: {e}")
+    admin_headers = None
+    if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
+        try:
+            admin_headers = resolve().grpc_headers()
+        except AdminKeyError as e:
+            ap.error(str(e))
+    if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("frontend").warning(
+            "the OpenAI API listens on %s without an API key: anyone who reaches it can use the model "
+            "(set API_KEY or --api-key)", args.host)
+    app = create_app(args.triton_url, args.model_repository, load_template(args.chat_template), api_keys=keys,
+                     admin_headers=admin_headers,
+                     max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES)
+    # uvicorn's access log names method, path and status: never a prompt or an output.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
+                ssl_keyfile=args.ssl_keyfile)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

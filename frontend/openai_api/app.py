@@ -2,6 +2,9 @@
 /v1/chat/completions, /health. Each completion is one Triton request over gRPC
 streaming; `stream: true` answers with server-sent events ending in `data: [DONE]`; a
 client that disconnects cancels its Triton request (the backend frees its KV blocks).
+
+With API keys set, every /v1 route takes `Authorization: Bearer <key>` (auth.py). A
+request body over `max_request_body_bytes` is refused (413) before it is read whole.
 """
 
 from __future__ import annotations
@@ -16,28 +19,52 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse
 from frontend.openai_api.triton_client import Delta, Generation, TritonLLM
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+# Room for a 128k-token prompt as token ids and long chat histories; far below what would
+# hurt a server (uvicorn itself has no limit).
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 
 
-def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None) -> FastAPI:
+def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None,
+               api_keys: Optional[APIKeys] = None, admin_headers: Optional[dict[str, str]] = None,
+               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+    """admin_headers: the gRPC headers of Triton's restricted model-repository and
+    model-config groups, which listing the served models reads."""
+    keys = api_keys or APIKeys()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # The gRPC channel belongs to the server's event loop: made here, not at import.
-        app.state.llm = TritonLLM(triton_url, model_repository)
+        app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers)
         yield
         await app.state.llm.close()
 
     app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
     app.state.chat = ChatTemplates(chat_template)
+    app.state.max_request_body_bytes = max_request_body_bytes
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return e.response()
+
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next):
+        path = request.url.path
+        if keys and (path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/")):
+            header = request.headers.get("authorization")
+            if not keys.allows(header):
+                what = "Missing API key: send 'Authorization: Bearer <key>'" if not header else \
+                    "Incorrect API key provided"
+                response = APIError(401, what).response()
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        return await call_next(request)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -78,8 +105,19 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
 
 async def _json(request: Request) -> Any:
+    limit = request.app.state.max_request_body_bytes
+    too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
+                         "max_request_body_bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large                 # refused before a byte of it is read
+    body = bytearray()
+    async for chunk in request.stream():  # a chunked body declares no length: count it
+        body += chunk
+        if len(body) > limit:
+            raise too_large
     try:
-        return json.loads(await request.body())
+        return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
 

@@ -8,8 +8,8 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError", 500: "InternalServerError",
-         503: "ServiceUnavailableError"}
+TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+         429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):

@@ -54,8 +54,10 @@ class Delta:
 
 
 class TritonLLM:
-    def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0) -> None:
+    def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0,
+                 admin_headers: Optional[dict[str, str]] = None) -> None:
         self.client = grpcaio.InferenceServerClient(url)
+        self._admin = admin_headers or None     # the repository index and configs are restricted
         self.repository = model_repository
         self._models: dict[str, ServedModel] = {}
         self._listed_at = 0.0
@@ -76,11 +78,18 @@ class TritonLLM:
         if time.monotonic() - self._listed_at < self._cache_s:
             return self._models
         found = {}
-        index = await self.client.get_model_repository_index(as_json=True)
+        try:
+            index = await self.client.get_model_repository_index(headers=self._admin, as_json=True)
+        except InferenceServerException as e:
+            if "restricted" in str(e):
+                raise APIError(503, "the frontend cannot list Triton's models: its repository API is restricted "
+                                    "and the frontend was started without the admin key (TRITON_ADMIN_KEY or "
+                                    "TRITON_ADMIN_KEY_FILE)") from None
+            raise
         for entry in index.get("models", []):
             if entry.get("state") != "READY" or entry["name"] in found:
                 continue
-            config = (await self.client.get_model_config(entry["name"], as_json=True))["config"]
+            config = (await self.client.get_model_config(entry["name"], headers=self._admin, as_json=True))["config"]
             params = {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()}
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue

@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import time
+from typing import Optional
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -53,11 +54,17 @@ def model_repo(tmp_path_factory, tiny_ckpt, lora_adapters):
     return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt, lora_modules=lora_adapters, max_loras=2)
 
 
+# The session's OpenAI frontend takes two keys, as during a key rotation.
+API_KEY, NEXT_API_KEY = "sk-test-current-0123456789", "sk-test-next-9876543210"
+
+
 @pytest.fixture(scope="session")
 def server(model_repo):
-    # Supervised and with the OpenAI frontend, as `make serve` runs it.
+    # Supervised and with the OpenAI frontend, as `make serve` runs it. perf_analyzer and
+    # genai-perf read the model config over gRPC and cannot send headers there, so this
+    # server opens model-config (test_security.py checks the default on a server of its own).
     srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True,
-                       openai=True)
+                       openai=True, api_keys=(API_KEY, NEXT_API_KEY), unrestricted_apis=("model-config",))
     with srv:
         yield srv
 
@@ -107,6 +114,11 @@ def assert_served_like_offline(repo: str, log_path: str, prompts: list[str], par
             res = StreamingRequest(srv.grpc_url).run(p, params)
             assert res.ok and res.token_ids == o.token_ids
         wait_blocks_free(srv)
+
+
+def auth(extra: Optional[dict] = None) -> dict:
+    """Request headers with the session frontend's API key."""
+    return {"authorization": f"Bearer {API_KEY}", **(extra or {})}
 
 
 def openai_frontend(server, timeout_s: float = 60.0) -> str:

@@ -39,8 +39,9 @@ def test_perf_analyzer_streaming(server):
     assert r["concurrency"] == 2 and r["infer_per_s"] > 0 and r["latency_us"] > 0
 
 
-def test_openai_frontend_bench_side_by_side(server, capsys):
+def test_openai_frontend_bench_side_by_side(server, capsys, monkeypatch):
     from clients import bench_openai
+    monkeypatch.setenv("TRITON_ADMIN_KEY", server.admin.key)   # its own frontend lists the models
     bench_openai.main(["frontend", "--url", server.grpc_url, "--concurrency", "2", "--tokens", "6", "--rounds", "1"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.search(r"direct gRPC \(tritonclient\) [\d.]+ ms; .* openai client [\d.]+ ms \([\d.]+x\), raw SSE", line)

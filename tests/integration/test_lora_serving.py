@@ -13,7 +13,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from clients.triton_client import StreamingRequest
-from tests.integration.conftest import openai_frontend, wait_blocks_free
+from tests.integration.conftest import API_KEY, openai_frontend, wait_blocks_free
 
 PROMPT = "The with statement"
 PARAMS = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -56,7 +56,7 @@ def test_unknown_adapter_is_a_clear_error(server, offline):
 
 def test_openai_client_names_the_adapter_as_model(server, offline):
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=openai_frontend(server) + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=openai_frontend(server) + "/v1", api_key=API_KEY, max_retries=0)
     listed = {m.id: m for m in client.models.list().data}
     assert set(listed) == {"llm", "sql", "chat"}
     assert listed["sql"].model_extra["parent"] == "llm" and listed["llm"].model_extra["parent"] is None

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from backend import LLM, SamplingParams
-from tests.integration.conftest import openai_frontend, wait_blocks_free
+from tests.integration.conftest import API_KEY, auth, openai_frontend, wait_blocks_free
 
 openai = pytest.importorskip("openai")
 PROMPT = "The pass statement"
@@ -31,7 +31,7 @@ def frontend(server):
 
 @pytest.fixture(scope="module")
 def client(frontend):
-    return openai.OpenAI(base_url=frontend + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=frontend + "/v1", api_key=API_KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_structured_output(client, server):
 def test_bad_requests_get_openai_errors_and_the_next_is_served(frontend, client, server, body, status, param):
     data = (body if isinstance(body, str) else json.dumps(body)).encode()
     request = urllib.request.Request(frontend + "/v1/completions", data=data,
-                                     headers={"content-type": "application/json"})
+                                     headers=auth({"content-type": "application/json"}))
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(request, timeout=60)
     assert e.value.code == status
@@ -168,7 +168,7 @@ def test_client_leaving_mid_stream_frees_the_kv_blocks(frontend, server):
     body = {"model": "llm", "prompt": PROMPT, "max_tokens": 1000, "min_tokens": 1000, "ignore_eos": True,
             "stream": True}
     conn = http.client.HTTPConnection(frontend.removeprefix("http://"), timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    conn.request("POST", "/v1/completions", json.dumps(body), auth({"content-type": "application/json"}))
     response = conn.getresponse()
     assert response.status == 200
     got = [response.readline() for _ in range(6)]

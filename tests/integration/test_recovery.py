@@ -15,6 +15,7 @@ import pytest
 
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
+from supervisor.triton_api import http_request
 from tests.helpers.faults import backend_pid, build_fault_repo, trigger
 from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
@@ -133,6 +134,12 @@ def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
         assert supervisor_metric(srv, 'llm_backend_failures_total{kind="backend_died"}') == 3
         assert supervisor_metric(srv, "llm_backend_recoveries_total") == 3
         assert 'llm_backend_last_failure_info{kind="backend_died"' in srv.supervisor("/metrics")[1]
+        # Each restarted server restricts its admin groups with the same key, model-config
+        # included (the default: the session's server opens it for perf_analyzer).
+        url = f"http://{srv.http_url}"
+        assert http_request(url + "/v2/models/llm/config")[0] == 403
+        assert http_request(url + "/v2/models/llm/config", headers=srv.admin_headers)[0] == 200
+        assert http_request(url + "/v2/repository/models/llm/unload", "POST")[0] == 403
     # Killed servers cannot unlink their backends' shared memory: the supervisor does.
     assert shm_regions() <= regions_before
 

@@ -27,7 +27,9 @@ def trt_server(tmp_path_factory, tiny_ckpt):
                               block_size=16, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
                               max_model_len=1024), log=lambda *_: None)
     assert write_fronts(str(repo), instances=2) == ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"]
-    with TritonServer(str(repo), log_path=os.path.join(str(repo), "..", "trtllm_server.log")) as srv:
+    # perf_analyzer reads the model config over gRPC, where it cannot send the admin key.
+    with TritonServer(str(repo), log_path=os.path.join(str(repo), "..", "trtllm_server.log"),
+                      unrestricted_apis=("model-config",)) as srv:
         yield srv
 
 
