@@ -1,10 +1,13 @@
 """deploy/k8s cannot be applied here (no cluster): validate it against the Kubernetes
 client's models and cross-check it with the code it deploys: the launcher's ports, the
-supervisor's endpoints, the drain timings and the backend's real metric name."""
+supervisor's endpoints, the drain timings, the backend's real metric name, and the
+hardening (non-root, read-only root filesystem with a volume for every writer, keys from
+a Secret, deploy/Dockerfile's user and entrypoint)."""
 
 import ast
 import glob
 import inspect
+import json
 import os
 import re
 
@@ -21,6 +24,10 @@ from tests.helpers.k8s_schema import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = sorted(glob.glob(os.path.join(ROOT, "deploy", "k8s", "*.yaml")))
+DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")
+# Variables that name a folder something writes into at run time.
+WRITABLE_ENV = ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH",
+                "TORCHINDUCTOR_CACHE_DIR", "TMPDIR")
 
 
 def manifests() -> dict[str, dict]:
@@ -45,7 +52,7 @@ def test_ports_are_the_launchers():
     ports = {p["name"]: p["containerPort"] for p in container()["ports"]}
     source = inspect.getsource(launcher.main)
     for name, env in (("http", "HTTP_PORT"), ("grpc", "GRPC_PORT"), ("metrics", "METRICS_PORT"),
-                      ("supervisor", "SUPERVISOR_PORT")):
+                      ("supervisor", "SUPERVISOR_PORT"), ("openai", "OPENAI_PORT")):
         assert f'"{env}", {ports[name]}' in source, name
     service = manifests()["Service"]["spec"]["ports"]
     assert {p["targetPort"] for p in service} == set(ports)
@@ -105,3 +112,108 @@ def test_probes_documented_in_reliability_md_are_the_manifests():
     for kind, probe in documented.items():
         assert probe["httpGet"]["path"] == c[kind]["httpGet"]["path"], kind
         assert probe["httpGet"]["port"] == ports[c[kind]["httpGet"]["port"]], kind
+
+
+def pod_spec() -> dict:
+    return manifests()["Deployment"]["spec"]["template"]["spec"]
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    lines = [ln for ln in open(DOCKERFILE).read().splitlines() if not ln.lstrip().startswith("#")]
+    text = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", text, re.M)]
+
+
+def dockerfile_env() -> dict[str, str]:
+    env = {}
+    for inst, arg in dockerfile():
+        if inst == "ENV":
+            env.update(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", arg))
+    return env
+
+
+def test_pod_and_container_run_unprivileged():
+    pod, c = pod_spec()["securityContext"], container()["securityContext"]
+    for ctx in (pod, c):
+        assert ctx["runAsNonRoot"] is True
+        assert ctx["runAsUser"] == 1000 and ctx["runAsGroup"] == 1000
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["fsGroup"] == 1000
+    assert c["allowPrivilegeEscalation"] is False
+    assert c.get("privileged", False) is False
+    assert c["capabilities"] == {"drop": ["ALL"]}  # and nothing added back
+    assert c["readOnlyRootFilesystem"] is True
+    assert pod_spec().get("hostNetwork", False) is False and pod_spec().get("hostPID", False) is False
+    assert pod_spec()["automountServiceAccountToken"] is False
+
+
+def test_every_written_path_is_a_writable_volume():
+    """The root filesystem is read-only: /tmp, /dev/shm and every cache folder the
+    container is pointed at must lie on a writable emptyDir."""
+    c = container()
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    mounts = c["volumeMounts"]
+    assert {m["name"] for m in mounts} <= set(volumes)
+    writable = [m["mountPath"].rstrip("/") for m in mounts
+                if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]]
+
+    def on_writable(path: str) -> bool:
+        return any(path == w or path.startswith(w + "/") for w in writable)
+
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    # The kernel cache of OpenAI Triton (the backend's kernels), $HOME and Hugging Face's.
+    assert {"HOME", "TRITON_CACHE_DIR", "HF_HOME"} <= set(env)
+    for path in ["/tmp", "/dev/shm"] + [env[k] for k in WRITABLE_ENV if k in env]:
+        assert on_writable(path), f"{path} is not on a writable emptyDir volume"
+    # The image points its writers at the same folders (docker run sees them too).
+    image_env = dockerfile_env()
+    for k in WRITABLE_ENV:
+        if k in env or k in image_env:
+            assert image_env.get(k) == env.get(k), k
+    # The model repository is only read.
+    assert next(m for m in mounts if m["mountPath"] == "/models").get("readOnly") is True
+
+
+def test_keys_come_from_the_secret():
+    c = container()
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs["TRITON_ADMIN_KEY"] == {"name": "paged-llm-keys", "key": "admin-key"}
+    assert refs["API_KEY"] == {"name": "paged-llm-keys", "key": "api-keys"}
+    for e in c["env"]:
+        if re.search(r"KEY|TOKEN|SECRET|PASSWORD", e["name"]) and "FILE" not in e["name"]:
+            assert "value" not in e, f"{e['name']} is written in the manifest"
+    # No key on a command line (readable by every process in the pod), no checked-in Secret.
+    assert not any(re.match(r"--(api-key|admin-key)(=|$)|--(http|grpc)-restricted", a) for a in c["args"])
+    assert "Secret" not in manifests()
+
+
+def test_every_interface_on_purpose():
+    """The launcher listens on loopback unless told; in a pod, kubelet's probes, the
+    Service and Prometheus come in on the pod's address."""
+    assert '"HOST", "127.0.0.1"' in inspect.getsource(launcher.main)
+    args = container()["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    entrypoint = json.loads(next(arg for inst, arg in dockerfile() if inst == "ENTRYPOINT"))
+    assert entrypoint[entrypoint.index("--host") + 1] == "0.0.0.0"
+
+
+def test_image_runs_as_the_manifests_non_root_user():
+    users = [arg for inst, arg in dockerfile() if inst == "USER"]
+    assert users, "deploy/Dockerfile has no USER: it would run as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root uid (runAsNonRoot checks it without /etc/passwd)"
+    ctx = container()["securityContext"]
+    assert (int(uid), int(gid or uid)) == (ctx["runAsUser"], ctx["runAsGroup"])
+
+
+def test_image_build_context_leaves_out_secrets_and_local_state():
+    ignored = {ln.strip() for ln in open(DOCKERFILE + ".dockerignore") if ln.strip() and not ln.startswith("#")}
+    assert {".env", ".git", ".venv", "third_party"} <= ignored
+
+
+def test_service_exposes_the_openai_api():
+    ports = {p["name"]: p for p in manifests()["Service"]["spec"]["ports"]}
+    assert ports["openai"]["port"] == 9000 and ports["openai"]["targetPort"] == "openai"
+    assert manifests()["Service"]["spec"].get("type", "ClusterIP") == "ClusterIP"
