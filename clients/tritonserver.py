@@ -32,7 +32,7 @@ import urllib.request
 import zipfile
 from typing import Optional
 
-from supervisor.admin_access import HEADER, KEY_FILE_ENV, UNRESTRICTED_ENV, AdminAccess, AdminKeyError, resolve
+from supervisor.admin_access import HEADER, KEY_ENV, KEY_FILE_ENV, UNRESTRICTED_ENV, AdminAccess, AdminKeyError, resolve
 from supervisor.triton_api import TritonAPI, http_request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -331,6 +331,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, admin, extra,
                          binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host)
     env = server_env() if args.tritonserver is None else dict(os.environ)
+    for name in ("API_KEY", "API_KEY_FILE", KEY_ENV, KEY_FILE_ENV):   # the frontend's, and ours
+        env.pop(name, None)
     print(" ".join(admin.redact(cmd)), flush=True)
     where = f"generated, in {admin.key_file}" if admin.generated else "given"
     print(f"Triton's {', '.join(admin.restricted)} APIs take the header '{HEADER}' (key {where})", flush=True)
@@ -360,7 +362,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     finally:
         if frontend is not None:
             frontend.terminate()
-            frontend.wait(timeout=10)
+            try:
+                frontend.wait(timeout=10)
+            except subprocess.TimeoutExpired:     # a client holding a connection open
+                frontend.kill()
+                frontend.wait()
         if admin.generated and admin.key_file:
             shutil.rmtree(os.path.dirname(admin.key_file), ignore_errors=True)
     sys.exit(code)
