@@ -8,10 +8,10 @@ Offline use:
 """
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
+from backend.engine.errors import DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError
 from backend.engine.outputs import RequestOutput
 from backend.llm import LLM
 from backend.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "ConfigError", "SamplingParamsError",
-           "InvalidRequestError", "QueueFullError", "EngineDeadError"]
+           "InvalidRequestError", "QueueFullError", "EngineDeadError", "DeadlineExceededError"]

@@ -6,6 +6,7 @@ Names follow vLLM's engine arguments so that operators can carry their settings 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -130,8 +131,33 @@ class EngineArgs(BaseModel):
     max_lora_rank: int = Field(16, ge=1, le=512)
     max_cpu_loras: Optional[int] = Field(None, ge=1)
 
+    # Per-request limits (backend/engine/request_limits.py): a request over one is refused
+    # alone, with an error naming the field and the limit; the server serves on. vLLM's
+    # names and defaults where it has them (max_logprobs).
+    max_n: int = Field(64, ge=1)
+    max_logprobs: int = Field(20, ge=0)
+    max_stop_strings: int = Field(16, ge=0)
+    max_stop_string_len: int = Field(512, ge=1)          # characters, per stop string
+    max_stop_token_ids: int = Field(64, ge=0)
+    # Structured output: the spec's size (guided_json as compact JSON, guided_regex,
+    # guided_choice, guided_grammar; UTF-8 bytes), and how long its grammar may take to
+    # compile before the request fails (a pathological schema compiles for minutes).
+    max_guided_spec_bytes: int = Field(65536, ge=1)
+    guided_compile_timeout_s: float = Field(10.0, gt=0.0)
+    # Server-side deadline from arrival: a request still unfinished then is aborted with
+    # an error. None: no deadline. A request may set a shorter one (sampling parameter
+    # request_timeout_s), never a longer one.
+    request_timeout_s: Optional[float] = Field(None, gt=0.0)
+
     _speculative_json = field_validator("speculative_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
+
+    @field_validator("guided_compile_timeout_s", "request_timeout_s")
+    @classmethod
+    def _finite_seconds(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds")
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -33,8 +33,9 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Sequences to generate for the prompt (vLLM's `n`). The engine runs one sequence
-    # per request: a caller fans n > 1 out (backend.engine.parallel_sampling).
-    n: int = Field(1, ge=1, le=64)
+    # per request: a caller fans n > 1 out (backend.engine.parallel_sampling). At most
+    # the engine's max_n (backend/engine/request_limits.py checks every engine limit).
+    n: int = Field(1, ge=1)
     max_tokens: Optional[int] = Field(16, ge=1)
     min_tokens: int = Field(0, ge=0)
     temperature: float = Field(1.0, ge=0.0)
@@ -51,8 +52,9 @@ class SamplingParams(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # Log probabilities of each generated token and of this many most likely ones (vLLM's
-    # name; 0: the generated token's only). None: none are computed.
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    # name; 0: the generated token's only). None: none are computed. At most the
+    # engine's max_logprobs.
+    logprobs: Optional[int] = Field(None, ge=0)
     # Added to the token's logit before sampling (OpenAI's logit_bias: -100..100).
     logit_bias: Optional[dict[int, float]] = None
     # Structured output (vLLM's guided decoding; at most one): the output follows a JSON
@@ -70,6 +72,9 @@ class SamplingParams(BaseModel):
     # Multi-LoRA: the adapter (a name from the engine's lora_modules) this request runs
     # under; None: the base model. In `sampling_parameters`, as Triton's vLLM backend takes it.
     lora_name: Optional[str] = None
+    # A deadline for this request, seconds from arrival: unfinished then, it is aborted
+    # with an error. At most the engine's request_timeout_s when it has one.
+    request_timeout_s: Optional[float] = Field(None, gt=0.0)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -88,10 +93,10 @@ class SamplingParams(BaseModel):
         return v
 
     @field_validator("temperature", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty")
+                     "presence_penalty", "frequency_penalty", "request_timeout_s")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
+    def _finite(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
 

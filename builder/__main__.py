@@ -62,6 +62,10 @@ def main(argv=None) -> int:
                       ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    for flag, typ in (("--max-n", int), ("--max-logprobs", int), ("--max-stop-strings", int),
+                      ("--max-stop-string-len", int), ("--max-stop-token-ids", int), ("--max-guided-spec-bytes", int),
+                      ("--guided-compile-timeout-s", float), ("--request-timeout-s", float)):
+        b.add_argument(flag, type=typ, help="per-request limit (engine argument; see README)")
     b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8, gptq; "
                    "default: built-in text)")
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "

@@ -9,7 +9,8 @@ import platform
 import time
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, SpeculativeConfig, json_or_value, lora_modules_value, validated
@@ -21,6 +22,9 @@ from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, p
 from builder.plan import format_plan, memory_plan
 
 BACKEND_NAME = "paged_llm"
+# Engine arguments passed through as they are (checked by EngineArgs).
+REQUEST_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_len", "max_stop_token_ids",
+                  "max_guided_spec_bytes", "guided_compile_timeout_s", "request_timeout_s")
 
 
 class BuildOptions(BaseModel):
@@ -59,6 +63,15 @@ class BuildOptions(BaseModel):
     lora_modules: dict[str, str] = Field(default_factory=dict)
     max_loras: int = Field(1, ge=1)
     max_lora_rank: int = Field(16, ge=1)
+    # Per-request limits (engine arguments of the same names); None: the engine's default.
+    max_n: Optional[int] = None
+    max_logprobs: Optional[int] = None
+    max_stop_strings: Optional[int] = None
+    max_stop_string_len: Optional[int] = None
+    max_stop_token_ids: Optional[int] = None
+    max_guided_spec_bytes: Optional[int] = None
+    guided_compile_timeout_s: Optional[float] = None
+    request_timeout_s: Optional[float] = None
     grace_period_s: float = Field(10.0, ge=0)
     calibration_data: Optional[str] = None
     # Memory plan: device memory and sequence length to size for.
@@ -80,6 +93,16 @@ class BuildOptions(BaseModel):
             if not any(line.strip() for line in f):
                 raise ValueError(f"'{path}' has no non-empty line (one calibration prompt per line)")
         return path
+
+    @field_validator(*REQUEST_LIMITS)
+    @classmethod
+    def _engine_limit(cls, v: Optional[float], info: ValidationInfo) -> Optional[float]:
+        if v is not None:               # the engine's own check, before anything is written
+            try:
+                EngineArgs(model="-", **{info.field_name: v})
+            except ValidationError as e:
+                raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "BuildOptions":
@@ -109,6 +132,7 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
         if draft_path is not None:
             spec["model"] = draft_path
         values["speculative_config"] = spec
+    values.update({k: getattr(opts, k) for k in REQUEST_LIMITS if getattr(opts, k) is not None})
     if opts.lora_modules:
         values.update(lora_modules=lora_paths or dict(opts.lora_modules), max_loras=opts.max_loras,
                       max_lora_rank=opts.max_lora_rank)

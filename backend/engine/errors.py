@@ -11,3 +11,8 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; requests in flight cannot complete."""
+
+
+class DeadlineExceededError(RuntimeError):
+    """The request was still unfinished at its deadline (request_timeout_s) and was aborted;
+    what it streamed before stays delivered."""

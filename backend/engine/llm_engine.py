@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 import time
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -21,11 +21,13 @@ from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
 from backend.engine.block_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs
-from backend.engine.errors import InvalidRequestError, QueueFullError
+from backend.engine.deadlines import Deadlines
+from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import RequestOutput
-from backend.engine.request import FinishReason, Request
+from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.request_limits import RequestLimits
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
@@ -141,7 +143,12 @@ class LLMEngine:
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
-        self._awaiting_grammar = AwaitingGrammar()
+        self._awaiting_grammar = AwaitingGrammar(args.guided_compile_timeout_s)
+        self.limits = RequestLimits.from_args(args)
+        # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test
+        # may replace it; grammar compile limits stay on time.monotonic).
+        self._deadlines: Deadlines[tuple[Request, float, str]] = Deadlines()
+        self.clock: Callable[[], float] = time.monotonic
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
 
@@ -176,6 +183,7 @@ class LLMEngine:
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
         params = params or SamplingParams()
+        self.limits.check(params)
         if params.n != 1:
             raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
                                       "fan n > 1 out with backend.engine.parallel_sampling.child_requests")
@@ -198,25 +206,28 @@ class LLMEngine:
             eos = frozenset([self.tokenizer.eos_token_id])
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
-            arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens,
+            arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
-        grammar = self._compile_grammar(params) if params.guided_fields() else None
+        grammar = self._compile_grammar(request) if params.guided_fields() else None
         self.outputs.add(request)
         if grammar is not None:
             self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
         else:
             self.scheduler.add_request(request)
+        deadline = self.limits.deadline(params)
+        if deadline is not None:
+            self._deadlines.push(request.arrival_time + deadline[0], (request, *deadline))
         self.num_prompt_tokens_total += len(token_ids)
         return request
 
-    def _compile_grammar(self, params: SamplingParams):
+    def _compile_grammar(self, request: Request):
         if self.runner.structured is None:
             self.runner.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.device,
                                                       self.args.max_num_seqs)
-        return self.runner.structured.compile(params)
+        return self.runner.structured.compile(request.sampling_params, tag=request)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
@@ -224,15 +235,43 @@ class LLMEngine:
         if not len(self._awaiting_grammar):
             return []
         admitted, failed = self._awaiting_grammar.ready(
-            self.runner.structured, wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
+            self.runner.structured, time.monotonic(), wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
         for request in admitted:
             self.scheduler.add_request(request)
         outputs = []
         for request, error in failed:
-            request.finish_reason = FinishReason.ABORT
-            outputs.append(self.outputs.final_output(request))
+            outputs.append(self._finish_unscheduled(request))
             outputs[-1].error = error
         return outputs
+
+    def _finish_unscheduled(self, request: Request) -> RequestOutput:
+        """The final output of a request that never reached the scheduler (its grammar
+        failed, or it was aborted while compiling): it holds no blocks."""
+        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
+        return self.outputs.final_output(request)
+
+    def _expire_deadlines(self, now: float) -> list[RequestOutput]:
+        """Aborts the requests whose deadline has passed, wherever they are (waiting,
+        running, awaiting their grammar): their blocks are free on return and each final
+        output carries a DeadlineExceededError. One heap peek when none is due."""
+        outputs = []
+        for request, timeout_s, source in self._deadlines.pop_due(now):
+            if request.is_finished or not self._is_current(request):
+                continue                        # finished first (or its id now names another)
+            out = self.abort_request(request.request_id)
+            if out is None:
+                continue
+            out.error = DeadlineExceededError(
+                f"request '{request.request_id}' exceeded its deadline: request_timeout_s={timeout_s:g} s "
+                f"({source}) after arrival; aborted after {request.num_output_tokens} generated tokens")
+            outputs.append(out)
+        if len(self._deadlines) > 2 * self.scheduler.num_unfinished + 1024:
+            self._deadlines.compact(lambda entry: not entry[0].is_finished)
+        return outputs
+
+    def _is_current(self, request: Request) -> bool:
+        rid = request.request_id
+        return self.scheduler.requests.get(rid) is request or self._awaiting_grammar.get(rid) is request
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -259,12 +298,10 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort now; the request's blocks are free when this returns."""
         if request_id in self._awaiting_grammar:
-            request = self._awaiting_grammar.pop(request_id)
-            request.finish_reason = FinishReason.ABORT
-        else:
-            request = self.scheduler.abort_request(request_id)
-            if request is None:
-                return None
+            return self._finish_unscheduled(self._awaiting_grammar.pop(self.runner.structured, request_id))
+        request = self.scheduler.abort_request(request_id)
+        if request is None:
+            return None
         return self.outputs.final_output(request)
 
     def check_health(self) -> None:
@@ -287,7 +324,7 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        outputs = self._admit_compiled()
+        outputs = self._expire_deadlines(self.clock()) + self._admit_compiled()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs

@@ -1,10 +1,16 @@
 """Structured output: each guided request's grammar, compiled by xgrammar off the step
 loop, enforced as a token bitmask in the batched sampler and advanced with every token.
 
-- Compilation runs on a worker thread (xgrammar's compiler keeps a cache keyed by the
-  grammar, so a repeated schema compiles once); the engine holds the request back from
-  the scheduler until its grammar is ready, and an invalid grammar fails that request
-  alone with the compiler's message.
+- Compilation runs on a worker thread (compile_pool.py; xgrammar releases the GIL while
+  it compiles, and its compiler keeps a cache keyed by the grammar, so a repeated schema
+  compiles once); the engine holds the request back from the scheduler until its grammar
+  is ready, and an invalid grammar fails that request alone with the compiler's message.
+- A compile running longer than guided_compile_timeout_s fails its request alone, naming
+  the limit (small specs can be slow: a JSON-schema pattern such as `(a|b){1,8000}`
+  takes seconds to minutes in xgrammar 0.2.8); its thread is given up on and replaced, so
+  the grammars queued behind it and every running stream go on. While
+  MAX_ABANDONED_COMPILES such compiles still run, new guided requests are refused
+  (UNAVAILABLE): each holds a CPU core until xgrammar returns.
 - Each step, the rows of guided requests get their allowed-token bitmask (one
   [rows, vocab / 32] int32 buffer, filled on the host, uploaded in one copy) and the
   disallowed logits become -inf before the draw, greedy rows included.
@@ -18,16 +24,22 @@ xgrammar is imported lazily: the engine needs it only when a request asks for a 
 from __future__ import annotations
 
 import json
+import queue
 import re
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from backend.engine.buffers import StagedBuffer
-from backend.engine.errors import InvalidRequestError
+from backend.engine.compile_pool import CompilePool, Job
+from backend.engine.deadlines import Deadlines
+from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.sampling_params import SamplingParams
+
+# Compiles past their time limit (or whose request ended) whose thread still runs: at
+# this many, new guided requests are refused until one ends.
+MAX_ABANDONED_COMPILES = 4
 
 
 def _json_safe_row(info, vocab_size: int, width: int) -> torch.Tensor:
@@ -60,19 +72,24 @@ class StructuredOutput:
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self.pool = CompilePool(1, "grammar")
         self._width = -(-vocab_size // 32)
         self._json_safe = _json_safe_row(info, vocab_size, self._width)
         self._device = device
         self._bitmask = StagedBuffer(max_num_seqs * self._width, torch.int32, device)
 
     # ------------------------------------------------------------- compilation
-    def compile(self, params: SamplingParams) -> Future:
-        """A future of the compiled grammar; its exception is an InvalidRequestError
-        naming the field."""
+    def compile(self, params: SamplingParams, tag=None) -> Job:
+        """A job whose future gives the compiled grammar; its exception is an
+        InvalidRequestError naming the field. Raises QueueFullError while too many
+        compiles given up on still run."""
+        if self.pool.num_abandoned >= MAX_ABANDONED_COMPILES:
+            raise QueueFullError(f"structured output is busy: {self.pool.num_abandoned} grammar compilations that "
+                                 "ran past guided_compile_timeout_s (or whose request ended) are still running; "
+                                 "retry later")
         (field,) = params.guided_fields()
         value = getattr(params, field)
-        return self._pool.submit(self._compile, field, value)
+        return self.pool.submit(self._compile, field, value, tag=tag)
 
     def _compile(self, field: str, value):
         c = self._compiler
@@ -118,13 +135,19 @@ class StructuredOutput:
 
 
 class AwaitingGrammar:
-    """Guided requests whose grammar is still compiling, held back from the scheduler."""
+    """Guided requests whose grammar is still compiling, held back from the scheduler.
+    Host work per step grows with the compiles that finished or came due, not with the
+    number waiting: finished ones arrive on a queue, time limits sit in a heap."""
 
-    def __init__(self) -> None:
-        self._items: dict[str, tuple[object, Future]] = {}
+    def __init__(self, compile_timeout_s: float) -> None:
+        self._items: dict[str, tuple[object, Job]] = {}
+        self._done: "queue.SimpleQueue[Job]" = queue.SimpleQueue()
+        self._timeouts: Deadlines[Job] = Deadlines()
+        self.compile_timeout_s = compile_timeout_s
 
-    def add(self, request, future: Future) -> None:
-        self._items[request.request_id] = (request, future)
+    def add(self, request, job: Job) -> None:
+        self._items[request.request_id] = (request, job)
+        job.future.add_done_callback(lambda _, j=job: self._done.put(j))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -132,25 +155,57 @@ class AwaitingGrammar:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._items
 
-    def pop(self, request_id: str):
-        request, future = self._items.pop(request_id)
-        future.cancel()
+    def get(self, request_id: str):
+        item = self._items.get(request_id)
+        return item[0] if item is not None else None
+
+    def pop(self, structured: StructuredOutput, request_id: str):
+        """The request, no longer awaited; its compile is cancelled or given up on."""
+        request, job = self._items.pop(request_id)
+        structured.pool.abandon(job)
         return request
 
-    def ready(self, structured: StructuredOutput, wait_s: float = 0.0) -> tuple[list, list]:
+    def ready(self, structured: StructuredOutput, now: float, wait_s: float = 0.0) -> tuple[list, list]:
         """(requests whose grammar is compiled, their matcher set; (request, error) for
-        grammars that failed). Waits up to wait_s for one to finish."""
-        if wait_s and self._items:
-            wait([f for _, f in self._items.values()], timeout=wait_s, return_when=FIRST_COMPLETED)
-        admitted, failed = [], []
-        for request_id, (request, future) in list(self._items.items()):
-            if not future.done():
-                continue
-            del self._items[request_id]
+        grammars that failed or ran past compile_timeout_s). Waits up to wait_s for a
+        compile to finish when none has."""
+        pool = structured.pool
+        while True:                             # each started compile gets its time limit
             try:
-                request.grammar = structured.matcher(future.result())
+                job = pool.started.get_nowait()
+            except queue.Empty:
+                break
+            self._timeouts.push(job.started + self.compile_timeout_s, job)
+        if len(self._timeouts) > 2 * len(self._items) + 64:
+            self._timeouts.compact(self._awaits)
+        admitted, failed = [], []
+        for job in self._timeouts.pop_due(now):
+            if self._awaits(job) and not job.future.done():
+                request = self.pop(structured, job.tag.request_id)
+                (field,) = request.sampling_params.guided_fields()
+                failed.append((request, InvalidRequestError(
+                    f"sampling parameter '{field}' did not compile within guided_compile_timeout_s="
+                    f"{self.compile_timeout_s:g} s (an engine argument); simplify it: large counted repetitions "
+                    "such as {1,5000} compile slowly")))
+        finished = []
+        try:
+            finished.append(self._done.get(timeout=wait_s) if wait_s and self._items else self._done.get_nowait())
+            while True:
+                finished.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        for job in finished:
+            if not self._awaits(job):           # aborted, or already failed on time
+                continue
+            request, _ = self._items.pop(job.tag.request_id)
+            try:
+                request.grammar = structured.matcher(job.future.result())
             except InvalidRequestError as e:
                 failed.append((request, e))
                 continue
             admitted.append(request)
         return admitted, failed
+
+    def _awaits(self, job: Job) -> bool:
+        item = self._items.get(job.tag.request_id)
+        return item is not None and item[1] is job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from backend.engine.engine_loop import RequestCancelled
-from backend.engine.errors import EngineDeadError, InvalidRequestError, QueueFullError
+from backend.engine.errors import DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError
 
 
 def triton_error(exc: BaseException) -> "pb_utils.TritonError":
@@ -16,6 +16,8 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
         return E(str(exc), E.INVALID_ARG)
     if isinstance(exc, (QueueFullError, EngineDeadError)):
         return E(f"UNAVAILABLE: {exc}", E.UNAVAILABLE)
+    if isinstance(exc, DeadlineExceededError):   # the server ended it; Triton has no DEADLINE_EXCEEDED code
+        return E(f"DEADLINE_EXCEEDED: {exc}", E.CANCELLED)
     if isinstance(exc, RequestCancelled):
         return E(f"CANCELLED: {exc}", E.CANCELLED)
     return E(f"INTERNAL: {exc!r}", E.INTERNAL)

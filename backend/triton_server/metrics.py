@@ -29,7 +29,7 @@ TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 N_BUCKETS = [1, 2, 5, 10, 20]
-REJECT_REASONS = ("invalid_request", "queue_full", "engine_unavailable", "cancelled")
+REJECT_REASONS = ("invalid_request", "queue_full", "engine_unavailable", "cancelled", "deadline_exceeded")
 
 GAUGES = {
     "vllm:num_requests_running": "Number of requests in model execution batches.",
@@ -108,9 +108,10 @@ class SequenceTiming:
 
 def rejection_reason(error: BaseException) -> str:
     from backend.engine.engine_loop import RequestCancelled
-    from backend.engine.errors import InvalidRequestError, QueueFullError
+    from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
     return ("invalid_request" if isinstance(error, InvalidRequestError) else
             "queue_full" if isinstance(error, QueueFullError) else
+            "deadline_exceeded" if isinstance(error, DeadlineExceededError) else
             "cancelled" if isinstance(error, RequestCancelled) else "engine_unavailable")
 
 

@@ -159,7 +159,7 @@ class TritonPythonModel(Watcher):
             return
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
-            parsed = parse_request(inputs, tokenize, request.parameters())
+            parsed = parse_request(inputs, tokenize, request.parameters(), self.engine.limits)
         except InvalidRequestError as e:
             if self.metrics:
                 self.metrics.on_rejected("invalid_request")

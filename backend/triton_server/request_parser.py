@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from backend.engine.errors import InvalidRequestError
+from backend.engine.request_limits import RequestLimits
 from backend.sampling_params import SamplingParams, SamplingParamsError, json_object
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
@@ -147,6 +148,8 @@ def _coerce_json_value(key: str, value: Any) -> Any:
     return value
 
 
+_DEFAULT_LIMITS = RequestLimits.defaults()
+
 # The vLLM backend's `structured_outputs` (vLLM's StructuredOutputsParams) -> our fields.
 STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
                       "grammar": "guided_grammar", "json_object": "guided_json_object"}
@@ -170,11 +173,12 @@ def structured_outputs(value: Any) -> dict[str, Any]:
 
 def parse_request(inputs: dict[str, np.ndarray],
                   tokenize: Optional[Callable[[str], list[int]]] = None,
-                  request_parameters: str = "") -> ParsedRequest:
+                  request_parameters: str = "", limits: Optional[RequestLimits] = None) -> ParsedRequest:
     """`inputs` maps input name -> numpy array as Triton delivered it (absent = not sent).
     `request_parameters` is the request's own parameters as JSON (Triton's
     `request.parameters()`): the sampling parameters when the tensor is absent, as the
-    vLLM backend takes them."""
+    vLLM backend takes them. `limits`: the engine's per-request limits (default: the
+    engine arguments' defaults), checked here, before n fans out."""
     text: Optional[str] = None
     if "text_input" in inputs:
         text = _text("text_input", _scalar("text_input", inputs["text_input"]))
@@ -229,6 +233,7 @@ def parse_request(inputs: dict[str, np.ndarray],
         params = SamplingParams.create(**fields)
     except SamplingParamsError as e:
         raise InvalidRequestError(str(e)) from None
+    (limits or _DEFAULT_LIMITS).check(params)
 
     flags = {n: _bool(n, inputs[n]) for n in BOOL_INPUTS if n in inputs and n != "ignore_eos"}
     # As the vLLM backend: without the input, a single response echoes the prompt and a

@@ -13,6 +13,8 @@ def test_bad_engine_args_name_the_field():
         EngineArgs.create(model="x", blok_size=16)
     with pytest.raises(ConfigError, match="'dtype'"):
         EngineArgs.create(model="x", dtype="float64")
+    with pytest.raises(ConfigError, match="invalid engine argument 'max_logprobs'"):
+        EngineArgs.create(model="x", max_logprobs=-1)
 
 
 def test_max_model_len_must_fit_pool(llama_ckpt):

@@ -50,6 +50,17 @@ def test_options_validated_before_work(tiny_ckpt, tmp_path):
         opts(str(tmp_path), tmp_path / "x")
     with pytest.raises(BuildError, match="block_size"):
         opts(tiny_ckpt, tmp_path, block_size=0)
+    with pytest.raises(BuildError, match="invalid build option 'guided_compile_timeout_s'.*greater than 0"):
+        opts(tiny_ckpt, tmp_path, guided_compile_timeout_s=0)
+
+
+def test_request_limits_written_only_when_given(tiny_ckpt, tmp_path):
+    """Per-request limits pass through to config.pbtxt as engine arguments; unset ones
+    stay out (the engine's defaults)."""
+    from builder.build import engine_parameters
+    values = engine_parameters(opts(tiny_ckpt, tmp_path, max_n=8, guided_compile_timeout_s=2.0), tiny_ckpt)
+    assert (values["max_n"], values["guided_compile_timeout_s"]) == (8, 2.0)
+    assert "request_timeout_s" not in values and "max_logprobs" not in values
 
 
 

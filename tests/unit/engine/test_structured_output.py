@@ -5,6 +5,8 @@ chunked prefill, prefix hits and preemption keep both kinds of request right."""
 
 import json
 import re
+import threading
+import time
 
 import pytest
 
@@ -126,3 +128,65 @@ def test_abort_while_the_grammar_compiles(llm):
         f"k{i}": {"type": "integer"} for i in range(50)}}))
     out = engine.abort_request(request.request_id)
     assert out.finished and out.finish_reason == "abort" and not engine.has_unfinished_requests()
+
+
+# Small in bytes, slow to compile in xgrammar 0.2.8: a JSON-schema pattern's counted
+# repetition of an alternation grows quadratically (~3 s at 5000 on a laptop core; the
+# plain regex `(a|b){1,5000}` compiles in a millisecond).
+SLOW_SCHEMA = {"type": "string", "pattern": "(a|b){1,5000}"}
+
+
+def test_a_slow_grammar_fails_alone_at_its_compile_limit_while_others_run(tiny_ckpt):
+    """xgrammar releases the GIL while it compiles: the plain request keeps getting tokens
+    during the compile; past guided_compile_timeout_s the guided one fails naming the
+    limit, and the grammar queued behind it compiles on a fresh thread."""
+    llm = LLM(tiny_ckpt, num_kv_blocks=256, guided_compile_timeout_s=0.3)
+    engine = llm.engine
+    slow = engine.add_request("a", SamplingParams(max_tokens=8, guided_json=SLOW_SCHEMA))
+    plain = engine.add_request("b", SamplingParams(max_tokens=2000, ignore_eos=True))
+    behind = engine.add_request("c", SamplingParams(max_tokens=8, guided_regex="[0-9]{3}"))
+    finals, plain_tokens_at = {}, {}
+    while slow.request_id not in finals or behind.request_id not in finals:
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+                plain_tokens_at[out.request_id] = plain.num_output_tokens
+    error = finals[slow.request_id].error
+    assert isinstance(error, InvalidRequestError) and str(error) == (
+        "sampling parameter 'guided_json' did not compile within guided_compile_timeout_s=0.3 s (an engine argument); "
+        "simplify it: large counted repetitions such as {1,5000} compile slowly")
+    assert plain_tokens_at[slow.request_id] >= 3        # the engine stepped during the compile
+    assert finals[behind.request_id].error is None and re.fullmatch(r"[0-9]{3}", finals[behind.request_id].text)
+    engine.abort_request(plain.request_id)
+    assert_pool_free(llm)
+
+
+def test_compiles_given_up_on_are_capped_then_guided_requests_wait_their_end(tiny_ckpt, monkeypatch):
+    """Each compile past its limit holds a thread until xgrammar returns: at
+    MAX_ABANDONED_COMPILES of them, new guided requests are refused (UNAVAILABLE), plain
+    ones still served; once they end, guided requests are taken again."""
+    from backend.engine import structured_output
+    from backend.engine.errors import QueueFullError
+    release = threading.Event()
+    compile_ = structured_output.StructuredOutput._compile
+    monkeypatch.setattr(structured_output.StructuredOutput, "_compile",
+                        lambda self, field, value: (release.wait(30), compile_(self, field, value))[1])
+    llm = LLM(tiny_ckpt, num_kv_blocks=64, guided_compile_timeout_s=0.05)
+    engine = llm.engine
+    stuck = [engine.add_request("x", SamplingParams(guided_regex=f"[0-9]{{{i + 1}}}"))
+             for i in range(structured_output.MAX_ABANDONED_COMPILES)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.runner.structured.pool.num_abandoned == structured_output.MAX_ABANDONED_COMPILES
+    with pytest.raises(QueueFullError, match="past guided_compile_timeout_s.*retry later"):
+        engine.add_request("x", SamplingParams(guided_regex="[0-9]"))
+    assert llm.generate(["y"], SamplingParams(max_tokens=3, min_tokens=3))[0].error is None
+    release.set()
+    for _ in range(1000):
+        if engine.runner.structured.pool.num_abandoned == 0:
+            break
+        time.sleep(0.01)
+    monkeypatch.setattr(structured_output.StructuredOutput, "_compile", compile_)
+    out = llm.generate(["z"], SamplingParams(max_tokens=8, guided_regex="[0-9]{2}"))[0]
+    assert out.error is None and re.fullmatch(r"[0-9]{2}", out.text), (stuck, out)
+    assert_pool_free(llm)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from backend import EngineArgs
 from backend.engine.errors import InvalidRequestError
+from backend.engine.request_limits import RequestLimits
 from backend.triton_server.request_parser import INPUT_SPECS, parse_request
 
 
@@ -71,7 +73,10 @@ def test_input_ids_checked_against_text():
     ({"text_input": b(b"\xc3\x28")}, "UTF-8"),
     ({"text_input": b("x"), "sampling_parameters": b("{")}, "not valid JSON"),
     ({"text_input": b("x"), "sampling_parameters": b('{"n": 0}')}, "sampling parameter 'n'"),
-    ({"text_input": b("x"), "sampling_parameters": b('{"n": 65}')}, "sampling parameter 'n'"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"n": 65}')}, "sampling parameter 'n' is 65, more than max_n=64"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"logprobs": 21}')},
+     "sampling parameter 'logprobs' is 21, more than max_logprobs=20"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"request_timeout_s": 0}')}, "'request_timeout_s'"),
     ({"text_input": b("x"), "sampling_parameters": b('{"best_of": 2}')}, "unknown sampling parameter 'best_of'"),
     ({"text_input": b("x"), "sampling_parameters": b('{"max_tokens": -1}')}, "max_tokens"),
     ({"text_input": b("x"), "temperature": np.array([np.inf], dtype=np.float32)}, "temperature"),
@@ -82,6 +87,23 @@ def test_input_ids_checked_against_text():
 def test_errors_name_the_input(inputs, match):
     with pytest.raises(InvalidRequestError, match=match):
         parse_request(inputs)
+
+
+def test_engine_limits_checked_before_n_fans_out():
+    """The engine's limits (not the defaults) apply; stop_words count with `stop`."""
+    limits = RequestLimits.from_args(EngineArgs.create(model="m", max_n=4, max_stop_strings=2, request_timeout_s=5))
+    assert parse_request({"text_input": b("x"), "sampling_parameters": b('{"n": 4}')}, limits=limits).params.n == 4
+    with pytest.raises(InvalidRequestError, match="'n' is 5, more than max_n=4"):
+        parse_request({"text_input": b("x"), "sampling_parameters": b('{"n": 5}')}, limits=limits)
+    with pytest.raises(InvalidRequestError, match="'stop' has 3 strings, more than max_stop_strings=2"):
+        parse_request({"text_input": b("x"), "sampling_parameters": b('{"stop": ["a", "b"]}'),
+                       "stop_words": np.array([b"c"], dtype=np.object_)}, limits=limits)
+    with pytest.raises(InvalidRequestError, match="'request_timeout_s' is 6, more than the engine argument "
+                                                  "request_timeout_s=5"):
+        parse_request({"text_input": b("x"), "sampling_parameters": b('{"request_timeout_s": "6"}')}, limits=limits)
+    with pytest.raises(InvalidRequestError, match="'guided_regex' is 65537 bytes, more than max_guided_spec_bytes"):
+        parse_request({"text_input": b("x"), "sampling_parameters": b(json.dumps(
+            {"structured_outputs": {"regex": "a" * 65537}}))})
 
 
 SPEC_NAMES = [s["name"] for s in INPUT_SPECS]

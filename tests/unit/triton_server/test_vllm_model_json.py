@@ -91,3 +91,21 @@ def test_quantization_key_must_agree_with_the_checkpoint(tmp_path):
     write(tmp_path, {"model": str(ckpt), "quantization": "awq"})
     with pytest.raises(ConfigError, match="'awq', but the checkpoint's quantization_config says 'gptq'"):
         read_model_json(str(tmp_path))
+
+
+def test_request_limits_come_from_config_pbtxt_strings_and_vllms_max_logprobs(tmp_path, tiny_ckpt):
+    """Per-request limits are engine arguments: config.pbtxt parameters (strings), and
+    vLLM's max_logprobs from model.json; an empty request_timeout_s means none."""
+    write(tmp_path, {"model": tiny_ckpt, "max_logprobs": 5})
+    params, warnings = read_model_json(str(tmp_path))
+    assert params["max_logprobs"] == "5" and not warnings
+    args, _ = load_settings({**params, "max_n": "8", "max_stop_strings": "4", "max_stop_string_len": "100",
+                             "max_stop_token_ids": "10", "max_guided_spec_bytes": "4096",
+                             "guided_compile_timeout_s": "2.5", "request_timeout_s": "30"}, str(tmp_path))
+    assert (args.max_logprobs, args.max_n, args.max_stop_strings, args.max_stop_string_len, args.max_stop_token_ids,
+            args.max_guided_spec_bytes, args.guided_compile_timeout_s, args.request_timeout_s) == (
+        5, 8, 4, 100, 10, 4096, 2.5, 30.0)
+    args, _ = load_settings({"model": tiny_ckpt, "request_timeout_s": ""}, str(tmp_path))
+    assert args.request_timeout_s is None
+    with pytest.raises(ConfigError, match="invalid parameter 'request_timeout_s'"):
+        load_settings({"model": tiny_ckpt, "request_timeout_s": "-1"}, str(tmp_path))
