@@ -51,7 +51,10 @@ def lora_adapters(tmp_path_factory, tiny_ckpt):
 def model_repo(tmp_path_factory, tiny_ckpt, lora_adapters):
     # The session's model serves the base model and two LoRA adapters (copied into the
     # entry by the builder), as a multi-LoRA deployment does.
-    return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt, lora_modules=lora_adapters, max_loras=2)
+    # A short compile bound: test_request_limits.py's slow schema then fails (and frees
+    # its compile thread) in about a second.
+    return build_repo(tmp_path_factory.mktemp("repo"), tiny_ckpt, lora_modules=lora_adapters, max_loras=2,
+                      guided_compile_timeout_s=1.0)
 
 
 # The session's OpenAI frontend takes two keys, as during a key rotation.
