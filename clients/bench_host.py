@@ -2,27 +2,74 @@
 steps when the host, not the device, sets the pace.
 
     python -m clients.bench_host [--num-seqs 256 --prompt-len 500 --steps 50]
+    python -m clients.bench_host --num-seqs 256 --prompt-len 1920 --steps 40 --device-ms 10 --mix
+    python -m clients.bench_host --parts --num-seqs 256 --context 4096
 
 Runs the real engine (scheduler, block manager, step inputs, sampling-batch preparation,
-stop checks, detokenization, outputs) with the forward pass and the draw replaced by a
-constant token, and prints milliseconds per step at full batch."""
+stop checks, detokenization, outputs) with the forward pass and the draw replaced.
+
+- Plain (neither --device-ms nor --mix): forward and draw replaced by a constant token;
+  prints milliseconds per step at full batch.
+- --device-ms D: a simulated device behind the real runner interface
+  (`SimulatedDeviceRunner.execute`): the runner's host work runs for real (step inputs,
+  sampling batch, grammar bitmasks, the verification plan, unpacking ids and logprobs),
+  and each forward is a D ms wait that releases the GIL, as a CUDA launch would, after
+  which the "device" returns deterministic tokens. Prints `host_ms_per_step` (the step's
+  wall time less the simulated device time) and `step_period_ms` (wall time per step).
+- --mix: every request with repetition_penalty and frequency_penalty and two stop strings
+  (never matched: the token stream is alphabetic), logprobs=5 on half of them, n-gram
+  speculation on the other half, and one JSON-schema request.
+- --parts: `Sampler.prepare` (repetition, frequency, neither) and `StepInputBuilder.build`
+  alone over `--num-seqs` decoding requests of `--context` tokens, per decode step.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from typing import Optional
+from unittest import mock
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# --mix
+STOP_STRINGS = ["<|stop|>", "\n\n###"]
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+               "items": {"type": "string"}}}, "required": ["name", "tags"]}
+NUM_SPECULATIVE_TOKENS = 2
+# The simulated device accepts at most this many proposals per verification (those that
+# match its token stream): a speculating request advances 2 tokens a step, and every
+# verification rolls one proposal back.
+ACCEPT_MAX = 1
+STREAM_PERIOD = 8
+# Decode steps before timing: enough for the stream to repeat, so n-gram lookups hit.
+WARMUP_STEPS = STREAM_PERIOD + 4
+
+
+@contextlib.contextmanager
+def _small_kv_tensors():
+    """The model never runs here: the KV manager gets its full block count, the cache
+    tensors one block (gigabytes otherwise at long prompts)."""
+    from backend.engine import llm_engine
+    real = llm_engine.allocate_kv_cache
+
+    def allocate(cfg, num_blocks, block_size, kv_dtype, device):
+        return real(cfg, 1, block_size, kv_dtype, device)
+    with mock.patch.object(llm_engine, "allocate_kv_cache", allocate):
+        yield
+
 
 def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, seed: int = 0) -> float:
+    """Plain mode: the forward pass and the draw replaced by a constant token."""
     from backend import LLM, SamplingParams
-    llm = LLM(checkpoint, device="cpu", num_kv_blocks=num_seqs * (-(-(prompt_len + steps + 2) // 16)) + 16,
-              max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
+    with _small_kv_tensors():
+        llm = LLM(checkpoint, device="cpu", num_kv_blocks=num_seqs * (-(-(prompt_len + steps + 2) // 16)) + 16,
+                  max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
     engine, runner = llm.engine, llm.engine.runner
 
     def host_only(out):
@@ -47,16 +94,236 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
     return ms
 
 
+# ------------------------------------------------------------ simulated device
+def _runner_class():
+    from backend.engine.model_runner import ModelRunner
+
+    class SimulatedDeviceRunner(ModelRunner):
+        """The real runner's host work around a simulated device: `execute` builds the
+        step inputs, the sampling batch, the grammar bitmasks and the verification plan
+        as ModelRunner.execute does, then holds the forward `device_ms` off the GIL and
+        answers with deterministic tokens: request r's output token t is
+        stream[(offset(r) + t) % STREAM_PERIOD]; proposals that match the stream are
+        accepted (at most ACCEPT_MAX); a guided row takes its grammar's first allowed token."""
+
+        def __init__(self, runner: ModelRunner, device_ms: float, stream: list[int]) -> None:
+            self.__dict__.update(runner.__dict__)
+            self.device_s = device_ms / 1e3
+            self.stream = stream
+            self.offsets: dict[str, int] = {}
+            self.device_time = 0.0
+
+        def token(self, request, position: int) -> int:
+            off = self.offsets.setdefault(request.request_id, len(self.offsets))
+            return self.stream[(off + position) % len(self.stream)]
+
+        def _device(self) -> None:
+            t = time.perf_counter()
+            if self.device_s > 0:
+                time.sleep(self.device_s)           # releases the GIL, as a launched step would
+            self.device_time += time.perf_counter() - t
+
+        def execute(self, out):
+            from backend.engine import logprobs
+            from backend.engine.spec_decode.rejection_sampler import accepted_tokens, verify_rows
+            self.inputs.build(out, self._block_table_of)
+            sampling = [s for s in out.scheduled if s.completes_prompt]
+            if not sampling:
+                self._device()
+                return [[] for _ in out.scheduled], {}
+            speculative = any(s.spec_token_ids for s in sampling)
+            rows = verify_rows(sampling)
+            batch = self.sampler.prepare(rows, self.vocab_size)
+            mask = self.structured.bitmask(rows) if self.structured is not None else None
+            if speculative:
+                self.rejection_sampler.plan(sampling)
+            self._device()
+            # What the device would send back: ids, logprobs, accept flags.
+            tokens, flags = [], []
+            guided = dict.fromkeys(mask[1]) if mask is not None else {}
+            for s in sampling:
+                r, spec = s.request, s.spec_token_ids
+                for j in range(len(spec) + 1):
+                    i = len(tokens)
+                    t = _first_allowed(mask[0][i]) if i in guided else self.token(r, r.num_output_tokens + j)
+                    tokens.append(t)
+                    flags.append(float(j < len(spec) and j < ACCEPT_MAX and spec[j] == t))
+            values = [float(t) for t in tokens]
+            if batch.logprobs is not None:
+                m = batch.logprobs.max_count
+                for row in batch.logprobs.row_ids:
+                    values += [-1.0, 1.0] + [-1.0 - k for k in range(m)] + [float(tokens[row] + k) for k in range(m)]
+            ids, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
+            result, by_index, row = [], {}, 0
+            for i, s in enumerate(out.scheduled):
+                if not s.completes_prompt:
+                    result.append([])
+                    continue
+                spec = s.spec_token_ids
+                result.append(accepted_tokens(spec, ids, flags, row) if spec else [ids[row]])
+                if row in by_row:
+                    by_index[i] = by_row[row]
+                row += len(spec) + 1
+            return result, by_index
+
+    return SimulatedDeviceRunner
+
+
+def _first_allowed(bits) -> int:
+    words = bits.numpy().view(np.uint32)
+    w = int(np.flatnonzero(words)[0])
+    word = int(words[w])
+    return 32 * w + (word & -word).bit_length() - 1
+
+
+def _alphabetic_tokens(tokenizer, n: int) -> list[int]:
+    out = []
+    for i in range(tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else 4096):
+        text = tokenizer.decode([i])
+        if text.strip().isalpha() and len(text.strip()) >= 3:
+            out.append(i)
+            if len(out) == n:
+                break
+    return out
+
+
+def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, device_ms: float,
+                         mix: bool, seed: int = 0) -> dict:
+    """Steps at full batch through SimulatedDeviceRunner; returns host_ms_per_step,
+    step_period_ms and what the run did (tokens, proposals, finished requests)."""
+    from backend import LLM, SamplingParams
+    per_step = 1 + (ACCEPT_MAX if mix else 0)
+    max_tokens = per_step * (steps + WARMUP_STEPS + 2) + NUM_SPECULATIVE_TOKENS
+    blocks = num_seqs * (-(-(prompt_len + max_tokens + NUM_SPECULATIVE_TOKENS + 2) // 16)) + 16
+    kw = {}
+    if mix:
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                                    "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    with _small_kv_tensors():
+        llm = LLM(checkpoint, device="cpu", num_kv_blocks=blocks, max_num_seqs=num_seqs,
+                  max_num_batched_tokens=num_seqs * prompt_len, **kw)
+    engine = llm.engine
+    runner = _runner_class()(engine.runner, device_ms, _alphabetic_tokens(engine.tokenizer, STREAM_PERIOD))
+    engine.runner = runner
+    rng = np.random.default_rng(seed)
+    vocab = engine.model_config.vocab_size
+    for i in range(num_seqs):
+        params = dict(max_tokens=max_tokens, ignore_eos=True, temperature=0.6)
+        if mix:
+            params.update(repetition_penalty=1.1, frequency_penalty=0.2, stop=STOP_STRINGS)
+            if i == num_seqs - 1:
+                params.update(guided_json=JSON_SCHEMA, ignore_eos=False)
+            elif i % 2:
+                params.update(logprobs=5, speculative_decoding=False)
+        engine.add_request(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**params))
+    deadline = time.monotonic() + 60
+    while len(engine.scheduler.running) < num_seqs or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        engine.step()                            # every prompt (grammars compile on the side)
+        if time.monotonic() > deadline:
+            raise RuntimeError("the batch did not fill in 60 s")
+    for _ in range(WARMUP_STEPS):
+        engine.step()
+    spec0 = engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0
+    tokens0 = engine.num_generation_tokens_total
+    runner.device_time = 0.0
+    t0 = time.perf_counter()
+    finished = 0
+    for _ in range(steps):
+        finished += sum(o.finished for o in engine.step())
+    wall = time.perf_counter() - t0
+    result = {
+        "host_ms_per_step": (wall - runner.device_time) / steps * 1e3,
+        "step_period_ms": wall / steps * 1e3,
+        "tokens_per_step": (engine.num_generation_tokens_total - tokens0) / steps,
+        "proposed_per_step": ((engine.speculator.stats()["spec_decode_num_draft_tokens"] - spec0) / steps
+                              if engine.speculator else 0.0),
+        "finished": finished,
+    }
+    for rid in list(engine.scheduler.requests):
+        engine.abort_request(rid)
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_total_blocks, "KV blocks leaked"
+    return result
+
+
+# ------------------------------------------------------------------ parts
+def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, block_size: int = 16,
+             seed: int = 0) -> dict:
+    """`Sampler.prepare` and `StepInputBuilder.build` alone, per decode step, over
+    num_seqs requests holding `context` tokens (half prompt, half output)."""
+    import torch
+
+    from backend.engine.block_manager import KVCacheManager
+    from backend.engine.request import Request, RequestStatus
+    from backend.engine.sampler import Sampler
+    from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
+    from backend.engine.step_inputs import StepInputBuilder
+    from backend.sampling_params import SamplingParams
+    rng = np.random.default_rng(seed)
+    max_blocks = -(-(context + steps + 1) // block_size)
+    kinds = {"repetition": dict(repetition_penalty=1.1), "frequency": dict(frequency_penalty=0.2), "none": {}}
+    out = {}
+    for kind, extra in list(kinds.items()) + [("build", {})]:
+        kv = KVCacheManager(num_seqs * max_blocks + 1, block_size, enable_prefix_caching=False)
+        requests = []
+        for i in range(num_seqs):
+            r = Request(f"r{i}", rng.integers(3, vocab, context // 2).tolist(),
+                        SamplingParams(temperature=0.7, **extra), 0.0, max_tokens=context + steps)
+            r.output_token_ids = rng.integers(3, vocab, context - context // 2 - 1).tolist()
+            r.status = RequestStatus.RUNNING
+            assert kv.allocate_slots(r, r.num_tokens)
+            r.num_computed_tokens = r.num_tokens
+            requests.append(r)
+        sampler = Sampler(0, torch.device("cpu"), num_seqs)
+        builder = StepInputBuilder(num_seqs, num_seqs, max_blocks, block_size, torch.device("cpu"))
+        elapsed = 0.0
+        for step in range(steps + 1):
+            for r in requests:                   # the token the last step sampled
+                r.output_token_ids.append(int(rng.integers(3, vocab)))
+                kv.allocate_slots(r, 1)
+            t = time.perf_counter()
+            if kind == "build":
+                builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]), kv.block_table)
+            else:
+                sampler.prepare(requests, vocab)
+            if step:                             # the first call of a request may set up state
+                elapsed += time.perf_counter() - t
+            for r in requests:
+                r.num_computed_tokens += 1
+        out[f"{'step_inputs_build' if kind == 'build' else 'sampler_prepare_' + kind}_ms"] = elapsed / steps * 1e3
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.bench_host")
     ap.add_argument("--checkpoint", default=os.path.join(ROOT, "model_repository", "llm", "checkpoint"))
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--device-ms", type=float, default=None,
+                    help="simulated device: each forward takes D ms off the GIL (0: no wait)")
+    ap.add_argument("--mix", action="store_true", help="penalties, stop strings, logprobs, n-gram "
+                    "speculation on half the requests and one JSON-schema request (implies --device-ms 0)")
+    ap.add_argument("--parts", action="store_true", help="Sampler.prepare and StepInputBuilder.build alone")
+    ap.add_argument("--context", type=int, default=4096, help="--parts: tokens per request")
     a = ap.parse_args(argv)
+    if a.parts:
+        for name, ms in parts_ms(a.num_seqs, a.context).items():
+            print(f"{name}: {ms:.2f}")
+        return 0
     from clients.bench import ensure_checkpoint
-    ms = host_ms_per_step(ensure_checkpoint(a.checkpoint), a.num_seqs, a.prompt_len, a.steps)
-    print(f"host ms per decode step ({a.num_seqs} sequences, model left out): {ms:.2f}")
+    path = ensure_checkpoint(a.checkpoint)
+    if a.device_ms is None and not a.mix:
+        ms = host_ms_per_step(path, a.num_seqs, a.prompt_len, a.steps)
+        print(f"host ms per decode step ({a.num_seqs} sequences, model left out): {ms:.2f}")
+        print(f"host_ms_per_step: {ms:.2f}")
+        print(f"step_period_ms: {ms:.2f}")
+        return 0
+    r = simulated_device_run(path, a.num_seqs, a.prompt_len, a.steps, a.device_ms or 0.0, a.mix)
+    print(f"# {a.num_seqs} sequences, {a.prompt_len}-token prompts, {a.steps} steps, simulated device "
+          f"{a.device_ms or 0:g} ms{', mix' if a.mix else ''}: {r['tokens_per_step']:.1f} tokens and "
+          f"{r['proposed_per_step']:.1f} proposals per step, {r['finished']} requests finished")
+    print(f"host_ms_per_step: {r['host_ms_per_step']:.2f}")
+    print(f"step_period_ms: {r['step_period_ms']:.2f}")
     return 0
 
 
