@@ -8,6 +8,10 @@ the same pass and take the argmax of the penalized logits.
 Every tensor made here lives on the logits' device, and nothing here reads a device
 value on the host: the caller does the step's one device-to-host copy of the ids.
 
+Penalties read per-request token state kept on the device across steps
+(backend/engine/penalty_state.py): preparing a step costs O(batch + new tokens), never
+a walk over a request's prompt or output.
+
 Draws use the exponential race, argmax(p / E) with E ~ Exp(1), which draws from p. The
 noise comes from the sampler's own generator, except for rows whose request has a seed:
 those draw from the request's generator (on the same device), so a seeded request gives
@@ -17,13 +21,14 @@ the same tokens whatever shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
 from backend.engine.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.logprobs import LogprobRows
+from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
 
 # Columns of the per-row parameter tensor.
@@ -32,6 +37,15 @@ NUM_COLUMNS = 7
 # top_p at or above 1 keeps everything; stored as 2 so that rounding in the cumulative
 # sum can never drop a tail token of a row that asked for no top-p.
 _NO_TOP_P = 2.0
+
+
+class PenaltyRows(NamedTuple):
+    """A penalty's per-row token state: row i reads table[slots[i]] (slot 0: all
+    zeros), plus `extra` (rows, token ids): the proposals a verification row counts as
+    output on top of its request's state."""
+    slots: torch.Tensor                         # int64 [B]
+    table: torch.Tensor                         # [slots, V]: PenaltyState.seen or .counts
+    extra: Optional[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -43,8 +57,8 @@ class SamplingBatch:
     max_top_k: int                              # 0: no row uses top-k
     any_top_p: bool
     any_min_p: bool
-    repetition: Optional[tuple[torch.Tensor, torch.Tensor]]   # (rows, token ids) seen
-    counted: Optional[tuple[torch.Tensor, torch.Tensor]]      # (rows, token ids) generated
+    repetition: Optional[PenaltyRows]           # prompt and output tokens seen
+    counted: Optional[PenaltyRows]              # output tokens generated, counted
     banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens: (rows, token ids)
     seeded: list[tuple[int, torch.Generator]]
     logprobs: Optional[LogprobRows] = None                    # rows whose request wants logprobs
@@ -58,22 +72,30 @@ class Sampler:
         self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device)
         self._indices = GrowingStagedBuffer(torch.int64, self.device)
         self._bias_values = GrowingStagedBuffer(torch.float32, self.device)
+        self.penalties = PenaltyState(self.device, max_slots=max_num_seqs)
 
     # ------------------------------------------------------------------ host side
     def prepare(self, requests: Sequence[Request], vocab_size: int) -> SamplingBatch:
-        """Per-row parameters and penalty indices from the requests: host work only,
-        O(batch) plus the token lists of requests that use penalties."""
+        """Per-row parameters and index sets from the requests: host work only, O(batch)
+        plus each row's new tokens (a request's first sampled step: its prompt and output,
+        once). A row may be a verification row (`verified_request`, `proposed`: see
+        spec_decode/rejection_sampler.VerifyRow): it reads its request's state plus its
+        proposals."""
         B = len(requests)
         if B * NUM_COLUMNS > self._params.np.shape[0]:
             self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
         rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
-        # (row, token ids) per request, for each index set: repetition, counted, banned,
-        # and (row, [count]) for logprobs.
+        # (row, token ids) per request, for each index set: repetition proposals, counted
+        # proposals, banned, and (row, [count]) for logprobs, logit_bias ids.
         lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
         bias_values: list[float] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
         any_top_p = any_min_p = False
+        penalties = self.penalties
+        penalties.begin(vocab_size)
+        slots: list[Optional[np.ndarray]] = [None, None]      # per row: repetition, counted
+        any_counted = False
         for i, r in enumerate(requests):
             p = r.sampling_params
             top_k = p.top_k if 0 < p.top_k < vocab_size else 0
@@ -87,10 +109,20 @@ class Sampler:
                 any_min_p |= p.min_p > 0.0
                 if r.generator is not None:
                     seeded.append((i, r.generator))
-            if p.repetition_penalty != 1.0:
-                lists[0].append((i, np.unique(np.asarray(r.prompt_token_ids + r.output_token_ids))))
-            if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
-                lists[1].append((i, np.asarray(r.output_token_ids)))
+            repetition = p.repetition_penalty != 1.0
+            counted = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            if repetition or counted:
+                request = getattr(r, "verified_request", None)
+                proposed = r.proposed if request is not None else ()
+                slot = penalties.slot(request if request is not None else r, repetition, counted)
+                for k, used in enumerate((repetition, counted)):
+                    if used:
+                        if slots[k] is None:
+                            slots[k] = np.zeros(B, dtype=np.int64)
+                        slots[k][i] = slot
+                        if proposed:
+                            lists[k].append((i, np.asarray(proposed)))
+                any_counted |= counted and r.num_output_tokens > 0
             if r.num_output_tokens < p.min_tokens:
                 stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
                 lists[2].append((i, np.asarray(sorted(t for t in stop if 0 <= t < vocab_size))))
@@ -100,7 +132,17 @@ class Sampler:
                 ids = [t for t in p.logit_bias if 0 <= t < vocab_size]
                 lists[4].append((i, np.asarray(ids, dtype=np.int64)))
                 bias_values += [p.logit_bias[t] for t in ids]
-        uploaded = self._upload_indices(lists)
+        if not any_counted:
+            slots[1] = None                     # nothing generated yet: counts are all zero
+        # One upload: the rows' slots, the index sets, the penalty state's updates.
+        flat = [s for s in slots if s is not None] + penalties.host_updates()
+        uploaded, dev = self._upload_indices(lists, flat)
+        slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[:len(dev) - 5], dev[-5:]
+        penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
+        penalty_rows: list[Optional[PenaltyRows]] = [None, None]
+        for k, table in enumerate((penalties.seen, penalties.counts)):
+            if slots[k] is not None:
+                penalty_rows[k] = PenaltyRows(slot_views.pop(0), table, uploaded[k])
         logprobs = None
         if uploaded[3] is not None:
             counts = [int(ids[0]) for _, ids in lists[3]]
@@ -113,12 +155,13 @@ class Sampler:
             bias=bias,
             params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
             all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
-            any_top_p=any_top_p, any_min_p=any_min_p, repetition=uploaded[0], counted=uploaded[1],
+            any_top_p=any_top_p, any_min_p=any_min_p, repetition=penalty_rows[0], counted=penalty_rows[1],
             banned=uploaded[2], seeded=seeded, logprobs=logprobs)
 
-    def _upload_indices(self, lists) -> list[Optional[tuple[torch.Tensor, torch.Tensor]]]:
-        """Each index set as (rows, token ids), all in one host-to-device copy; None
-        for a set no request uses."""
+    def _upload_indices(self, lists, flat: list[np.ndarray]
+                        ) -> tuple[list[Optional[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]:
+        """Each index set as (rows, token ids), None for a set no request uses, and each
+        of `flat` as a device view: all in one host-to-device copy."""
         parts, sizes = [], []
         for entries in lists:
             n = sum(len(ids) for _, ids in entries)
@@ -126,14 +169,19 @@ class Sampler:
             if n:
                 parts.append(np.concatenate([np.full(len(ids), row) for row, ids in entries]))
                 parts.append(np.concatenate([ids for _, ids in entries]))
-        if not any(sizes):
-            return [None] * len(lists)
-        dev = self._indices.upload(np.concatenate(parts).astype(np.int64))
+        flat_sizes = [a.shape[0] for a in flat]
+        if not any(sizes) and not any(flat_sizes):
+            return [None] * len(lists), [None] * len(flat)      # nothing to send: no copy
+        dev = self._indices.upload(np.concatenate(parts + flat).astype(np.int64, copy=False))
         out, off = [], 0
         for n in sizes:
             out.append((dev[off:off + n], dev[off + n:off + 2 * n]) if n else None)
             off += 2 * n
-        return out
+        views = []
+        for n in flat_sizes:
+            views.append(dev[off:off + n])
+            off += n
+        return out, views
 
     # ---------------------------------------------------------------- device side
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -208,14 +256,18 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     then min_tokens (stop ids and EOS banned)."""
     params = batch.params
     if batch.repetition is not None:
-        seen = torch.zeros_like(logits, dtype=torch.bool)
-        seen.index_put_(batch.repetition, torch.ones((), dtype=torch.bool, device=logits.device))
+        slots, table, extra = batch.repetition
+        seen = table.index_select(0, slots)
+        if extra is not None:
+            seen.index_put_(extra, torch.ones((), dtype=torch.bool, device=logits.device))
         rep = params[:, REPETITION:REPETITION + 1]
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)
     if batch.counted is not None:
-        counts = torch.zeros_like(logits)
-        counts.index_put_(batch.counted, torch.ones((), device=logits.device), accumulate=True)
+        slots, table, extra = batch.counted
+        counts = table.index_select(0, slots)
+        if extra is not None:
+            counts.index_put_(extra, torch.ones((), device=logits.device), accumulate=True)
         logits -= (params[:, FREQUENCY:FREQUENCY + 1] * counts
                    + params[:, PRESENCE:PRESENCE + 1] * (counts > 0).float())
     if batch.banned is not None:

@@ -33,19 +33,28 @@ BONUS, POINT, DRAWN = 0, 1, 2
 
 class VerifyRow:
     """A request as its logits row after `proposed` tokens sees it: those tokens count as
-    output, as they would when decoding one token at a time."""
-    __slots__ = ("_request", "output_token_ids")
+    output, as they would when decoding one token at a time. The sampler reads the
+    request's own penalty state plus `proposed` (nothing is copied per row)."""
+    __slots__ = ("verified_request", "proposed")
 
     def __init__(self, request, proposed: list[int]) -> None:
-        self._request = request
-        self.output_token_ids = request.output_token_ids + proposed
+        self.verified_request = request
+        self.proposed = proposed
 
     def __getattr__(self, name: str):
-        return getattr(self._request, name)
+        return getattr(self.verified_request, name)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.verified_request.output_token_ids + self.proposed
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.verified_request.all_token_ids + self.proposed
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return self.verified_request.num_output_tokens + len(self.proposed)
 
 
 def verify_rows(scheduled: Sequence) -> list:
