@@ -12,6 +12,7 @@ block and evicts its hash. Every operation is O(1) per block.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,6 +21,29 @@ from typing import Optional, Sequence
 from backend.engine.request import Request
 
 BlockHash = bytes
+
+# Every block id ever appended to a block table gets a number no other gets.
+_serials = itertools.count(1)
+
+
+class BlockTable(list):
+    """A request's block ids, with a serial number per entry: a reader that kept the
+    serials it saw knows which leading entries are unchanged, in O(changed), even after
+    entries were trimmed and others appended in their place (persistent block tables in
+    backend/engine/step_inputs.py)."""
+    __slots__ = ("serials",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.serials: list[int] = []
+
+    def append_blocks(self, block_ids: list[int]) -> None:
+        self.extend(block_ids)
+        self.serials.extend(itertools.islice(_serials, len(block_ids)))
+
+    def truncate(self, n: int) -> None:
+        del self[n:]
+        del self.serials[n:]
 
 
 @dataclass(eq=False)
@@ -38,6 +62,20 @@ def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> Bl
     h = hashlib.sha256(parent_hash or b"")
     h.update(array("q", token_ids).tobytes())
     return h.digest()
+
+
+_EMPTY = BlockTable()
+
+
+def _tokens(request: Request, a: int, b: int) -> list[int]:
+    """Tokens a:b of the request's prompt + output, without building the concatenation."""
+    prompt, output = request.prompt_token_ids, request.output_token_ids
+    p = len(prompt)
+    if b <= p:
+        return prompt[a:b]
+    if a >= p:
+        return output[a - p:b - p]
+    return prompt[a:] + output[:b - p]
 
 
 class BlockPool:
@@ -113,8 +151,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[KVBlock]] = {}
         # The same tables as block ids, kept in step with req_blocks: the model runner
-        # reads every running request's table every step.
-        self.req_block_ids: dict[str, list[int]] = {}
+        # reads every running request's table every step (the new entries only).
+        self.req_block_ids: dict[str, BlockTable] = {}
         # How many leading blocks of each request are registered in the prefix cache.
         self._num_registered: dict[str, int] = {}
         self.prefix_cache_queries = 0
@@ -130,8 +168,9 @@ class KVCacheManager:
         return self.pool.num_blocks
 
     def block_table(self, request_id: str) -> list[int]:
-        """The request's block ids (read-only: the manager's own list)."""
-        return self.req_block_ids.get(request_id, [])
+        """The request's block ids (read-only: the manager's own BlockTable, the same
+        object for as long as the request holds blocks)."""
+        return self.req_block_ids.get(request_id, _EMPTY)
 
     def slot(self, request_id: str, position: int) -> int:
         block = self.req_blocks[request_id][position // self.block_size]
@@ -142,11 +181,10 @@ class KVCacheManager:
         bs = self.block_size
         hashes = request.block_hashes
         if len(hashes) >= request.num_tokens // bs:
-            return                      # no newly full block: skip building the token list
-        tokens = request.all_token_ids
-        for i in range(len(hashes), len(tokens) // bs):
+            return                      # no newly full block
+        for i in range(len(hashes), request.num_tokens // bs):
             parent = hashes[i - 1] if i else request.cache_salt
-            hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(parent, _tokens(request, i * bs, (i + 1) * bs)))
 
     def find_cached_blocks(self, request: Request) -> list[KVBlock]:
         """Longest run of cached full blocks matching the request's leading tokens.
@@ -197,8 +235,8 @@ class KVCacheManager:
         blocks.extend(cached_blocks)
         for _ in range(max(num_new_blocks, 0)):
             blocks.append(self.pool.allocate())
-        ids = self.req_block_ids.setdefault(request.request_id, [])
-        ids.extend(b.block_id for b in blocks[len(ids):])
+        ids = self.req_block_ids.setdefault(request.request_id, BlockTable())
+        ids.append_blocks([b.block_id for b in blocks[len(ids):]])
         if cached_blocks:
             # Hits are already in the prefix cache; registration resumes after them.
             self._num_registered[request.request_id] = len(cached_blocks)
@@ -219,11 +257,10 @@ class KVCacheManager:
         if num_full <= start:
             return                      # most decode steps fill no block
         self._update_block_hashes(request)
-        tokens = request.all_token_ids
-        for i in range(start, num_full):
+        for i in range(start, num_full):      # the new full blocks' tokens only
             parent = request.block_hashes[i - 1] if i else request.cache_salt
             self.pool.register(blocks[i], request.block_hashes[i], parent,
-                               tuple(tokens[i * bs:(i + 1) * bs]))
+                               tuple(_tokens(request, i * bs, (i + 1) * bs)))
         self._num_registered[request.request_id] = max(start, num_full)
 
     def trim(self, request: Request, num_tokens: int) -> None:
@@ -237,7 +274,7 @@ class KVCacheManager:
         for block in reversed(blocks[keep:]):
             self.pool.release(block)
         del blocks[keep:]
-        del self.req_block_ids[request.request_id][keep:]
+        self.req_block_ids[request.request_id].truncate(keep)
 
     def free(self, request: Request) -> None:
         """Give back every block of the request. Tail blocks are queued first, so

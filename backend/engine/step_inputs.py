@@ -5,15 +5,24 @@ All integer inputs live in one int32 staging buffer at fixed offsets (capacities
 once from the engine limits):
 
     input_ids [T] | positions [T] | slot_mapping [T] | logits_indices [T] |
-    query_start_loc [B + 1] | seq_lens [B] | block_tables [B, M]
+    query_start_loc [B + 1] | seq_lens [B] | row_slots [B] | table_updates [2 B M]
 
-so the upload is a single copy of a prefix of that buffer (the block-table rows in use
-come last), and every input is a view at an address that never changes, which is what
+so the upload is a single copy of a prefix of that buffer (the block-table updates in
+use come last), and every input is a view at an address that never changes, which is what
 a captured CUDA graph reads. Per-token work (positions, slots) is numpy over arrays;
 Python loops run once per request, not per token.
 
+Block tables persist across steps (PersistentBlockTables): each request keeps a row (its
+slot) of a device table [B + 1, M] for as long as it holds blocks, and a step sends only
+the block ids its requests gained since the last step (or a whole row for a request new
+to the table or re-admitted), as flat (index, id) pairs that one index_put writes into
+the table. The step's own block tables [B, M] (fixed address, what kernels and graphs
+read) are then gathered from the table by `row_slots` on the device; a step whose rows and
+tables did not change skips even that. Host work per step is O(batch + new blocks), not
+O(context).
+
 Padding (for a CUDA graph of a larger batch) adds rows that write nothing (slot -1) and
-belong to empty sequences (query length 0, sequence length 0).
+belong to empty sequences (query length 0, sequence length 0, the all-zero table row 0).
 """
 
 from __future__ import annotations
@@ -41,6 +50,77 @@ class StepInputs:
     num_seqs: int                           # B before padding
 
 
+class _TableRow:
+    __slots__ = ("slot", "table", "serials", "length", "used")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.table: Optional[list[int]] = None  # the block manager's list it mirrors
+        self.serials: list[int] = []            # BlockTable serials of the entries written
+        self.length = 0                         # entries written
+        self.used = 0                           # the build that last used it
+
+
+class PersistentBlockTables:
+    """Rank 0's host side of the persistent block table: which slot each request holds,
+    what its row holds, and a host mirror of the rows (the slot mapping is computed from
+    it). Rows are keyed by request id; a row is rewritten from the first entry that
+    changed, found in O(changed) from the BlockTable serials (backend/engine/block_manager.py),
+    or in full for a plain list."""
+
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:
+        self.M = max_blocks_per_seq
+        self.host = np.zeros((max_num_seqs + 1, max_blocks_per_seq), dtype=np.int32)   # row 0: padding
+        self.rows: dict[str, _TableRow] = {}
+        self._free = list(range(max_num_seqs, 0, -1))
+        self._build = 0
+
+    def begin(self) -> None:
+        self._build += 1
+
+    def row(self, request_id: str, table: list[int], block_table_of: Callable[[str], list[int]],
+            index: list[int], values: list[int]) -> int:
+        """The request's slot, its row brought up to date on the host; the changed
+        entries appended to (index, values) as flat table indices and block ids."""
+        r = self.rows.get(request_id)
+        if r is None:
+            r = self.rows[request_id] = _TableRow(self._allocate(block_table_of))
+        serials = getattr(table, "serials", None)
+        start = 0
+        if r.table is table and serials is not None:
+            start = min(r.length, len(table))
+            while start and r.serials[start - 1] != serials[start - 1]:
+                start -= 1                      # entries trimmed and replaced since
+        n = len(table)
+        if n > self.M:
+            raise ValueError(f"a block table of {n} blocks exceeds max_blocks_per_seq ({self.M})")
+        if start < n:
+            new = table[start:n]
+            self.host[r.slot, start:n] = new
+            base = r.slot * self.M
+            index.extend(range(base + start, base + n))
+            values.extend(new)
+        r.table, r.length, r.used = table, n, self._build
+        if serials is not None:
+            del r.serials[start:]
+            r.serials.extend(serials[start:n])
+        return r.slot
+
+    def _allocate(self, block_table_of: Callable[[str], list[int]]) -> int:
+        if not self._free:
+            # Rows whose request no longer holds the blocks they mirror (finished,
+            # preempted) first; failing that, the least recently used outside this build.
+            for rid, r in list(self.rows.items()):
+                if block_table_of(rid) is not r.table and r.used < self._build:
+                    self._free.append(self.rows.pop(rid).slot)
+            if not self._free:
+                idle = [(r.used, rid) for rid, r in self.rows.items() if r.used < self._build]
+                if not idle:
+                    raise ValueError("more sequences in a step than max_num_seqs")
+                self._free.append(self.rows.pop(min(idle)[1]).slot)
+        return self._free.pop()
+
+
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device) -> None:
@@ -48,13 +128,20 @@ class StepInputBuilder:
         self.block_size = block_size
         off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
                           ("logits_indices", self.T), ("query_start_loc", self.B + 1), ("seq_lens", self.B),
-                          ("block_tables", self.B * self.M)]
+                          ("row_slots", self.B), ("table_updates", 2 * self.B * self.M)]
         pos = 0
         for name, n in sizes:
             off[name] = pos
             pos += n
         self.offsets = off
         self.buffer = StagedBuffer(pos, torch.int32, device)
+        # Every rank keeps the device table (each applies the same updates); rank 0 also
+        # the host side.
+        self.tables = PersistentBlockTables(self.B, self.M)
+        self.table_device = torch.zeros(self.B + 1, self.M, dtype=torch.int32, device=device)
+        # The step's block tables, gathered from the table: fixed address.
+        self.step_tables = torch.zeros(self.B, self.M, dtype=torch.int32, device=device)
+        self._gathered: Optional[np.ndarray] = None    # the row slots step_tables holds
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]
@@ -66,7 +153,7 @@ class StepInputBuilder:
 
     def block_tables_view(self, rows: int, cols: int) -> torch.Tensor:
         """[rows, cols] view with row stride M (kernels take the stride)."""
-        return self.device_view("block_tables", self.B * self.M).view(self.B, self.M)[:rows, :cols]
+        return self.step_tables[:rows, :cols]
 
     def build(self, out: SchedulerOutput, block_table_of: Callable[[str], list[int]],
               pad_to: Optional[int] = None) -> StepInputs:
@@ -118,19 +205,27 @@ class StepInputBuilder:
         positions[T:] = 0
 
         input_ids = self._host("input_ids", Tp)
-        tables = self._host("block_tables", Bp * self.M).reshape(Bp, self.M)
+        row_slots = self._host("row_slots", Bp)
+        index: list[int] = []
+        values: list[int] = []
+        self.tables.begin()
         widest = 1
         for i, request_id in enumerate(request_ids):
             a, b = int(start[i]), int(start[i] + n_new[i])
             input_ids[qsl[i]:qsl[i + 1]] = tokens(i, a, b)
             table = block_table_of(request_id)
-            tables[i, :len(table)] = table
+            row_slots[i] = self.tables.row(request_id, table, block_table_of, index, values)
             widest = max(widest, len(table))
+        row_slots[B:] = 0
         input_ids[T:] = 0
         slots = self._host("slot_mapping", Tp)
         pos = positions[:T]
-        slots[:T] = tables[seq_of_token, pos // bs] * bs + pos % bs
+        slots[:T] = self.tables.host[row_slots[seq_of_token], pos // bs] * bs + pos % bs
         slots[T:] = -1
+        n_updates = len(index)
+        updates = self._host("table_updates", 2 * n_updates)
+        updates[:n_updates] = index
+        updates[n_updates:] = values
 
         # The last num_rows[i] packed rows of each sequence, in order.
         num_logits = int(num_rows.sum())
@@ -140,9 +235,21 @@ class StepInputBuilder:
         logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
         all_rows = num_logits == Tp
 
-        self.buffer.upload(self.offsets["block_tables"] + Bp * self.M)
+        self._uploaded = self.offsets["table_updates"] + 2 * n_updates
+        self.buffer.upload(self._uploaded)
+        if n_updates or self._gathered is None or not np.array_equal(self._gathered, row_slots):
+            self._apply_tables(n_updates, Bp)
+            self._gathered = row_slots.copy()
         return self._views(Tp, Bp, T, B, widest, num_logits, all_rows,
                            n_new.tolist() + [0] * (Bp - B), seq_lens.tolist())
+
+    def _apply_tables(self, n_updates: int, Bp: int) -> None:
+        """Device side, after the upload: the new block ids into the table, then the
+        step's rows gathered from it."""
+        if n_updates:
+            pairs = self.device_view("table_updates", 2 * n_updates)
+            self.table_device.view(-1).index_put_((pairs[:n_updates],), pairs[n_updates:])
+        torch.index_select(self.table_device, 0, self.device_view("row_slots", Bp), out=self.step_tables[:Bp])
 
     def _views(self, Tp: int, Bp: int, T: int, B: int, widest: int, num_logits: int, all_rows: bool,
                query_lens: list[int], seq_lens: list[int]) -> StepInputs:
@@ -163,19 +270,23 @@ class StepInputBuilder:
     PLAN_LEN = 8
 
     def plan(self, step: StepInputs) -> list[int]:
-        """What another rank needs, beside a copy of the uploaded prefix, to rebuild `step`."""
+        """What another rank needs, beside a copy of the uploaded prefix, to rebuild `step`.
+        The prefix ends with the step's block-table updates; every rank applies them to
+        its own table, so the tables stay equal as long as each step reaches every rank."""
         Bp = int(step.meta.seq_lens.shape[0])
-        return [self.offsets["block_tables"] + Bp * self.M, int(step.input_ids.shape[0]), Bp, step.num_tokens,
+        return [self._uploaded, int(step.input_ids.shape[0]), Bp, step.num_tokens,
                 step.num_seqs, int(step.meta.block_tables.shape[1]), step.num_logits, int(step.all_rows_sampled)]
 
     def rebuild(self, plan: list[int]) -> StepInputs:
         """The step `plan` describes, once its prefix has been written into the host
-        buffer (`host_prefix`): uploads it and returns the views."""
+        buffer (`host_prefix`): uploads it, applies its block-table updates and returns
+        the views."""
         n, Tp, Bp, T, B, widest, num_logits, all_rows = plan
         host, off = self.buffer.np, self.offsets
         query_lens = np.diff(host[off["query_start_loc"]:off["query_start_loc"] + Bp + 1]).tolist()
         seq_lens = host[off["seq_lens"]:off["seq_lens"] + Bp].tolist()
         self.buffer.upload(n)
+        self._apply_tables((n - off["table_updates"]) // 2, Bp)
         return self._views(Tp, Bp, T, B, widest, num_logits, bool(all_rows), query_lens, seq_lens)
 
     def host_prefix(self, n: int) -> torch.Tensor:
@@ -210,8 +321,9 @@ def dummy_decode(builder: StepInputBuilder, size: int, token_ids: np.ndarray, nu
     b._host("logits_indices", size)[:] = np.arange(size)
     b._host("query_start_loc", size + 1)[:] = np.arange(size + 1)
     b._host("seq_lens", size)[:] = 1
-    b._host("block_tables", size * b.M)[:] = 0
-    b.buffer.upload(b.offsets["block_tables"] + size * b.M)
+    b.buffer.upload(b.offsets["row_slots"])
+    b.step_tables[:size].zero_()
+    b._gathered = None                          # the next build gathers its rows again
     return static_decode_inputs(b, size, num_splits)
 
 
