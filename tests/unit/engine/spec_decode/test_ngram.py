@@ -37,3 +37,32 @@ def test_matches_a_brute_force_search():
         tokens = rng.integers(0, 4, rng.integers(1, 40)).tolist()
         lo, hi = sorted(rng.integers(1, 5, 2).tolist())
         assert lookup(np.asarray(tokens), lo, hi, 3) == _brute_force(tokens, lo, hi, 3), (tokens, lo, hi)
+
+
+def test_proposer_arrays_follow_the_requests():
+    """The proposer keeps each request's tokens in an array appended to step by step: its
+    proposals are lookup's over the whole token list, as outputs grow, shrink, are replaced,
+    and requests come and go."""
+    import random
+
+    from backend.engine.request import Request
+    from backend.engine.spec_decode.ngram import NgramProposer
+    from backend.sampling_params import SamplingParams
+    rng = random.Random(0)
+    proposer = NgramProposer(1, 3)
+    requests = [Request(request_id=f"r{i}", prompt_token_ids=[rng.randrange(4) for _ in range(rng.randrange(1, 30))],
+                        sampling_params=SamplingParams(), arrival_time=0.0, max_tokens=500) for i in range(6)]
+    for step in range(200):
+        running = rng.sample(requests, rng.randrange(1, len(requests) + 1))
+        proposer.propose(running, [(r, 3) for r in running])
+        for r in running:
+            assert r.spec_token_ids == lookup(np.asarray(r.all_token_ids), 1, 3, 3), (step, r.request_id)
+        for r in requests:
+            event = rng.random()
+            if event < 0.7:
+                r.output_token_ids.extend(rng.randrange(4) for _ in range(rng.choice([1, 1, 3])))
+            elif event < 0.75 and r.output_token_ids:
+                del r.output_token_ids[-rng.randrange(1, len(r.output_token_ids) + 1):]
+            elif event < 0.8:
+                r.output_token_ids = r.output_token_ids + [rng.randrange(4)]
+    assert len(proposer._tokens) <= len(requests)
