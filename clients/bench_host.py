@@ -188,9 +188,11 @@ def _alphabetic_tokens(tokenizer, n: int) -> list[int]:
 
 
 def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, device_ms: float,
-                         mix: bool, seed: int = 0) -> dict:
+                         mix: bool, seed: int = 0, max_num_batched_tokens: int = 8192) -> dict:
     """Steps at full batch through SimulatedDeviceRunner; returns host_ms_per_step,
-    step_period_ms and what the run did (tokens, proposals, finished requests)."""
+    step_period_ms and what the run did (tokens, proposals, finished requests). The step
+    token budget of the timed steps is an engine setting, the same whatever the prompt
+    length (the step buffers' upload grows with it)."""
     from backend import LLM, SamplingParams
     per_step = 1 + (ACCEPT_MAX if mix else 0)
     max_tokens = per_step * (steps + WARMUP_STEPS + 2) + NUM_SPECULATIVE_TOKENS
@@ -201,7 +203,7 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 3}
     with _small_kv_tensors():
         llm = LLM(checkpoint, device="cpu", num_kv_blocks=blocks, max_num_seqs=num_seqs,
-                  max_num_batched_tokens=num_seqs * prompt_len, **kw)
+                  max_num_batched_tokens=max_num_batched_tokens, **kw)
     engine = llm.engine
     runner = _runner_class()(engine.runner, device_ms, _alphabetic_tokens(engine.tokenizer, STREAM_PERIOD))
     engine.runner = runner
@@ -216,11 +218,20 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
             elif i % 2:
                 params.update(logprobs=5, speculative_decoding=False)
         engine.add_request(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**params))
+    # Every prompt in one step (grammars compile on the side), through a step budget and
+    # step-input buffers that hold them all, so that no request is far ahead of another;
+    # the timed steps run with the engine's own.
+    from backend.engine.step_inputs import StepInputBuilder
+    own = runner.inputs, engine.scheduler.max_num_batched_tokens
+    runner.inputs = StepInputBuilder(num_seqs * (prompt_len + 1), num_seqs, own[0].M, own[0].block_size,
+                                     own[0].buffer.device.device)
+    engine.scheduler.max_num_batched_tokens = num_seqs * prompt_len
     deadline = time.monotonic() + 60
     while len(engine.scheduler.running) < num_seqs or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
-        engine.step()                            # every prompt (grammars compile on the side)
+        engine.step()
         if time.monotonic() > deadline:
             raise RuntimeError("the batch did not fill in 60 s")
+    runner.inputs, engine.scheduler.max_num_batched_tokens = own
     for _ in range(WARMUP_STEPS):
         engine.step()
     spec0 = engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0
@@ -303,6 +314,8 @@ def main(argv=None) -> int:
                     help="simulated device: each forward takes D ms off the GIL (0: no wait)")
     ap.add_argument("--mix", action="store_true", help="penalties, stop strings, logprobs, n-gram "
                     "speculation on half the requests and one JSON-schema request (implies --device-ms 0)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                    help="--device-ms/--mix: the engine's step token budget in the timed steps")
     ap.add_argument("--parts", action="store_true", help="Sampler.prepare and StepInputBuilder.build alone")
     ap.add_argument("--context", type=int, default=4096, help="--parts: tokens per request")
     a = ap.parse_args(argv)
@@ -318,7 +331,8 @@ def main(argv=None) -> int:
         print(f"host_ms_per_step: {ms:.2f}")
         print(f"step_period_ms: {ms:.2f}")
         return 0
-    r = simulated_device_run(path, a.num_seqs, a.prompt_len, a.steps, a.device_ms or 0.0, a.mix)
+    r = simulated_device_run(path, a.num_seqs, a.prompt_len, a.steps, a.device_ms or 0.0, a.mix,
+                             max_num_batched_tokens=a.max_num_batched_tokens)
     print(f"# {a.num_seqs} sequences, {a.prompt_len}-token prompts, {a.steps} steps, simulated device "
           f"{a.device_ms or 0:g} ms{', mix' if a.mix else ''}: {r['tokens_per_step']:.1f} tokens and "
           f"{r['proposed_per_step']:.1f} proposals per step, {r['finished']} requests finished")

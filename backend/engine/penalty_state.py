@@ -34,7 +34,6 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
-import numpy as np
 import torch
 
 
@@ -121,15 +120,18 @@ class PenaltyState:
         e.used = self._call
         return e.slot
 
-    def host_updates(self) -> list[np.ndarray]:
-        """This call's updates as int64 arrays, for the sampler's one upload: slots to
+    def host_updates(self) -> list[list[int]]:
+        """This call's updates as flat lists, for the sampler's one upload: slots to
         clear, then (slots, token ids) to mark seen, then (slots, token ids) to count."""
-        def pairs(updates):
-            if not updates:
-                return [np.zeros(0, np.int64)] * 2
-            return [np.repeat(np.asarray([s for s, _ in updates], np.int64), [len(t) for _, t in updates]),
-                    np.concatenate([np.asarray(t, np.int64) for _, t in updates])]
-        return [np.asarray(self._clear, np.int64), *pairs(self._seen_updates), *pairs(self._count_updates)]
+        out: list[list[int]] = [self._clear]
+        for updates in (self._seen_updates, self._count_updates):
+            slots: list[int] = []
+            ids: list[int] = []
+            for slot, tokens in updates:
+                slots += [slot] * len(tokens)
+                ids += tokens
+            out += [slots, ids]
+        return out
 
     def apply(self, clear: Optional[torch.Tensor], seen: tuple, counted: tuple) -> None:
         """The uploaded updates into the tables (device work only; empty ones skipped on

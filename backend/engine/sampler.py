@@ -84,23 +84,24 @@ class Sampler:
         B = len(requests)
         if B * NUM_COLUMNS > self._params.np.shape[0]:
             self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
-        rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
-        # (row, token ids) per request, for each index set: repetition proposals, counted
-        # proposals, banned, and (row, [count]) for logprobs, logit_bias ids.
-        lists: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        params_rows: list[tuple] = []
+        # Index sets as flat (rows, ids) lists: repetition proposals, counted proposals,
+        # banned ids (min_tokens), logprobs (row, its count), logit_bias ids.
+        index_sets: list[tuple[list[int], list[int]]] = [([], []) for _ in range(5)]
+        rep_extra, cnt_extra, banned, want_logprobs, biased = index_sets
         bias_values: list[float] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
         any_top_p = any_min_p = False
         penalties = self.penalties
         penalties.begin(vocab_size)
-        slots: list[Optional[np.ndarray]] = [None, None]      # per row: repetition, counted
+        slots: list[Optional[list[int]]] = [None, None]       # per row: repetition, counted
         any_counted = False
         for i, r in enumerate(requests):
             p = r.sampling_params
             top_k = p.top_k if 0 < p.top_k < vocab_size else 0
-            rows[i] = (p.temperature, top_k, p.top_p if p.top_p < 1.0 else _NO_TOP_P, p.min_p,
-                       p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+            params_rows.append((p.temperature, top_k, p.top_p if p.top_p < 1.0 else _NO_TOP_P, p.min_p,
+                                p.repetition_penalty, p.presence_penalty, p.frequency_penalty))
             if p.greedy:
                 n_greedy += 1
             else:
@@ -118,25 +119,32 @@ class Sampler:
                 for k, used in enumerate((repetition, counted)):
                     if used:
                         if slots[k] is None:
-                            slots[k] = np.zeros(B, dtype=np.int64)
+                            slots[k] = [0] * B
                         slots[k][i] = slot
                         if proposed:
-                            lists[k].append((i, np.asarray(proposed)))
+                            index_sets[k][0].extend([i] * len(proposed))
+                            index_sets[k][1].extend(proposed)
                 any_counted |= counted and r.num_output_tokens > 0
             if r.num_output_tokens < p.min_tokens:
                 stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
-                lists[2].append((i, np.asarray(sorted(t for t in stop if 0 <= t < vocab_size))))
+                ids = sorted(t for t in stop if 0 <= t < vocab_size)
+                banned[0].extend([i] * len(ids))
+                banned[1].extend(ids)
             if p.logprobs is not None:
-                lists[3].append((i, np.asarray([p.logprobs])))
+                want_logprobs[0].append(i)
+                want_logprobs[1].append(p.logprobs)
             if p.logit_bias:
                 ids = [t for t in p.logit_bias if 0 <= t < vocab_size]
-                lists[4].append((i, np.asarray(ids, dtype=np.int64)))
+                biased[0].extend([i] * len(ids))
+                biased[1].extend(ids)
                 bias_values += [p.logit_bias[t] for t in ids]
+        rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
+        rows[:] = params_rows
         if not any_counted:
             slots[1] = None                     # nothing generated yet: counts are all zero
-        # One upload: the rows' slots, the index sets, the penalty state's updates.
+        # One upload: the index sets, the rows' slots, the penalty state's updates.
         flat = [s for s in slots if s is not None] + penalties.host_updates()
-        uploaded, dev = self._upload_indices(lists, flat)
+        uploaded, dev = self._upload_indices(index_sets, flat)
         slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[:len(dev) - 5], dev[-5:]
         penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
         penalty_rows: list[Optional[PenaltyRows]] = [None, None]
@@ -145,8 +153,8 @@ class Sampler:
                 penalty_rows[k] = PenaltyRows(slot_views.pop(0), table, uploaded[k])
         logprobs = None
         if uploaded[3] is not None:
-            counts = [int(ids[0]) for _, ids in lists[3]]
-            logprobs = LogprobRows(rows=uploaded[3][0], counts=counts, row_ids=[i for i, _ in lists[3]],
+            counts = want_logprobs[1]
+            logprobs = LogprobRows(rows=uploaded[3][0], counts=counts, row_ids=want_logprobs[0],
                                    max_count=min(max(counts), vocab_size))
         bias = None
         if uploaded[4] is not None:
@@ -158,29 +166,28 @@ class Sampler:
             any_top_p=any_top_p, any_min_p=any_min_p, repetition=penalty_rows[0], counted=penalty_rows[1],
             banned=uploaded[2], seeded=seeded, logprobs=logprobs)
 
-    def _upload_indices(self, lists, flat: list[np.ndarray]
+    def _upload_indices(self, index_sets: list[tuple[list[int], list[int]]], flat: list[list[int]]
                         ) -> tuple[list[Optional[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]:
-        """Each index set as (rows, token ids), None for a set no request uses, and each
-        of `flat` as a device view: all in one host-to-device copy."""
-        parts, sizes = [], []
-        for entries in lists:
-            n = sum(len(ids) for _, ids in entries)
-            sizes.append(n)
-            if n:
-                parts.append(np.concatenate([np.full(len(ids), row) for row, ids in entries]))
-                parts.append(np.concatenate([ids for _, ids in entries]))
-        flat_sizes = [a.shape[0] for a in flat]
-        if not any(sizes) and not any(flat_sizes):
-            return [None] * len(lists), [None] * len(flat)      # nothing to send: no copy
-        dev = self._indices.upload(np.concatenate(parts + flat).astype(np.int64, copy=False))
+        """Each index set as device (rows, ids), None for an empty one, and each of `flat`
+        as a device view: all in one host-to-device copy."""
+        values: list[int] = []
+        for rows, ids in index_sets:
+            values += rows
+            values += ids
+        for part in flat:
+            values += part
+        if not values:
+            return [None] * len(index_sets), [None] * len(flat)     # nothing to send: no copy
+        dev = self._indices.upload(np.array(values, dtype=np.int64))
         out, off = [], 0
-        for n in sizes:
+        for rows, _ in index_sets:
+            n = len(rows)
             out.append((dev[off:off + n], dev[off + n:off + 2 * n]) if n else None)
             off += 2 * n
         views = []
-        for n in flat_sizes:
-            views.append(dev[off:off + n])
-            off += n
+        for part in flat:
+            views.append(dev[off:off + len(part)])
+            off += len(part)
         return out, views
 
     # ---------------------------------------------------------------- device side
