@@ -19,14 +19,17 @@ The state follows the request, not the step:
 - Proposed tokens under verification never enter the state: a verification row adds
   its proposals for that row only (see Sampler.prepare), so rejected ones leave no trace.
 - A request whose output shrank, or whose prompt or output list was replaced, is
-  refilled from scratch: what a full recompute would give.
+  refilled from scratch: what a full recompute would give. (The engine only ever appends
+  to an output and never changes a prompt in place; a shrink followed by regrowth past
+  the old length between two steps would be seen only through the last token.)
 - n > 1 children are requests of their own, each with its own slot.
 
 Slots of finished (or garbage-collected) requests are taken back when a slot is needed
-and none is free; when none can be, the least recently sampled request not in this step
-gives its slot up (it is refilled if it comes back), and only when every slot serves
-this very step do the tables grow (doubling). Slot 0 is all zeros: the slot of rows
-that use no penalty. The tables exist only once some request uses them.
+and none is free; failing that the tables grow (doubling) up to max_slots
+(max_num_seqs), past which the least recently sampled request not in this step gives its
+slot up (refilled if it comes back); only a step with more penalized requests than slots
+grows them further. Slot 0 is all zeros: the slot of rows that use no penalty. The tables
+exist only once some request uses them.
 """
 
 from __future__ import annotations
