@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from dataclasses import replace
+from typing import Sequence, Union
 
 from backend.config import EngineArgs
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.outputs import RequestOutput
+from backend.engine.parallel_sampling import child_requests
 from backend.sampling_params import SamplingParams
 
 
@@ -29,6 +31,9 @@ class LLM:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
         A prompt is a string or a list of token ids. A single prompt may be passed bare.
+        With `n` > 1 a prompt's output is that of its first completion, and `completions`
+        holds all n in index order (child requests sharing the prompt's blocks, seeds
+        `seed + i`: backend.engine.parallel_sampling).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -36,13 +41,29 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("one SamplingParams per prompt, or a single one for all")
-        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompts, sampling_params)]
+        fanned: list[tuple[str, list[str]]] = []      # (parent id, its children's ids)
+        for p, sp in zip(prompts, sampling_params):
+            if sp.n == 1:
+                rid = self.engine.add_request(p, sp).request_id
+                fanned.append((rid, [rid]))
+                continue
+            children = child_requests(self.engine.new_request_id(), sp)
+            fanned.append((children[0][0].rsplit("/", 1)[0], [cid for cid, _ in children]))
+            for cid, cp in children:
+                self.engine.add_request(p, cp, request_id=cid)
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 if out.finished:
                     results[out.request_id] = out
-        return [results[i] for i in ids]
+        outputs = []
+        for parent_id, child_ids in fanned:
+            if len(child_ids) == 1 and child_ids[0] == parent_id:
+                outputs.append(results[parent_id])
+                continue
+            completions = [results[cid] for cid in child_ids]
+            outputs.append(replace(completions[0], request_id=parent_id, completions=completions))
+        return outputs
 
     def close(self) -> None:
         self.engine.shutdown()

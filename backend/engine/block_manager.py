@@ -7,6 +7,15 @@ whole prefix before it matches. A hit is also checked token for token. Blocks wh
 reference count drops to zero go back to the free queue but keep their contents and
 hash, so a later request can revive them; allocation takes the least recently freed
 block and evicts its hash. Every operation is O(1) per block.
+
+Full blocks are registered when a step that fills them is scheduled (vLLM v1 caches
+them in `allocate_slots`), not after it ran: a block whose tokens are all known is
+in the cache from then on, *pending* until the step has written its K/V. A request that
+would hit a pending block is not admitted in that step (`find_cached_blocks` returns
+None): it waits one step and then shares the computed block. So `n` > 1 children, or
+concurrent requests with one prompt, admitted together compute the prompt once. A
+pending block released before its step ran (its request preempted in the same
+schedule) leaves the cache at once.
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ class KVBlock:
     block_hash: Optional[BlockHash] = None
     parent_hash: Optional[BlockHash] = None
     token_ids: tuple[int, ...] = ()
+    # Registered, but the step that writes its K/V has not run yet: not a hit.
+    pending: bool = False
 
 
 def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> BlockHash:
@@ -111,6 +122,8 @@ class BlockPool:
         assert block.ref_cnt > 0, f"block {block.block_id} released twice"
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
+            if block.pending:
+                self._evict(block)      # its K/V was never written
             self.free_queue[block.block_id] = block
             if block.block_hash is None:
                 # Nothing worth keeping: reuse it before any cached block.
@@ -124,11 +137,12 @@ class BlockPool:
         return block
 
     def register(self, block: KVBlock, block_hash: BlockHash, parent_hash: Optional[BlockHash],
-                 token_ids: tuple[int, ...]) -> None:
+                 token_ids: tuple[int, ...], pending: bool = False) -> None:
         if block.block_hash is not None or block_hash in self.cached:
             # Already cached, or the same content was computed twice: keep the first copy.
             return
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
+        block.pending = pending
         self.cached[block_hash] = block
 
     def _evict(self, block: KVBlock) -> None:
@@ -136,6 +150,7 @@ class BlockPool:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+        block.pending = False
 
     def reset_prefix_cache(self) -> None:
         for block in list(self.cached.values()):
@@ -153,8 +168,10 @@ class KVCacheManager:
         # The same tables as block ids, kept in step with req_blocks: the model runner
         # reads every running request's table every step (the new entries only).
         self.req_block_ids: dict[str, BlockTable] = {}
-        # How many leading blocks of each request are registered in the prefix cache.
+        # How many leading blocks of each request are registered in the prefix cache, and
+        # how many of those hold computed K/V (the rest are pending).
         self._num_registered: dict[str, int] = {}
+        self._num_computed_blocks: dict[str, int] = {}
         self.prefix_cache_queries = 0
         self.prefix_cache_hit_tokens = 0
 
@@ -186,8 +203,10 @@ class KVCacheManager:
             parent = hashes[i - 1] if i else request.cache_salt
             hashes.append(hash_block(parent, _tokens(request, i * bs, (i + 1) * bs)))
 
-    def find_cached_blocks(self, request: Request) -> list[KVBlock]:
-        """Longest run of cached full blocks matching the request's leading tokens.
+    def find_cached_blocks(self, request: Request) -> Optional[list[KVBlock]]:
+        """Longest run of cached full blocks matching the request's leading tokens, or None
+        when that run reaches a pending block (admit the request after the step that
+        computes it, and it shares the block).
 
         At least one token is always left to compute, since the step must produce the
         logits of the last one.
@@ -204,6 +223,8 @@ class KVCacheManager:
             block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
             if block is None:
                 break
+            if block.pending:
+                return None
             found.append(block)
         self.prefix_cache_queries += len(tokens)
         self.prefix_cache_hit_tokens += len(found) * bs
@@ -223,6 +244,9 @@ class KVCacheManager:
         num_required = -(-(num_computed + num_new_tokens) // bs)
         num_new_blocks = num_required - len(blocks) - len(cached_blocks)
         if num_new_blocks <= 0 and not cached_blocks:
+            if self.enable_prefix_caching:      # (a chunk or a decode may complete a block)
+                self._register(request, blocks, min(num_computed + num_new_tokens, request.num_tokens) // bs,
+                               pending=True)
             return True                 # most decode steps: the last block has room
         # Cached hits that sit in the free queue are taken out of it by touching them.
         num_evictable_hits = sum(1 for b in cached_blocks if b.ref_cnt == 0)
@@ -240,28 +264,48 @@ class KVCacheManager:
         if cached_blocks:
             # Hits are already in the prefix cache; registration resumes after them.
             self._num_registered[request.request_id] = len(cached_blocks)
+            self._num_computed_blocks[request.request_id] = len(cached_blocks)
+        if self.enable_prefix_caching:
+            # Blocks this step fills with known tokens (not proposals): cached now, pending.
+            self._register(request, blocks, min(num_computed + num_new_tokens, request.num_tokens) // bs,
+                           pending=True)
         return True
 
+    def _register(self, request: Request, blocks: list[KVBlock], num_full: int, pending: bool) -> None:
+        """Register the request's blocks up to `num_full` that are not registered yet."""
+        rid = request.request_id
+        start = self._num_registered.get(rid, 0)
+        num_full = min(num_full, len(blocks))
+        if num_full <= start:
+            return                      # most steps fill no block
+        self._update_block_hashes(request)
+        bs = self.block_size
+        for i in range(start, num_full):      # the new full blocks' tokens only
+            parent = request.block_hashes[i - 1] if i else request.cache_salt
+            self.pool.register(blocks[i], request.block_hashes[i], parent,
+                               tuple(_tokens(request, i * bs, (i + 1) * bs)), pending)
+        self._num_registered[rid] = num_full
+
     def cache_computed_blocks(self, request: Request) -> None:
-        """Register the request's newly filled blocks in the prefix cache."""
+        """After a step: the request's full blocks of computed tokens are hits from now on
+        (pending ones become computed; blocks filled by accepted proposals, which were not
+        tokens when the step was scheduled, are registered)."""
         if not self.enable_prefix_caching:
             return
         blocks = self.req_blocks.get(request.request_id)
         if not blocks:
             return
-        bs = self.block_size
+        rid = request.request_id
         # Only blocks of final tokens: accepted proposals join the request's tokens only
         # after this is first called for their step (the engine calls it again then).
-        num_full = min(min(request.num_computed_tokens, request.num_tokens) // bs, len(blocks))
-        start = self._num_registered.get(request.request_id, 0)
-        if num_full <= start:
+        num_full = min(min(request.num_computed_tokens, request.num_tokens) // self.block_size, len(blocks))
+        done = self._num_computed_blocks.get(rid, 0)
+        if num_full <= done:
             return                      # most decode steps fill no block
-        self._update_block_hashes(request)
-        for i in range(start, num_full):      # the new full blocks' tokens only
-            parent = request.block_hashes[i - 1] if i else request.cache_salt
-            self.pool.register(blocks[i], request.block_hashes[i], parent,
-                               tuple(_tokens(request, i * bs, (i + 1) * bs)))
-        self._num_registered[request.request_id] = max(start, num_full)
+        self._register(request, blocks, num_full, pending=False)
+        for i in range(done, num_full):
+            blocks[i].pending = False
+        self._num_computed_blocks[rid] = num_full
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back the blocks past those that hold the request's first `num_tokens`
@@ -282,6 +326,7 @@ class KVCacheManager:
         blocks = self.req_blocks.pop(request.request_id, [])
         self.req_block_ids.pop(request.request_id, None)
         self._num_registered.pop(request.request_id, None)
+        self._num_computed_blocks.pop(request.request_id, None)
         for block in reversed(blocks):
             self.pool.release(block)
 

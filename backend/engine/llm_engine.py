@@ -187,7 +187,7 @@ class LLMEngine:
         if params.n != 1:
             raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
                                       "fan n > 1 out with backend.engine.parallel_sampling.child_requests")
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")
         max_queue = self.args.max_queue_size
@@ -222,6 +222,10 @@ class LLMEngine:
             self._deadlines.push(request.arrival_time + deadline[0], (request, *deadline))
         self.num_prompt_tokens_total += len(token_ids)
         return request
+
+    def new_request_id(self) -> str:
+        """An id no request of this engine was given by default before."""
+        return f"req-{next(self._ids)}"
 
     def _compile_grammar(self, request: Request):
         if self.runner.structured is None:

@@ -34,3 +34,6 @@ class RequestOutput:
     logprobs: Optional[list[TokenLogprobs]] = None
     # Set when the request ended on an error rather than normally (finished is True).
     error: Optional[Exception] = None
+    # Offline `LLM.generate` with n > 1: the n completions' final outputs, in index order
+    # (this output is the first one's, under the parent's request id).
+    completions: Optional[list["RequestOutput"]] = None

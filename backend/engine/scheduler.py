@@ -14,6 +14,9 @@ or the pool is short, and rolled back after the step when rejected.
 
 With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
 waiting request under another adapter waits, and the requests behind it may go first.
+So does a waiting request whose prompt blocks another request computes in this step
+(prefix caching registers them when scheduled): it is admitted in the next step and
+shares them, so `n` > 1 children compute their prompt once.
 """
 
 from __future__ import annotations
@@ -148,6 +151,11 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step
                 continue
             cached = self.kv_cache.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            if cached is None:
+                # Its prompt's blocks are being computed in this step (by a sibling or a
+                # request with the same prefix): it shares them from the next step on.
+                skipped.append(self.waiting.popleft())
+                continue
             num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(request.num_tokens - num_computed, budget)
             if not self.kv_cache.allocate_slots(request, num_new, cached):

@@ -144,3 +144,66 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_blocks_are_cached_when_scheduled_pending_until_computed():
+    """Full blocks are registered when allocated for a step, pending: a request that
+    would hit one is told to wait (None), and after the step it shares them."""
+    kv = KVCacheManager(16, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(10)))
+    assert kv.find_cached_blocks(a) == []
+    assert kv.allocate_slots(a, 10)
+    assert len(kv.pool.cached) == 2 and all(b.pending for b in kv.req_blocks["a"][:2])
+    b = make_request("b", list(range(9)))
+    queries = kv.prefix_cache_queries
+    assert kv.find_cached_blocks(b) is None and kv.prefix_cache_queries == queries   # not counted
+    # A request whose first block differs is not held back.
+    assert kv.find_cached_blocks(make_request("c", [5] * 9)) == []
+    a.num_computed_tokens = 10                  # the step ran
+    kv.cache_computed_blocks(a)
+    assert not any(blk.pending for blk in kv.req_blocks["a"])
+    hits = kv.find_cached_blocks(b)
+    assert [h.block_id for h in hits] == kv.block_table("a")[:2]
+    kv.free(a)
+    assert kv.num_free_blocks == 16
+
+
+def test_a_pending_block_freed_before_its_step_leaves_the_cache():
+    """A request preempted in the schedule that allocated its blocks: the blocks were
+    never written, so they must not be found."""
+    kv = KVCacheManager(8, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(9)))
+    assert kv.allocate_slots(a, 9)
+    assert len(kv.pool.cached) == 2
+    kv.free(a)
+    assert kv.pool.cached == {} and not any(b.pending or b.block_hash for b in kv.pool.blocks)
+    assert kv.find_cached_blocks(make_request("b", list(range(9)))) == []
+
+
+def test_chunks_register_the_blocks_they_complete():
+    kv = KVCacheManager(8, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(12)))
+    assert kv.allocate_slots(a, 6)              # block 0 full, block 1 half
+    assert [b.block_hash is not None for b in kv.req_blocks["a"]] == [True, False]
+    a.num_computed_tokens = 6
+    kv.cache_computed_blocks(a)
+    assert kv.allocate_slots(a, 2)              # completes block 1 without a new block
+    assert kv.req_blocks["a"][1].pending
+    a.num_computed_tokens = 8
+    kv.cache_computed_blocks(a)
+    assert not kv.req_blocks["a"][1].pending
+    kv.free(a)
+
+
+def test_adapters_salt_the_chain_and_do_not_wait_on_each_other():
+    from backend.lora import cache_salt
+    kv = KVCacheManager(16, BS, enable_prefix_caching=True)
+    a = make_request("a", list(range(9)))
+    a.cache_salt = cache_salt("sql")
+    assert kv.allocate_slots(a, 9)
+    base = make_request("b", list(range(9)))
+    assert kv.find_cached_blocks(base) == []    # another chain: neither a hit nor a wait
+    a.num_computed_tokens = 9
+    kv.cache_computed_blocks(a)
+    assert kv.find_cached_blocks(base) == []
+    kv.free(a)
