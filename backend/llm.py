@@ -18,8 +18,7 @@ class LLM:
     point with `if __name__ == "__main__":`, as spawn requires."""
 
     def __init__(self, model: str, **engine_args) -> None:
-        static_batching = engine_args.pop("static_batching", False)
-        self.engine = LLMEngine(EngineArgs.create(model=model, **engine_args), static_batching=static_batching)
+        self.engine = LLMEngine(EngineArgs.create(model=model, **engine_args))
 
     @property
     def tokenizer(self):

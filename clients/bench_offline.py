@@ -11,12 +11,14 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from backend import LLM, SamplingParams
+from backend.engine.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,11 @@ class RunResult:
         return self.output_tokens / self.seconds
 
 
-def run_engine(path: str, wl: Workload, name: str = "engine", **engine_args) -> tuple[RunResult, LLM]:
+def run_engine(path: str, wl: Workload, name: str = "engine", static_batching: bool = False,
+               **engine_args) -> tuple[RunResult, LLM]:
     llm = LLM(path, **engine_args)
+    if static_batching:
+        llm.engine.scheduler.__class__ = StaticBatchScheduler       # same state, other admission
     llm.generate([list(wl.prompts[0][:8])], SamplingParams(max_tokens=2))  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate([list(p) for p in wl.prompts], wl.params())
@@ -194,6 +199,20 @@ def shared_prefix(path: str, num_requests: int, prefix_len: int, suffix_len: int
         }
     out["ttft_speedup"] = out["off"]["ttft_mean_s"] / out["on"]["ttft_mean_s"]
     return out
+
+
+class StaticBatchScheduler(Scheduler):
+    """For the comparison only: admits a batch when nothing runs and then waits until all
+    of it finishes (running requests still go first, and may be preempted)."""
+
+    def schedule(self) -> SchedulerOutput:
+        if not self.running:
+            return super().schedule()
+        waiting, self.waiting = self.waiting, deque()       # nothing is admitted
+        try:
+            return super().schedule()
+        finally:
+            self.waiting.extend(waiting)                   # after any preempted this step
 
 
 def static_vs_inflight(path: str, wl: Workload, **engine_args) -> dict:

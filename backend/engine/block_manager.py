@@ -158,7 +158,8 @@ class BlockPool:
 
 
 class KVCacheManager:
-    """Maps requests to blocks: block tables, slot mapping and prefix-cache hits."""
+    """Maps requests to blocks: block tables and prefix-cache hits (slot mapping is
+    the step builder's, backend/engine/step_inputs.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.block_size = block_size
@@ -188,10 +189,6 @@ class KVCacheManager:
         """The request's block ids (read-only: the manager's own BlockTable, the same
         object for as long as the request holds blocks)."""
         return self.req_block_ids.get(request_id, _EMPTY)
-
-    def slot(self, request_id: str, position: int) -> int:
-        block = self.req_blocks[request_id][position // self.block_size]
-        return block.block_id * self.block_size + position % self.block_size
 
     # ------------------------------------------------------------ prefix cache
     def _update_block_hashes(self, request: Request) -> None:

@@ -52,15 +52,15 @@ Prompt = Union[str, Sequence[int]]
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs, static_batching: bool = False) -> None:
+    def __init__(self, args: EngineArgs) -> None:
         self.workers: Optional[TensorParallelWorkers] = None
         try:
-            self._build(args, static_batching)
+            self._build(args)
         except BaseException:
             self.shutdown()         # tensor-parallel ranks already started
             raise
 
-    def _build(self, args: EngineArgs, static_batching: bool) -> None:
+    def _build(self, args: EngineArgs) -> None:
         self.args = args
         self.model_config: ModelConfig = load_model_config(args.model)
         cfg = self.model_config
@@ -117,7 +117,6 @@ class LLMEngine:
 
         self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
-                                   static_batching=static_batching,
                                    max_loras=args.max_loras if self.lora is not None else None)
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)

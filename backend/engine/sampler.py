@@ -252,10 +252,6 @@ class Sampler:
         """One token per row from `probs` (unnormalised is fine): the exponential race."""
         return (probs / self.noise(probs, batch)).argmax(dim=-1)
 
-    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
-        """Convenience for tests and tools: prepare, sample and copy the ids back."""
-        return self.sample(logits, self.prepare(requests, logits.shape[-1])).tolist()
-
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """In place on a private copy: repetition (Hugging Face / CTRL convention, over prompt

@@ -65,13 +65,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 static_batching: bool = False, max_loras: Optional[int] = None) -> None:
+                 max_loras: Optional[int] = None) -> None:
         self.kv_cache = kv_cache
         self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # For benchmarks only: admit a batch and wait until all of it finishes.
-        self.static_batching = static_batching
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -141,7 +139,7 @@ class Scheduler:
                 continue
             break  # the request itself was preempted: nothing after it can run either
 
-        can_admit = not out.preempted and not (self.static_batching and self.running)
+        can_admit = not out.preempted
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         skipped: list[Request] = []
         while can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:

@@ -24,13 +24,13 @@ def admit(kv: KVCacheManager, req: Request) -> bool:
     return ok
 
 
-def test_slot_mapping_and_block_table():
+def test_block_table():
     kv = KVCacheManager(8, BS, enable_prefix_caching=False)
     req = make_request("a", list(range(10)))
     assert kv.allocate_slots(req, 10)
     table = kv.block_table("a")
     assert len(table) == 3
-    assert kv.slot("a", 9) == table[2] * BS + 1
+    assert [b.block_id for b in kv.req_blocks["a"]] == table
     assert kv.num_free_blocks == 5
 
 

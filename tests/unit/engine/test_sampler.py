@@ -5,6 +5,7 @@ import torch
 
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
+from tests.helpers.sampling import sample_ids
 from backend.sampling_params import SamplingParams, SamplingParamsError
 
 
@@ -20,13 +21,13 @@ def req(params: SamplingParams, prompt=(1,), out=(), seed=None) -> Request:
 def draws(params: SamplingParams, logits: torch.Tensor, n: int = 400, **kw) -> torch.Tensor:
     s = Sampler(0)
     r = req(params, **kw)
-    return torch.tensor([s(logits[None], [r])[0] for _ in range(n)])
+    return torch.tensor([sample_ids(s, logits[None], [r])[0] for _ in range(n)])
 
 
 def test_greedy_is_argmax():
     logits = torch.tensor([[0.1, 3.0, 2.9], [5.0, -1.0, 0.0]])
     p = SamplingParams(temperature=0)
-    assert Sampler()(logits, [req(p), req(p)]) == [1, 0]
+    assert sample_ids(Sampler(), logits, [req(p), req(p)]) == [1, 0]
 
 
 def test_top_k_and_top_p_and_min_p_restrict_support():
@@ -54,36 +55,36 @@ def test_distribution_matches_probs():
 def test_seeded_requests_reproduce_regardless_of_batch():
     logits = torch.randn(3, 50)
     p = SamplingParams(seed=42)
-    a = [Sampler(0)(logits[i:i + 1], [req(p)])[0] for i in range(1)]
+    a = [sample_ids(Sampler(0), logits[i:i + 1], [req(p)])[0] for i in range(1)]
     r = req(p)
     s = Sampler(99)
-    b = s(logits[[1, 0, 2]], [req(SamplingParams()), r, req(SamplingParams(seed=5))])
+    b = sample_ids(s, logits[[1, 0, 2]], [req(SamplingParams()), r, req(SamplingParams(seed=5))])
     assert b[1] == a[0]
 
 
 def test_penalties():
     logits = torch.tensor([[2.0, 2.0, -1.0, 1.9]])
     rep = req(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=[0])
-    assert Sampler()(logits, [rep]) == [1]
+    assert sample_ids(Sampler(), logits, [rep]) == [1]
     freq = req(SamplingParams(temperature=0, frequency_penalty=0.2), out=[1, 1, 0])
-    assert Sampler()(logits, [freq]) == [3]
+    assert sample_ids(Sampler(), logits, [freq]) == [3]
     pres = req(SamplingParams(temperature=0, presence_penalty=0.15), out=[0, 1])
-    assert Sampler()(logits, [pres]) == [3]
+    assert sample_ids(Sampler(), logits, [pres]) == [3]
 
 
 def test_min_tokens_masks_eos_and_stop_ids():
     logits = torch.tensor([[5.0, 1.0, 4.0, 0.0]])
     r = req(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[2]), out=[3])
-    assert Sampler()(logits, [r]) == [1]
+    assert sample_ids(Sampler(), logits, [r]) == [1]
     r = req(SamplingParams(temperature=0, min_tokens=1), out=[3])
-    assert Sampler()(logits, [r]) == [0]
+    assert sample_ids(Sampler(), logits, [r]) == [0]
 
 
 def test_logit_bias_shifts_only_its_rows_tokens():
     logits = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0]])
     biased = req(SamplingParams(temperature=0, logit_bias={2: 5.0, 7: 100.0}))   # 7 is outside: ignored
     plain = req(SamplingParams(temperature=0))
-    assert Sampler()(logits, [biased, plain]) == [2, 0]
+    assert sample_ids(Sampler(), logits, [biased, plain]) == [2, 0]
     assert set(draws(SamplingParams(logit_bias={0: -100.0}), logits[0]).tolist()) == {1, 2}
 
 
@@ -128,7 +129,7 @@ def test_batched_greedy_equals_per_row_argmax():
     for trial in range(20):
         requests = mixed_requests(2)
         logits = torch.randn(len(requests), 12, generator=g) * 3
-        got = Sampler(trial)(logits, requests)
+        got = sample_ids(Sampler(trial), logits, requests)
         for i, r in enumerate(requests):
             if r.sampling_params.greedy:
                 assert got[i] == int(processed_logits(logits[i], r).argmax())
@@ -166,7 +167,7 @@ def test_seeded_rows_reproduce_across_batch_compositions_and_steps():
         s = Sampler(companions)
         tokens = []
         for _ in range(6):
-            out = s(logits_row.expand(len(requests), V), requests)
+            out = sample_ids(s, logits_row.expand(len(requests), V), requests)
             tokens.append(out[position])
         return tokens
 
