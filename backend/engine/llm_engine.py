@@ -206,7 +206,7 @@ class LLMEngine:
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
-            eos_token_ids=eos, prompt=prompt if isinstance(prompt, str) else None,
+            eos_token_ids=eos,
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))

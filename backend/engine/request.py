@@ -33,7 +33,6 @@ class Request:
     # Effective limit on generated tokens after max_model_len is taken into account.
     max_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
-    prompt: Optional[str] = None
 
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

@@ -145,6 +145,3 @@ class LoRAManager:
         names = list(self.paths)
         return [names[i] if i >= 0 else None for i in indices]
 
-    def resident(self) -> dict[str, int]:
-        return dict(self._slot_of)
-
