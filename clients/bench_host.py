@@ -5,7 +5,7 @@ steps when the host, not the device, sets the pace.
     python -m clients.bench_host --num-seqs 256 --prompt-len 1920 --steps 40 --device-ms 10 --mix
     python -m clients.bench_host --parts --num-seqs 256 --context 4096
 
-Runs the real engine (scheduler, block manager, step inputs, sampling-batch preparation,
+Runs the real engine (scheduler, KV cache manager, step inputs, sampling-batch preparation,
 stop checks, detokenization, outputs) with the forward pass and the draw replaced.
 
 - Plain (neither --device-ms nor --mix): forward and draw replaced by a constant token;
@@ -263,7 +263,7 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
     num_seqs requests holding `context` tokens (half prompt, half output)."""
     import torch
 
-    from backend.engine.block_manager import KVCacheManager
+    from backend.engine.kv_cache_manager import KVCacheManager
     from backend.engine.request import Request, RequestStatus
     from backend.engine.sampler import Sampler
     from backend.engine.scheduler import ScheduledRequest, SchedulerOutput

@@ -1,5 +1,5 @@
 """Model runners over an exported decoder graph (builder/onnx_export.py), next to the
-torch one: same scheduler, block manager, packed step and sampler; only the forward
+torch one: same scheduler, KV cache manager, packed step and sampler; only the forward
 pass differs.
 
 - onnxruntime: the export's reference variant on CPU. Slow (the graph returns whole

@@ -19,7 +19,7 @@ import torch
 
 from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.deadlines import Deadlines
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError

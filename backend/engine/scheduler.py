@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.request import FinishReason, Request, RequestStatus
 
 

@@ -55,7 +55,7 @@ class _TableRow:
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
-        self.table: Optional[list[int]] = None  # the block manager's list it mirrors
+        self.table: Optional[list[int]] = None  # the KV cache manager's list it mirrors
         self.serials: list[int] = []            # BlockTable serials of the entries written
         self.length = 0                         # entries written
         self.used = 0                           # the build that last used it
@@ -65,7 +65,7 @@ class PersistentBlockTables:
     """Rank 0's host side of the persistent block table: which slot each request holds,
     what its row holds, and a host mirror of the rows (the slot mapping is computed from
     it). Rows are keyed by request id; a row is rewritten from the first entry that
-    changed, found in O(changed) from the BlockTable serials (backend/engine/block_manager.py),
+    changed, found in O(changed) from the BlockTable serials (backend/engine/kv_cache_manager.py),
     or in full for a plain list."""
 
     def __init__(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:

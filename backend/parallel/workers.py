@@ -1,7 +1,7 @@
 """Tensor-parallel ranks 1..N-1: processes the engine starts, each holding its shard of
 the weights and of every KV block, running the forward pass rank 0 plans.
 
-Rank 0 is the engine's own process: scheduler, block manager, sampler. Each step it
+Rank 0 is the engine's own process: scheduler, KV cache manager, sampler. Each step it
 sends the others a short plan and the integer inputs it uploaded (one gloo broadcast
 each, on a control group), then every rank runs the same forward over the same block
 ids; the layers' all-reduces and the logits gather are the only other traffic. The

@@ -2,7 +2,7 @@
 
 The draft keeps its own K/V cache tensors, but in the target's blocks: the same block
 ids, block tables and slot mapping, in tensors shaped for the draft's layers. So the
-block manager manages both at once (allocated, preempted, freed and prefix-cached with
+KV cache manager manages both at once (allocated, preempted, freed and prefix-cached with
 the target request's blocks) and nothing here tracks blocks of its own.
 
 Each step, after the target's tokens are settled, the draft
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import ConfigError
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request

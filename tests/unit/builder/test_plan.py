@@ -33,7 +33,7 @@ def test_memory_rows_equal_the_engines_own_figures(ckpt_dir, arch, kv_dtype, blo
     assert plan.kv_bytes_per_token(cfg, plan_kv) == e.kv_cache_bytes // (e.num_kv_blocks * block_size)
     assert plan.kv_blocks(budget, cfg, plan_kv, block_size) == e.num_kv_blocks
     assert plan.weight_bytes(cfg, "float32") == engine_weight_bytes(llm)
-    # Sequences of 200 tokens that fit: what the block manager can hand out at once.
+    # Sequences of 200 tokens that fit: what the KV cache manager can hand out at once.
     n = plan.max_sequences(e.num_kv_blocks, 200, block_size)
     assert n == e.num_kv_blocks // -(-200 // block_size) and n > 0
 

@@ -1,6 +1,6 @@
 """The engine running an exported decoder graph instead of the torch model: the ONNX
 reference export in onnxruntime gives transformers' greedy tokens through the same
-scheduler and block manager, with chunked prefill, preemption and prefix hits. This is
+scheduler and KV cache manager, with chunked prefill, preemption and prefix hits. This is
 the packed-step contract (names, dtypes, layouts) the TensorRT runner feeds its engine."""
 
 import os

@@ -1,7 +1,7 @@
 """OutputProcessor alone (no model): several tokens landing in one step are checked for
 stops one at a time; the first stop ends the request there and drops the rest."""
 
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.request import Request, RequestStatus
 from backend.engine.scheduler import Scheduler

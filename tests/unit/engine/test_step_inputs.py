@@ -1,7 +1,7 @@
 """Persistent block tables (backend/engine/step_inputs.py): over random steps (blocks
 allocated, proposals' blocks trimmed and others allocated in their place, requests
 freed, preempted and re-admitted with prefix hits, rows in any order, padded steps),
-every step's block tables and slot mapping on the device are what the block manager
+every step's block tables and slot mapping on the device are what the KV cache manager
 holds; a step sends only the entries that changed; and a second rank that applies the
 same uploads (tensor parallelism) holds the same tables."""
 
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
 from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 from backend.engine.step_inputs import StepInputBuilder
@@ -39,7 +39,7 @@ def _check_step(builder: StepInputBuilder, step, sched: list[ScheduledRequest], 
     assert (builder.step_tables[len(sched):step.meta.block_tables.shape[0]] == 0).all()   # padding rows
 
 
-def test_tables_follow_the_block_manager_over_random_steps():
+def test_tables_follow_the_kv_cache_manager_over_random_steps():
     rng = random.Random(0)
     kv = KVCacheManager(60, BS, enable_prefix_caching=True)
     rank0 = StepInputBuilder(256, B, M, BS, torch.device("cpu"))

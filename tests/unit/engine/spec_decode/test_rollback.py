@@ -1,8 +1,8 @@
-"""Scheduler and block manager around a verification step, without a model: proposals
+"""Scheduler and KV cache manager around a verification step, without a model: proposals
 are budgeted and dropped before anyone is preempted; rejected ones give back their
 slots and blocks and are never published to the prefix cache."""
 
-from backend.engine.block_manager import KVCacheManager
+from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
 from backend.engine.scheduler import Scheduler
 from backend.sampling_params import SamplingParams

@@ -3,7 +3,7 @@
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backend.engine.block_manager import BlockPool, KVCacheManager
+from backend.engine.kv_cache_manager import BlockPool, KVCacheManager
 from backend.engine.request import Request
 from backend.sampling_params import SamplingParams
 
