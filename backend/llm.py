@@ -73,8 +73,12 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def kv_cache_stats(self) -> dict:
-        return self.engine.kv_cache_stats()
+    def stats(self) -> dict:
+        """The engine's figures (LLMEngine.stats): KV cache, scheduler, speculation, LoRA."""
+        return self.engine.stats()
+
+    # The name before it covered more than the KV cache; kept for offline scripts.
+    kv_cache_stats = stats
 
     def reset_prefix_cache(self) -> None:
         self.engine.kv_cache.reset_prefix_cache()

@@ -192,7 +192,7 @@ def shared_prefix(path: str, num_requests: int, prefix_len: int, suffix_len: int
                 if first is None and req.output_token_ids:
                     first = time.perf_counter() - t0
             ttfts.append(first)
-        stats = llm.kv_cache_stats()
+        stats = llm.stats()
         out["on" if caching else "off"] = {
             "ttft_mean_s": statistics.mean(ttfts),
             "hit_rate": stats["prefix_cache_hit_tokens"] / max(stats["prefix_cache_queries"], 1),

@@ -107,11 +107,11 @@ def main(argv=None) -> dict:
     for _ in range(args.repeats):
         for wl, prompts in workloads.items():
             for name, llm in llms.items():
-                before = llm.kv_cache_stats()
+                before = llm.stats()
                 tps, outs = tokens_per_s(llm, prompts, args.tokens)
                 if wl == "lookup":
                     copied.setdefault(name, []).append(_copied_share(outs, passages))
-                after = llm.kv_cache_stats()
+                after = llm.stats()
                 rates.setdefault((wl, name), []).append(tps)
                 stats[(wl, name)] = {k: after.get(k, 0) - before.get(k, 0) for k in
                                      ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",

@@ -127,7 +127,7 @@ def _vocab(path: str) -> int:
 
 
 def _free(llm) -> None:
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
     del llm
     torch.cuda.empty_cache()
@@ -261,7 +261,7 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
         sampled = llm.generate(prompts * 4, [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i,
                                                             ignore_eos=True, repetition_penalty=1.1)
                                              for i in range(8)])
-        stats = llm.kv_cache_stats()
+        stats = llm.stats()
         report[name] = {"greedy_tokens_equal": sum(a == b for x, y in zip(outs, reference) for a, b in zip(x, y)),
                         "greedy_tokens": sum(len(r) for r in reference),
                         "sampled_completed": all(len(o.token_ids) == 32 for o in sampled),

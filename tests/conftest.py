@@ -50,6 +50,6 @@ def random_prompts(n: int, lengths, vocab: int = 320, seed: int = 0) -> list[lis
 
 def assert_pool_free(llm_or_engine) -> None:
     engine = getattr(llm_or_engine, "engine", llm_or_engine)
-    stats = engine.kv_cache_stats()
+    stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], stats
     assert all(b.ref_cnt == 0 for b in engine.kv_cache.pool.blocks)

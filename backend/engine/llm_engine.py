@@ -351,7 +351,10 @@ class LLMEngine:
         return outputs
 
     # ------------------------------------------------------------------ stats
-    def kv_cache_stats(self) -> dict[str, float]:
+    def stats(self) -> dict:
+        """The engine's figures: KV cache (blocks, bytes per rank, prefix-cache queries and
+        hits), scheduler (running, waiting, preemptions, chunked prefills), speculation and
+        LoRA, when on. Cheap; read by the metrics thread."""
         kv = self.kv_cache
         total = kv.num_total_blocks
         free = kv.num_free_blocks

@@ -196,7 +196,7 @@ class EngineMetrics:
         with self._lock:
             if not self.counters:
                 return
-            stats = stats or self.engine.kv_cache_stats()
+            stats = stats or self.engine.stats()
             for name, total in self._totals(stats).items():
                 if total > self._last[name]:
                     self.counters[name].increment(total - self._last[name])
@@ -206,7 +206,7 @@ class EngineMetrics:
 
     def update(self) -> None:
         """Periodic push (the watcher thread): totals, observations, gauges."""
-        stats = self.engine.kv_cache_stats()
+        stats = self.engine.stats()
         self.flush(stats)
         values = {"vllm:num_requests_running": stats["num_running"],
                   "vllm:num_requests_waiting": stats["num_waiting"],

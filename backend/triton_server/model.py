@@ -114,7 +114,7 @@ class TritonPythonModel(Watcher):
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
-        s = self.engine.kv_cache_stats()
+        s = self.engine.stats()
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "
             f"KV cache {s['num_total_blocks']} blocks x {s['block_size']} tokens, max_model_len {s['max_model_len']}")

@@ -44,7 +44,7 @@ def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
             assert res.ok, res.error
             assert res.token_ids == tokens == plain.generate(prompt, SamplingParams(**sampling))[0].token_ids
             assert [p for p in res.pieces if p] == [p for p in pieces if p]
-        stats = offline.kv_cache_stats()
+        stats = offline.stats()
         assert stats["spec_decode_acceptance_rate"] == 1.0 and stats["spec_decode_mean_acceptance_length"] > 4
         for name, key in (("llm_spec_decode_num_drafts_total", "spec_decode_num_drafts"),
                           ("llm_spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens"),

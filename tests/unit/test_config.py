@@ -21,13 +21,13 @@ def test_max_model_len_must_fit_pool(llama_ckpt):
     with pytest.raises(ConfigError, match="max_model_len"):
         LLM(llama_ckpt, block_size=4, num_kv_blocks=10, max_model_len=100)
     llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=10)
-    assert llm.kv_cache_stats()["max_model_len"] == 40
+    assert llm.stats()["max_model_len"] == 40
 
 
 def test_pool_sized_from_memory_budget(llama_ckpt):
     # 2 layers x 2 kv heads x 16 dims x 2 (K,V) x 4 bytes = 512 bytes/token; 16-token blocks.
     llm = LLM(llama_ckpt, block_size=16, kv_cache_memory_bytes=512 * 16 * 30)
-    assert llm.kv_cache_stats()["num_total_blocks"] == 30
+    assert llm.stats()["num_total_blocks"] == 30
 
 
 def test_unsupported_architecture(tmp_path):

@@ -178,7 +178,7 @@ def test_speculative_build_copies_the_draft_and_records_the_config(tiny_ckpt, tm
     assert args.speculative_config.model == str(out / "draft")
     llm = LLM(**args.model_dump(exclude_none=True))
     llm.generate("the cat", SamplingParams(max_tokens=8, temperature=0))
-    assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
+    assert llm.stats()["spec_decode_acceptance_rate"] == 1.0
     with pytest.raises(BuildError, match="speculative.num_speculative_tokens"):
         opts(tiny_ckpt, tmp_path / "x", speculative='{"method": "ngram", "num_speculative_tokens": 0}')
 

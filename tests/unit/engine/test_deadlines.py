@@ -61,7 +61,7 @@ def test_running_request_aborted_at_its_deadline_keeps_its_tokens_and_frees_its_
     streamed = []
     for _ in range(3):
         streamed += [t for out in engine.step() for t in out.new_token_ids]
-    assert len(streamed) == 3 and engine.kv_cache_stats()["num_used_blocks"] > 0
+    assert len(streamed) == 3 and engine.stats()["num_used_blocks"] > 0
     engine.clock.now += 4.9
     (out,) = engine.step()                                      # not yet
     assert not out.finished
@@ -72,7 +72,7 @@ def test_running_request_aborted_at_its_deadline_keeps_its_tokens_and_frees_its_
     assert isinstance(out.error, DeadlineExceededError)
     assert str(out.error) == (f"request '{r.request_id}' exceeded its deadline: request_timeout_s=5 s "
                               "(sampling parameter) after arrival; aborted after 4 generated tokens")
-    assert engine.kv_cache_stats()["num_used_blocks"] == 0 and not engine.has_unfinished_requests()
+    assert engine.stats()["num_used_blocks"] == 0 and not engine.has_unfinished_requests()
 
 
 def test_waiting_request_aborted_while_the_one_ahead_runs_on(llm):

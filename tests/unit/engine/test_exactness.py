@@ -24,7 +24,7 @@ def test_greedy_matches_transformers(ckpt_dir, arch, prefix_caching):
     for i, (out, ref) in enumerate(zip(outs, expected)):
         assert out.token_ids == ref, f"prompt {i} (len {len(prompts[i])}) differs"
         assert out.finish_reason == "length"
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0
     assert stats["num_chunked_prefills"] > 0
     assert_pool_free(llm)
@@ -40,7 +40,7 @@ def test_triton_backend_matches_transformers(ckpt_dir):
               attention_backend="triton")
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
     assert [o.token_ids for o in outs] == expected
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert_pool_free(llm)
 

@@ -13,11 +13,11 @@ BUDGET = 512 * 1024
 def test_fp8_doubles_capacity_vs_16_bit(llama_ckpt):
     bf16 = LLM(llama_ckpt, dtype="bfloat16", block_size=16, kv_cache_memory_bytes=BUDGET)
     fp8 = LLM(llama_ckpt, dtype="bfloat16", block_size=16, kv_cache_memory_bytes=BUDGET, kv_cache_dtype="fp8")
-    a, b = bf16.kv_cache_stats(), fp8.kv_cache_stats()
+    a, b = bf16.stats(), fp8.stats()
     assert b["kv_cache_dtype"] == "float8_e4m3fn"
     assert b["num_total_blocks"] == 2 * a["num_total_blocks"]
     fp32 = LLM(llama_ckpt, dtype="float32", block_size=16, kv_cache_memory_bytes=BUDGET)
-    assert b["num_total_blocks"] == 4 * fp32.kv_cache_stats()["num_total_blocks"]
+    assert b["num_total_blocks"] == 4 * fp32.stats()["num_total_blocks"]
 
 
 def fp8_agreement(path, prompts, max_tokens=16, backend="torch"):

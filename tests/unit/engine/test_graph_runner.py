@@ -35,7 +35,7 @@ def test_onnxruntime_runner_matches_transformers(exported):
               model_runner="onnxruntime", model_graph=graph)
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
     assert [o.token_ids for o in outs] == expected
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert stats["prefix_cache_hit_tokens"] > 0
     assert_pool_free(llm)

@@ -59,11 +59,11 @@ def test_prefix_cache_hits_and_identical_output(make_llm):
     ref = make_llm(enable_prefix_caching=False).generate([a, b], GREEDY)
     llm = make_llm(enable_prefix_caching=True)
     first = llm.generate([a], GREEDY)[0]
-    hits_before = llm.kv_cache_stats()["prefix_cache_hit_tokens"]
+    hits_before = llm.stats()["prefix_cache_hit_tokens"]
     second = llm.generate([b], GREEDY)[0]
     assert first.num_cached_tokens == 0
     assert second.num_cached_tokens == 64
-    assert llm.kv_cache_stats()["prefix_cache_hit_tokens"] - hits_before == 64
+    assert llm.stats()["prefix_cache_hit_tokens"] - hits_before == 64
     assert [first.token_ids, second.token_ids] == [ref[0].token_ids, ref[1].token_ids]
 
 
@@ -82,7 +82,7 @@ def test_abort_frees_blocks_at_once(make_llm):
     reqs = [engine.add_request(p, GREEDY) for p in random_prompts(4, [30, 50], seed=5)]
     engine.step()
     engine.step()
-    assert engine.kv_cache_stats()["num_used_blocks"] > 0
+    assert engine.stats()["num_used_blocks"] > 0
     for r in reqs[:2]:
         out = engine.abort_request(r.request_id)
         assert out.finished and out.finish_reason == "abort"

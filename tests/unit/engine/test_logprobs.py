@@ -34,7 +34,7 @@ def test_logprobs_match_transformers_in_a_mixed_batch(ckpt_dir, backend):
     llm = LLM(path, block_size=4, num_kv_blocks=14, max_num_seqs=4, max_num_batched_tokens=16,
               attention_backend=backend)
     outs = llm.generate(prompts, params)
-    assert llm.kv_cache_stats()["num_preemptions"] > 0 and llm.kv_cache_stats()["num_chunked_prefills"] > 0
+    assert llm.stats()["num_preemptions"] > 0 and llm.stats()["num_chunked_prefills"] > 0
     assert_pool_free(llm)
     assert outs[1].logprobs is None and outs[1].cumulative_logprob is None
     for out, prompt, p in zip(outs, prompts, params):

@@ -32,7 +32,7 @@ def test_children_reproduce_their_seeded_single_requests(tiny_ckpt):
                                                                  ignore_eos=True))[0] for i in range(3)]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert len({tuple(o.token_ids) for o in together}) > 1
-    assert llm.kv_cache_stats()["num_used_blocks"] == 0
+    assert llm.stats()["num_used_blocks"] == 0
 
 
 def test_engine_refuses_an_unfanned_n(tiny_ckpt):
@@ -66,7 +66,7 @@ def test_n4_children_admitted_together_compute_the_prompt_once(llama_ckpt, budge
               device="cpu", dtype="float32")
     computed = _count_prompt_tokens_computed(llm)
     out = llm.generate(prompt, SamplingParams(n=4, max_tokens=6, min_tokens=6, temperature=0))[0]
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["prefix_cache_hit_tokens"] == 3 * (513 // 16) * 16
     assert sum(computed) == 513 + 3
     assert [c.num_cached_tokens for c in out.completions] == [0, 512, 512, 512]

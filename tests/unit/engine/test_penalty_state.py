@@ -128,7 +128,7 @@ def _generate(path, monkeypatch, full: bool, **engine):
         prompts = random_prompts(9, [30, 5, 17, 40], seed=2)
         outs = llm.generate(prompts, [PENALIZED[i % 3] for i in range(9)])
         assert_pool_free(llm)
-        return [o.token_ids for o in outs], llm.kv_cache_stats()
+        return [o.token_ids for o in outs], llm.stats()
 
 
 def test_engine_with_preemption_equals_full_recompute(llama_ckpt, monkeypatch):

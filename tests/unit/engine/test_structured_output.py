@@ -117,7 +117,7 @@ def test_guided_and_plain_requests_share_steps_with_chunking_preemption_and_pref
             assert out.token_ids == ref.token_ids
         else:
             jsonschema.validate(json.loads(out.text), SCHEMA)
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0 and stats["prefix_cache_hit_tokens"] > 0
     assert_pool_free(llm)
 

@@ -52,7 +52,7 @@ def record_steps(llm):
 
     def spy(names, num_new_tokens, graph_size=None):
         seen.append(set(names) - {None})
-        seen_stats.append(llm.kv_cache_stats())
+        seen_stats.append(llm.stats())
         prepare(names, num_new_tokens, graph_size)
     seen_stats = llm.lora_stats_seen = []
     llm.engine.lora.prepare = spy
@@ -80,7 +80,7 @@ def test_mixed_adapters_equal_peft(base, adapters, reference, max_loras, monkeyp
         for i, (out, name) in enumerate(zip(outs, order)):
             assert out.token_ids == refs[name][i], f"prompt {i} under {name}"
     assert max(len(s) for s in steps) == max_loras          # steps were shared, up to the limit
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     # What vllm:lora_requests_info shows: the adapters of running and waiting requests.
     assert stats["running_lora_adapters"] == stats["waiting_lora_adapters"] == [] and stats["max_loras"] == max_loras
@@ -147,7 +147,7 @@ def test_speculative_decoding_under_adapters(base, adapters, reference):
     outs = llm.generate(prompts, [params(n) for n in names])
     for i, (out, name) in enumerate(zip(outs, names)):
         assert out.token_ids == refs[name][i], f"prompt {i} under {name}"
-    assert llm.kv_cache_stats()["spec_decode_num_draft_tokens"] > 0
+    assert llm.stats()["spec_decode_num_draft_tokens"] > 0
     assert_pool_free(llm)
 
 

@@ -47,7 +47,7 @@ def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides,
         outs = llm.generate(prompts, GREEDY)
         for i, (out, ref) in enumerate(zip(outs, expected)):
             assert out.token_ids == ref, f"prompt {i} (len {len(prompts[i])}) differs"
-        stats = llm.kv_cache_stats()
+        stats = llm.stats()
         assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
         assert stats["prefix_cache_hit_tokens"] >= 120
         if engine:
@@ -73,17 +73,17 @@ def test_two_ranks_with_lora_adapters_give_peft_tokens(ckpt_dir, tmp_path):
                                                      lora_name=n) for n in names])
         for i, (out, name) in enumerate(zip(outs, names)):
             assert out.token_ids == refs[name][i], f"prompt {i} under {name}"
-        stats = llm.kv_cache_stats()
+        stats = llm.stats()
         assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
         assert llm.engine.lora.num_slot_loads > 2
         assert_pool_free(llm)
 
 
 def test_each_rank_holds_half_the_weights_and_kv_cache(llama_ckpt):
-    single = LLM(llama_ckpt, **TIGHT).kv_cache_stats()["bytes_per_rank"]
+    single = LLM(llama_ckpt, **TIGHT).stats()["bytes_per_rank"]
     ((weights, kv),) = single
     with LLM(llama_ckpt, tensor_parallel_size=2, **TIGHT) as llm:
-        ranks = llm.kv_cache_stats()["bytes_per_rank"]
+        ranks = llm.stats()["bytes_per_rank"]
         model = llm.engine.model
     assert len(ranks) == 2
     # Norm weights are replicated (hidden_size fp32 values: 2 per layer and the final one);

@@ -54,7 +54,7 @@ def test_greedy_output_is_unchanged(target, other_draft, prompts, reference, met
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0))
     for i, (out, ref) in enumerate(zip(outs, reference)):
         assert out.token_ids == ref, f"prompt {i} differs"
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert stats["prefix_cache_hit_tokens"] > 0
     assert stats["spec_decode_num_draft_tokens"] > 0
@@ -104,7 +104,7 @@ def test_sampled_output_has_the_same_distribution(target, other_draft, lookup_pr
     over many seeded requests; penalties and truncation on."""
     llm = LLM(target, seed=2, speculative_config=spec_config(method, 3, target, other_draft), **SAMPLING_ENGINE)
     spec = _seeded_samples(llm, lookup_prompt)
-    stats = llm.kv_cache_stats()
+    stats = llm.stats()
     assert stats["spec_decode_num_draft_tokens"] > NUM_DRAWS
     if method == "draft_same":
         assert stats["spec_decode_acceptance_rate"] == 1.0
@@ -193,7 +193,7 @@ def test_stops_and_streaming_are_exact_when_several_tokens_land(tiny_ckpt, metho
         ref_text, ref_tokens, ref_final = _stream(plain_llm, prompt, params)
         assert (tokens, text, final.finish_reason) == (ref_tokens, ref_text, ref_final.finish_reason), params
         assert final.token_ids == ref_final.token_ids and final.text == ref_final.text
-    stats = spec_llm.kv_cache_stats()
+    stats = spec_llm.stats()
     assert stats["spec_decode_num_draft_tokens"] > 0
     if method == "draft_same":          # up to 6 tokens land per step (the tiny model's text defeats lookup)
         assert stats["spec_decode_mean_acceptance_length"] > 5
@@ -212,10 +212,10 @@ def test_requests_that_cannot_or_will_not_speculate(tiny_ckpt, tiny_draft):
         ref = plain.generate(prompt, params)[0]
         assert out.token_ids == ref.token_ids
         assert (out.logprobs is None) == (ref.logprobs is None)
-        assert llm.kv_cache_stats()["spec_decode_num_drafts"] == 0, params
+        assert llm.stats()["spec_decode_num_drafts"] == 0, params
     out = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
     assert out.token_ids == plain.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0].token_ids
-    assert llm.kv_cache_stats()["spec_decode_num_drafts"] > 0
+    assert llm.stats()["spec_decode_num_drafts"] > 0
     assert_pool_free(llm)
 
 
@@ -243,5 +243,5 @@ def test_triton_kernels(target):
     llm = LLM(target, attention_backend="triton", speculative_config=spec_config("draft_same", 3, target, ""),
               **engine)
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
-    assert llm.kv_cache_stats()["spec_decode_acceptance_rate"] == 1.0
+    assert llm.stats()["spec_decode_acceptance_rate"] == 1.0
     assert_pool_free(llm)
