@@ -14,15 +14,17 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
+from frontend.openai_api.schemas import openapi
 from frontend.openai_api.triton_client import Delta, Generation, TritonLLM
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -49,9 +51,21 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     app.state.chat = ChatTemplates(chat_template)
     app.state.max_request_body_bytes = max_request_body_bytes
 
+    app.openapi = lambda: openapi(app, api_keys=bool(keys))    # the routes parse bodies themselves: schemas.py
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return e.response()
+
+    @app.exception_handler(HTTPException)     # no such route (404), or method (405): in our error shape too
+    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
+        response = APIError(e.status_code, str(e.detail)).response()
+        response.headers.update(e.headers or {})
+        return response
+
+    @app.exception_handler(Exception)         # a bug: 500 in our error shape (uvicorn logs the traceback)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {type(e).__name__}").response()
 
     @app.middleware("http")
     async def _authenticate(request: Request, call_next):
@@ -80,8 +94,8 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse(CompletionRequest, await _json(request))
-        await app.state.llm.model(req.model)
+        req = parse(CompletionRequest, await read_json(request, app.state.max_request_body_bytes))
+        (await app.state.llm.model(req.model)).check_n(req.n)
         sampling = req.sampling_parameters(req.max_tokens)
         if req.logprobs is not None:
             sampling["logprobs"] = req.logprobs
@@ -90,8 +104,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse(ChatCompletionRequest, await _json(request))
+        req = parse(ChatCompletionRequest, await read_json(request, app.state.max_request_body_bytes))
         served = await app.state.llm.model(req.model)
+        served.check_n(req.n)
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
         ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages)
         sampling = req.sampling_parameters(req.max_completion_tokens or req.max_tokens)
@@ -102,24 +117,6 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         return await _respond(request, gen, req, ChatCompletion(req))
 
     return app
-
-
-async def _json(request: Request) -> Any:
-    limit = request.app.state.max_request_body_bytes
-    too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
-                         "max_request_body_bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large                 # refused before a byte of it is read
-    body = bytearray()
-    async for chunk in request.stream():  # a chunked body declares no length: count it
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
 
 
 async def _respond(request: Request, gen: Generation, req, shape: "Shape"):

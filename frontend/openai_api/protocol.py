@@ -4,11 +4,15 @@ into our Triton contract's `sampling_parameters` (vLLM's names).
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
 types and values are a 400 naming the field. vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, guided_*) are accepted as `vllm serve` does.
+The body must be strict JSON (read_json). /openapi.json declares these models' JSON
+schemas (schemas.py); where a validator narrows a field, so does its declared schema.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+import json
+import re
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -25,6 +29,21 @@ class ResponseFormat(BaseModel):
     json_schema: Optional[dict[str, Any]] = None
 
 
+# The declared schemas (/openapi.json, schemas.py) of fields whose validators (here or the
+# engine's SamplingParams) narrow their type.
+# Token ids travel as INT32 (the engine then checks them against its vocabulary).
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "minItems": 1}
+_NONEMPTY = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_LOGIT_BIAS = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                          "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+                         {"type": "null"}]}
+_ONE = {"minItems": 1, "maxItems": 1}
+_PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
+                     {"type": "array", "items": {"type": "string", "minLength": 1}, **_ONE},
+                     {"type": "array", "items": _TOKEN_IDS, **_ONE}]}
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -33,11 +52,12 @@ class _Common(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=64)
-    stop: Union[None, str, list[str]] = None
-    seed: Optional[int] = None
+    stop: Union[None, str, list[str]] = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, _NONEMPTY,
+                                                                                 {"type": "null"}]})
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = Field(None, json_schema_extra=_LOGIT_BIAS)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None                      # accepted, unused
@@ -49,7 +69,8 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     guided_json: Union[None, dict, str] = None
     guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
+    guided_choice: Optional[list[str]] = Field(None, json_schema_extra={"anyOf": [{**_NONEMPTY, "minItems": 1},
+                                                                                  {"type": "null"}]})
     guided_grammar: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
 
@@ -86,12 +107,12 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
     max_tokens: Optional[int] = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)
-    echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    echo: bool = Field(False, json_schema_extra={"const": False})
+    suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
+    best_of: Optional[int] = Field(None, description="n, if given")
 
     @field_validator("prompt")
     @classmethod
@@ -116,10 +137,22 @@ class CompletionRequest(_Common):
         return self
 
 
+_PART = {"type": "object", "if": {"properties": {"type": {"const": "text"}}, "required": ["type"]},
+         "then": {"properties": {"text": {"type": "string"}}, "required": ["text"]}}
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: Union[None, str, list[dict[str, Any]]] = None
+    content: Union[None, str, list[dict[str, Any]]] = Field(None, json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "array", "items": _PART}, {"type": "null"}]})
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v):
+        if isinstance(v, list) and any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in v):
+            raise ValueError("a part of type 'text' needs a string 'text'")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):     # content parts: the text ones
@@ -156,3 +189,38 @@ def parse(model_cls: type[BaseModel], body: Any):
         param = param or None
         msg = err["msg"].removeprefix("Value error, ")
         raise APIError(400, f"invalid '{param}': {msg}" if param else msg, param) from None
+
+
+# What Python's json reads beyond JSON (NaN, Infinity) is refused; so is an escaped lone
+# surrogate, a str that no tokenizer or UTF-8 encoder takes (a pair is one character).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+async def read_json(request, limit: int) -> Any:
+    """The request's body as JSON: 413 past `limit` bytes (before reading any of it when
+    the length is declared), 400 when it is not JSON."""
+    too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
+                         "max_request_body_bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():  # a chunked body declares no length: count it
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        value = json.loads(body, parse_constant=_not_json)
+    except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, a constant
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if _SURROGATE.search(body):
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise APIError(400, "the request body is not valid JSON: a string has a lone UTF-16 surrogate "
+                                "(\\ud800-\\udfff)") from None
+    return value

@@ -36,10 +36,18 @@ class ServedModel:
     # the Triton model that holds it, with `lora_name` in their sampling parameters.
     triton_model: str = ""
     lora_name: Optional[str] = None
+    max_queue_size: Optional[int] = None      # the engine's waiting-queue bound (config parameter)
 
     @property
     def parent(self) -> Optional[str]:
         return self.triton_model if self.lora_name else None
+
+    def check_n(self, n: int) -> None:
+        """The engine queues each of a request's n sequences: more than its queue holds can
+        never be served (the engine would refuse the rest with a retryable 503)."""
+        if self.max_queue_size is not None and n > self.max_queue_size:
+            raise APIError(400, f"invalid 'n': {n} sequences is more than model '{self.name}' can queue "
+                                f"(max_queue_size={self.max_queue_size})", "n")
 
 
 @dataclass
@@ -85,7 +93,7 @@ class TritonLLM:
                 raise APIError(503, "the frontend cannot list Triton's models: its repository API is restricted "
                                     "and the frontend was started without the admin key (TRITON_ADMIN_KEY or "
                                     "TRITON_ADMIN_KEY_FILE)") from None
-            raise
+            raise APIError(503, f"the frontend cannot list Triton's models: {e.message() or e}") from None
         for entry in index.get("models", []):
             if entry.get("state") != "READY" or entry["name"] in found:
                 continue
@@ -94,9 +102,11 @@ class TritonLLM:
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
             name, now = entry["name"], int(time.time())
-            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name)
+            queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
+            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name,
+                                      max_queue_size=queue)
             for adapter in self._adapters(name, params):
-                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter))
+                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter, queue))
         self._models, self._listed_at = found, time.monotonic()
         return found
 

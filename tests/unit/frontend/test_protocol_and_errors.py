@@ -41,6 +41,10 @@ def test_requests_translate_to_sampling_parameters():
     ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None),
     ({"prompt": "a"}, "model"),
+    # found by tests/integration/test_api_fuzz.py and by hand beside it (each was a 500)
+    ({"model": "m", "prompt": [5, 2**40]}, "prompt"),                      # token ids travel as INT32
+    ({"model": "m", "prompt": "a", "seed": 2**64}, "seed"),                # the engine's seeds are int64
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content"),
 ])
 def test_bad_bodies_name_the_field(body, param):
     from frontend.openai_api.errors import APIError
@@ -48,3 +52,16 @@ def test_bad_bodies_name_the_field(body, param):
     with pytest.raises(APIError) as e:
         parse(cls, body)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_n_past_the_models_queue_is_a_400_naming_it():
+    """The engine queues each of n sequences: past max_queue_size it answered a retryable
+    503 for a request that can never succeed (found by tests/integration/test_api_fuzz.py)."""
+    from frontend.openai_api.errors import APIError
+    from frontend.openai_api.triton_client import ServedModel
+    served = ServedModel("llm", None, 0, "llm", max_queue_size=48)
+    served.check_n(48)
+    with pytest.raises(APIError) as e:
+        served.check_n(49)
+    assert (e.value.status, e.value.param) == (400, "n")
+    ServedModel("llm", None, 0, "llm").check_n(1000)      # no bound configured

@@ -1,0 +1,237 @@
+"""The frontend's OpenAPI document (`/openapi.json`), as the routes really behave.
+
+The routes parse their bodies themselves (protocol.py: a 400 naming the field, OpenAI's
+shape, never FastAPI's 422), so FastAPI sees no body and no response model: both are
+declared here. Request bodies are the JSON schemas of the pydantic models the routes
+parse with; responses are the objects below, the event stream of `stream: true` (one
+schema per event: a chunk, an error after the 200, or `[DONE]`) and every error status
+a route answers with, each in the error shape of errors.py. tests/integration/
+test_api_fuzz.py holds the running server to this document with schemathesis.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal, Optional
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
+
+from frontend.openai_api.errors import TYPES
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
+
+FinishReason = Literal["stop", "length"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Optional[str]
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = Field(ge=0)
+    text: str
+    finish_reason: FinishReason
+    logprobs: Optional[CompletionLogprobs]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice] = Field(min_length=1)
+    usage: Usage
+
+
+class CompletionChunkChoice(CompletionChoice):
+    finish_reason: Optional[FinishReason]      # null until the sequence's last chunk
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]       # empty in the usage chunk
+    usage: Optional[Usage] = None              # with stream_options.include_usage: null, then the totals
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class ChatCompletionMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(ge=0)
+    message: ChatCompletionMessage
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice] = Field(min_length=1)
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Optional[Literal["assistant"]] = None      # in the first chunk only
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    delta: ChatDelta
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Optional[FinishReason]
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str                                   # the Triton model that serves it
+    parent: Optional[str]                       # a LoRA adapter's base model
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+
+
+REQUESTS = (CompletionRequest, ChatCompletionRequest)
+RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Health)
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(name: str) -> dict:
+    return {"application/json": {"schema": _ref(name)}}
+
+
+def _events(chunk: str) -> dict:
+    """One server-sent event of a stream: `data:` a chunk, an error (after the 200), or the
+    closing `[DONE]`. `itemSchema` is OpenAPI 3.2's per-event schema."""
+    payload = {"type": "string", "contentMediaType": "application/json",
+               "contentSchema": {"anyOf": [_ref(chunk), _ref("ErrorResponse")]}}
+    return {"itemSchema": {"type": "object", "required": ["data"], "properties": {
+        "data": {"if": {"const": "[DONE]"}, "else": payload}}}}
+
+
+ERRORS = {400: "A bad request: the message names the field (`param`) when there is one",
+          401: "No or a wrong API key (`Authorization: Bearer <key>`)",
+          404: "Unknown model",
+          413: "The body is larger than the frontend's max_request_body_bytes",
+          500: "The engine failed on this request",
+          503: "Triton is unavailable, the model out of service or its queue full"}
+
+
+def _error(status: int) -> dict:
+    """The error shape, with `code` and `type` fixed for the status."""
+    fixed = {"properties": {"error": {"properties": {"code": {"const": status}, "type": {"const": TYPES[status]}}}}}
+    response = {"description": ERRORS[status],
+                "content": {"application/json": {"schema": {"allOf": [_ref("ErrorResponse"), fixed]}}}}
+    if status == 401:
+        response["headers"] = {"WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}}}
+    return response
+
+
+def _generation(request: str, response: str, chunk: str, summary: str) -> dict:
+    return {"summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {"description": f"The {response} object, or with `stream: true` its chunks as "
+                                                 "server-sent events ending in `data: [DONE]`",
+                                  "content": {**_json(response), "text/event-stream": _events(chunk)}},
+                          **{str(s): _error(s) for s in (400, 401, 404, 413, 500, 503)}}}
+
+
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/health", "get"): {"summary": "Whether tritonserver is ready", "responses": {
+        "200": {"description": "Ready", "content": _json("Health")},
+        "503": {"description": "Not ready", "content": _json("Health")}}},
+    ("/v1/models", "get"): {"summary": "The models served: Triton models of our backend and their LoRA adapters",
+                            "responses": {"200": {"description": "The models", "content": _json("ModelList")},
+                                          **{str(s): _error(s) for s in (401, 503)}}},
+    ("/v1/completions", "post"): _generation("CompletionRequest", "Completion", "CompletionChunk",
+                                             "A completion of a prompt (text or token ids)"),
+    ("/v1/chat/completions", "post"): _generation("ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk",
+                                                  "A chat completion, with the model's chat template"),
+}
+
+
+def openapi(app: FastAPI, api_keys: bool) -> dict:
+    """The document, built once. api_keys: the /v1 routes need `Authorization: Bearer`."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, description=__doc__.split("\n\n")[0],
+                          routes=app.routes)
+        _, defs = models_json_schema([(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES],
+                                     ref_template="#/components/schemas/{model}")
+        doc.setdefault("components", {})["schemas"] = defs["$defs"]
+        if api_keys:
+            doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        for path, item in doc["paths"].items():
+            for method, operation in item.items():
+                if (path, method) not in OPERATIONS:
+                    raise RuntimeError(f"{method.upper()} {path} is not documented in frontend/openai_api/schemas.py")
+                operation.update(copy.deepcopy(OPERATIONS[path, method]))
+                if not (api_keys and path.startswith("/v1")):
+                    operation["responses"].pop("401", None)
+                elif api_keys:
+                    operation["security"] = [{"apiKey": []}]
+        app.openapi_schema = doc
+    return app.openapi_schema
