@@ -31,6 +31,8 @@ import torch
 from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+# The graph's interface lives with the runtime that executes it; re-exported here.
+from backend.engine.graph_contract import INPUT_NAMES, onnxruntime_session, output_names, pool_names  # noqa: F401
 from backend.models.fp8 import FP8Linear
 from backend.models.llama import CausalLM
 
@@ -38,16 +40,6 @@ PLUGIN_NAMESPACE = "paged_llm"
 PLUGIN_NAME = "PagedAttention"
 PLUGIN_VERSION = "1"
 VARIANTS = ("plugin", "reference")
-INPUT_NAMES = ["input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc",
-               "logits_indices", "k_scales", "v_scales"]
-
-
-def pool_names(num_layers: int) -> list[str]:
-    return [f"{kv}_pool_{i}" for i in range(num_layers) for kv in ("k", "v")]
-
-
-def output_names(num_layers: int, variant: str) -> list[str]:
-    return ["logits"] + ([] if variant == "plugin" else [f"{n}_out" for n in pool_names(num_layers)])
 
 
 class ExportPagedAttention:
@@ -230,13 +222,3 @@ def export(checkpoint: str, path: str, variant: str = "plugin", kv_fp8: bool = F
                                  opset_version=21, optimize=False)
     prog.save(path)
     return path
-
-
-def onnxruntime_session(path: str):
-    """An onnxruntime CPU session for a reference export. Basic graph optimizations only:
-    the extended level fuses DequantizeLinear+MatMul into an integer kernel that has no
-    FP8 variant."""
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])

@@ -1,4 +1,5 @@
-"""Model runners over an exported decoder graph (builder/onnx_export.py), next to the
+"""Model runners over an exported decoder graph (builder/onnx_export.py; its interface:
+backend/engine/graph_contract.py), next to the
 torch one: same scheduler, KV cache manager, packed step and sampler; only the forward
 pass differs.
 
@@ -18,6 +19,7 @@ import torch
 
 from backend.attention.metadata import KVCacheLayer
 from backend.config import ConfigError
+from backend.engine.graph_contract import INPUT_NAMES, onnxruntime_session, output_names, pool_names
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import Sampler
 from backend.engine.step_inputs import StepInputBuilder, StepInputs
@@ -37,6 +39,7 @@ def packed_inputs(step: StepInputs, kv_caches: list[KVCacheLayer], k_scales: tor
     }
     for i, c in enumerate(kv_caches):
         inputs[f"k_pool_{i}"], inputs[f"v_pool_{i}"] = c.key, c.value
+    assert list(inputs) == INPUT_NAMES + pool_names(len(kv_caches))
     return inputs
 
 
@@ -59,7 +62,6 @@ class OnnxRuntimeGraph:
     """The reference export in onnxruntime; copies the updated pools back into the cache."""
 
     def __init__(self, path: str, num_layers: int, block_size: int) -> None:
-        from builder.onnx_export import onnxruntime_session, output_names
         self.session = onnxruntime_session(path)
         self.outputs = output_names(num_layers, "reference")
         if [o.name for o in self.session.get_outputs()] != self.outputs:
@@ -94,6 +96,7 @@ class TensorRTGraph:
             raise ValueError(f"TensorRT could not deserialize {plan_path} (built for another TensorRT or GPU?)")
         self.context = self.engine.create_execution_context()
         self.device = device
+        self.cuda = torch.cuda          # (a test passes a stand-in)
         self.stream = torch.cuda.Stream(device=device)
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -109,6 +112,11 @@ class TensorRTGraph:
         shape = tuple(ctx.get_tensor_shape("logits"))
         logits = torch.empty(shape, dtype=torch.float32, device=self.device)
         ctx.set_tensor_address("logits", logits.data_ptr())
+        # The step's inputs were uploaded, and the pools last written, on the engine's
+        # stream; TensorRT runs on its own: it waits for an event recorded after them.
+        inputs_ready = self.cuda.Event()
+        inputs_ready.record(self.cuda.current_stream(self.device))
+        self.stream.wait_event(inputs_ready)
         if not ctx.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execution failed")
         self.stream.synchronize()

@@ -54,3 +54,72 @@ def test_runner_arguments_are_validated(exported, tmp_path):
     with pytest.raises(ConfigError, match="tensorrt"):
         LLM(path, model_runner="tensorrt", model_graph=graph, device="cpu")
     assert os.path.isfile(graph)
+
+
+def test_tensorrt_stream_waits_for_the_inputs_upload():
+    """The TensorRT runner executes on its own stream: it must wait for an event recorded
+    on the engine's stream (where the step's inputs were uploaded) before execute_async_v3.
+    TensorRT and CUDA are stand-ins here; the order of the calls is what is checked."""
+    import torch
+
+    from backend.engine.graph_runner import TensorRTGraph
+    log = []
+
+    class FakeEvent:
+        def record(self, stream):
+            log.append(("record", stream))
+
+    class Cuda:
+        Event = FakeEvent
+
+        @staticmethod
+        def current_stream(device):
+            return "engine-stream"
+
+    class Stream:
+        cuda_stream = 1234
+
+        def wait_event(self, event):
+            log.append(("wait", type(event).__name__))
+
+        def synchronize(self):
+            log.append(("synchronize",))
+
+    class Context:
+        def set_input_shape(self, name, shape):
+            pass
+
+        def set_tensor_address(self, name, ptr):
+            pass
+
+        def get_tensor_shape(self, name):
+            return (1, 8)
+
+        def execute_async_v3(self, handle):
+            log.append(("execute", handle))
+            return True
+
+    graph = object.__new__(TensorRTGraph)
+    graph.context, graph.device, graph.cuda, graph.stream = Context(), torch.device("cpu"), Cuda(), Stream()
+    logits = graph({"input_ids": torch.zeros(3, dtype=torch.long)})
+    assert logits.shape == (1, 8)
+    assert log == [("record", "engine-stream"), ("wait", "FakeEvent"), ("execute", 1234), ("synchronize",)]
+
+
+def test_runtime_does_not_import_the_builder():
+    """No module under backend/ imports builder/, at top level or inside a function (the
+    onnxruntime runner once reached builder.onnx_export for the graph's output names)."""
+    import ast
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    offenders = []
+    for folder, _, files in os.walk(os.path.join(root, "backend")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            for node in ast.walk(ast.parse(open(path).read())):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                           else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                offenders += [f"{os.path.relpath(path, root)}: {m}" for m in modules
+                              if m == "builder" or m.startswith("builder.")]
+    assert offenders == []
