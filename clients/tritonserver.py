@@ -309,6 +309,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     s.add_argument("--unrestricted-api", action="append", default=None, metavar="GROUP",
                    help="open one of shared-memory, logging, trace, model-config to clients without the admin key "
                         "(repeatable; TRITON_UNRESTRICTED_APIS, comma-separated); model-repository stays restricted")
+    s.add_argument("--enable-log-requests", action="store_true",
+                   help="the OpenAI API logs prompts, parameters and outputs (off by default)")
     s.add_argument("--ssl-certfile", help="TLS certificate of the OpenAI API (uvicorn's)")
     s.add_argument("--ssl-keyfile", help="TLS private key of the OpenAI API (uvicorn's)")
     s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched (no OpenAI API)")
@@ -352,7 +354,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--host", args.host,
                                      "--port", str(args.openai_port),
                                      "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
-                                     "--model-repository", args.model_repository, *tls],
+                                     "--model-repository", args.model_repository, *tls,
+                                     *(["--enable-log-requests"] if args.enable_log_requests else [])],
                                     env={**os.environ, **admin.env()})
     try:
         code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,

@@ -24,6 +24,10 @@ def main(argv=None) -> None:
                          "comma-separated; also API_KEY, and API_KEY_FILE with one key per line)")
     ap.add_argument("--max-request-body-bytes", type=int, default=None,
                     help="larger request bodies get 413 (default 16 MiB)")
+    ap.add_argument("--enable-log-requests", action="store_true",
+                    help="log each request's prompt, parameters and output (vLLM's flag; off: they are not logged)")
+    ap.add_argument("--max-log-len", type=int, default=None,
+                    help="with --enable-log-requests: at most this many characters of each prompt and output")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
@@ -35,6 +39,7 @@ def main(argv=None) -> None:
     from frontend.openai_api.app import DEFAULT_MAX_REQUEST_BODY_BYTES, create_app
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
+    from frontend.openai_api.request_log import RequestLog
     from supervisor.admin_access import KEY_ENV, KEY_FILE_ENV, AdminKeyError, resolve
     try:
         keys = APIKeys.from_sources(args.api_key)
@@ -50,9 +55,15 @@ def main(argv=None) -> None:
         logging.getLogger("frontend").warning(
             "the OpenAI API listens on %s without an API key: anyone who reaches it can use the model "
             "(set API_KEY or --api-key)", args.host)
+    if args.enable_log_requests:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [requests] %(message)s"))
+        logging.getLogger("frontend.requests").addHandler(handler)
+        logging.getLogger("frontend.requests").setLevel(logging.INFO)
     app = create_app(args.triton_url, args.model_repository, load_template(args.chat_template), api_keys=keys,
                      admin_headers=admin_headers,
-                     max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES)
+                     max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
+                     request_log=RequestLog(args.enable_log_requests, args.max_log_len))
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
 from frontend.openai_api.schemas import openapi
@@ -35,9 +36,11 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 
 def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None,
                api_keys: Optional[APIKeys] = None, admin_headers: Optional[dict[str, str]] = None,
-               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+               request_log: Optional[RequestLog] = None) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
-    model-config groups, which listing the served models reads."""
+    model-config groups, which listing the served models reads. request_log: off unless
+    given enabled (prompts and outputs are the users' data)."""
     keys = api_keys or APIKeys()
 
     @asynccontextmanager
@@ -50,6 +53,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
     app.state.chat = ChatTemplates(chat_template)
     app.state.max_request_body_bytes = max_request_body_bytes
+    app.state.request_log = request_log or RequestLog()
 
     app.openapi = lambda: openapi(app, api_keys=bool(keys))    # the routes parse bodies themselves: schemas.py
 
@@ -100,7 +104,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         if req.logprobs is not None:
             sampling["logprobs"] = req.logprobs
         gen = app.state.llm.generate(req.model, req.prompt, sampling, req.stream, req.logprobs is not None)
-        return await _respond(request, gen, req, Completion(req))
+        shape = Completion(req)
+        app.state.request_log.received(shape.id, req.model, req.prompt, sampling)
+        return await _respond(request, gen, req, shape)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -114,7 +120,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         if req.logprobs:
             sampling["logprobs"] = req.top_logprobs or 0
         gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
-        return await _respond(request, gen, req, ChatCompletion(req))
+        shape = ChatCompletion(req)
+        app.state.request_log.received(shape.id, req.model, messages, sampling)
+        return await _respond(request, gen, req, shape)
 
     return app
 
@@ -129,13 +137,15 @@ async def _respond(request: Request, gen: Generation, req, shape: "Shape"):
         except StopAsyncIteration:
             first = None
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_events(gen, deltas, first, shape, usage), media_type="text/event-stream")
+        return StreamingResponse(_events(gen, deltas, first, shape, usage, request.app.state.request_log),
+                                 media_type="text/event-stream")
     watcher = asyncio.create_task(_cancel_on_disconnect(request, gen))
     try:
         async for delta in deltas:
             shape.add(delta)
     finally:
         watcher.cancel()
+        request.app.state.request_log.finished(shape.id, shape.texts, shape.finish)
     return shape.whole()
 
 
@@ -146,7 +156,7 @@ async def _cancel_on_disconnect(request: Request, gen: Generation) -> None:
 
 
 async def _events(gen: Generation, deltas, first: Optional[Delta], shape: "Shape",
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, request_log: RequestLog) -> AsyncIterator[str]:
     try:
         for chunk in shape.opening():
             yield _sse(chunk, include_usage)
@@ -163,6 +173,7 @@ async def _events(gen: Generation, deltas, first: Optional[Delta], shape: "Shape
         yield f"data: {json.dumps(error_body(e.status, e.message, e.param))}\n\n"
     finally:
         gen.cancel()            # the client left, or the request is over: end it in Triton
+        request_log.finished(shape.id, shape.texts, shape.finish)
 
 
 def _sse(chunk: dict, include_usage: bool) -> str:

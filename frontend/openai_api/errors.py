@@ -9,7 +9,7 @@ from typing import Optional
 from fastapi.responses import JSONResponse
 
 TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
-         429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+         429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 
 class APIError(Exception):
@@ -36,6 +36,8 @@ def from_triton(message: str) -> APIError:
     bad request, 400, naming the field when the message does."""
     if "unknown model" in message.lower() or "is not found" in message:
         return APIError(404, message, "model")
+    if "DEADLINE_EXCEEDED" in message:          # the engine's request_timeout_s: it aborted the request
+        return APIError(504, message, "request_timeout_s")
     if message.startswith("UNAVAILABLE") or "UNAVAILABLE:" in message:
         return APIError(503, message)
     if message.startswith(("INTERNAL", "CANCELLED")):

@@ -51,7 +51,7 @@ class _Common(BaseModel):
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=64)
+    n: int = Field(1, ge=1)                         # the engine's max_n bounds it
     stop: Union[None, str, list[str]] = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, _NONEMPTY,
                                                                                  {"type": "null"}]})
     seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
@@ -73,6 +73,9 @@ class _Common(BaseModel):
                                                                                   {"type": "null"}]})
     guided_grammar: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
+    # A server-side deadline for this request, at most the engine's request_timeout_s: past
+    # it the engine aborts the request and frees its KV cache (504).
+    request_timeout_s: Optional[float] = Field(None, gt=0)
 
     def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
         p: dict[str, Any] = {
@@ -86,6 +89,8 @@ class _Common(BaseModel):
             p["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.seed is not None:
             p["seed"] = self.seed
+        if self.request_timeout_s is not None:
+            p["request_timeout_s"] = self.request_timeout_s
         if self.logit_bias:
             try:
                 p["logit_bias"] = {int(k): v for k, v in self.logit_bias.items()}
@@ -109,7 +114,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
     max_tokens: Optional[int] = Field(16, ge=1)
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    logprobs: Optional[int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
     echo: bool = Field(False, json_schema_extra={"const": False})
     suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
     best_of: Optional[int] = Field(None, description="n, if given")
@@ -164,7 +169,7 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(None, ge=0)  # the engine's max_logprobs bounds it
 
     @model_validator(mode="after")
     def _logprobs(self) -> "ChatCompletionRequest":

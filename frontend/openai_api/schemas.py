@@ -178,7 +178,8 @@ ERRORS = {400: "A bad request: the message names the field (`param`) when there 
           404: "Unknown model",
           413: "The body is larger than the frontend's max_request_body_bytes",
           500: "The engine failed on this request",
-          503: "Triton is unavailable, the model out of service or its queue full"}
+          503: "Triton is unavailable, the model out of service or its queue full",
+          504: "The request passed its deadline (request_timeout_s) and was aborted"}
 
 
 def _error(status: int) -> dict:
@@ -197,7 +198,7 @@ def _generation(request: str, response: str, chunk: str, summary: str) -> dict:
             "responses": {"200": {"description": f"The {response} object, or with `stream: true` its chunks as "
                                                  "server-sent events ending in `data: [DONE]`",
                                   "content": {**_json(response), "text/event-stream": _events(chunk)}},
-                          **{str(s): _error(s) for s in (400, 401, 404, 413, 500, 503)}}}
+                          **{str(s): _error(s) for s in (400, 401, 404, 413, 500, 503, 504)}}}
 
 
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {

@@ -157,3 +157,34 @@ def test_supervisor_port_only_reports(server):
         status, _ = post(server.supervisor_url + path)
         assert status == 501, (path, status)
     assert server.supervisor("/status")[0] == 200 and serves(server)
+
+
+def test_prompts_and_outputs_stay_out_of_the_logs(server):
+    """Request logging is off by default: the server's log (tritonserver, the supervisor and
+    the frontend, as `make serve` writes them) never holds a prompt or an output."""
+    client = openai.OpenAI(base_url=openai_frontend(server) + "/v1", api_key=API_KEY, max_retries=0)
+    prompt = "The confidential codeword is xylophone"
+    out = client.completions.create(model="llm", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+    chat = client.chat.completions.create(model="llm", max_tokens=8, temperature=0, messages=[
+        {"role": "user", "content": "My password is hunter2-zebra"}]).choices[0].message.content
+    with open(server.log_path, encoding="utf-8", errors="replace") as f:
+        log = f.read()
+    assert "POST /v1/completions" in log                      # the access log is there, and says no more
+    for secret in ("xylophone", "hunter2-zebra", out.strip(), chat.strip()):
+        assert len(secret) < 4 or secret not in log, secret
+    wait_blocks_free(server)
+
+
+def test_openai_limits_and_deadline(server):
+    """The engine's limits and its per-request deadline, through the OpenAI API: 400 naming
+    the field, and 504 for a request aborted at its request_timeout_s, its blocks freed."""
+    client = openai.OpenAI(base_url=openai_frontend(server) + "/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llm", prompt="The pass statement", max_tokens=2, logprobs=21)
+    assert "max_logprobs=20" in e.value.message and e.value.body["param"] == "logprobs"
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model="llm", prompt="The pass statement", max_tokens=1000,
+                                  extra_body={"min_tokens": 1000, "ignore_eos": True, "request_timeout_s": 0.5})
+    assert e.value.status_code == 504 and "request_timeout_s" in e.value.message, e.value.message
+    assert client.completions.create(model="llm", prompt="The pass statement", max_tokens=2).usage.completion_tokens == 2
+    wait_blocks_free(server)

@@ -30,7 +30,7 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     for (path, method), op in ops.items():
         if method == "post":
             assert op["requestBody"]["required"] and set(op["responses"]) == {"200", "400", "401", "404", "413",
-                                                                              "500", "503"}
+                                                                              "500", "503", "504"}
             assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
         assert ("security" in op) == path.startswith("/v1")
     for name, cls in (("CompletionRequest", CompletionRequest), ("ChatCompletionRequest", ChatCompletionRequest)):
