@@ -80,6 +80,20 @@ class ModelRunner:
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
 
+    def run_forward(self, step: StepInputs, graph_size: Optional[int]) -> Optional[torch.Tensor]:
+        """The step's forward on this rank: the decode CUDA graph of `graph_size` rows
+        replayed, or eagerly. Rank 0 and the tensor-parallel ranks
+        (backend/parallel/workers.py) run this same path. A rank told to replay a graph it
+        has not got (rank 0's graphs are a test's stand-in) runs what the graph runs,
+        every padded row's logits, eagerly: the same collectives as the others."""
+        if graph_size is None:
+            return self.forward(step)
+        if self.graphs is not None:
+            return self.graphs.replay(graph_size)[:step.num_seqs]
+        model = self.model
+        logits = model.compute_logits(model(step.input_ids, step.positions, self.kv_caches, step.meta))
+        return logits[:step.num_seqs] if logits is not None else None     # (gathered on rank 0 only)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list[list[int]], dict[int, TokenLogprobs]]:
         """One forward pass. Returns, per scheduled request, its new tokens: none when
@@ -92,12 +106,9 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled], graph_size)
         if self.workers is not None:
-            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size or 0,
+            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
-        if graph_size is not None:
-            logits = self.graphs.replay(graph_size)[:step.num_seqs]
-        else:
-            logits = self.forward(step)
+        logits = self.run_forward(step, graph_size)
         sampling = [s for s in out.scheduled if s.completes_prompt]
         if not sampling:
             return [[] for _ in out.scheduled], {}

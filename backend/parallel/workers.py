@@ -21,8 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
-from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -30,14 +29,101 @@ import torch.multiprocessing as mp
 
 from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from backend.engine.errors import EngineDeadError
+from backend.engine.step_inputs import StepInputBuilder
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
 
 logger = logging.getLogger(__name__)
 
-_STOP, _SETUP, _STEP, _CAPTURE = 0, 1, 2, 3
-_HEADER_LEN = 10                    # command + StepInputBuilder.PLAN_LEN values + CUDA graph size
 # Data-plane collectives (all-reduce, gather) that wait this long on a rank raise.
 COLLECTIVE_TIMEOUT_S = 600.0
+
+
+# ---------------------------------------------------------------- control messages
+# Rank 0 tells the workers what to do with one message at a time, broadcast on the
+# control group as a fixed-width int64 header: the message's kind, then its fields.
+
+@dataclasses.dataclass(frozen=True)
+class StopMessage:
+    """Exit."""
+
+    def values(self) -> list[int]:
+        return []
+
+    @classmethod
+    def from_values(cls, values: list[int]) -> "StopMessage":
+        return cls()
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupMessage:
+    """The KV pool and step buffer sizes rank 0 chose; the workers answer with their
+    (weight bytes, KV bytes)."""
+    num_kv_blocks: int
+    block_size: int
+    max_tokens: int
+    max_seqs: int
+    max_blocks_per_seq: int
+
+    def values(self) -> list[int]:
+        return list(dataclasses.astuple(self))
+
+    @classmethod
+    def from_values(cls, values: list[int]) -> "SetupMessage":
+        return cls(*values[:len(dataclasses.fields(cls))])
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureMessage:
+    """Capture the decode CUDA graphs (every rank at once; kept only if all succeed)."""
+    max_num_seqs: int
+    max_model_len: int
+
+    def values(self) -> list[int]:
+        return list(dataclasses.astuple(self))
+
+    @classmethod
+    def from_values(cls, values: list[int]) -> "CaptureMessage":
+        return cls(*values[:len(dataclasses.fields(cls))])
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMessage:
+    """Run one step. The uploaded buffer prefix follows (plan[0] elements), then, with
+    LoRA, each scheduled request's adapter index."""
+    plan: tuple[int, ...]           # StepInputBuilder.plan(step)
+    graph_size: Optional[int]       # the decode CUDA graph rank 0 replays; None: eager
+    with_lora: bool = False
+
+    WIDTH = StepInputBuilder.PLAN_LEN + 2
+
+    def __post_init__(self) -> None:
+        assert len(self.plan) == StepInputBuilder.PLAN_LEN, self.plan
+
+    def values(self) -> list[int]:
+        return [*self.plan, self.graph_size or 0, int(self.with_lora)]
+
+    @classmethod
+    def from_values(cls, values: list[int]) -> "StepMessage":
+        n = StepInputBuilder.PLAN_LEN
+        return cls(tuple(values[:n]), values[n] or None, bool(values[n + 1]))
+
+
+Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage]
+_KINDS: tuple[type, ...] = (StopMessage, SetupMessage, StepMessage, CaptureMessage)
+HEADER_LEN = 1 + max(StepMessage.WIDTH, *(len(dataclasses.fields(k)) for k in _KINDS if k is not StepMessage))
+
+
+def encode(message: Message) -> torch.Tensor:
+    """The message as the fixed-width header broadcast on the control group."""
+    values = [_KINDS.index(type(message)), *message.values()]
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    header[:len(values)] = torch.tensor(values, dtype=torch.int64)
+    return header
+
+
+def decode(header: torch.Tensor) -> Message:
+    kind, *values = header.tolist()
+    return _KINDS[kind].from_values(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +175,6 @@ class TensorParallelWorkers:
             p.start()
         self.tp: TensorParallel = self._join(spec, start_timeout_s)
         self.ctrl = control_group()
-        self._header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
 
     def _join(self, spec: WorkerSpec, timeout_s: float) -> TensorParallel:
         """Rendezvous with the workers, failing fast (not after the store's timeout) when
@@ -120,19 +205,19 @@ class TensorParallelWorkers:
               weight_bytes: int, kv_cache_bytes: int) -> list[tuple[int, int]]:
         """Tell the workers the KV pool and step buffer sizes rank 0 chose; returns every
         rank's (weight bytes, KV bytes), rank 0 first."""
-        self._send([_SETUP, num_kv_blocks, block_size, *input_sizes])
+        self._send(SetupMessage(num_kv_blocks, block_size, *input_sizes))
         mine = torch.tensor([weight_bytes, kv_cache_bytes], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.size)]
         dist.gather(mine, parts, dst=0, group=self.ctrl)
         return [(int(p[0]), int(p[1])) for p in parts]
 
-    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor], graph_size: int = 0,
-                  lora_ids: Optional[list[int]] = None) -> None:
-        """graph_size: the decode CUDA graph rank 0 replays for this step, 0 for eager.
+    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor],
+                  graph_size: Optional[int] = None, lora_ids: Optional[list[int]] = None) -> None:
+        """graph_size: the decode CUDA graph rank 0 replays for this step, None for eager.
         lora_ids (with LoRA): each scheduled request's adapter, as an index into
         lora_modules (-1: base); the ranks make the same slot choices from them."""
         self.check_health()
-        self._send([_STEP, *plan, graph_size])
+        self._send(StepMessage(tuple(plan), graph_size, lora_ids is not None))
         dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
         if lora_ids is not None:
             dist.broadcast(torch.tensor(lora_ids, dtype=torch.int64), 0, group=self.ctrl)
@@ -141,17 +226,15 @@ class TensorParallelWorkers:
                        max_model_len: int) -> Optional[DecodeGraphs]:
         """Every rank captures its decode graphs at once (`capture` is rank 0's part);
         they are kept only if every rank succeeded."""
-        self._send([_CAPTURE, max_num_seqs, max_model_len])
+        self._send(CaptureMessage(max_num_seqs, max_model_len))
         graphs = capture()
         if not agree(graphs is not None, self.ctrl):
             logger.warning("a tensor-parallel rank could not capture its CUDA graphs: every rank runs eagerly")
             return None
         return graphs
 
-    def _send(self, values: list[int]) -> None:
-        self._header.zero_()
-        self._header[:len(values)] = torch.tensor(values, dtype=torch.int64)
-        dist.broadcast(self._header, 0, group=self.ctrl)
+    def _send(self, message: Message) -> None:
+        dist.broadcast(encode(message), 0, group=self.ctrl)
 
     def _dead(self) -> str:
         return "; ".join(f"tensor parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}"
@@ -179,7 +262,7 @@ class TensorParallelWorkers:
         self._closed = True
         if dist.is_initialized() and not self._dead():
             try:
-                self._send([_STOP])
+                self._send(StopMessage())
             except Exception:       # a rank died meanwhile; the kill below covers it
                 pass
         for p in self.procs:
@@ -208,9 +291,8 @@ def worker_main(spec: WorkerSpec) -> None:
     # Imported here: the engine imports this module, and a spawned child imports only what it runs.
     from backend.attention import make_attention_factory
     from backend.config import EngineArgs
-    from backend.engine.model_runner import allocate_kv_cache, run_model
+    from backend.engine.model_runner import ModelRunner, allocate_kv_cache
     from backend.lora import make_lora_manager
-    from backend.engine.step_inputs import StepInputBuilder
     from backend.models.config import load_model_config
     from backend.models.loader import load_model
     from backend.ops import make_layer_ops
@@ -233,44 +315,40 @@ def worker_main(spec: WorkerSpec) -> None:
         if spec.lora_engine_args is not None:
             lora = make_lora_manager(EngineArgs(**spec.lora_engine_args), cfg, model, device,
                                      getattr(torch, spec.dtype), spec.attention_backend, spec.rank, spec.size)
-        header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         dist.broadcast(header, 0, group=ctrl)
-        command, num_blocks, block_size, max_tokens, max_seqs, max_blocks_per_seq = header[:6].tolist()
-        if command != _SETUP:
+        setup = decode(header)
+        if not isinstance(setup, SetupMessage):
             return
-        kv_caches = allocate_kv_cache(local_config(cfg, spec.size), num_blocks, block_size,
+        kv_caches = allocate_kv_cache(local_config(cfg, spec.size), setup.num_kv_blocks, setup.block_size,
                                       getattr(torch, spec.kv_dtype), device)
-        inputs = StepInputBuilder(max_tokens, max_seqs, max_blocks_per_seq, block_size, device)
+        inputs = StepInputBuilder(setup.max_tokens, setup.max_seqs, setup.max_blocks_per_seq, setup.block_size,
+                                  device)
+        # The runner rank 0 runs, for its forward path (graph replay or eager); this rank
+        # never samples, so it has no sampler and no block tables of its own.
+        runner = ModelRunner(model, kv_caches, setup.block_size, device, None, None, inputs, cfg.vocab_size,
+                             lora=lora)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
                     dst=0, group=ctrl)
-        graphs: Optional[DecodeGraphs] = None
         with torch.inference_mode():
             while True:
                 dist.broadcast(header, 0, group=ctrl)
-                command, *values = header.tolist()
-                if command == _CAPTURE:
-                    runner = SimpleNamespace(model=model, kv_caches=kv_caches, block_size=block_size,
-                                             device=device, inputs=inputs, lora=lora)
-                    graphs = capture_decode_graphs(runner, values[0], values[1])
-                    graphs = graphs if agree(graphs is not None, ctrl) else None
+                message = decode(header)
+                if isinstance(message, CaptureMessage):
+                    graphs = capture_decode_graphs(runner, message.max_num_seqs, message.max_model_len)
+                    runner.graphs = graphs if agree(graphs is not None, ctrl) else None
                     continue
-                if command != _STEP:
+                if not isinstance(message, StepMessage):
                     return
-                plan, graph_size = values[:StepInputBuilder.PLAN_LEN], values[StepInputBuilder.PLAN_LEN]
                 inputs.buffer.writable()
-                dist.broadcast(inputs.host_prefix(plan[0]), 0, group=ctrl)
-                step = inputs.rebuild(plan)
-                if lora is not None:
+                dist.broadcast(inputs.host_prefix(message.plan[0]), 0, group=ctrl)
+                step = inputs.rebuild(list(message.plan))
+                if message.with_lora:
                     ids = torch.empty(step.num_seqs, dtype=torch.int64)
                     dist.broadcast(ids, 0, group=ctrl)
                     lora.prepare(lora.names_of(ids.tolist()), step.meta.query_lens_cpu[:step.num_seqs],
-                                 graph_size or None)
-                if not graph_size:
-                    run_model(model, kv_caches, step)
-                elif graphs is not None:
-                    graphs.replay(graph_size)
-                else:   # what the graph runs (every padded row's logits), eagerly: the same collectives
-                    model.compute_logits(model(step.input_ids, step.positions, kv_caches, step.meta))
+                                 message.graph_size)
+                runner.run_forward(step, message.graph_size)
     except Exception:
         # Rank 0 sees the closed connections at once; the reason goes to the log.
         logging.getLogger(__name__).exception("tensor parallel rank %d failed", spec.rank)
