@@ -8,7 +8,8 @@ its requests in the engine rather than in 404s and long generations:
   others keep the generated value (an unknown model: 404);
 - the number of tokens: `max_tokens`/`max_completion_tokens` at most MAX_TOKENS, set
   when the body leaves the length open (chat's default is the whole context), and
-  `min_tokens` at most MAX_TOKENS too (above `max_tokens` it is still a 400).
+  `min_tokens` at most MAX_TOKENS too (above `max_tokens` it is still a 400);
+- `request_timeout_s`: a positive deadline at least MIN_DEADLINE_S.
 Values of the wrong type are left as generated: they are the negative cases.
 """
 
@@ -20,6 +21,7 @@ import schemathesis
 from hypothesis import strategies as st
 
 MAX_TOKENS = 4
+MIN_DEADLINE_S = 60.0
 MODELS = ("llm", "llm", "llm", "sql", "chat", None)     # None: the generated value
 
 
@@ -39,6 +41,11 @@ def bounded(body: Any, model: Optional[str]) -> Any:
             body[key] = MAX_TOKENS
     if all(body.get(key) is None for key in lengths):
         body["max_tokens"] = MAX_TOKENS
+    # A deadline the request could pass is a 504 by design (test_security.py checks it):
+    # positive deadlines get room; zero, negative and wrong types stay the negative cases.
+    timeout = body.get("request_timeout_s")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < MIN_DEADLINE_S:
+        body["request_timeout_s"] = MIN_DEADLINE_S
     return body
 
 
