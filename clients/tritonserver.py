@@ -131,6 +131,23 @@ def server_command(model_repository: str, http_port: int, grpc_port: int, metric
             *(extra or [])]
 
 
+def frontend_tls_args(triton_args: list[str]) -> list[str]:
+    """When tritonserver's gRPC serves TLS (`--grpc-use-ssl=true`), the OpenAI frontend
+    beside it must too: it trusts `--grpc-root-cert`, else the (self-signed) server
+    certificate, unless TRITON_GRPC_ROOT_CERT names one. Mutual TLS is not supported."""
+    given: dict[str, str] = {}
+    rest = iter(triton_args)
+    for arg in rest:
+        if arg.startswith("--grpc-"):
+            name, eq, value = arg.partition("=")
+            given[name] = value if eq else next(rest, "")
+    if given.get("--grpc-use-ssl", "").lower() not in ("true", "1", "on", "yes") or \
+            os.environ.get("TRITON_GRPC_ROOT_CERT"):
+        return []
+    root = given.get("--grpc-root-cert") or given.get("--grpc-server-cert")
+    return ["--triton-ssl-root-cert", root] if root else []
+
+
 def local_address(host: str) -> str:
     """Where a process on this machine reaches a server bound to `host`."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -354,7 +371,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--host", args.host,
                                      "--port", str(args.openai_port),
                                      "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
-                                     "--model-repository", args.model_repository, *tls,
+                                     "--model-repository", args.model_repository, *tls, *frontend_tls_args(extra),
                                      *(["--enable-log-requests"] if args.enable_log_requests else [])],
                                     env={**os.environ, **admin.env()})
     try:

@@ -28,6 +28,9 @@ def main(argv=None) -> None:
                     help="log each request's prompt, parameters and output (vLLM's flag; off: they are not logged)")
     ap.add_argument("--max-log-len", type=int, default=None,
                     help="with --enable-log-requests: at most this many characters of each prompt and output")
+    ap.add_argument("--triton-ssl-root-cert", default=os.environ.get("TRITON_GRPC_ROOT_CERT"),
+                    help="tritonserver's gRPC serves TLS (--grpc-use-ssl=true): trust this CA or certificate")
+    ap.add_argument("--triton-ssl-target-name", help="the name in tritonserver's certificate, when not the address")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
@@ -40,6 +43,7 @@ def main(argv=None) -> None:
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
     from frontend.openai_api.request_log import RequestLog
+    from frontend.openai_api.triton_client import TritonTLS
     from supervisor.admin_access import KEY_ENV, KEY_FILE_ENV, AdminKeyError, resolve
     try:
         keys = APIKeys.from_sources(args.api_key)
@@ -63,7 +67,9 @@ def main(argv=None) -> None:
     app = create_app(args.triton_url, args.model_repository, load_template(args.chat_template), api_keys=keys,
                      admin_headers=admin_headers,
                      max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
-                     request_log=RequestLog(args.enable_log_requests, args.max_log_len))
+                     request_log=RequestLog(args.enable_log_requests, args.max_log_len),
+                     triton_tls=TritonTLS(args.triton_ssl_root_cert, args.triton_ssl_target_name)
+                     if args.triton_ssl_root_cert else None)
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

@@ -26,7 +26,7 @@ from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
 from frontend.openai_api.schemas import openapi
-from frontend.openai_api.triton_client import Delta, Generation, TritonLLM
+from frontend.openai_api.triton_client import Delta, Generation, TritonLLM, TritonTLS
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 # Room for a 128k-token prompt as token ids and long chat histories; far below what would
@@ -37,7 +37,7 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None,
                api_keys: Optional[APIKeys] = None, admin_headers: Optional[dict[str, str]] = None,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-               request_log: Optional[RequestLog] = None) -> FastAPI:
+               request_log: Optional[RequestLog] = None, triton_tls: Optional[TritonTLS] = None) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
     model-config groups, which listing the served models reads. request_log: off unless
     given enabled (prompts and outputs are the users' data)."""
@@ -46,7 +46,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # The gRPC channel belongs to the server's event loop: made here, not at import.
-        app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers)
+        app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers, tls=triton_tls)
         yield
         await app.state.llm.close()
 

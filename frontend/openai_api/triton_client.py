@@ -17,7 +17,7 @@ from typing import AsyncIterator, Optional, Union
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferRequestedOutput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
@@ -61,10 +61,25 @@ class Delta:
     num_input_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class TritonTLS:
+    """How to reach a tritonserver whose gRPC port serves TLS (`--grpc-use-ssl=true`)."""
+    root_cert: str                       # the CA (or self-signed certificate) to trust
+    target_name: Optional[str] = None    # the name its certificate carries, when not the address
+
+    def client_options(self) -> dict:
+        options: dict = {"ssl": True, "root_certificates": self.root_cert}
+        if self.target_name:    # channel_args replace tritonclient's own: keep its message sizes
+            options["channel_args"] = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+                                       ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+                                       ("grpc.ssl_target_name_override", self.target_name)]
+        return options
+
+
 class TritonLLM:
     def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0,
-                 admin_headers: Optional[dict[str, str]] = None) -> None:
-        self.client = grpcaio.InferenceServerClient(url)
+                 admin_headers: Optional[dict[str, str]] = None, tls: Optional[TritonTLS] = None) -> None:
+        self.client = grpcaio.InferenceServerClient(url, **(tls.client_options() if tls else {}))
         self._admin = admin_headers or None     # the repository index and configs are restricted
         self.repository = model_repository
         self._models: dict[str, ServedModel] = {}

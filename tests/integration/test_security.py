@@ -188,3 +188,29 @@ def test_openai_limits_and_deadline(server):
     assert e.value.status_code == 504 and "request_timeout_s" in e.value.message, e.value.message
     assert client.completions.create(model="llm", prompt="The pass statement", max_tokens=2).usage.completion_tokens == 2
     wait_blocks_free(server)
+
+
+def test_grpc_tls_and_the_frontend_behind_it(tmp_path, model_repo):
+    """Triton's gRPC with its own SSL flags (passed through serve): a plain-text client is
+    refused, a client that trusts the certificate is served, and the OpenAI frontend that
+    serve starts beside it speaks TLS to it (the launcher tells it which certificate)."""
+    import shutil
+    import subprocess
+    from clients.tritonserver import TritonServer
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    srv = TritonServer(model_repo, log_path=str(tmp_path / "server.log"), supervised=True, openai=True,
+                       api_keys=(API_KEY,),
+                       extra_args=["--grpc-use-ssl=true", "--grpc-server-cert", cert, "--grpc-server-key", key])
+    with srv:
+        with pytest.raises(InferenceServerException):
+            grpcclient.InferenceServerClient(srv.grpc_url).is_server_live(client_timeout=5)
+        secure = grpcclient.InferenceServerClient(srv.grpc_url, ssl=True, root_certificates=cert)
+        assert secure.is_model_ready("llm")
+        secure.close()
+        client = openai.OpenAI(base_url=openai_frontend(srv) + "/v1", api_key=API_KEY, max_retries=0)
+        assert client.completions.create(model="llm", prompt="The pass statement", max_tokens=3).usage.completion_tokens == 3
