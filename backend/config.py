@@ -96,7 +96,8 @@ class EngineArgs(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     num_kv_blocks: Optional[int] = Field(None, ge=1)
     # Used only when num_kv_blocks is unset: bytes of KV cache to allocate. On CUDA the
-    # default is a fraction of the free device memory (gpu_memory_utilization).
+    # default is what gpu_memory_utilization (a fraction of the device's total memory)
+    # leaves after the model and a profile run (backend/engine/sizing.py).
     kv_cache_memory_bytes: Optional[int] = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     max_num_seqs: int = Field(64, ge=1)

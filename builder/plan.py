@@ -9,8 +9,13 @@ The memory rows follow the engine's own rules, so that they agree with what it
 allocates (tests/unit/builder/test_plan.py checks them against a loaded engine):
 weights are the parameters the engine loads (fused projections have the same counts);
 KV is 2 x layers x kv_heads x head_dim x element size per token, allocated in blocks of
-`block_size` tokens; on a GPU the budget is memory x `gpu_memory_utilization` minus the
-weights and the decode CUDA graphs' pool. With tensor parallelism each rank holds what
+`block_size` tokens; on a GPU the budget is the device's total memory x
+`gpu_memory_utilization` (as in vLLM, and as the engine reads it) minus the weights and the
+decode CUDA graphs' pool. That is an upper bound: the engine also takes off what it finds
+at load (backend/engine/sizing.py) and a plan cannot know, the CUDA context and anything
+else on the device, the peak activation memory of its profile run (a prefill of
+max_num_batched_tokens tokens, the sampler at max_num_seqs rows) and the sampler's
+penalty tables. With tensor parallelism each rank holds what
 backend/parallel/sharding.py gives it: 1/tp of the heads, MLP channels and (padded)
 vocabulary, whole norms, and a whole KV head (its projections too) when there are fewer
 KV heads than ranks.
@@ -193,7 +198,9 @@ NAMED_CONFIGS = {
 
 def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions") -> dict:
     """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x
-    head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism."""
+    head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism. The
+    budget is total memory x gpu_memory_utilization less weights and CUDA graphs: the
+    engine's KV cache is smaller by what its profile run finds at load (module docstring)."""
     tp = opts.tensor_parallel_size
     kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
     weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
@@ -218,4 +225,6 @@ def format_plan(p: dict) -> str:
             f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
             f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
-            f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens")
+            f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens "
+            "(at most: the engine also takes off the CUDA context and the activation peak its profile "
+            "run measures at load)")

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine import sizing
+from backend.engine import profile_run, sizing
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.deadlines import Deadlines
@@ -110,8 +110,12 @@ class LLMEngine:
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
         if draft is not None:           # the draft's K/V lives in the same blocks
             bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
+        self.memory_profile: Optional[sizing.MemoryProfile] = None
+        if args.num_kv_blocks is None and args.kv_cache_memory_bytes is None and self.device.type == "cuda":
+            self.memory_profile = self._profile_memory(kv_dtype)
         self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
-            args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block)
+            args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block, self.memory_profile,
+            num_samplers=1 if draft is None else 2)
         self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
 
@@ -150,6 +154,17 @@ class LLMEngine:
         self.clock: Callable[[], float] = time.monotonic
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
+
+    def _profile_memory(self, kv_dtype: torch.dtype) -> sizing.MemoryProfile:
+        """CUDA, before the KV cache: the profile run (backend/engine/profile_run.py) where
+        this rank can run a step alone; under tensor parallelism (each rank's forward needs
+        the others) or with an exported-graph runner, the driver's figures on rank 0's
+        device and an estimated activation peak."""
+        if self.model is not None and self.workers is None:
+            return profile_run.profile_memory(self.model, self.args, kv_dtype, self.device,
+                                              self.model_config.vocab_size)
+        dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
+        return profile_run.estimated_profile(self.model_config, self.args, dtype_bytes, self.device)
 
     def _make_runner(self, kv_layers) -> ModelRunner:
         args = self.args

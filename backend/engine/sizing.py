@@ -1,8 +1,20 @@
 """How big the engine is, decided once at load from its arguments and the device: the
 device itself, whether the model splits over the ranks asked for, the KV pool in blocks,
-max_model_len, and the step buffers' capacities. Errors name the engine argument."""
+max_model_len, and the step buffers' capacities. Errors name the engine argument.
+
+The KV pool on CUDA (vLLM's rule): `gpu_memory_utilization` is a fraction of the device's
+*total* memory. From that share come off what is in use once the model is loaded (weights,
+the CUDA context, workspaces, anything else on the device, other processes included: the
+driver's free/total figures tell), the peak activation memory of a step measured by a
+profile run at load (backend/engine/profile_run.py: a prefill of max_num_batched_tokens
+tokens and the sampler at max_num_seqs rows), the sampler's penalty tables at
+max_num_seqs rows (allocated lazily, so reserved here), and the decode CUDA graphs' pool
+(captured after the cache). What is left is the KV cache; nothing left is an error that
+names gpu_memory_utilization. The arithmetic is `cuda_kv_budget`, a pure function."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -12,6 +24,46 @@ from backend.models.config import ModelConfig
 from backend.parallel.sharding import check_tensor_parallel
 
 CPU_KV_CACHE_BYTES = 1 << 30
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One device's memory as the profile run found it, in bytes."""
+    total: int                  # the device's memory
+    in_use: int                 # in use after loading and profiling (total - free): weights, CUDA
+    #                             context, workspaces, other processes
+    activation_peak: int        # the most a step allocated above what it started with
+    profiled: bool = True       # False: activation_peak is an estimate (no profile run)
+
+
+def penalty_table_bytes(max_num_seqs: int, vocab_size: int, initial_slots: int = 8) -> int:
+    """The sampler's penalty tables (backend/engine/penalty_state.py) grown to serve
+    max_num_seqs requests: bool `seen` and float32 `counts`, [slots + 1, V] each, the usable
+    slots doubling from initial_slots."""
+    slots = initial_slots
+    while slots < max_num_seqs:
+        slots *= 2
+    return (slots + 1) * vocab_size * (1 + 4)
+
+
+def cuda_kv_budget(profile: MemoryProfile, gpu_memory_utilization: float, reserved: int = 0,
+                   reserved_what: str = "") -> int:
+    """KV cache bytes: total x gpu_memory_utilization - in use - activation peak -
+    reserved (penalty tables, CUDA graphs' pool). Refuses when nothing is left."""
+    share = int(profile.total * gpu_memory_utilization)
+    budget = share - profile.in_use - profile.activation_peak - reserved
+    if budget <= 0:
+        peak = "peak activation memory" + ("" if profile.profiled else " (estimated)")
+        raise ConfigError(
+            f"invalid engine argument 'gpu_memory_utilization': {gpu_memory_utilization:g} x "
+            f"{profile.total / GIB:.2f} GiB total = {share / GIB:.2f} GiB leaves nothing for the KV cache: "
+            f"{profile.in_use / GIB:.2f} GiB in use after loading the model (weights, CUDA context, other "
+            f"processes), {profile.activation_peak / GIB:.2f} GiB {peak} of a step "
+            f"(max_num_batched_tokens, max_num_seqs), {reserved / GIB:.2f} GiB reserved"
+            f"{' (' + reserved_what + ')' if reserved_what else ''}; raise gpu_memory_utilization or lower "
+            "max_num_batched_tokens / max_num_seqs")
+    return budget
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,22 +83,29 @@ def check_tensor_parallel_size(cfg: ModelConfig, tp_size: int, device: torch.dev
 
 
 def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                       use_cuda_graphs: bool, bytes_per_block: int) -> int:
-    """KV blocks (per rank) from kv_cache_memory_bytes, or on CUDA from the free memory
-    times gpu_memory_utilization less the CUDA graphs' pool; 1 GiB on CPU."""
+                       use_cuda_graphs: bool, bytes_per_block: int, profile: MemoryProfile | None = None,
+                       num_samplers: int = 1) -> int:
+    """KV blocks (per rank) from kv_cache_memory_bytes; else on CUDA from the profile
+    (cuda_kv_budget: a share of total memory), less the penalty tables of num_samplers
+    samplers (a draft model has its own) and the CUDA graphs' pool; else 1 GiB (CPU)."""
     budget = args.kv_cache_memory_bytes
-    if budget is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            budget = int(free * args.gpu_memory_utilization)
-            if use_cuda_graphs:
-                # The graphs' memory pool is captured after the cache is allocated.
-                budget -= estimate_graph_bytes(cfg, args.max_num_seqs, torch.tensor([], dtype=dtype).element_size())
-        else:
-            budget = CPU_KV_CACHE_BYTES
+    what = "kv_cache_memory_bytes"
+    if budget is None and device.type == "cuda":
+        if profile is None:
+            raise ValueError("sizing the KV cache on CUDA needs a memory profile (backend/engine/profile_run.py)")
+        reserved = num_samplers * penalty_table_bytes(args.max_num_seqs, cfg.vocab_size)
+        reserved_what = "the sampler's penalty tables"
+        if use_cuda_graphs:
+            # The graphs' memory pool is captured after the cache is allocated.
+            reserved += estimate_graph_bytes(cfg, args.max_num_seqs, torch.tensor([], dtype=dtype).element_size())
+            reserved_what += " and the CUDA graphs' pool"
+        budget = cuda_kv_budget(profile, args.gpu_memory_utilization, reserved, reserved_what)
+        what = "gpu_memory_utilization"
+    elif budget is None:
+        budget = CPU_KV_CACHE_BYTES
     num = budget // bytes_per_block
     if num < 1:
-        raise ConfigError(f"invalid engine argument 'kv_cache_memory_bytes': {budget} bytes "
+        raise ConfigError(f"invalid engine argument '{what}': {budget} bytes for the KV cache "
                           f"hold no KV block ({bytes_per_block} bytes each)")
     return num
 
