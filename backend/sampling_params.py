@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from backend.config import validated
 
 
+GREEDY_BELOW = 1e-5      # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar")
 
 
@@ -43,7 +44,9 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     seed: Optional[int] = None
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    # Logits are divided or multiplied by it in float32: outside this range they overflow
+    # (or the penalty rounds to 0), and NaN logits would slip past top-k, top-p and grammars.
+    repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     stop: list[str] = Field(default_factory=list)
@@ -99,6 +102,13 @@ class SamplingParams(BaseModel):
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, v: float) -> float:
+        # vLLM's rule (_SAMPLING_EPS): a float32 division by a tinier temperature overflows
+        # to inf, and the softmax of that is NaN. The draw it approaches is the argmax.
+        return 0.0 if v < GREEDY_BELOW else v
 
     @field_validator("guided_json")
     @classmethod

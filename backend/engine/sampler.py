@@ -293,5 +293,6 @@ def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     one token); top_p [B, 1]."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+    drop_sorted[:, 0] = False       # the most likely token stays, even for a top_p that is 0 in float32
     drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
     return probs.masked_fill(drop, 0.0)

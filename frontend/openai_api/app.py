@@ -220,7 +220,12 @@ class Shape:
 def _top(entry: dict, k: int) -> list[tuple[str, float]]:
     """The k most likely tokens of one position: (decoded text, logprob), by rank."""
     ranked = sorted(entry.values(), key=lambda lp: lp["rank"])
-    return [(lp["decoded_token"] or "", lp["logprob"]) for lp in ranked[:k]]
+    return [(lp["decoded_token"] or "", _json_logprob(lp["logprob"])) for lp in ranked[:k]]
+
+
+def _json_logprob(value: float) -> float:
+    """JSON has no -inf: vLLM's OpenAI server sends -9999.0 for a token of probability 0."""
+    return value if value > -9999.0 else -9999.0
 
 
 class Completion(Shape):
@@ -233,7 +238,7 @@ class Completion(Shape):
         for token_id, entry in pairs:
             chosen = entry[str(token_id)]
             out["tokens"].append(chosen["decoded_token"] or "")
-            out["token_logprobs"].append(chosen["logprob"])
+            out["token_logprobs"].append(_json_logprob(chosen["logprob"]))
             out["top_logprobs"].append(dict(_top(entry, self.req.logprobs)))
             out["text_offset"].append(offset)
             offset += len(chosen["decoded_token"] or "")
@@ -263,7 +268,7 @@ class ChatCompletion(Shape):
         content = []
         for token_id, entry in pairs:
             chosen = entry[str(token_id)]
-            content.append({**item(chosen["decoded_token"] or "", chosen["logprob"]),
+            content.append({**item(chosen["decoded_token"] or "", _json_logprob(chosen["logprob"])),
                             "top_logprobs": [item(t, lp) for t, lp in _top(entry, k)]})
         return {"content": content}
 

@@ -64,7 +64,7 @@ class _Common(BaseModel):
     # vLLM's extras
     top_k: int = Field(-1, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     guided_json: Union[None, dict, str] = None

@@ -190,3 +190,26 @@ def test_compiles_given_up_on_are_capped_then_guided_requests_wait_their_end(tin
     out = llm.generate(["z"], SamplingParams(max_tokens=8, guided_regex="[0-9]{2}"))[0]
     assert out.error is None and re.fullmatch(r"[0-9]{2}", out.text), (stuck, out)
     assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("extreme", [{"temperature": 1e-40}, {"top_p": 5e-324}, {"repetition_penalty": 1e-30},
+                                     {"repetition_penalty": 1e30}, {"min_p": 5e-324}],
+                         ids=["tiny-temperature", "top-p-zero-in-float32", "tiny-penalty", "huge-penalty", "tiny-min-p"])
+def test_extreme_sampling_values_keep_the_grammar_and_finite_logprobs(llm, extreme):
+    """Values that are positive in float64 but 0, subnormal or overflowing in float32 once
+    made NaN logits, which passed the grammar's mask (found by the API fuzzer): a tiny
+    temperature is greedy (vLLM's rule), top-p keeps the top token, penalties are bounded."""
+    outs = llm.generate(["`\u00fb", "The pass statement"], SamplingParams(
+        max_tokens=4, logprobs=1, guided_choice=["0", "ab"], seed=3, **extreme))
+    for o in outs:
+        assert o.text in ("0", "ab"), o.text
+        assert all(lp.logprob > float("-inf") for step in o.logprobs for lp in step.values())
+    assert_pool_free(llm)
+
+
+def test_penalties_float32_cannot_carry_are_refused():
+    from backend.sampling_params import SamplingParamsError
+    for bad in (5e-324, 1e-31, 1e31):
+        with pytest.raises(SamplingParamsError, match="repetition_penalty"):
+            SamplingParams.create(repetition_penalty=bad)
+    assert SamplingParams.create(temperature=1e-6).greedy and not SamplingParams.create(temperature=1e-5).greedy
