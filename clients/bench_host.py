@@ -125,7 +125,8 @@ def _runner_class():
 
         def execute(self, out):
             from backend.engine import logprobs
-            from backend.engine.spec_decode.rejection_sampler import accepted_tokens, verify_rows
+            from backend.engine.model_runner import tokens_per_request
+            from backend.engine.spec_decode.rejection_sampler import verify_rows
             self.inputs.build(out, self._block_table_of)
             sampling = [s for s in out.scheduled if s.completes_prompt]
             if not sampling:
@@ -154,17 +155,7 @@ def _runner_class():
                 for row in batch.logprobs.row_ids:
                     values += [-1.0, 1.0] + [-1.0 - k for k in range(m)] + [float(tokens[row] + k) for k in range(m)]
             ids, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
-            result, by_index, row = [], {}, 0
-            for i, s in enumerate(out.scheduled):
-                if not s.completes_prompt:
-                    result.append([])
-                    continue
-                spec = s.spec_token_ids
-                result.append(accepted_tokens(spec, ids, flags, row) if spec else [ids[row]])
-                if row in by_row:
-                    by_index[i] = by_row[row]
-                row += len(spec) + 1
-            return result, by_index
+            return tokens_per_request(out.scheduled, ids, flags, by_row)
 
     return SimulatedDeviceRunner
 

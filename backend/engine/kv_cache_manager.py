@@ -78,17 +78,6 @@ def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> Bl
 _EMPTY = BlockTable()
 
 
-def _tokens(request: Request, a: int, b: int) -> list[int]:
-    """Tokens a:b of the request's prompt + output, without building the concatenation."""
-    prompt, output = request.prompt_token_ids, request.output_token_ids
-    p = len(prompt)
-    if b <= p:
-        return prompt[a:b]
-    if a >= p:
-        return output[a - p:b - p]
-    return prompt[a:] + output[:b - p]
-
-
 class BlockPool:
     """The free queue and the hash -> block map. Knows nothing about requests."""
 
@@ -198,7 +187,7 @@ class KVCacheManager:
             return                      # no newly full block
         for i in range(len(hashes), request.num_tokens // bs):
             parent = hashes[i - 1] if i else request.cache_salt
-            hashes.append(hash_block(parent, _tokens(request, i * bs, (i + 1) * bs)))
+            hashes.append(hash_block(parent, request.token_slice(i * bs, (i + 1) * bs)))
 
     def find_cached_blocks(self, request: Request) -> Optional[list[KVBlock]]:
         """Longest run of cached full blocks matching the request's leading tokens, or None
@@ -280,7 +269,7 @@ class KVCacheManager:
         for i in range(start, num_full):      # the new full blocks' tokens only
             parent = request.block_hashes[i - 1] if i else request.cache_salt
             self.pool.register(blocks[i], request.block_hashes[i], parent,
-                               tuple(_tokens(request, i * bs, (i + 1) * bs)), pending)
+                               tuple(request.token_slice(i * bs, (i + 1) * bs)), pending)
         self._num_registered[rid] = num_full
 
     def cache_computed_blocks(self, request: Request) -> None:

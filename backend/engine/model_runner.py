@@ -134,16 +134,24 @@ class ModelRunner:
         values = packed.tolist()
         tokens, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
         flags = values[-len(rows):] if speculative else []
-        result: list[list[int]] = []
-        by_index: dict[int, TokenLogprobs] = {}
-        row = 0
-        for i, s in enumerate(out.scheduled):
-            if not s.completes_prompt:
-                result.append([])
-                continue
-            spec = s.spec_token_ids
-            result.append(accepted_tokens(spec, tokens, flags, row) if spec else [tokens[row]])
-            if row in by_row:
-                by_index[i] = by_row[row]
-            row += len(spec) + 1
-        return result, by_index
+        return tokens_per_request(out.scheduled, tokens, flags, by_row)
+
+
+def tokens_per_request(scheduled, tokens: list[int], flags: list[float],
+                       by_row: dict[int, TokenLogprobs]) -> tuple[list[list[int]], dict[int, TokenLogprobs]]:
+    """The step's sampled rows, back per scheduled request (in order): a request whose
+    prompt is still being prefilled gets none; a verifying one its accepted proposals and
+    the token after them; with the logprobs of each request's first row."""
+    result: list[list[int]] = []
+    by_index: dict[int, TokenLogprobs] = {}
+    row = 0
+    for i, s in enumerate(scheduled):
+        if not s.completes_prompt:
+            result.append([])
+            continue
+        spec = s.spec_token_ids
+        result.append(accepted_tokens(spec, tokens, flags, row) if spec else [tokens[row]])
+        if row in by_row:
+            by_index[i] = by_row[row]
+        row += len(spec) + 1
+    return result, by_index

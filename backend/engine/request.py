@@ -70,6 +70,17 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def token_slice(self, a: int, b: int) -> list[int]:
+        """Tokens a:b of prompt + output, without building the concatenation (whose cost
+        grows with the context: step inputs and block hashes need a block's worth)."""
+        prompt, output = self.prompt_token_ids, self.output_token_ids
+        p = len(prompt)
+        if b <= p:
+            return prompt[a:b]
+        if a >= p:
+            return output[a - p:b - p]
+        return prompt[a:] + output[:b - p]
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -171,8 +171,8 @@ class StepInputBuilder:
             r = sched[i].request
             n = r.num_tokens
             if b <= n:
-                return _token_slice(r.prompt_token_ids, r.output_token_ids, a, b)
-            return _token_slice(r.prompt_token_ids, r.output_token_ids, a, n) + sched[i].spec_token_ids[:b - n]
+                return r.token_slice(a, b)
+            return r.token_slice(a, n) + sched[i].spec_token_ids[:b - n]
 
         return self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to)
@@ -325,13 +325,3 @@ def dummy_decode(builder: StepInputBuilder, size: int, token_ids: np.ndarray, nu
     b.step_tables[:size].zero_()
     b._gathered = None                          # the next build gathers its rows again
     return static_decode_inputs(b, size, num_splits)
-
-
-def _token_slice(prompt: list[int], output: list[int], a: int, b: int) -> list[int]:
-    """Tokens a:b of prompt + output without building the concatenation."""
-    p = len(prompt)
-    if b <= p:
-        return prompt[a:b]
-    if a >= p:
-        return output[a - p:b - p]
-    return prompt[a:] + output[:b - p]

@@ -36,7 +36,7 @@ from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
-from backend.engine.step_inputs import StepInputBuilder, _token_slice
+from backend.engine.step_inputs import StepInputBuilder
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int) -> None:
@@ -107,7 +107,7 @@ class DraftModelProposer:
             [r.request_id for r in reqs], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(r.request_id in ks) for r in reqs], dtype=np.int64),
-            lambda i, a, b: _token_slice(reqs[i].prompt_token_ids, reqs[i].output_token_ids, a, b),
+            lambda i, a, b: reqs[i].token_slice(a, b),
             self.kv_cache.block_table)
         logits = run_model(self.model, self.kv_caches, step)
         for r, _, end in segments:
