@@ -214,8 +214,10 @@ def validated(model_cls: type[BaseModel], error_cls: type[Exception], what: str,
 def format_validation_error(e: ValidationError, what: str) -> str:
     parts = []
     for err in e.errors():
-        name = ".".join(str(p) for p in err["loc"]) or "(root)"
-        if err["type"] == "extra_forbidden":
+        name = ".".join(str(p) for p in err["loc"])
+        if not name:        # a check across fields: its message names them; the input is everything
+            parts.append(f"invalid {what}s: {err['msg'].removeprefix('Value error, ')}")
+        elif err["type"] == "extra_forbidden":
             parts.append(f"unknown {what} '{name}'")
         else:
             parts.append(f"invalid {what} '{name}': {err['msg']} (got {err.get('input')!r})")

@@ -43,7 +43,7 @@ class SamplingParams(BaseModel):
     top_k: int = Field(-1, ge=-1)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as torch's generators take
     # Logits are divided or multiplied by it in float32: outside this range they overflow
     # (or the penalty rounds to 0), and NaN logits would slip past top-k, top-p and grammars.
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)

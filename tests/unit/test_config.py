@@ -66,3 +66,18 @@ def test_speculative_config_is_validated_and_names_the_field():
     with pytest.raises(ConfigError, match="tensor_parallel_size=1"):
         EngineArgs.create(model="m", tensor_parallel_size=2,
                           speculative_config={"method": "draft_model", "model": "d", "num_speculative_tokens": 2})
+
+
+def test_a_check_across_fields_names_them_not_root():
+    from backend.sampling_params import SamplingParams, SamplingParamsError
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams.create(min_tokens=5, max_tokens=3)
+    assert str(e.value) == "invalid sampling parameters: min_tokens (5) must be <= max_tokens (3)"
+
+
+def test_seed_is_an_int64():
+    from backend.sampling_params import SamplingParams, SamplingParamsError
+    assert SamplingParams.create(seed=2**63 - 1).seed == 2**63 - 1
+    for bad in (2**63, -2**63 - 1):
+        with pytest.raises(SamplingParamsError, match="invalid sampling parameter 'seed'"):
+            SamplingParams.create(seed=bad)
