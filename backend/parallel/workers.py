@@ -42,20 +42,24 @@ COLLECTIVE_TIMEOUT_S = 600.0
 # Rank 0 tells the workers what to do with one message at a time, broadcast on the
 # control group as a fixed-width int64 header: the message's kind, then its fields.
 
-@dataclasses.dataclass(frozen=True)
-class StopMessage:
-    """Exit."""
+class _IntFields:
+    """A message whose fields are ints, sent in declaration order."""
 
     def values(self) -> list[int]:
-        return []
+        return list(dataclasses.astuple(self))
 
     @classmethod
-    def from_values(cls, values: list[int]) -> "StopMessage":
-        return cls()
+    def from_values(cls, values: list[int]):
+        return cls(*values[:len(dataclasses.fields(cls))])
 
 
 @dataclasses.dataclass(frozen=True)
-class SetupMessage:
+class StopMessage(_IntFields):
+    """Exit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupMessage(_IntFields):
     """The KV pool and step buffer sizes rank 0 chose; the workers answer with their
     (weight bytes, KV bytes)."""
     num_kv_blocks: int
@@ -64,26 +68,12 @@ class SetupMessage:
     max_seqs: int
     max_blocks_per_seq: int
 
-    def values(self) -> list[int]:
-        return list(dataclasses.astuple(self))
-
-    @classmethod
-    def from_values(cls, values: list[int]) -> "SetupMessage":
-        return cls(*values[:len(dataclasses.fields(cls))])
-
 
 @dataclasses.dataclass(frozen=True)
-class CaptureMessage:
+class CaptureMessage(_IntFields):
     """Capture the decode CUDA graphs (every rank at once; kept only if all succeed)."""
     max_num_seqs: int
     max_model_len: int
-
-    def values(self) -> list[int]:
-        return list(dataclasses.astuple(self))
-
-    @classmethod
-    def from_values(cls, values: list[int]) -> "CaptureMessage":
-        return cls(*values[:len(dataclasses.fields(cls))])
 
 
 @dataclasses.dataclass(frozen=True)
