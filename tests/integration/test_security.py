@@ -194,15 +194,9 @@ def test_grpc_tls_and_the_frontend_behind_it(tmp_path, model_repo):
     """Triton's gRPC with its own SSL flags (passed through serve): a plain-text client is
     refused, a client that trusts the certificate is served, and the OpenAI frontend that
     serve starts beside it speaks TLS to it (the launcher tells it which certificate)."""
-    import shutil
-    import subprocess
     from clients.tritonserver import TritonServer
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
+    from tests.helpers.certs import self_signed
+    cert, key = self_signed(tmp_path)
     srv = TritonServer(model_repo, log_path=str(tmp_path / "server.log"), supervised=True, openai=True,
                        api_keys=(API_KEY,),
                        extra_args=["--grpc-use-ssl=true", "--grpc-server-cert", cert, "--grpc-server-key", key])

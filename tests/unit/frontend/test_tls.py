@@ -4,7 +4,6 @@ answers 503 over TLS, which is all this needs; a plain-HTTP client gets no answe
 
 import http.client
 import os
-import shutil
 import ssl
 import subprocess
 import sys
@@ -13,16 +12,7 @@ import time
 import pytest
 
 from clients.tritonserver import ROOT, free_port
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def self_signed(tmp_path) -> tuple[str, str]:
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    return cert, key
+from tests.helpers.certs import self_signed
 
 
 def test_frontend_serves_https(tmp_path):
