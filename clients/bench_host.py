@@ -67,6 +67,7 @@ def _small_kv_tensors():
 def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, seed: int = 0) -> float:
     """Plain mode: the forward pass and the draw replaced by a constant token."""
     from backend import LLM, SamplingParams
+    from backend.engine.outputs import ModelRunnerOutput
     with _small_kv_tensors():
         llm = LLM(checkpoint, device="cpu", num_kv_blocks=num_seqs * (-(-(prompt_len + steps + 2) // 16)) + 16,
                   max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
@@ -76,7 +77,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
         runner.inputs.build(out, runner._block_table_of)
         sampling = [s.request for s in out.scheduled if s.completes_prompt]
         runner.sampler.prepare(sampling, runner.vocab_size)
-        return [[7] if s.completes_prompt else [] for s in out.scheduled], {}
+        return ModelRunnerOutput([[7] if s.completes_prompt else [] for s in out.scheduled])
     runner.execute = host_only
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size
@@ -126,12 +127,13 @@ def _runner_class():
         def execute(self, out):
             from backend.engine import logprobs
             from backend.engine.model_runner import tokens_per_request
+            from backend.engine.outputs import ModelRunnerOutput
             from backend.engine.spec_decode.rejection_sampler import verify_rows
             self.inputs.build(out, self._block_table_of)
             sampling = [s for s in out.scheduled if s.completes_prompt]
             if not sampling:
                 self._device()
-                return [[] for _ in out.scheduled], {}
+                return ModelRunnerOutput([[] for _ in out.scheduled])
             speculative = any(s.spec_token_ids for s in sampling)
             rows = verify_rows(sampling)
             batch = self.sampler.prepare(rows, self.vocab_size)

@@ -1,10 +1,13 @@
 """The engine: requests in, one scheduled step at a time, outputs out.
 
 Data flows one way: add_request -> Scheduler.schedule -> ModelRunner.execute (model and
-sampler, or the rejection sampler when proposals are verified) -> OutputProcessor (stop
-checks and detokenization) -> RequestOutput; with speculative decoding the Speculator
-then proposes the next step's tokens. The engine is single threaded; EngineLoop
-(engine_loop.py) drives it from a thread for servers.
+sampler, or the rejection sampler when proposals are verified) -> ModelRunnerOutput ->
+Scheduler.update_from_output (the one writer of request and KV state: tokens appended,
+stops on token ids, requests finished) -> EngineCoreOutput; with speculative decoding
+the Speculator then proposes the next step's tokens, which the scheduler keeps.
+`core_step` ends there; the output side (OutputProcessor: text, stop strings, logprob
+text) turns core outputs into RequestOutputs, inline in `step` or on its own thread
+(engine_loop.py), and a stop string comes back as one call (`stop_requests`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from backend.engine.deadlines import Deadlines
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.output_processor import OutputProcessor
-from backend.engine.outputs import RequestOutput
+from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.request_limits import RequestLimits
 from backend.engine.sampler import Sampler
@@ -145,7 +148,7 @@ class LLMEngine:
                 Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
-        self.outputs = OutputProcessor(self.tokenizer, self.scheduler)
+        self.outputs = OutputProcessor(self.tokenizer)
         self._awaiting_grammar = AwaitingGrammar(args.guided_compile_timeout_s)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test
@@ -226,7 +229,7 @@ class LLMEngine:
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         grammar = self._compile_grammar(request) if params.guided_fields() else None
-        self.outputs.add(request)
+        self.outputs.add(request_id, token_ids, params)
         if grammar is not None:
             self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
         else:
@@ -247,7 +250,7 @@ class LLMEngine:
                                                       self.args.max_num_seqs)
         return self.runner.structured.compile(request.sampling_params, tag=request)
 
-    def _admit_compiled(self) -> list[RequestOutput]:
+    def _admit_compiled(self) -> list[EngineCoreOutput]:
         """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
         request with the compiler's message. Waits a moment when nothing else can run."""
         if not len(self._awaiting_grammar):
@@ -256,19 +259,16 @@ class LLMEngine:
             self.runner.structured, time.monotonic(), wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
         for request in admitted:
             self.scheduler.add_request(request)
-        outputs = []
-        for request, error in failed:
-            outputs.append(self._finish_unscheduled(request))
-            outputs[-1].error = error
-        return outputs
+        return [self._finish_unscheduled(request, error) for request, error in failed]
 
-    def _finish_unscheduled(self, request: Request) -> RequestOutput:
-        """The final output of a request that never reached the scheduler (its grammar
-        failed, or it was aborted while compiling): it holds no blocks."""
+    @staticmethod
+    def _finish_unscheduled(request: Request, error: Optional[Exception] = None) -> EngineCoreOutput:
+        """The end of a request that never reached the scheduler (its grammar failed, or
+        it was aborted while compiling): it holds no blocks."""
         request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
-        return self.outputs.final_output(request)
+        return EngineCoreOutput(request.request_id, [], finish_reason="abort", error=error)
 
-    def _expire_deadlines(self, now: float) -> list[RequestOutput]:
+    def _expire_deadlines(self, now: float) -> list[EngineCoreOutput]:
         """Aborts the requests whose deadline has passed, wherever they are (waiting,
         running, awaiting their grammar): their blocks are free on return and each final
         output carries a DeadlineExceededError. One heap peek when none is due."""
@@ -276,7 +276,7 @@ class LLMEngine:
         for request, timeout_s, source in self._deadlines.pop_due(now):
             if request.is_finished or not self._is_current(request):
                 continue                        # finished first (or its id now names another)
-            out = self.abort_request(request.request_id)
+            out = self.abort_core(request.request_id)
             if out is None:
                 continue
             out.error = DeadlineExceededError(
@@ -313,14 +313,29 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len} (at most {room} new tokens)")
         return params.max_tokens
 
-    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
-        """Abort now; the request's blocks are free when this returns."""
+    def abort_core(self, request_id: str) -> Optional[EngineCoreOutput]:
+        """Abort now, on the engine side alone; the request's blocks are free when this
+        returns. None when it is not (or no longer) in the engine."""
         if request_id in self._awaiting_grammar:
             return self._finish_unscheduled(self._awaiting_grammar.pop(self.runner.structured, request_id))
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
-        return self.outputs.final_output(request)
+        return EngineCoreOutput(request_id, [], finish_reason="abort", num_cached_tokens=request.num_cached_tokens)
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort now; the request's blocks are free when this returns. Its final output,
+        or None when it had finished."""
+        core = self.abort_core(request_id)
+        if core is None or request_id not in self.outputs:
+            return None
+        return self.outputs.final_output(request_id, "abort")
+
+    def stop_requests(self, request_ids: list[str]) -> None:
+        """The output side found a stop string in these requests' text: they end with
+        "stop" (their blocks free at once). Those that finished meanwhile are skipped."""
+        for request_id in request_ids:
+            self.scheduler.stop_request(request_id)
 
     def check_health(self) -> None:
         """Raises EngineDeadError when a part of the engine outside this thread is gone
@@ -335,34 +350,36 @@ class LLMEngine:
 
     @property
     def num_generation_tokens_total(self) -> int:
-        return self.outputs.num_generation_tokens_total
+        return self.scheduler.num_generation_tokens_total
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0 or len(self._awaiting_grammar) > 0
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
+        """One engine step and its outputs' text, inline (offline use and tests; servers
+        run the output side on its own thread: engine_loop.py)."""
+        outputs, stopped = self.outputs.process(self.core_step())
+        self.stop_requests(stopped)
+        return outputs
+
+    def core_step(self) -> list[EngineCoreOutput]:
+        """Schedule, execute, update: the engine thread's whole job."""
         outputs = self._expire_deadlines(self.clock()) + self._admit_compiled()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
         try:
-            next_tokens, logprobs = self.runner.execute(sched)
+            result: ModelRunnerOutput = self.runner.execute(sched)
         except Exception as e:
             if self.workers is not None:    # name the rank whose death broke the collective
                 self.workers.raise_if_dead(wait_s=1.0, cause=e)
             raise
-        for s, tokens in zip(sched.scheduled, next_tokens):
-            if s.spec_token_ids and tokens:
-                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
-        self.scheduler.update_after_step(sched.scheduled)
-        now = time.monotonic()
-        for index, (s, tokens) in enumerate(zip(sched.scheduled, next_tokens)):
-            if tokens:
-                outputs.append(self.outputs.append_tokens(s.request, tokens, logprobs.get(index), now))
+        outputs += self.scheduler.update_from_output(sched, result)
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
-            self.speculator.propose([s.request for s in sched.scheduled if not s.request.is_finished])
+            self.scheduler.set_proposals(self.speculator.propose(
+                [s.request for s in sched.scheduled if not s.request.is_finished]))
         return outputs
 
     # ------------------------------------------------------------------ stats

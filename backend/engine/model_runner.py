@@ -12,6 +12,7 @@ import torch
 from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs
 from backend.engine.logprobs import TokenLogprobs
+from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
@@ -95,11 +96,12 @@ class ModelRunner:
         return logits[:step.num_seqs] if logits is not None else None     # (gathered on rank 0 only)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[list[int]], dict[int, TokenLogprobs]]:
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """One forward pass. Returns, per scheduled request, its new tokens: none when
         the request is mid-prefill (its chunk did not reach the last token), one, or with
         proposals verified, the accepted ones and the target's next; and the logprobs of
-        those that asked, by their index in `out.scheduled`."""
+        those that asked, by their index in `out.scheduled`. Reads request state, never
+        writes it (the scheduler applies the output)."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
         lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
@@ -111,7 +113,7 @@ class ModelRunner:
         logits = self.run_forward(step, graph_size)
         sampling = [s for s in out.scheduled if s.completes_prompt]
         if not sampling:
-            return [[] for _ in out.scheduled], {}
+            return ModelRunnerOutput([[] for _ in out.scheduled])
         speculative = any(s.spec_token_ids for s in sampling)
         # One sampler row per logits row. Host work for sampling overlaps the forward
         # pass the device is still running.
@@ -138,7 +140,7 @@ class ModelRunner:
 
 
 def tokens_per_request(scheduled, tokens: list[int], flags: list[float],
-                       by_row: dict[int, TokenLogprobs]) -> tuple[list[list[int]], dict[int, TokenLogprobs]]:
+                       by_row: dict[int, TokenLogprobs]) -> ModelRunnerOutput:
     """The step's sampled rows, back per scheduled request (in order): a request whose
     prompt is still being prefilled gets none; a verifying one its accepted proposals and
     the token after them; with the logprobs of each request's first row."""
@@ -154,4 +156,4 @@ def tokens_per_request(scheduled, tokens: list[int], flags: list[float],
         if row in by_row:
             by_index[i] = by_row[row]
         row += len(spec) + 1
-    return result, by_index
+    return ModelRunnerOutput(result, by_index)

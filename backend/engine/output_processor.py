@@ -1,104 +1,117 @@
-"""A step's new tokens -> RequestOutputs: each token checked for a stop (EOS, stop ids,
-stop strings, the grammar's end, max_tokens) as if it came alone, detokenized
-incrementally, logprobs given their text. Several tokens arrive at once when proposals
-are accepted (speculative decoding): the first stop ends the request there."""
+"""The output side: EngineCoreOutputs (token ids) -> RequestOutputs (text). Each token is
+detokenized incrementally and checked for the request's stop strings as if it came
+alone; logprobs get their text and a running sum. Several tokens arrive at once when
+proposals are accepted (speculative decoding): a stop string ends the request at the
+token that completes it and drops the tokens after it.
+
+Nothing here reads or writes engine state: each request's token ids, logprobs and text
+are this side's own copy, so it can run on another thread than the engine's
+(engine_loop.py). A stop string is the one thing that flows back: `process` returns the
+ids of the requests it stopped, and the engine finishes them (Scheduler.stop_request).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from backend.engine.logprobs import TokenLogprobs
-from backend.engine.outputs import RequestOutput
-from backend.engine.request import FinishReason, Request
-from backend.engine.scheduler import Scheduler
+from backend.engine.outputs import EngineCoreOutput, RequestOutput
+from backend.sampling_params import SamplingParams
+
+
+@dataclass
+class _RequestState:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    num_cached_tokens: int = 0
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, scheduler: Scheduler) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.scheduler = scheduler
         self._fast_decode = fast_decoder(tokenizer)
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.num_generation_tokens_total = 0
+        self._states: dict[str, _RequestState] = {}
 
-    def add(self, request: Request) -> None:
-        self.detokenizers[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, request.sampling_params, self._fast_decode)
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._states[request_id] = _RequestState(
+            prompt_token_ids, params,
+            IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params, self._fast_decode))
 
-    def append_tokens(self, request: Request, tokens: list[int], entry: Optional[TokenLogprobs],
-                       now: float) -> RequestOutput:
-        """A request's new tokens in order, each checked for a stop as if it came alone:
-        the first stop ends the request and drops the tokens after it."""
-        if request.first_token_time is None:
-            request.first_token_time = now
-        detok = self.detokenizers[request.request_id]
-        emitted, reason, new_logprobs = [], None, None
-        for token in tokens:
-            request.output_token_ids.append(token)
-            emitted.append(token)
-            if len(tokens) == 1:        # requests with logprobs do not speculate
-                new_logprobs = self._record_logprobs(request, token, entry)
-            self.num_generation_tokens_total += 1
-            reason = self._check_stop(request, token, detok)
-            if reason is not None:
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._states
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """The RequestOutputs of a step, and the ids of the requests a stop string ended
+        (still running in the engine: it must stop them). Outputs of requests this side
+        no longer tracks (a stop string ended them while the engine ran on) are dropped."""
+        outputs, stopped = [], []
+        for core in core_outputs:
+            state = self._states.get(core.request_id)
+            if state is None:
+                continue
+            out = self._process_one(core, state)
+            outputs.append(out)
+            if out.finished and not core.finished:
+                stopped.append(core.request_id)
+        return outputs, stopped
+
+    def _process_one(self, core: EngineCoreOutput, state: _RequestState) -> RequestOutput:
+        detok, params = state.detokenizer, state.params
+        state.num_cached_tokens = core.num_cached_tokens
+        new_logprobs = None
+        finish_reason = core.finish_reason
+        emitted = core.new_token_ids
+        for i, token in enumerate(core.new_token_ids):
+            if core.new_logprobs is not None and i < len(core.new_logprobs):
+                new_logprobs = new_logprobs or []
+                new_logprobs.append(self._record_logprobs(state, token, core.new_logprobs[i]))
+            state.token_ids.append(token)
+            past_min = len(state.token_ids) >= params.min_tokens
+            if detok.add_token(token, check_stop=past_min) is not None:
+                emitted, finish_reason = core.new_token_ids[:i + 1], "stop"
                 break
-        if len(tokens) > 1:             # accepted proposals fill blocks the prefix cache can take
-            self.scheduler.kv_cache.cache_computed_blocks(request)
-        if reason is not None:
-            self.scheduler.finish_request(request, reason)
-            return self.final_output(request, emitted, new_logprobs)
+        if finish_reason is not None or core.error is not None:
+            return self.final_output(core.request_id, finish_reason or "abort", emitted, new_logprobs, core.error)
         return RequestOutput(
-            request_id=request.request_id, new_token_ids=emitted,
+            request_id=core.request_id, new_token_ids=emitted,
             new_text=detok.take_delta(finished=False), finished=False,
-            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens, new_logprobs=new_logprobs,
-            cumulative_logprob=request.cumulative_logprob if new_logprobs is not None else None)
+            num_prompt_tokens=len(state.prompt_token_ids), num_output_tokens=len(state.token_ids),
+            num_cached_tokens=state.num_cached_tokens, new_logprobs=new_logprobs,
+            cumulative_logprob=state.cumulative_logprob if new_logprobs is not None else None)
 
-    def _record_logprobs(self, request: Request, token: int, entry: Optional[TokenLogprobs]
-                         ) -> Optional[list[TokenLogprobs]]:
-        """Keeps the token's logprobs on the request, with each token's text (vLLM's
-        `decoded_token`); None for a request that did not ask."""
-        if entry is None:
-            return None
+    def _record_logprobs(self, state: _RequestState, token: int, entry: TokenLogprobs) -> TokenLogprobs:
+        """Keeps the token's logprobs, with each candidate's text (vLLM's
+        `decoded_token`, what add_token would add now: the rank-1 texts spell the output)."""
         if self.tokenizer is not None:
-            detok = self.detokenizers[request.request_id]  # still before this token
             for tid, lp in entry.items():
-                lp.decoded_token = detok.peek(tid)
-        request.output_logprobs.append(entry)
-        request.cumulative_logprob += entry[token].logprob
-        return [entry]
+                lp.decoded_token = state.detokenizer.peek(tid)
+        state.logprobs.append(entry)
+        state.cumulative_logprob += entry[token].logprob
+        return entry
 
-    def _check_stop(self, request: Request, token: int, detok: IncrementalDetokenizer) -> Optional[FinishReason]:
-        params = request.sampling_params
-        past_min = request.num_output_tokens >= params.min_tokens
-        stop_str = detok.add_token(token, check_stop=past_min)
-        # The mask let only allowed tokens through; once complete the grammar allows only
-        # the stop token, and accepting it ends the request.
-        if request.grammar is not None and (not request.grammar.accept_token(token)
-                                            or request.grammar.is_terminated()):
-            return FinishReason.STOP
-        if past_min:
-            if not params.ignore_eos and token in request.eos_token_ids:
-                return FinishReason.STOP
-            if token in params.stop_token_ids or stop_str is not None:
-                return FinishReason.STOP
-        if request.num_output_tokens >= request.max_tokens:
-            return FinishReason.LENGTH
-        return None
-
-    def final_output(self, request: Request, new_token_ids: Optional[list[int]] = None,
-                     new_logprobs: Optional[list[TokenLogprobs]] = None) -> RequestOutput:
-        """The request's last output (finished, aborted or failed); drops its detokenizer."""
-        detok = self.detokenizers.pop(request.request_id)
-        wants = request.sampling_params.logprobs is not None
+    def final_output(self, request_id: str, finish_reason: Optional[str],
+                     new_token_ids: Optional[list[int]] = None,
+                     new_logprobs: Optional[list[TokenLogprobs]] = None,
+                     error: Optional[Exception] = None) -> RequestOutput:
+        """The request's last output (finished, aborted or failed); forgets the request."""
+        state = self._states.pop(request_id)
+        detok = state.detokenizer
+        wants = state.params.logprobs is not None
         return RequestOutput(
-            request_id=request.request_id, new_token_ids=new_token_ids or [],
-            new_text=detok.take_delta(finished=True), finished=True,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens, prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids), text=detok.output_text,
+            request_id=request_id, new_token_ids=new_token_ids or [],
+            new_text=detok.take_delta(finished=True), finished=True, finish_reason=finish_reason,
+            num_prompt_tokens=len(state.prompt_token_ids), num_output_tokens=len(state.token_ids),
+            num_cached_tokens=state.num_cached_tokens, prompt_token_ids=state.prompt_token_ids,
+            token_ids=list(state.token_ids), text=detok.output_text,
             new_logprobs=(new_logprobs or []) if wants else None,
-            cumulative_logprob=request.cumulative_logprob if wants else None,
-            logprobs=list(request.output_logprobs) if wants else None)
+            cumulative_logprob=state.cumulative_logprob if wants else None,
+            logprobs=list(state.logprobs) if wants else None, error=error)

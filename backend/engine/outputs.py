@@ -9,6 +9,34 @@ from backend.engine.logprobs import TokenLogprobs
 
 
 @dataclass
+class ModelRunnerOutput:
+    """A step's result from the model runner, per scheduled request in schedule order:
+    the new token ids (none for a request whose prompt chunk did not reach its end; one;
+    or, verifying proposals, the accepted ones and the target's next), and the logprobs
+    of the requests that asked, by index in the schedule."""
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+
+
+@dataclass
+class EngineCoreOutput:
+    """One request's progress in one step as the scheduler leaves it: token ids only, no
+    text. The output side (output_processor.py) turns it into a RequestOutput."""
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Optional[list[TokenLogprobs]] = None
+    # Set when the scheduler ended the request: "stop" (EOS, stop id, grammar), "length",
+    # "abort"; with an error when it ended on one.
+    finish_reason: Optional[str] = None
+    num_cached_tokens: int = 0
+    error: Optional[Exception] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
 class RequestOutput:
     """One request's progress in one step.
 

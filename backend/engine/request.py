@@ -8,7 +8,6 @@ from typing import Optional
 
 import torch
 
-from backend.engine.logprobs import TokenLogprobs
 from backend.sampling_params import SamplingParams
 
 
@@ -50,10 +49,6 @@ class Request:
     # The chain's root (its first block's parent): set for a LoRA adapter, so that blocks
     # computed under one adapter are never reused under another or the base model.
     cache_salt: Optional[bytes] = None
-    first_token_time: Optional[float] = None
-    # With sampling_params.logprobs: one entry per output token, and their running sum.
-    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    cumulative_logprob: float = 0.0
     # Speculative decoding (backend/engine/spec_decode/): tokens proposed for the next
     # step to verify, and with a draft model on a sampled request the draft's
     # distribution each was drawn from ([len(spec_token_ids), V] on the device).

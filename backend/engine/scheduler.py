@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 
 from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 
 
@@ -76,6 +77,7 @@ class Scheduler:
         self.num_preemptions = 0
         # Steps in which a prompt was cut short by the token budget (chunked prefill).
         self.num_chunked_prefills = 0
+        self.num_generation_tokens_total = 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -190,14 +192,77 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update_after_step(self, scheduled: Iterable[ScheduledRequest]) -> None:
-        """Advance computed-token counts and register newly filled blocks. Rejected
-        proposals are rolled back: their K/V slots count as not computed (the next step
-        overwrites them) and blocks that held only them go back to the pool."""
-        for s in scheduled:
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """The step's result applied to request and KV state, by the one writer of both:
+        computed-token counts advance and newly filled blocks are registered; rejected
+        proposals roll back (their K/V slots count as not computed, the next step
+        overwrites them, and blocks that held only them go back to the pool); each new
+        token is appended and checked for a stop on its id as if it came alone (EOS,
+        stop ids, the grammar's end, max_tokens, after min_tokens), the first stop ending
+        the request there and freeing its blocks. Stop strings are the output side's
+        (stop_request). Returns one EngineCoreOutput per request that got tokens."""
+        outputs = []
+        for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
+            if request.is_finished:
+                continue                    # aborted since it was scheduled
+            if s.spec_token_ids and tokens:
+                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
             request.num_computed_tokens += s.num_new_tokens - s.num_rejected
             if s.num_rejected:
                 # The accepted tokens plus the one sampled after them (no K/V yet).
                 self.kv_cache.trim(request, request.num_computed_tokens + 1)
             self.kv_cache.cache_computed_blocks(request)
+            if not tokens:
+                continue
+            new_tokens, reason = [], None
+            for token in tokens:
+                request.output_token_ids.append(token)
+                new_tokens.append(token)
+                reason = self._check_stop(request, token)
+                if reason is not None:
+                    break
+            self.num_generation_tokens_total += len(new_tokens)
+            if len(tokens) > 1:             # accepted proposals fill blocks the prefix cache can take
+                self.kv_cache.cache_computed_blocks(request)
+            entry = result.logprobs.get(index)
+            if reason is not None:
+                self.finish_request(request, reason)
+            outputs.append(EngineCoreOutput(
+                request.request_id, new_tokens, [entry] if entry is not None else None,
+                reason.value if reason is not None else None, request.num_cached_tokens))
+        return outputs
+
+    @staticmethod
+    def _check_stop(request: Request, token: int) -> Optional[FinishReason]:
+        """The stop a just-appended token causes, on token ids (stop strings are text:
+        the output side's)."""
+        params = request.sampling_params
+        # The mask let only allowed tokens through; once complete the grammar allows only
+        # the stop token, and accepting it ends the request.
+        if request.grammar is not None and (not request.grammar.accept_token(token)
+                                            or request.grammar.is_terminated()):
+            return FinishReason.STOP
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return FinishReason.STOP
+            if token in params.stop_token_ids:
+                return FinishReason.STOP
+        if request.num_output_tokens >= request.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def stop_request(self, request_id: str) -> None:
+        """A stop string ended the request (found by the output side, on text): finished
+        with "stop", its blocks free at once. A no-op when it has finished already."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish_request(request, FinishReason.STOP)
+
+    def set_proposals(self, proposals: dict[str, tuple[list[int], Optional[torch.Tensor]]]) -> None:
+        """The speculator's proposals for the next step, by request id: (tokens, the
+        draft's distributions or None)."""
+        for request_id, (tokens, probs) in proposals.items():
+            request = self.requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                request.spec_token_ids, request.draft_probs = tokens, probs

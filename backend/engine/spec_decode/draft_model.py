@@ -62,7 +62,8 @@ class DraftModelProposer:
         self._index = GrowingStagedBuffer(torch.int64, kv_caches[0].key.device)
 
     @torch.inference_mode()
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> None:
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]
+                ) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
         ks: dict[str, int] = {}
         for request, k in eligible:
             # Slots for the newest token and proposals 1..k-1, whose K/V the draft writes.
@@ -73,7 +74,7 @@ class DraftModelProposer:
         proposing = [r for r in running if r.request_id in ks]
         first = self._catch_up(running, ks)
         if first is None:
-            return
+            return {}
         tokens, probs = [first[0]], [first[1]]
         active = proposing
         for j in range(1, max(ks.values())):
@@ -90,7 +91,7 @@ class DraftModelProposer:
             t, p = self._draw(run_model(self.model, self.kv_caches, step), active)
             tokens.append(t)
             probs.append(p)
-        self._hand_over(proposing, ks, tokens, probs)
+        return self._hand_over(proposing, ks, tokens, probs)
 
     def _catch_up(self, running: list[Request], ks: dict[str, int]):
         """The forward over what the draft lacks; (proposal 1 per proposing request, its
@@ -130,24 +131,22 @@ class DraftModelProposer:
         return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
     def _hand_over(self, proposing: list[Request], ks: dict[str, int], tokens: list[torch.Tensor],
-                   probs: list[Optional[torch.Tensor]]) -> None:
-        """Proposals to the requests: one device-to-host copy of all of them. Forward j
+                   probs: list[Optional[torch.Tensor]]) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
+        """The proposals by request id: one device-to-host copy of all of them. Forward j
         ran the requests with more than j proposals, in `proposing` order."""
         flat = torch.cat(tokens).tolist()
-        for r in proposing:
-            r.spec_token_ids, r.draft_probs = [], None
+        ids: dict[str, list[int]] = {r.request_id: [] for r in proposing}
         rows: dict[str, list[torch.Tensor]] = {}
         offset = 0
         for j in range(len(tokens)):
             active = [r for r in proposing if ks[r.request_id] > j]
             for row, r in enumerate(active):
-                r.spec_token_ids.append(flat[offset + row])
+                ids[r.request_id].append(flat[offset + row])
                 if probs[j] is not None and not r.sampling_params.greedy:
                     rows.setdefault(r.request_id, []).append(probs[j][row])
             offset += len(active)
-        for r in proposing:
-            if r.request_id in rows:    # the rejection sampler's q; the K/V of the
-                r.draft_probs = torch.stack(rows[r.request_id])    # proposals is rewritten by the next catch-up
+        # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
+        return {rid: (spec, torch.stack(rows[rid]) if rid in rows else None) for rid, spec in ids.items()}
 
 
 def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtype, device: torch.device,

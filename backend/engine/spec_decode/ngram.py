@@ -93,11 +93,11 @@ class NgramProposer:
             tokens = kept.sync(request)
         return tokens
 
-    def propose(self, running: list, eligible: list[tuple[object, int]]) -> None:
-        for request, k in eligible:
-            request.spec_token_ids = lookup(self.tokens(request), self.n_min, self.n_max, k)
-            request.draft_probs = None
+    def propose(self, running: list, eligible: list[tuple[object, int]]) -> dict[str, tuple[list[int], None]]:
+        proposals = {request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
+                     for request, k in eligible}
         # Arrays of requests no longer running go (a preempted one's is rebuilt on return).
         if len(self._tokens) > len(running):
             keep = {r.request_id for r in running}
             self._tokens = {rid: t for rid, t in self._tokens.items() if rid in keep}
+        return proposals

@@ -14,7 +14,9 @@ the target's own one included).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
+
+import torch
 
 from backend.config import SpeculativeConfig
 from backend.engine.request import Request
@@ -33,8 +35,9 @@ class Speculator:
         p = request.sampling_params
         return p.speculative_decoding and request.grammar is None and p.logprobs is None
 
-    def propose(self, running: list[Request]) -> None:
-        """Sets spec_token_ids (and draft_probs) of the running requests that speculate."""
+    def propose(self, running: list[Request]) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
+        """Proposals for the next step of the running requests that speculate, by request
+        id: (tokens, the draft's distributions or None). The scheduler keeps them."""
         eligible = []
         for r in running:
             if r.num_computed_tokens != r.num_tokens - 1 or not self.can_speculate(r):
@@ -42,7 +45,7 @@ class Speculator:
             k = min(self.config.num_speculative_tokens, r.max_tokens - r.num_output_tokens - 1)
             if k > 0:
                 eligible.append((r, k))
-        self.proposer.propose(running, eligible)
+        return self.proposer.propose(running, eligible)
 
     def record(self, scheduled: Iterable) -> None:
         for s in scheduled:

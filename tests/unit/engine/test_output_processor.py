@@ -1,45 +1,61 @@
-"""OutputProcessor alone (no model): several tokens landing in one step are checked for
-stops one at a time; the first stop ends the request there and drops the rest."""
+"""The output side alone (no model, no scheduler): text, stop strings and logprob text
+from EngineCoreOutputs, and the one call back (the ids of the requests a stop string
+ended)."""
 
-from backend.engine.kv_cache_manager import KVCacheManager
+import pytest
+
+from backend.engine.logprobs import Logprob
 from backend.engine.output_processor import OutputProcessor
-from backend.engine.request import Request, RequestStatus
-from backend.engine.scheduler import Scheduler
+from backend.engine.outputs import EngineCoreOutput
 from backend.sampling_params import SamplingParams
 
 
-def _running(scheduler: Scheduler, params: SamplingParams, max_tokens: int = 16) -> Request:
-    r = Request(request_id="r", prompt_token_ids=[3, 4], sampling_params=params, arrival_time=0.0,
-                max_tokens=max_tokens, eos_token_ids=frozenset([2]))
-    scheduler.add_request(r)
-    scheduler.schedule()
-    assert r.status == RequestStatus.RUNNING
-    return r
+@pytest.fixture(scope="module")
+def tokenizer(tiny_ckpt):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_ckpt)
 
 
-def _processor():
-    scheduler = Scheduler(KVCacheManager(8, 4, True), max_num_seqs=4, max_num_batched_tokens=64)
-    return OutputProcessor(None, scheduler), scheduler
+def test_token_ids_and_finish_reason_pass_through_without_a_tokenizer():
+    outputs = OutputProcessor(None)
+    outputs.add("r", [3, 4], SamplingParams())
+    (first,), stopped = outputs.process([EngineCoreOutput("r", [5, 6], num_cached_tokens=0)])
+    assert first.new_token_ids == [5, 6] and not first.finished and stopped == []
+    (last,), stopped = outputs.process([EngineCoreOutput("r", [7], finish_reason="length")])
+    assert last.finished and last.finish_reason == "length" and last.token_ids == [5, 6, 7]
+    assert stopped == [] and "r" not in outputs
+    assert outputs.process([EngineCoreOutput("r", [8])]) == ([], [])    # forgotten: dropped
 
 
-def test_a_stop_id_inside_the_accepted_tokens_ends_the_request_there():
-    outputs, scheduler = _processor()
-    r = _running(scheduler, SamplingParams(stop_token_ids=[9]))
-    outputs.add(r)
-    first = outputs.append_tokens(r, [5, 6], None, now=1.0)
-    assert first.new_token_ids == [5, 6] and not first.finished
-    last = outputs.append_tokens(r, [7, 9, 8, 8], None, now=2.0)
-    assert last.finished and last.finish_reason == "stop"
-    assert last.new_token_ids == [7, 9] and last.token_ids == [5, 6, 7, 9]
-    assert outputs.num_generation_tokens_total == 4 and scheduler.num_unfinished == 0
-    assert r.first_token_time == 1.0
+def test_a_stop_string_inside_the_accepted_tokens_ends_the_request_there(tokenizer):
+    ids = tokenizer.encode("one two three four five six")
+    stop_at = next(i for i in range(2, len(ids)) if "three" in tokenizer.decode(ids[1:i + 1]))
+    outputs = OutputProcessor(tokenizer)
+    outputs.add("r", ids[:1], SamplingParams(stop=["three"]))
+    (out,), stopped = outputs.process([EngineCoreOutput("r", ids[1:])])
+    assert out.finished and out.finish_reason == "stop" and stopped == ["r"]
+    assert out.token_ids == ids[1:stop_at + 1]               # the tokens after the stop are dropped
+    assert out.text == tokenizer.decode(ids[1:stop_at + 1]).split("three")[0]
 
 
-def test_min_tokens_and_max_tokens_count_each_token():
-    outputs, scheduler = _processor()
-    r = _running(scheduler, SamplingParams(min_tokens=3), max_tokens=5)
-    outputs.add(r)
-    out = outputs.append_tokens(r, [2, 2, 5], None, now=1.0)      # EOS before min_tokens: kept going
-    assert not out.finished and out.new_token_ids == [2, 2, 5]
-    out = outputs.append_tokens(r, [6, 7, 8], None, now=2.0)      # max_tokens 5 reached at 7
-    assert out.finished and out.finish_reason == "length" and out.token_ids == [2, 2, 5, 6, 7]
+def test_an_engine_finish_is_not_sent_back(tokenizer):
+    ids = tokenizer.encode("one two three")
+    outputs = OutputProcessor(tokenizer)
+    outputs.add("r", ids[:1], SamplingParams(stop=["three"]))
+    (out,), stopped = outputs.process([EngineCoreOutput("r", ids[1:], finish_reason="length")])
+    assert out.finished and out.finish_reason == "stop" and stopped == []   # the text's stop names it
+
+
+def test_min_tokens_defers_stop_strings_and_logprobs_get_text(tokenizer):
+    ids = tokenizer.encode("one one one one")
+    outputs = OutputProcessor(tokenizer)
+    outputs.add("r", ids[:1], SamplingParams(stop=["one"], min_tokens=len(ids), logprobs=1))
+    outs = []
+    for t in ids[1:]:
+        outs += outputs.process([EngineCoreOutput("r", [t], [{t: Logprob(-0.5, 1)}])])[0]
+    assert not any(o.finished for o in outs)
+    text = "".join(o.new_logprobs[0][t].decoded_token for o, t in zip(outs, ids[1:]))
+    assert text == tokenizer.decode(ids[1:])                # the rank-1 texts spell the output
+    assert outs[-1].cumulative_logprob == -0.5 * len(outs)
+    final = outputs.final_output("r", "abort")
+    assert final.finish_reason == "abort" and len(final.logprobs) == len(outs) and "r" not in outputs

@@ -41,8 +41,9 @@ def decode_step_counts(path: str, backend: str, logprobs: bool = False):
     sched = engine.scheduler.schedule()
     assert len(sched.scheduled) == 8 and all(s.num_new_tokens == 1 for s in sched.scheduled)
     with count_dispatches(engine.model) as counts:
-        tokens, _ = engine.runner.execute(sched)
-    engine.scheduler.update_after_step(sched.scheduled)
+        result = engine.runner.execute(sched)
+    engine.scheduler.update_from_output(sched, result)
+    tokens = result.sampled_token_ids
     assert all(len(t) == 1 and isinstance(t[0], int) for t in tokens)
     for rid in list(engine.scheduler.requests):
         engine.abort_request(rid)

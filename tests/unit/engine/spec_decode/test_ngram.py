@@ -54,9 +54,9 @@ def test_proposer_arrays_follow_the_requests():
                         sampling_params=SamplingParams(), arrival_time=0.0, max_tokens=500) for i in range(6)]
     for step in range(200):
         running = rng.sample(requests, rng.randrange(1, len(requests) + 1))
-        proposer.propose(running, [(r, 3) for r in running])
+        proposals = proposer.propose(running, [(r, 3) for r in running])
         for r in running:
-            assert r.spec_token_ids == lookup(np.asarray(r.all_token_ids), 1, 3, 3), (step, r.request_id)
+            assert proposals[r.request_id][0] == lookup(np.asarray(r.all_token_ids), 1, 3, 3), (step, r.request_id)
         for r in requests:
             event = rng.random()
             if event < 0.7:

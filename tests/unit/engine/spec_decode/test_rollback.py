@@ -3,6 +3,7 @@ are budgeted and dropped before anyone is preempted; rejected ones give back the
 slots and blocks and are never published to the prefix cache."""
 
 from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
 from backend.engine.scheduler import Scheduler
 from backend.sampling_params import SamplingParams
@@ -13,8 +14,7 @@ def _decoding(scheduler: Scheduler, prompt: list[int]) -> Request:
                 max_tokens=32)
     scheduler.add_request(r)
     out = scheduler.schedule()
-    scheduler.update_after_step(out.scheduled)
-    r.output_token_ids.append(50)           # the prefill's sampled token: decoding now
+    scheduler.update_from_output(out, ModelRunnerOutput([[50]]))   # the prefill's sampled token
     return r
 
 
@@ -24,23 +24,23 @@ def test_rejected_proposals_roll_back_slots_blocks_and_hashes():
     r = _decoding(scheduler, list(range(10, 17)))   # 7 prompt tokens + 1 output: blocks 0-1
     assert r.num_computed_tokens == 7 and len(kv.block_table("r")) == 2
     r.spec_token_ids = [60, 61, 62, 63]
-    (s,) = scheduler.schedule().scheduled
+    out = scheduler.schedule()
+    (s,) = out.scheduled
     assert s.num_new_tokens == 5 and s.spec_token_ids == [60, 61, 62, 63] and r.spec_token_ids == []
     assert len(kv.block_table("r")) == 3              # positions 7..11
-    s.num_rejected = 3                                # one proposal accepted
-    scheduler.update_after_step([s])
-    r.output_token_ids += [60, 70]                    # the accepted one and the target's own
+    # One proposal accepted, and the target's own token.
+    scheduler.update_from_output(out, ModelRunnerOutput([[60, 70]]))
+    assert s.num_rejected == 3 and r.output_token_ids == [50, 60, 70]
     assert r.num_computed_tokens == 9 and r.num_tokens == 10
     assert len(kv.block_table("r")) == 3              # position 9 (no K/V yet) is in block 2
     kv.cache_computed_blocks(r)
     assert kv._num_registered["r"] == 2               # blocks 0-1 are full of final tokens
 
     r.spec_token_ids = [80, 81, 82]
-    (s,) = scheduler.schedule().scheduled
+    out = scheduler.schedule()
     assert len(kv.block_table("r")) == 4              # positions 9..12
-    s.num_rejected = 3                                # all rejected
-    scheduler.update_after_step([s])
-    r.output_token_ids.append(90)
+    scheduler.update_from_output(out, ModelRunnerOutput([[90]]))     # all rejected
+    assert out.scheduled[0].num_rejected == 3
     assert r.num_computed_tokens == 10 and r.num_tokens == 11
     assert len(kv.block_table("r")) == 3              # block 3 held only rejected slots
     assert kv.num_free_blocks == 5
@@ -55,10 +55,10 @@ def test_proposals_are_trimmed_by_the_budget_and_dropped_before_a_preemption():
     scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=3)
     r = _decoding(scheduler, [5, 6, 7])              # 3 tokens: the budget in one step
     r.spec_token_ids = [1, 2, 3, 4]
-    (s,) = scheduler.schedule().scheduled
+    out = scheduler.schedule()
+    (s,) = out.scheduled
     assert s.num_new_tokens == 3 and s.spec_token_ids == [1, 2]
-    scheduler.update_after_step([s])                  # all accepted
-    r.output_token_ids += [1, 2, 9]
+    scheduler.update_from_output(out, ModelRunnerOutput([[1, 2, 9]]))   # all accepted
     scheduler.max_num_batched_tokens = 64
     r.spec_token_ids = list(range(20, 30))            # would need 3 more blocks; the pool has 1
     out = scheduler.schedule()
