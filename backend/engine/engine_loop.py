@@ -1,9 +1,18 @@
 """Drives an LLMEngine from its own thread and streams each request's deltas.
 
-Callers on any thread submit and abort through an inbox; only the loop thread touches
-the engine, so the engine needs no locks. Each request's outputs go to a callback (the
-Triton adapter's response sender) or to a RequestStream iterator. Every request gets
-exactly one final output: normal finish, abort, error, or shutdown.
+Two threads, as vLLM v1 splits its engine core from its output processing:
+
+- the engine thread alone touches the engine (schedule, execute, update: core_step),
+  so the engine needs no locks; callers on any thread submit and abort through its
+  inbox;
+- the output thread alone runs the output side (OutputProcessor: detokenization, stop
+  strings, logprob text) and the callbacks, on the engine's EngineCoreOutputs, which
+  reach it through its queue in step order. It works while the engine thread waits on
+  the device. A stop string it finds goes back to the engine as one inbox item.
+
+Each request's outputs go to a callback (the Triton adapter's response sender) or to a
+RequestStream iterator. Every request gets exactly one final output: normal finish,
+abort, error, or shutdown.
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from typing import Callable, Iterator, Optional, Union
 
 from backend.engine.errors import EngineDeadError
 from backend.engine.llm_engine import LLMEngine, Prompt
-from backend.engine.outputs import RequestOutput
+from backend.engine.output_processor import OutputProcessor
+from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -49,6 +59,27 @@ class _Abort:
     reason: Optional[Exception]
 
 
+@dataclass
+class _Stop:
+    """A stop string ended the request (found by the output thread)."""
+    request_id: str
+
+
+@dataclass
+class _Added:
+    """To the output thread, before any output of the request: where its outputs go."""
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    callback: OutputCallback
+
+
+@dataclass
+class _Closed:
+    """To the output thread, last: the engine thread has ended; fail what is left."""
+    error: Exception
+
+
 class RequestStream:
     """Blocking iterator over one request's outputs, ending after the final one."""
 
@@ -69,17 +100,24 @@ class RequestStream:
 class EngineLoop:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
-        self._inbox: "queue.Queue[Union[_Add, _Abort]]" = queue.Queue()
+        self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop]]" = queue.Queue()
+        self._outbox: "queue.Queue[Union[_Added, list[EngineCoreOutput], _Closed]]" = queue.Queue()
+        # Output thread state: each request's output side and callback.
+        self._outputs = OutputProcessor(engine.tokenizer)
         self._callbacks: dict[str, OutputCallback] = {}
+        self._num_in_flight = 0
+        self._count_lock = threading.Lock()
         self._idle_wait_s = idle_wait_s
         self._stop = threading.Event()
         self._accepting = True
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._output_thread = threading.Thread(target=self._run_outputs, name="engine-outputs", daemon=True)
         self.error: Optional[BaseException] = None
         self.last_heartbeat = time.monotonic()
 
     # -------------------------------------------------------------- public
     def start(self) -> "EngineLoop":
+        self._output_thread.start()
         self._thread.start()
         return self
 
@@ -93,6 +131,7 @@ class EngineLoop:
             callback(error_output(request_id, EngineDeadError(
                 "the engine is shutting down" if self.error is None else f"the engine failed: {self.error}")))
             return stream
+        self._count(+1)
         self._inbox.put(_Add(prompt, params, request_id, callback, time.monotonic()))
         return stream
 
@@ -106,20 +145,27 @@ class EngineLoop:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._callbacks) + self._inbox.qsize()
+        """Requests accepted whose final output has not been delivered."""
+        return self._num_in_flight
 
     def stop(self, grace_period_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
         """Refuse new requests, let in-flight ones finish for up to grace_period_s, then
-        fail the rest with an error and end the thread."""
+        fail the rest with an error and end the threads."""
         self._accepting = False
         deadline = time.monotonic() + grace_period_s
         while self.num_in_flight and time.monotonic() < deadline and self.is_alive:
             time.sleep(0.01)
         self._stop.set()
         self._thread.join(timeout=join_timeout_s)
+        self._output_thread.join(timeout=join_timeout_s)
 
-    # ---------------------------------------------------------------- loop
+    def _count(self, delta: int) -> None:
+        with self._count_lock:
+            self._num_in_flight += delta
+
+    # --------------------------------------------------------- engine thread
     def _run(self) -> None:
+        error: Exception = EngineDeadError("the server is shutting down; the request was cancelled")
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self.engine.has_unfinished_requests())
@@ -127,14 +173,14 @@ class EngineLoop:
                 self.last_heartbeat = time.monotonic()
                 if not self.engine.has_unfinished_requests():
                     continue
-                outputs = self.engine.step()
-                self._deliver(outputs)
+                outputs = self.engine.core_step()
+                if outputs:
+                    self._outbox.put(outputs)
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")
             self.error = e
-            self._fail_all(EngineDeadError(f"the engine failed: {e!r}"))
-            return
-        self._fail_all(EngineDeadError("the server is shutting down; the request was cancelled"))
+            error = EngineDeadError(f"the engine failed: {e!r}")
+        self._close(error)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -148,56 +194,90 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: Union[_Add, _Abort]) -> None:
+    def _handle(self, item: Union[_Add, _Abort, _Stop]) -> None:
+        if isinstance(item, _Stop):
+            self.engine.stop_requests([item.request_id])
+            return
         if isinstance(item, _Abort):
-            out = self.engine.abort_request(item.request_id)
-            callback = self._callbacks.pop(item.request_id, None)
-            if out is not None and callback is not None:
+            out = self.engine.abort_core(item.request_id)
+            if out is not None:
                 out.error = item.reason or RequestCancelled(f"request '{item.request_id}' was cancelled")
-                self._safe_call(callback, out)
+                self._outbox.put([out])
             return
         try:
-            self.engine.add_request(item.prompt, item.params, item.request_id, item.arrival_time)
+            request = self.engine.add_core_request(item.prompt, item.params, item.request_id, item.arrival_time)
         except Exception as e:  # a bad request fails alone
-            self._safe_call(item.callback, error_output(item.request_id, e))
+            self._deliver_final(item.callback, error_output(item.request_id, e))
             return
-        self._callbacks[item.request_id] = item.callback
+        self._outbox.put(_Added(item.request_id, request.prompt_token_ids, item.params, item.callback))
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            callback = self._callbacks.get(out.request_id)
-            if callback is None:
-                continue
-            if out.finished:
-                del self._callbacks[out.request_id]
-            self._safe_call(callback, out)
-
-    def _safe_call(self, callback: OutputCallback, out: RequestOutput) -> None:
-        try:
-            callback(out)
-        except Exception:
-            # A consumer that cannot take output (client gone) must not stop the others.
-            logger.exception("output callback failed for %s; aborting it", out.request_id)
-            if not out.finished:
-                self.engine.abort_request(out.request_id)
-                self._callbacks.pop(out.request_id, None)
-
-    def _fail_all(self, error: Exception) -> None:
+    def _close(self, error: Exception) -> None:
+        """The engine thread's end: requests still queued fail; those in the engine are
+        aborted (their blocks freed) and the output thread fails them."""
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if isinstance(item, _Add):
-                self._safe_call(item.callback, error_output(item.request_id, error))
-        for request_id, callback in list(self._callbacks.items()):
+                self._deliver_final(item.callback, error_output(item.request_id, error))
+        try:
+            self.engine.abort_all()
+        except Exception:
+            logger.exception("could not abort the engine's requests at shutdown")
+        self._outbox.put(_Closed(error))
+
+    # --------------------------------------------------------- output thread
+    def _run_outputs(self) -> None:
+        while True:
+            item = self._outbox.get()
             try:
-                out = self.engine.abort_request(request_id)
-            except Exception:
-                out = None
-            out = out or error_output(request_id, error)
+                if isinstance(item, _Closed):
+                    self._fail_all(item.error)
+                    return
+                if isinstance(item, _Added):
+                    self._outputs.add(item.request_id, item.prompt_token_ids, item.params)
+                    self._callbacks[item.request_id] = item.callback
+                    continue
+                outputs, stopped = self._outputs.process(item)
+                for request_id in stopped:
+                    self._inbox.put(_Stop(request_id))
+                for out in outputs:
+                    self._deliver(out)
+            except Exception:       # the output side must never die: the streams would hang
+                logger.exception("output processing failed")
+
+    def _deliver(self, out: RequestOutput) -> None:
+        callback = self._callbacks.get(out.request_id)
+        if callback is None:
+            return
+        if out.finished:
+            del self._callbacks[out.request_id]
+            self._deliver_final(callback, out)
+            return
+        try:
+            callback(out)
+        except Exception:
+            # A consumer that cannot take output (client gone) must not stop the others.
+            logger.exception("output callback failed for %s; aborting it", out.request_id)
+            self._callbacks.pop(out.request_id, None)
+            self._outputs.final_output(out.request_id, "abort")       # forgotten here
+            self._count(-1)
+            self._inbox.put(_Abort(out.request_id, None))
+
+    def _deliver_final(self, callback: OutputCallback, out: RequestOutput) -> None:
+        self._count(-1)
+        try:
+            callback(out)
+        except Exception:
+            logger.exception("output callback failed for %s", out.request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id, callback in list(self._callbacks.items()):
+            out = self._outputs.final_output(request_id, "abort") if request_id in self._outputs else \
+                error_output(request_id, error)
             out.error = error
-            self._safe_call(callback, out)
+            self._deliver_final(callback, out)
         self._callbacks.clear()
 
 

@@ -199,6 +199,15 @@ class LLMEngine:
 
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
+        """A request into the engine, its output side inline (step's RequestOutputs)."""
+        request = self.add_core_request(prompt, params, request_id, arrival_time)
+        self.outputs.add(request.request_id, request.prompt_token_ids, request.sampling_params)
+        return request
+
+    def add_core_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                         request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
+        """A request into the engine alone: its outputs come out of core_step, for an
+        output side elsewhere (engine_loop.py). Raises on a request the engine refuses."""
         params = params or SamplingParams()
         self.limits.check(params)
         if params.n != 1:
@@ -229,7 +238,6 @@ class LLMEngine:
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         grammar = self._compile_grammar(request) if params.guided_fields() else None
-        self.outputs.add(request_id, token_ids, params)
         if grammar is not None:
             self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
         else:
@@ -330,6 +338,11 @@ class LLMEngine:
         if core is None or request_id not in self.outputs:
             return None
         return self.outputs.final_output(request_id, "abort")
+
+    def abort_all(self) -> None:
+        """Abort every request the engine holds (shutdown): every block is free on return."""
+        for request_id in list(self.scheduler.requests) + self._awaiting_grammar.request_ids():
+            self.abort_core(request_id)
 
     def stop_requests(self, request_ids: list[str]) -> None:
         """The output side found a stop string in these requests' text: they end with

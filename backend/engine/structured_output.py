@@ -155,6 +155,9 @@ class AwaitingGrammar:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._items
 
+    def request_ids(self) -> list[str]:
+        return list(self._items)
+
     def get(self, request_id: str):
         item = self._items.get(request_id)
         return item[0] if item is not None else None

@@ -74,12 +74,12 @@ def test_stop_grace_then_cancel(llama_ckpt):
     engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=256))
     # At least 2 ms a step, so that the endless request cannot finish its 900 tokens
     # inside the 0.5 s this test waits, however fast the device is (a GPU does ~1 ms).
-    real_step = engine.step
+    real_step = engine.core_step
 
     def paced_step():
         time.sleep(0.002)
         return real_step()
-    engine.step = paced_step
+    engine.core_step = paced_step
     lp = EngineLoop(engine).start()
     short = lp.add_request([3, 4], SamplingParams(max_tokens=2, temperature=0), "short")
     endless = lp.add_request([3, 4], SamplingParams(max_tokens=900, temperature=0, ignore_eos=True), "endless")
@@ -96,7 +96,7 @@ def test_stop_grace_then_cancel(llama_ckpt):
 def test_crashed_step_fails_in_flight_requests(llama_ckpt):
     engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=64))
     calls = {"n": 0}
-    real_step = engine.step
+    real_step = engine.core_step
 
     def flaky_step():
         calls["n"] += 1
@@ -104,9 +104,57 @@ def test_crashed_step_fails_in_flight_requests(llama_ckpt):
             raise RuntimeError("device fell over")
         return real_step()
 
-    engine.step = flaky_step
+    engine.core_step = flaky_step
     lp = EngineLoop(engine).start()
     out = list(lp.add_request([3, 4, 5], SamplingParams(max_tokens=50, temperature=0), "x"))
     assert isinstance(out[-1].error, EngineDeadError) and "device fell over" in str(out[-1].error)
     assert not lp.is_alive
     assert_pool_free(engine)
+
+
+def test_text_and_stop_strings_run_on_the_output_thread(tiny_ckpt, monkeypatch):
+    """The engine thread never detokenizes; a stop string found on the output thread
+    ends the request in the engine (blocks free: the fixture checks) with the same output
+    as offline."""
+    from backend.engine.output_processor import OutputProcessor
+    threads = set()
+    real = OutputProcessor.process
+
+    def recording(self, core_outputs):
+        threads.add(threading.current_thread().name)
+        return real(self, core_outputs)
+    monkeypatch.setattr(OutputProcessor, "process", recording)
+    llm = LLM(tiny_ckpt, block_size=4, num_kv_blocks=256)
+    prompt = "The capital of France is"
+    full = llm.generate(prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 2]
+    assert stop.strip()
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop])
+    threads.clear()
+    expected = llm.generate(prompt, params)[0]
+    assert threads == {"MainThread"} and expected.finish_reason == "stop" and len(expected.token_ids) < 20
+    threads.clear()
+    loop = EngineLoop(llm.engine).start()
+    outs = list(loop.add_request(prompt, params, "s"))
+    assert threads == {"engine-outputs"}
+    assert [t for o in outs for t in o.new_token_ids] == expected.token_ids
+    assert outs[-1].finish_reason == "stop" and "".join(o.new_text for o in outs) == expected.text
+    deadline = time.monotonic() + 5
+    while loop.engine.scheduler.num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.engine.scheduler.num_unfinished == 0 and loop.num_in_flight == 0
+    loop.stop()
+    assert_pool_free(llm.engine)
+
+
+def test_a_failing_callback_aborts_its_request_alone(loop):
+    def broken(out):
+        raise ConnectionError("client gone")
+    loop.add_request([3, 4, 5], SamplingParams(max_tokens=200, min_tokens=200, temperature=0), "gone",
+                     callback=broken)
+    good = loop.add_request([5, 6, 7], P, "good")
+    assert list(good)[-1].finish_reason == "length"
+    deadline = time.monotonic() + 5
+    while loop.engine.scheduler.num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.engine.scheduler.num_unfinished == 0 and loop.num_in_flight == 0
