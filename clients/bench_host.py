@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 import time
 from typing import Optional
 from unittest import mock
@@ -200,6 +201,13 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
     engine = llm.engine
     runner = _runner_class()(engine.runner, device_ms, _alphabetic_tokens(engine.tokenizer, STREAM_PERIOD))
     engine.runner = runner
+    # As a server runs it: the engine thread steps, the output thread detokenizes.
+    from backend.engine.engine_loop import EngineLoop
+    loop = EngineLoop(engine)
+    finished = [0]
+
+    def on_output(out) -> None:
+        finished[0] += out.finished and out.error is None
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size
     for i in range(num_seqs):
@@ -210,7 +218,7 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
                 params.update(guided_json=JSON_SCHEMA, ignore_eos=False)
             elif i % 2:
                 params.update(logprobs=5, speculative_decoding=False)
-        engine.add_request(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**params))
+        loop.add_request(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**params), f"b{i}", on_output)
     # Every prompt in one step (grammars compile on the side), through a step budget and
     # step-input buffers that hold them all, so that no request is far ahead of another;
     # the timed steps run with the engine's own.
@@ -219,34 +227,52 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
     runner.inputs = StepInputBuilder(num_seqs * (prompt_len + 1), num_seqs, own[0].M, own[0].block_size,
                                      own[0].buffer.device.device)
     engine.scheduler.max_num_batched_tokens = num_seqs * prompt_len
+    real_step = engine.core_step
+    state = {"phase": "fill", "n": 0}
+    done = threading.Event()
     deadline = time.monotonic() + 60
-    while len(engine.scheduler.running) < num_seqs or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
-        engine.step()
-        if time.monotonic() > deadline:
-            raise RuntimeError("the batch did not fill in 60 s")
-    runner.inputs, engine.scheduler.max_num_batched_tokens = own
-    for _ in range(WARMUP_STEPS):
-        engine.step()
-    spec0 = engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0
-    tokens0 = engine.num_generation_tokens_total
-    runner.device_time = 0.0
-    t0 = time.perf_counter()
-    finished = 0
-    for _ in range(steps):
-        finished += sum(o.finished for o in engine.step())
-    wall = time.perf_counter() - t0
-    result = {
-        "host_ms_per_step": (wall - runner.device_time) / steps * 1e3,
-        "step_period_ms": wall / steps * 1e3,
-        "tokens_per_step": (engine.num_generation_tokens_total - tokens0) / steps,
-        "proposed_per_step": ((engine.speculator.stats()["spec_decode_num_draft_tokens"] - spec0) / steps
-                              if engine.speculator else 0.0),
-        "finished": finished,
-    }
-    for rid in list(engine.scheduler.requests):
-        engine.abort_request(rid)
+
+    def core_step():
+        """The loop's steps, in phases: fill the batch, warm up, time `steps` steps
+        (from the first's start until the output thread has delivered the last's outputs)."""
+        sched = engine.scheduler
+        if state["phase"] == "fill":
+            if len(sched.running) == num_seqs and all(r.num_output_tokens for r in sched.running):
+                runner.inputs, sched.max_num_batched_tokens = own
+                state.update(phase="warm", n=0)
+            elif time.monotonic() > deadline:
+                state["error"] = "the batch did not fill in 60 s"
+                done.set()
+        if state["phase"] == "warm" and state["n"] == WARMUP_STEPS:
+            state.update(phase="timed", n=0, t0=time.perf_counter(), tokens0=engine.num_generation_tokens_total,
+                         spec0=engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0)
+            runner.device_time = 0.0
+        if state["phase"] == "timed" and state["n"] == steps:
+            loop.wait_outputs()
+            state.update(phase="done", wall=time.perf_counter() - state["t0"], device=runner.device_time,
+                         tokens=engine.num_generation_tokens_total - state["tokens0"],
+                         spec=(engine.speculator.stats()["spec_decode_num_draft_tokens"] - state["spec0"]
+                               if engine.speculator else 0))
+            done.set()
+        if state["phase"] == "done":
+            time.sleep(0.01)
+            return []
+        state["n"] += 1
+        return real_step()
+    engine.core_step = core_step
+    loop.start()
+    done.wait(timeout=600)
+    loop.stop()
+    if "wall" not in state:
+        raise RuntimeError(state.get("error", "the timed steps did not end"))
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_total_blocks, "KV blocks leaked"
-    return result
+    return {
+        "host_ms_per_step": (state["wall"] - state["device"]) / steps * 1e3,
+        "step_period_ms": state["wall"] / steps * 1e3,
+        "tokens_per_step": state["tokens"] / steps,
+        "proposed_per_step": state["spec"] / steps,
+        "finished": finished[0],
+    }
 
 
 # ------------------------------------------------------------------ parts

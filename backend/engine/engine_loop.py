@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from backend.engine.errors import EngineDeadError
+from backend.engine.gc_policy import freeze_heap
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
@@ -117,6 +118,7 @@ class EngineLoop:
 
     # -------------------------------------------------------------- public
     def start(self) -> "EngineLoop":
+        freeze_heap()
         self._output_thread.start()
         self._thread.start()
         return self
@@ -246,6 +248,13 @@ class EngineLoop:
                     self._deliver(out)
             except Exception:       # the output side must never die: the streams would hang
                 logger.exception("output processing failed")
+            finally:
+                self._outbox.task_done()
+
+    def wait_outputs(self) -> None:
+        """Blocks until the output thread has delivered everything the engine thread
+        handed it so far (a benchmark's end of a timed run)."""
+        self._outbox.join()
 
     def _deliver(self, out: RequestOutput) -> None:
         callback = self._callbacks.get(out.request_id)

@@ -25,6 +25,7 @@ from backend.engine import profile_run, sizing
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.deadlines import Deadlines
+from backend.engine.gc_policy import freeze_heap
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
 from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.output_processor import OutputProcessor
@@ -157,6 +158,7 @@ class LLMEngine:
         self.clock: Callable[[], float] = time.monotonic
         self._ids = itertools.count()
         self.num_prompt_tokens_total = 0
+        freeze_heap()
 
     def _profile_memory(self, kv_dtype: torch.dtype) -> sizing.MemoryProfile:
         """CUDA, before the KV cache: the profile run (backend/engine/profile_run.py) where
