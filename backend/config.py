@@ -122,6 +122,12 @@ class EngineArgs(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
     speculative_config: Optional[SpeculativeConfig] = None
+    # vLLM's name: schedule step N+1 while the device runs step N (its sampled ids feed
+    # step N+1 on the device; stops are seen one step behind). None: on wherever output
+    # stays exact, which is everywhere except with speculative decoding (proposals are
+    # made from step N's tokens), tensor parallelism (the ranks would need step N's ids)
+    # and the exported-graph runners.
+    async_scheduling: Optional[bool] = None
 
     # Multi-LoRA (vLLM's names; backend/lora/): adapters by name (PEFT folders), how many
     # are resident on the device at once (slots, LRU), the largest rank they may have, and
@@ -194,9 +200,22 @@ class EngineArgs(BaseModel):
             bad = [n for n, p in self.lora_modules.items() if not n or not isinstance(p, str) or not p]
             if bad:
                 raise ValueError(f"lora_modules: adapter {bad[0]!r} needs a name and a folder")
+        if self.async_scheduling:
+            off = ("speculative_config is set" if self.speculative_config is not None else
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+                   f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else None)
+            if off:
+                raise ValueError(f"async_scheduling=true is not supported where {off}: leave it unset (off there)")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self
+
+    @property
+    def use_async_scheduling(self) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return (self.speculative_config is None and self.tensor_parallel_size == 1
+                and self.model_runner == "torch")
 
     @classmethod
     def create(cls, **kwargs) -> "EngineArgs":

@@ -11,11 +11,14 @@ stop checks, detokenization, outputs) with the forward pass and the draw replace
 - Plain (neither --device-ms nor --mix): forward and draw replaced by a constant token;
   prints milliseconds per step at full batch.
 - --device-ms D: a simulated device behind the real runner interface
-  (`SimulatedDeviceRunner.execute`): the runner's host work runs for real (step inputs,
-  sampling batch, grammar bitmasks, the verification plan, unpacking ids and logprobs),
-  and each forward is a D ms wait that releases the GIL, as a CUDA launch would, after
-  which the "device" returns deterministic tokens. Prints `host_ms_per_step` (the step's
-  wall time less the simulated device time) and `step_period_ms` (wall time per step).
+  (`SimulatedDeviceRunner`: launch, sample, collect): the runner's host work runs for
+  real (step inputs, sampling batch, grammar bitmasks, the verification plan, unpacking
+  ids and logprobs), each step occupies the device D ms from its launch (waited for off
+  the GIL, as a CUDA event wait), and the "device" returns deterministic tokens. The
+  engine runs as a server runs it (EngineLoop: engine thread and output thread), with
+  async scheduling where the engine would use it (`--no-async-scheduling`: in series).
+  Prints `host_ms_per_step` (CPU time of the engine and output threads per step: host
+  work, overlapped or not) and `step_period_ms` (wall time per step).
 - --mix: every request with repetition_penalty and frequency_penalty and two stop strings
   (never matched: the token stream is alphabetic), logprobs=5 on half of them, n-gram
   speculation on the other half, and one JSON-schema request.
@@ -71,7 +74,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
     from backend.engine.outputs import ModelRunnerOutput
     with _small_kv_tensors():
         llm = LLM(checkpoint, device="cpu", num_kv_blocks=num_seqs * (-(-(prompt_len + steps + 2) // 16)) + 16,
-                  max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
+                  max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len, async_scheduling=False)
     engine, runner = llm.engine, llm.engine.runner
 
     def host_only(out):
@@ -98,58 +101,60 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
 
 # ------------------------------------------------------------ simulated device
 def _runner_class():
-    from backend.engine.model_runner import ModelRunner
+    from backend.engine.model_runner import LaunchedStep, ModelRunner
 
     class SimulatedDeviceRunner(ModelRunner):
-        """The real runner's host work around a simulated device: `execute` builds the
-        step inputs, the sampling batch, the grammar bitmasks and the verification plan
-        as ModelRunner.execute does, then holds the forward `device_ms` off the GIL and
-        answers with deterministic tokens: request r's output token t is
-        stream[(offset(r) + t) % STREAM_PERIOD]; proposals that match the stream are
-        accepted (at most ACCEPT_MAX); a guided row takes its grammar's first allowed token."""
+        """The real runner's host work around a simulated device. `launch` builds the
+        step inputs and puts the step on the device: a queue that runs one step at a time,
+        each `device_ms` long, starting when both the step is launched and the previous
+        one is done. `sample` prepares the sampling batch, the grammar bitmasks and the
+        verification plan, as ModelRunner.sample does. `collect` waits off the GIL (a
+        sleep, as a CUDA event wait) until the step is done, then unpacks deterministic
+        tokens: request r's output token t is stream[(offset(r) + t) % STREAM_PERIOD];
+        proposals that match the stream are accepted (at most ACCEPT_MAX); a guided row
+        takes its grammar's first allowed token."""
 
         def __init__(self, runner: ModelRunner, device_ms: float, stream: list[int]) -> None:
             self.__dict__.update(runner.__dict__)
             self.device_s = device_ms / 1e3
             self.stream = stream
             self.offsets: dict[str, int] = {}
-            self.device_time = 0.0
+            self.device_time = 0.0          # time the engine thread waited for the device
+            self._device_free = 0.0
 
         def token(self, request, position: int) -> int:
             off = self.offsets.setdefault(request.request_id, len(self.offsets))
             return self.stream[(off + position) % len(self.stream)]
 
-        def _device(self) -> None:
-            t = time.perf_counter()
-            if self.device_s > 0:
-                time.sleep(self.device_s)           # releases the GIL, as a launched step would
-            self.device_time += time.perf_counter() - t
-
-        def execute(self, out):
-            from backend.engine import logprobs
-            from backend.engine.model_runner import tokens_per_request
-            from backend.engine.outputs import ModelRunnerOutput
-            from backend.engine.spec_decode.rejection_sampler import verify_rows
+        def launch(self, out, prev=None):
             self.inputs.build(out, self._block_table_of)
-            sampling = [s for s in out.scheduled if s.completes_prompt]
+            self._device_free = max(time.perf_counter(), self._device_free) + self.device_s
+            launched = LaunchedStep(out, None)
+            launched.done_at = self._device_free
+            return launched
+
+        def sample(self, launched) -> None:
+            from backend.engine.model_runner import _FINISHED_ROW
+            from backend.engine.spec_decode.rejection_sampler import verify_rows
+            sampling = [s for s in launched.sched.scheduled if s.completes_prompt]
             if not sampling:
-                self._device()
-                return ModelRunnerOutput([[] for _ in out.scheduled])
+                return
             speculative = any(s.spec_token_ids for s in sampling)
-            rows = verify_rows(sampling)
+            rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling)]
             batch = self.sampler.prepare(rows, self.vocab_size)
             mask = self.structured.bitmask(rows) if self.structured is not None else None
             if speculative:
                 self.rejection_sampler.plan(sampling)
-            self._device()
             # What the device would send back: ids, logprobs, accept flags.
             tokens, flags = [], []
             guided = dict.fromkeys(mask[1]) if mask is not None else {}
             for s in sampling:
                 r, spec = s.request, s.spec_token_ids
+                # (a placeholder of the step in flight counts as output already)
+                base = r.num_output_tokens + r.num_output_placeholders - 1
                 for j in range(len(spec) + 1):
                     i = len(tokens)
-                    t = _first_allowed(mask[0][i]) if i in guided else self.token(r, r.num_output_tokens + j)
+                    t = _first_allowed(mask[0][i]) if i in guided else self.token(r, base + j)
                     tokens.append(t)
                     flags.append(float(j < len(spec) and j < ACCEPT_MAX and spec[j] == t))
             values = [float(t) for t in tokens]
@@ -157,8 +162,21 @@ def _runner_class():
                 m = batch.logprobs.max_count
                 for row in batch.logprobs.row_ids:
                     values += [-1.0, 1.0] + [-1.0 - k for k in range(m)] + [float(tokens[row] + k) for k in range(m)]
-            ids, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
-            return tokens_per_request(out.scheduled, ids, flags, by_row)
+            launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
+            launched.values, launched.flags = values, flags
+
+        def collect(self, launched):
+            from backend.engine import logprobs
+            from backend.engine.model_runner import tokens_per_request
+            from backend.engine.outputs import ModelRunnerOutput
+            wait = launched.done_at - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)                # releases the GIL, as an event wait would
+                self.device_time += wait
+            if not hasattr(launched, "values"):
+                return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
+            ids, by_row = logprobs.unpack(launched.values, launched.num_rows, launched.batch.logprobs)
+            return tokens_per_request(launched.sched.scheduled, ids, launched.flags, by_row)
 
     return SimulatedDeviceRunner
 
@@ -182,7 +200,8 @@ def _alphabetic_tokens(tokenizer, n: int) -> list[int]:
 
 
 def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, device_ms: float,
-                         mix: bool, seed: int = 0, max_num_batched_tokens: int = 8192) -> dict:
+                         mix: bool, seed: int = 0, max_num_batched_tokens: int = 8192,
+                         async_scheduling: Optional[bool] = None) -> dict:
     """Steps at full batch through SimulatedDeviceRunner; returns host_ms_per_step,
     step_period_ms and what the run did (tokens, proposals, finished requests). The step
     token budget of the timed steps is an engine setting, the same whatever the prompt
@@ -197,7 +216,7 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 3}
     with _small_kv_tensors():
         llm = LLM(checkpoint, device="cpu", num_kv_blocks=blocks, max_num_seqs=num_seqs,
-                  max_num_batched_tokens=max_num_batched_tokens, **kw)
+                  max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling, **kw)
     engine = llm.engine
     runner = _runner_class()(engine.runner, device_ms, _alphabetic_tokens(engine.tokenizer, STREAM_PERIOD))
     engine.runner = runner
@@ -244,12 +263,13 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
                 state["error"] = "the batch did not fill in 60 s"
                 done.set()
         if state["phase"] == "warm" and state["n"] == WARMUP_STEPS:
-            state.update(phase="timed", n=0, t0=time.perf_counter(), tokens0=engine.num_generation_tokens_total,
+            state.update(phase="timed", n=0, cpu0=_host_cpu_s(), t0=time.perf_counter(),
+                         tokens0=engine.num_generation_tokens_total,
                          spec0=engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0)
             runner.device_time = 0.0
         if state["phase"] == "timed" and state["n"] == steps:
             loop.wait_outputs()
-            state.update(phase="done", wall=time.perf_counter() - state["t0"], device=runner.device_time,
+            state.update(phase="done", wall=time.perf_counter() - state["t0"], cpu=_host_cpu_s() - state["cpu0"],
                          tokens=engine.num_generation_tokens_total - state["tokens0"],
                          spec=(engine.speculator.stats()["spec_decode_num_draft_tokens"] - state["spec0"]
                                if engine.speculator else 0))
@@ -267,12 +287,20 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
         raise RuntimeError(state.get("error", "the timed steps did not end"))
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_total_blocks, "KV blocks leaked"
     return {
-        "host_ms_per_step": (state["wall"] - state["device"]) / steps * 1e3,
+        "host_ms_per_step": state["cpu"] / steps * 1e3,
         "step_period_ms": state["wall"] / steps * 1e3,
         "tokens_per_step": state["tokens"] / steps,
         "proposed_per_step": state["spec"] / steps,
         "finished": finished[0],
+        "async_scheduling": engine.async_scheduling,
     }
+
+
+def _host_cpu_s() -> float:
+    """CPU seconds of the engine thread (the caller) and the output thread so far: the
+    host work of the steps, wherever it overlaps the device."""
+    outputs = next(t for t in threading.enumerate() if t.name == "engine-outputs")
+    return time.thread_time() + time.clock_gettime(time.pthread_getcpuclockid(outputs.ident))
 
 
 # ------------------------------------------------------------------ parts
@@ -335,6 +363,8 @@ def main(argv=None) -> int:
                     "speculation on half the requests and one JSON-schema request (implies --device-ms 0)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192,
                     help="--device-ms/--mix: the engine's step token budget in the timed steps")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="--device-ms/--mix: the engine's steps in series (async_scheduling=False)")
     ap.add_argument("--parts", action="store_true", help="Sampler.prepare and StepInputBuilder.build alone")
     ap.add_argument("--context", type=int, default=4096, help="--parts: tokens per request")
     a = ap.parse_args(argv)
@@ -351,9 +381,11 @@ def main(argv=None) -> int:
         print(f"step_period_ms: {ms:.2f}")
         return 0
     r = simulated_device_run(path, a.num_seqs, a.prompt_len, a.steps, a.device_ms or 0.0, a.mix,
-                             max_num_batched_tokens=a.max_num_batched_tokens)
+                             max_num_batched_tokens=a.max_num_batched_tokens,
+                             async_scheduling=False if a.no_async_scheduling else None)
     print(f"# {a.num_seqs} sequences, {a.prompt_len}-token prompts, {a.steps} steps, simulated device "
-          f"{a.device_ms or 0:g} ms{', mix' if a.mix else ''}: {r['tokens_per_step']:.1f} tokens and "
+          f"{a.device_ms or 0:g} ms{', mix' if a.mix else ''}, async scheduling "
+          f"{'on' if r['async_scheduling'] else 'off'}: {r['tokens_per_step']:.1f} tokens and "
           f"{r['proposed_per_step']:.1f} proposals per step, {r['finished']} requests finished")
     print(f"host_ms_per_step: {r['host_ms_per_step']:.2f}")
     print(f"step_period_ms: {r['step_period_ms']:.2f}")

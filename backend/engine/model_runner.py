@@ -5,20 +5,25 @@ sampler, and the step's one device-to-host copy: the sampled ids."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs
+from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
+from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
 from backend.engine.step_inputs import StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
+from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +82,9 @@ class ModelRunner:
         # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and
         # tells the wrapped projections which rows run under which.
         self.lora = lora
+        self._placeholder_index = GrowingStagedBuffer(torch.int64, device)
+        self._host_out: Optional[torch.Tensor] = None
+        self._copied: Optional[torch.cuda.Event] = None
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
@@ -97,27 +105,54 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """One forward pass. Returns, per scheduled request, its new tokens: none when
-        the request is mid-prefill (its chunk did not reach the last token), one, or with
-        proposals verified, the accepted ones and the target's next; and the logprobs of
-        those that asked, by their index in `out.scheduled`. Reads request state, never
-        writes it (the scheduler applies the output)."""
+        """One step in series: launch, sample, collect. Returns, per scheduled request,
+        its new tokens: none when the request is mid-prefill (its chunk did not reach the
+        last token), one, or with proposals verified, the accepted ones and the target's
+        next; and the logprobs of those that asked, by their index in `out.scheduled`.
+        Reads request state, never writes it (the scheduler applies the output)."""
+        launched = self.launch(out)
+        self.sample(launched)
+        return self.collect(launched)
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, prev: Optional[LaunchedStep] = None) -> LaunchedStep:
+        """Builds the step's inputs and issues its forward. With async scheduling, `prev`
+        is the step still in flight: the tokens it samples are this step's placeholders,
+        taken from its sampled ids on the device (no host sync)."""
         graph_size = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        if step.placeholders:
+            self._fill_placeholders(step, prev)
         lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
         if self.lora is not None:
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled], graph_size)
         if self.workers is not None:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
-        logits = self.run_forward(step, graph_size)
+        return LaunchedStep(out, self.run_forward(step, graph_size))
+
+    def _fill_placeholders(self, step: StepInputs, prev: Optional[LaunchedStep]) -> None:
+        if prev is None or prev.sampled is None:
+            raise RuntimeError("a step with placeholder tokens needs the step in flight that samples them")
+        n = len(step.placeholders)
+        pairs = self._placeholder_index.upload(np.asarray(
+            [i for i, _ in step.placeholders] + [prev.row_of[rid] for _, rid in step.placeholders], dtype=np.int64))
+        step.input_ids.index_copy_(0, pairs[:n], prev.sampled.index_select(0, pairs[n:]).to(step.input_ids.dtype))
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedStep) -> None:
+        """Issues the draw over the launched step's logits, from request state as it is
+        now (with async scheduling: after the previous step's result was applied, so
+        penalties, min_tokens and grammars include its tokens), and the copy of the ids
+        (and logprobs) to the host. Rows of requests that finished meanwhile are drawn as
+        greedy stand-ins; their results are dropped."""
+        out, logits = launched.sched, launched.logits
         sampling = [s for s in out.scheduled if s.completes_prompt]
         if not sampling:
-            return ModelRunnerOutput([[] for _ in out.scheduled])
+            return
         speculative = any(s.spec_token_ids for s in sampling)
-        # One sampler row per logits row. Host work for sampling overlaps the forward
-        # pass the device is still running.
-        rows = verify_rows(sampling)
+        # One sampler row per logits row.
+        rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling)]
         batch = self.sampler.prepare(rows, self.vocab_size)
         mask = self.structured.bitmask(rows) if self.structured is not None else None
         if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
@@ -128,15 +163,63 @@ class ModelRunner:
                 self.sampler, logits, batch, self.rejection_sampler.plan(sampling))
         else:
             sampled, accepted = self.sampler.sample(logits, batch), None
+            launched.sampled = sampled
+            launched.row_of = {s.request.request_id: i for i, s in enumerate(sampling)}
         # The step's one device-to-host copy: the ids, with the logprobs asked for (and
         # whether each proposal stands).
         packed = logprobs.pack(logits, sampled, batch.logprobs)
         if accepted is not None:
             packed = torch.cat([packed, accepted.float()])
-        values = packed.tolist()
-        tokens, by_row = logprobs.unpack(values, len(rows), batch.logprobs)
-        flags = values[-len(rows):] if speculative else []
-        return tokens_per_request(out.scheduled, tokens, flags, by_row)
+        launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
+        launched.packed = self._to_host(packed)
+
+    def _to_host(self, packed: torch.Tensor) -> torch.Tensor:
+        """On CUDA, an asynchronous copy into pinned memory whose event `collect` waits
+        on (one buffer: a step is collected before the next one is sampled)."""
+        if packed.device.type != "cuda":
+            return packed
+        n = packed.shape[0]
+        if self._host_out is None or self._host_out.shape[0] < n:
+            self._host_out = torch.empty(max(n, 4096), dtype=torch.float32, pin_memory=True)
+            self._copied = torch.cuda.Event()
+        host = self._host_out[:n]
+        host.copy_(packed.float(), non_blocking=True)
+        self._copied.record()
+        return host
+
+    def collect(self, launched: LaunchedStep) -> ModelRunnerOutput:
+        """The launched step's result (waits for its copy: the step's one host sync)."""
+        if launched.packed is None:
+            return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
+        if launched.packed.device.type == "cpu" and self._copied is not None and launched.packed.is_pinned():
+            self._copied.synchronize()
+        values = launched.packed.tolist()
+        tokens, by_row = logprobs.unpack(values, launched.num_rows, launched.batch.logprobs)
+        flags = values[-launched.num_rows:] if launched.speculative else []
+        return tokens_per_request(launched.sched.scheduled, tokens, flags, by_row)
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose forward has been issued: sampled (`ModelRunner.sample`) once the
+    previous step's result is applied, read back (`collect`) after the next step has
+    been launched, with async scheduling."""
+    sched: SchedulerOutput
+    logits: Optional[torch.Tensor]
+    # The sampled ids on the device ([rows]) and each request's row: what the next step's
+    # placeholders are filled from.
+    sampled: Optional[torch.Tensor] = None
+    row_of: dict[str, int] = field(default_factory=dict)
+    packed: Optional[torch.Tensor] = None
+    batch: Optional[object] = None
+    num_rows: int = 0
+    speculative: bool = False
+
+
+# Sampled in place of a request that finished while its step was in flight (async
+# scheduling): greedy, no penalties, no grammar; its token is dropped.
+_FINISHED_ROW = Request(request_id="", prompt_token_ids=[0], sampling_params=SamplingParams(temperature=0.0),
+                        arrival_time=0.0, max_tokens=1)
 
 
 def tokens_per_request(scheduled, tokens: list[int], flags: list[float],

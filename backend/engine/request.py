@@ -36,8 +36,13 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: Optional[FinishReason] = None
-    # Tokens whose K/V are in the cache. Reset to 0 on preemption (recompute).
+    # Tokens whose K/V are in the cache, or are being computed by a scheduled step (the
+    # scheduler advances it when it schedules them; rejected proposals roll it back).
+    # Reset to 0 on preemption (recompute).
     num_computed_tokens: int = 0
+    # Tokens sampled by scheduled steps whose results have not arrived (async
+    # scheduling: at most one; the next step's input for it comes from the device).
+    num_output_placeholders: int = 0
     # Prompt tokens served from the prefix cache on the latest admission.
     num_cached_tokens: int = 0
     num_preemptions: int = 0

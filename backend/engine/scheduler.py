@@ -42,12 +42,17 @@ class ScheduledRequest:
     draft_probs: Optional[torch.Tensor] = None
     # Set from the step's result: proposed tokens the target rejected.
     num_rejected: int = 0
+    # As scheduled: where this step's tokens start, and whether after it every token of
+    # the request (a placeholder of a step in flight included) has its K/V, so that the
+    # logits of the last one give the next token.
+    num_computed_tokens: int = field(init=False)
+    completes_prompt: bool = field(init=False)
 
-    @property
-    def completes_prompt(self) -> bool:
-        """True when after this step every token of the request has its K/V, so the
-        logits of the last one give the next token."""
-        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+    def __post_init__(self) -> None:
+        r = self.request
+        self.num_computed_tokens = r.num_computed_tokens
+        self.completes_prompt = (r.num_computed_tokens + self.num_new_tokens
+                                 >= r.num_tokens + r.num_output_placeholders)
 
 
 @dataclass
@@ -123,7 +128,12 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = min(request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens, budget)
+            if request.num_output_placeholders and (
+                    request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
+                idx += 1                    # its step in flight brings its last token
+                continue
+            num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
+                          - request.num_computed_tokens, budget)
             if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
                 # Proposals are optional: never preempt anyone to verify them.
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -174,19 +184,27 @@ class Scheduler:
         return out
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
-        if request.num_computed_tokens + num_new < request.num_tokens:
-            self.num_chunked_prefills += 1
-        num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens)
+        """The request's share of the step; its tokens count as computed from now on (the
+        next step, scheduled before this one's result with async scheduling, starts
+        after them), and a token it samples is a placeholder until the result arrives."""
+        num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders)
         spec = request.spec_token_ids[:num_spec]
         probs = request.draft_probs[:num_spec] if spec and request.draft_probs is not None else None
         request.spec_token_ids, request.draft_probs = [], None      # proposals are used once
-        out.scheduled.append(ScheduledRequest(request, num_new, spec, probs))
+        scheduled = ScheduledRequest(request, num_new, spec, probs)
+        if not scheduled.completes_prompt:
+            self.num_chunked_prefills += 1
+        out.scheduled.append(scheduled)
+        request.num_computed_tokens += num_new
+        if scheduled.completes_prompt:
+            request.num_output_placeholders += 1
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = request.num_draft_computed = 0
+        request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
         request.spec_token_ids, request.draft_probs = [], None
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -205,14 +223,17 @@ class Scheduler:
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
             if request.is_finished:
-                continue                    # aborted since it was scheduled
-            if s.spec_token_ids and tokens:
-                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
-            request.num_computed_tokens += s.num_new_tokens - s.num_rejected
-            if s.num_rejected:
-                # The accepted tokens plus the one sampled after them (no K/V yet).
-                self.kv_cache.trim(request, request.num_computed_tokens + 1)
-            self.kv_cache.cache_computed_blocks(request)
+                continue                    # finished or aborted since it was scheduled
+            if s.completes_prompt:
+                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
+            if request.status == RequestStatus.RUNNING:     # (not preempted since: async scheduling)
+                if s.spec_token_ids and tokens:
+                    s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
+                if s.num_rejected:
+                    request.num_computed_tokens -= s.num_rejected
+                    # The accepted tokens plus the one sampled after them (no K/V yet).
+                    self.kv_cache.trim(request, request.num_computed_tokens + 1)
+                self.kv_cache.cache_computed_blocks(request)
             if not tokens:
                 continue
             new_tokens, reason = [], None
@@ -223,8 +244,8 @@ class Scheduler:
                 if reason is not None:
                     break
             self.num_generation_tokens_total += len(new_tokens)
-            if len(tokens) > 1:             # accepted proposals fill blocks the prefix cache can take
-                self.kv_cache.cache_computed_blocks(request)
+            if len(tokens) > 1 and request.status == RequestStatus.RUNNING:
+                self.kv_cache.cache_computed_blocks(request)    # accepted proposals fill blocks too
             entry = result.logprobs.get(index)
             if reason is not None:
                 self.finish_request(request, reason)

@@ -27,7 +27,7 @@ belong to empty sequences (query length 0, sequence length 0, the all-zero table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -48,6 +48,9 @@ class StepInputs:
     all_rows_sampled: bool                  # logits_indices == arange(T): no gather needed
     num_tokens: int                         # T before padding
     num_seqs: int                           # B before padding
+    # Async scheduling: (index into input_ids, request id) of each token sampled by the
+    # step still in flight; its id is 0 here and comes from that step on the device.
+    placeholders: list[tuple[int, str]] = field(default_factory=list)
 
 
 class _TableRow:
@@ -162,20 +165,30 @@ class StepInputBuilder:
         complete, and for each proposed token (the target scores them all)."""
         sched = out.scheduled
         B = len(sched)
-        starts = np.fromiter((s.request.num_computed_tokens for s in sched), dtype=np.int64, count=B)
+        starts = np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=B)
         n_new = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=B)
         rows = np.fromiter(((1 + len(s.spec_token_ids)) if s.completes_prompt else 0 for s in sched),
                            dtype=np.int64, count=B)
+        placeholders: list[tuple[int, int]] = []       # (request index, its position)
 
         def tokens(i: int, a: int, b: int) -> list[int]:
             r = sched[i].request
             n = r.num_tokens
             if b <= n:
                 return r.token_slice(a, b)
-            return r.token_slice(a, n) + sched[i].spec_token_ids[:b - n]
+            known = r.token_slice(a, n) if a < n else []
+            if sched[i].spec_token_ids:
+                return known + sched[i].spec_token_ids[:b - n]
+            placeholders.extend((i, p) for p in range(max(a, n), b))
+            return known + [0] * (b - max(a, n))
 
-        return self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
+        step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to)
+        if placeholders:
+            first = np.cumsum(n_new) - n_new
+            step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
+                                 for i, p in placeholders]
+        return step
 
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                        tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],

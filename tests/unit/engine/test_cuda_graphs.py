@@ -34,6 +34,7 @@ def test_smallest_graph_that_fits():
 class _Req:
     def __init__(self, computed, total):
         self.num_computed_tokens, self.num_tokens = computed, total
+        self.num_output_placeholders = 0
 
 
 def test_only_decode_steps_qualify():

@@ -40,7 +40,9 @@ def test_heap_pops_what_is_due_in_time_order_and_compacts():
 
 @pytest.fixture
 def llm(llama_ckpt):
-    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=64, max_num_seqs=1)
+    # In series: these tests count the tokens each step() returns (with async
+    # scheduling a step's tokens come out of the next one).
+    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=64, max_num_seqs=1, async_scheduling=False)
     llm.engine.clock = Clock()
     yield llm
     assert_pool_free(llm)

@@ -44,13 +44,13 @@ def test_engine_refuses_an_unfanned_n(tiny_ckpt):
 def _count_prompt_tokens_computed(llm) -> list[int]:
     """Wraps the runner: the list grows by the prompt tokens each step computes."""
     computed: list[int] = []
-    execute = llm.engine.runner.execute
+    launch = llm.engine.runner.launch
 
-    def counting(sched):
-        computed.append(sum(max(0, min(s.num_new_tokens, s.request.num_prompt_tokens - s.request.num_computed_tokens))
+    def counting(sched, prev=None):
+        computed.append(sum(max(0, min(s.num_new_tokens, s.request.num_prompt_tokens - s.num_computed_tokens))
                             for s in sched.scheduled))
-        return execute(sched)
-    llm.engine.runner.execute = counting
+        return launch(sched, prev)
+    llm.engine.runner.launch = counting
     return computed
 
 

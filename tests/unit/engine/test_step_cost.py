@@ -30,7 +30,10 @@ def mixed_batch_params() -> list[SamplingParams]:
 
 
 def decode_step_counts(path: str, backend: str, logprobs: bool = False):
-    llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_seqs=8, attention_backend=backend, device="cpu")
+    # One step's launch, draw and copy in series (async scheduling issues the same calls,
+    # its copy collected by the next step).
+    llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_seqs=8, attention_backend=backend, device="cpu",
+              async_scheduling=False)
     engine = llm.engine
     for i, (prompt, params) in enumerate(zip(random_prompts(8, [5, 9, 3, 12], seed=4), mixed_batch_params())):
         if logprobs and i % 2:

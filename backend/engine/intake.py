@@ -1,0 +1,186 @@
+"""Requests into and out of the engine, outside the step: each request checked once
+(limits, prompt, max_tokens against max_model_len, LoRA adapter, queue size) with an
+error that names what is wrong, its grammar compiled off the step loop, its deadline
+kept; aborts and the output side's stop-string hits. Part of LLMEngine (a mixin over
+its state: scheduler, limits, outputs, deadlines)."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence, Union
+
+import torch
+
+from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
+from backend.engine.outputs import EngineCoreOutput, RequestOutput
+from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.structured_output import StructuredOutput
+from backend.lora import cache_salt
+from backend.sampling_params import SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+
+class RequestIntake:
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(
+                    "this checkpoint has no tokenizer files: send token ids (input_ids) instead of text")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
+        """A request into the engine, its output side inline (step's RequestOutputs)."""
+        request = self.add_core_request(prompt, params, request_id, arrival_time)
+        self.outputs.add(request.request_id, request.prompt_token_ids, request.sampling_params)
+        return request
+
+    def add_core_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                         request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
+        """A request into the engine alone: its outputs come out of core_step, for an
+        output side elsewhere (engine_loop.py). Raises on a request the engine refuses."""
+        params = params or SamplingParams()
+        self.limits.check(params)
+        if params.n != 1:
+            raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
+                                      "fan n > 1 out with backend.engine.parallel_sampling.child_requests")
+        request_id = request_id if request_id is not None else self.new_request_id()
+        if request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id '{request_id}' is already in use")
+        max_queue = self.args.max_queue_size
+        if max_queue is not None and len(self.scheduler.waiting) >= max_queue:
+            raise QueueFullError(f"waiting queue is full (max_queue_size={max_queue})")
+        if params.lora_name is not None:
+            if self.lora is None:
+                raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
+                                          "enabled on this model (engine arguments enable_lora, lora_modules)")
+            self.lora.check_request(params.lora_name)
+        token_ids = self.tokenize(prompt)
+        self._validate_prompt(token_ids)
+        max_tokens = self._effective_max_tokens(len(token_ids), params)
+        eos = frozenset(self.model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not eos:
+            eos = frozenset([self.tokenizer.eos_token_id])
+        request = Request(
+            request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
+            arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
+            eos_token_ids=eos,
+            cache_salt=cache_salt(params.lora_name),
+            generator=(torch.Generator(device=self.device).manual_seed(params.seed)
+                       if params.seed is not None else None))
+        grammar = self._compile_grammar(request) if params.guided_fields() else None
+        if grammar is not None:
+            self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
+        else:
+            self.scheduler.add_request(request)
+        deadline = self.limits.deadline(params)
+        if deadline is not None:
+            self._deadlines.push(request.arrival_time + deadline[0], (request, *deadline))
+        self.num_prompt_tokens_total += len(token_ids)
+        return request
+
+    def new_request_id(self) -> str:
+        """An id no request of this engine was given by default before."""
+        return f"req-{next(self._ids)}"
+
+    def _compile_grammar(self, request: Request):
+        if self.runner.structured is None:
+            self.runner.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.device,
+                                                      self.args.max_num_seqs)
+        return self.runner.structured.compile(request.sampling_params, tag=request)
+
+    def _admit_compiled(self) -> list[EngineCoreOutput]:
+        """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
+        request with the compiler's message. Waits a moment when nothing else can run."""
+        if not len(self._awaiting_grammar):
+            return []
+        admitted, failed = self._awaiting_grammar.ready(
+            self.runner.structured, time.monotonic(), wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
+        for request in admitted:
+            self.scheduler.add_request(request)
+        return [self._finish_unscheduled(request, error) for request, error in failed]
+
+    @staticmethod
+    def _finish_unscheduled(request: Request, error: Optional[Exception] = None) -> EngineCoreOutput:
+        """The end of a request that never reached the scheduler (its grammar failed, or
+        it was aborted while compiling): it holds no blocks."""
+        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
+        return EngineCoreOutput(request.request_id, [], finish_reason="abort", error=error)
+
+    def _expire_deadlines(self, now: float) -> list[EngineCoreOutput]:
+        """Aborts the requests whose deadline has passed, wherever they are (waiting,
+        running, awaiting their grammar): their blocks are free on return and each final
+        output carries a DeadlineExceededError. One heap peek when none is due."""
+        outputs = []
+        for request, timeout_s, source in self._deadlines.pop_due(now):
+            if request.is_finished or not self._is_current(request):
+                continue                        # finished first (or its id now names another)
+            out = self.abort_core(request.request_id)
+            if out is None:
+                continue
+            out.error = DeadlineExceededError(
+                f"request '{request.request_id}' exceeded its deadline: request_timeout_s={timeout_s:g} s "
+                f"({source}) after arrival; aborted after {request.num_output_tokens} generated tokens")
+            outputs.append(out)
+        if len(self._deadlines) > 2 * self.scheduler.num_unfinished + 1024:
+            self._deadlines.compact(lambda entry: not entry[0].is_finished)
+        return outputs
+
+    def _is_current(self, request: Request) -> bool:
+        rid = request.request_id
+        return self.scheduler.requests.get(rid) is request or self._awaiting_grammar.get(rid) is request
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
+                "which must leave room for at least one generated token")
+
+    def _effective_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.max_model_len - prompt_len
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise InvalidRequestError(
+                f"max_tokens={params.max_tokens} with a {prompt_len}-token prompt exceeds "
+                f"max_model_len={self.max_model_len} (at most {room} new tokens)")
+        return params.max_tokens
+
+    def abort_core(self, request_id: str) -> Optional[EngineCoreOutput]:
+        """Abort now, on the engine side alone; the request's blocks are free when this
+        returns. None when it is not (or no longer) in the engine."""
+        if request_id in self._awaiting_grammar:
+            return self._finish_unscheduled(self._awaiting_grammar.pop(self.runner.structured, request_id))
+        request = self.scheduler.abort_request(request_id)
+        if request is None:
+            return None
+        return EngineCoreOutput(request_id, [], finish_reason="abort", num_cached_tokens=request.num_cached_tokens)
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort now; the request's blocks are free when this returns. Its final output,
+        or None when it had finished."""
+        core = self.abort_core(request_id)
+        if core is None or request_id not in self.outputs:
+            return None
+        return self.outputs.final_output(request_id, "abort")
+
+    def abort_all(self) -> None:
+        """Abort every request the engine holds (shutdown): every block is free on return."""
+        self._in_flight = None          # its result would be dropped: every request ends
+        for request_id in list(self.scheduler.requests) + self._awaiting_grammar.request_ids():
+            self.abort_core(request_id)
+
+    def stop_requests(self, request_ids: list[str]) -> None:
+        """The output side found a stop string in these requests' text: they end with
+        "stop" (their blocks free at once). Those that finished meanwhile are skipped."""
+        for request_id in request_ids:
+            self.scheduler.stop_request(request_id)
+
