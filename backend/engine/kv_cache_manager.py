@@ -293,6 +293,10 @@ class KVCacheManager:
             blocks[i].pending = False
         self._num_computed_blocks[rid] = num_full
 
+    def num_blocks_beyond(self, request: Request, num_tokens: int) -> int:
+        """How many of the request's blocks lie past those its first `num_tokens` need."""
+        return max(0, len(self.req_blocks.get(request.request_id, ())) - -(-num_tokens // self.block_size))
+
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back the blocks past those that hold the request's first `num_tokens`
         (rejected proposals'). They were never registered: only full blocks of computed

@@ -139,6 +139,8 @@ class Scheduler:
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 request.spec_token_ids = []
             while not self.kv_cache.allocate_slots(request, num_new):
+                if self._reclaim_proposal_blocks(idx + 1):
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -198,6 +200,19 @@ class Scheduler:
         request.num_computed_tokens += num_new
         if scheduled.completes_prompt:
             request.num_output_placeholders += 1
+
+    def _reclaim_proposal_blocks(self, start: int) -> bool:
+        """Before anyone is preempted: the blocks that running requests not yet scheduled
+        in this step hold only for their proposals (the draft model writes its proposals'
+        K/V there) go back to the pool, and those proposals are dropped. True when a block
+        came back."""
+        freed = False
+        for r in self.running[start:]:
+            if self.kv_cache.num_blocks_beyond(r, r.num_computed_tokens + 1):
+                r.spec_token_ids, r.draft_probs = [], None
+                self.kv_cache.trim(r, r.num_computed_tokens + 1)
+                freed = True
+        return freed
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -245,3 +245,31 @@ def test_triton_kernels(target):
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
     assert llm.stats()["spec_decode_acceptance_rate"] == 1.0
     assert_pool_free(llm)
+
+
+def test_no_preemption_while_proposals_hold_blocks(target):
+    """A draft model writes its proposals' K/V into blocks past each request's tokens.
+    Those blocks go back to the pool (and the proposals are dropped) before anyone is
+    preempted: at every preemption no running request holds a block for proposals only.
+    Twelve requests outgrow the pool while decoding; half ask for logprobs (they do not
+    speculate), as in the issue's run. Greedy output still equals transformers'."""
+    from backend.engine.scheduler import Scheduler
+    prompts = random_prompts(12, [20], seed=3)
+    reference = hf_greedy(target, prompts, 48)
+    llm = LLM(target, speculative_config=spec_config("draft_same", 5, target, target), **ENGINE)
+    scheduler = llm.engine.scheduler
+    real_preempt = Scheduler._preempt
+    held_at_preemption = []
+
+    def checked_preempt(self, request):
+        held_at_preemption.append(sum(self.kv_cache.num_blocks_beyond(r, r.num_computed_tokens + 1)
+                                      for r in self.running))
+        return real_preempt(self, request)
+    scheduler._preempt = checked_preempt.__get__(scheduler)
+    params = [SamplingParams(max_tokens=48, min_tokens=48, temperature=0, logprobs=2 if i % 2 else None)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == reference
+    assert held_at_preemption and held_at_preemption == [0] * len(held_at_preemption), held_at_preemption
+    assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+    assert_pool_free(llm.engine)
