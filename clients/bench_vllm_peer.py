@@ -141,6 +141,9 @@ def run_one(variant: str, job_path: str, busy_cpu, timeout: float) -> dict:
     load0 = load_avg()
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "error": f"timeout {timeout:.0f} s", "load_before": load0,
+                "load_after": load_avg()}
     finally:
         if hog:
             hog.kill()
