@@ -148,9 +148,9 @@ def bitmask(args) -> None:
     # The structured part alone, on B requests with matchers of the schema at the start.
     structured_params = SamplingParams(guided_json=SCHEMA, max_tokens=200)
     reqs = [engine.add_request("x", structured_params) for _ in range(args.batch)]
-    while len(engine._awaiting_grammar):
-        engine._admit_compiled()
-    so = engine.runner.structured
+    while engine.scheduler.structured.num_compiling:
+        engine.scheduler.update_grammars(wait_s=0.01)
+    so = engine.scheduler.structured
     logits = torch.randn(args.batch, engine.model_config.vocab_size)
     fill, apply, advance = [], [], []
     for _ in range(args.steps):

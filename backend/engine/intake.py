@@ -6,15 +6,13 @@ its state: scheduler, limits, outputs, deadlines)."""
 
 from __future__ import annotations
 
-import time
 from typing import Optional, Sequence, Union
 
 import torch
 
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
-from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.structured_output import StructuredOutput
+from backend.engine.request import Request
 from backend.lora import cache_salt
 from backend.sampling_params import SamplingParams
 
@@ -70,11 +68,7 @@ class RequestIntake:
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
-        grammar = self._compile_grammar(request) if params.guided_fields() else None
-        if grammar is not None:
-            self._awaiting_grammar.add(request, grammar)       # scheduled once compiled
-        else:
-            self.scheduler.add_request(request)
+        self.scheduler.add_request(request)     # a guided one waits there for its grammar
         deadline = self.limits.deadline(params)
         if deadline is not None:
             self._deadlines.push(request.arrival_time + deadline[0], (request, *deadline))
@@ -84,30 +78,6 @@ class RequestIntake:
     def new_request_id(self) -> str:
         """An id no request of this engine was given by default before."""
         return f"req-{next(self._ids)}"
-
-    def _compile_grammar(self, request: Request):
-        if self.runner.structured is None:
-            self.runner.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.device,
-                                                      self.args.max_num_seqs)
-        return self.runner.structured.compile(request.sampling_params, tag=request)
-
-    def _admit_compiled(self) -> list[EngineCoreOutput]:
-        """Requests whose grammar is ready go to the scheduler; an invalid grammar ends its
-        request with the compiler's message. Waits a moment when nothing else can run."""
-        if not len(self._awaiting_grammar):
-            return []
-        admitted, failed = self._awaiting_grammar.ready(
-            self.runner.structured, time.monotonic(), wait_s=0.01 if self.scheduler.num_unfinished == 0 else 0.0)
-        for request in admitted:
-            self.scheduler.add_request(request)
-        return [self._finish_unscheduled(request, error) for request, error in failed]
-
-    @staticmethod
-    def _finish_unscheduled(request: Request, error: Optional[Exception] = None) -> EngineCoreOutput:
-        """The end of a request that never reached the scheduler (its grammar failed, or
-        it was aborted while compiling): it holds no blocks."""
-        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
-        return EngineCoreOutput(request.request_id, [], finish_reason="abort", error=error)
 
     def _expire_deadlines(self, now: float) -> list[EngineCoreOutput]:
         """Aborts the requests whose deadline has passed, wherever they are (waiting,
@@ -130,7 +100,7 @@ class RequestIntake:
 
     def _is_current(self, request: Request) -> bool:
         rid = request.request_id
-        return self.scheduler.requests.get(rid) is request or self._awaiting_grammar.get(rid) is request
+        return self.scheduler.requests.get(rid) is request
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -157,8 +127,6 @@ class RequestIntake:
     def abort_core(self, request_id: str) -> Optional[EngineCoreOutput]:
         """Abort now, on the engine side alone; the request's blocks are free when this
         returns. None when it is not (or no longer) in the engine."""
-        if request_id in self._awaiting_grammar:
-            return self._finish_unscheduled(self._awaiting_grammar.pop(self.runner.structured, request_id))
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
@@ -175,7 +143,7 @@ class RequestIntake:
     def abort_all(self) -> None:
         """Abort every request the engine holds (shutdown): every block is free on return."""
         self._in_flight = None          # its result would be dropped: every request ends
-        for request_id in list(self.scheduler.requests) + self._awaiting_grammar.request_ids():
+        for request_id in list(self.scheduler.requests):
             self.abort_core(request_id)
 
     def stop_requests(self, request_ids: list[str]) -> None:

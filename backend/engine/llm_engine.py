@@ -39,7 +39,7 @@ from backend.engine.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.step_inputs import StepInputBuilder
-from backend.engine.structured_output import AwaitingGrammar
+from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
@@ -125,9 +125,13 @@ class LLMEngine(RequestIntake):
 
         self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
-                                   max_loras=args.max_loras if self.lora is not None else None)
+                                   max_loras=args.max_loras if self.lora is not None else None,
+                                   structured=StructuredOutputManager(
+                                       self.tokenizer, cfg.vocab_size, self.device, args.max_num_seqs,
+                                       args.guided_compile_timeout_s))
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
+        self.runner.structured = self.scheduler.structured
         # (weight bytes, KV cache bytes) of each rank, rank 0 first.
         self.bytes_per_rank = [(model_bytes(self.model) if self.model is not None else 0, kv_bytes(kv_layers))]
         if self.workers is not None:
@@ -150,7 +154,6 @@ class LLMEngine(RequestIntake):
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
         self.outputs = OutputProcessor(self.tokenizer)
-        self._awaiting_grammar = AwaitingGrammar(args.guided_compile_timeout_s)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test
         # may replace it; grammar compile limits stay on time.monotonic).
@@ -210,8 +213,7 @@ class LLMEngine(RequestIntake):
         return self.scheduler.num_generation_tokens_total
 
     def has_unfinished_requests(self) -> bool:
-        return (self.scheduler.num_unfinished > 0 or len(self._awaiting_grammar) > 0
-                or self._in_flight is not None)
+        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -231,7 +233,9 @@ class LLMEngine(RequestIntake):
         sync) -> update from N (stops, seen one step behind: a request that stopped at
         N has a row in N+1 whose token is dropped) -> sample N+1 (penalties, min_tokens
         and grammars include N's tokens). Without it, the same calls run in series."""
-        outputs = self._expire_deadlines(self.clock()) + self._admit_compiled()
+        # (a moment's wait for a grammar when nothing else could run)
+        outputs = self._expire_deadlines(self.clock()) + self.scheduler.update_grammars(
+            wait_s=0.01 if not self.scheduler.running and self._in_flight is None else 0.0)
         sched = self.scheduler.schedule()
         prev, self._in_flight = self._in_flight, None
         if sched.is_empty and prev is None:
@@ -283,7 +287,7 @@ class LLMEngine(RequestIntake):
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting) + len(self._awaiting_grammar),
+            "num_waiting": len(self.scheduler.waiting),
             "max_model_len": self.max_model_len,
             **(self.speculator.stats() if self.speculator is not None else {}),
             **(self.scheduler.lora_stats() if self.lora is not None else {}),

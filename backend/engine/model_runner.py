@@ -75,8 +75,8 @@ class ModelRunner:
         # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
         # step's plan before this rank runs its shard of the same forward.
         self.workers = workers
-        # Structured output (backend/engine/structured_output.py), set by the engine once
-        # a request asks for a grammar.
+        # Structured output: the scheduler's StructuredOutputManager (set by the engine),
+        # which gives each step's bitmask.
         self.structured = None
         self.rejection_sampler = RejectionSampler(device)
         # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and

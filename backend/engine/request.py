@@ -13,6 +13,7 @@ from backend.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"     # in the waiting queue, not admitted yet
     RUNNING = "running"
     FINISHED = "finished"
 

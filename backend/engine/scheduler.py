@@ -27,9 +27,11 @@ from typing import Optional
 
 import torch
 
+from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.structured_output_manager import StructuredOutputManager
 
 
 @dataclass
@@ -71,8 +73,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_loras: Optional[int] = None) -> None:
+                 max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None) -> None:
         self.kv_cache = kv_cache
+        # Structured output (structured_output_manager.py): grammars compiled for guided
+        # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
+        self.structured = structured
         self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -86,8 +91,29 @@ class Scheduler:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
+        """Queues the request; a guided one waits for its grammar (which may refuse it:
+        InvalidRequestError, QueueFullError, raised before it is queued)."""
+        if request.sampling_params.guided_fields():
+            if self.structured is None:
+                raise InvalidRequestError("structured output is not available on this engine")
+            self.structured.submit(request)
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self.requests[request.request_id] = request
         self.waiting.append(request)
+
+    def update_grammars(self, wait_s: float = 0.0) -> list[EngineCoreOutput]:
+        """Guided requests whose grammar is ready may be admitted from now on; those whose
+        grammar failed (or ran past its time limit) end with the error."""
+        if self.structured is None or not self.structured.num_compiling:
+            return []
+        ready, failed = self.structured.update(wait_s)
+        for request in ready:
+            request.status = RequestStatus.WAITING
+        outputs = []
+        for request, error in failed:
+            self.finish_request(request, FinishReason.ABORT)
+            outputs.append(EngineCoreOutput(request.request_id, [], finish_reason="abort", error=error))
+        return outputs
 
     def abort_request(self, request_id: str) -> Optional[Request]:
         request = self.requests.get(request_id)
@@ -100,8 +126,10 @@ class Scheduler:
         """Finish a request and free its blocks at once."""
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request.status == RequestStatus.WAITING:
+        elif request.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_GRAMMAR):
             self.waiting.remove(request)
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+                self.structured.cancel(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.kv_cache.free(request)
@@ -158,6 +186,9 @@ class Scheduler:
         skipped: list[Request] = []
         while can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+                skipped.append(self.waiting.popleft())      # admitted once its grammar is ready
+                continue
             lora = request.sampling_params.lora_name
             if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step

@@ -3,8 +3,9 @@ loop, enforced as a token bitmask in the batched sampler and advanced with every
 
 - Compilation runs on a worker thread (compile_pool.py; xgrammar releases the GIL while
   it compiles, and its compiler keeps a cache keyed by the grammar, so a repeated schema
-  compiles once); the engine holds the request back from the scheduler until its grammar
-  is ready, and an invalid grammar fails that request alone with the compiler's message.
+  compiles once); the scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
+  structured_output_manager.py) until its grammar is ready, and an invalid grammar fails
+  that request alone with the compiler's message.
 - A compile running longer than guided_compile_timeout_s fails its request alone, naming
   the limit (small specs can be slow: a JSON-schema pattern such as `(a|b){1,8000}`
   takes seconds to minutes in xgrammar 0.2.8); its thread is given up on and replaced, so
@@ -154,13 +155,6 @@ class AwaitingGrammar:
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._items
-
-    def request_ids(self) -> list[str]:
-        return list(self._items)
-
-    def get(self, request_id: str):
-        item = self._items.get(request_id)
-        return item[0] if item is not None else None
 
     def pop(self, structured: StructuredOutput, request_id: str):
         """The request, no longer awaited; its compile is cancelled or given up on."""
