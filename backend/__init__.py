@@ -7,11 +7,22 @@ Offline use:
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0))
 """
 
-from backend.config import ConfigError, EngineArgs
-from backend.engine.errors import DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError
-from backend.engine.outputs import RequestOutput
-from backend.llm import LLM
-from backend.sampling_params import SamplingParams, SamplingParamsError
+import os as _os
+import sys as _sys
+
+# torch's CPU threads run on libgomp, which reads OMP_WAIT_POLICY once, when torch loads.
+# Its default spins at every barrier: when another process shares a core, the spinning
+# threads are time-sliced with it and throughput collapses (about 25x on 2 cores:
+# docs/benchmarks.md §16). PASSIVE threads sleep between parallel regions. A user's own
+# setting wins; it must be in place before the first `import torch`.
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from backend.config import ConfigError, EngineArgs  # noqa: E402
+from backend.engine.errors import DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError  # noqa: E402
+from backend.engine.outputs import RequestOutput  # noqa: E402
+from backend.llm import LLM  # noqa: E402
+from backend.sampling_params import SamplingParams, SamplingParamsError  # noqa: E402
 
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "ConfigError", "SamplingParamsError",
            "InvalidRequestError", "QueueFullError", "EngineDeadError", "DeadlineExceededError"]

@@ -6,6 +6,9 @@ import sys
 # This must happen before anything imports triton.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# As backend/__init__.py: OpenMP threads that sleep between parallel regions (this
+# process shares the 2 cores with the servers it starts), before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
