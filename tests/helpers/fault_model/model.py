@@ -21,7 +21,7 @@ class TritonPythonModel(_Backend):
     def initialize(self, args):
         super().initialize(args)
         trigger = os.path.join(args["model_repository"], "fault_trigger")
-        real_step = self.engine.step
+        real_step = self.engine.core_step
 
         def step():
             if os.path.exists(trigger):
@@ -36,4 +36,4 @@ class TritonPythonModel(_Backend):
                     ctypes.PyDLL(None).sleep(3600)  # PyDLL keeps the GIL during the call
             return real_step()
 
-        self.engine.step = step
+        self.engine.core_step = step
