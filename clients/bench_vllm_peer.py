@@ -17,7 +17,9 @@ process tree (psutil) over that call.
 A variant is `ours` or `vllm`, then optionally `:KEY=VAL,KEY=VAL` environment settings
 for its process; the pseudo-key `taskset=CPUS` pins that process (and its children).
 For `ours`, OMP_NUM_THREADS also sets torch.set_num_threads (default: all cores, as
-`clients.bench offline`). `--busy` starts one `while True: pass` process pinned to core 1
+`clients.bench offline`). Since 0eedc80 importing `clients` or `backend` sets
+OMP_WAIT_POLICY=PASSIVE; `ours:GOMP_SPINCOUNT=300000` gives libgomp's old spinning
+default back. `--busy` starts one `while True: pass` process pinned to core 1
 (`--busy-cpu`) for the duration of each run.
 """
 
