@@ -119,7 +119,6 @@ def _runner_class():
             self.device_s = device_ms / 1e3
             self.stream = stream
             self.offsets: dict[str, int] = {}
-            self.device_time = 0.0          # time the engine thread waited for the device
             self._device_free = 0.0
 
         def token(self, request, position: int) -> int:
@@ -172,7 +171,6 @@ def _runner_class():
             wait = launched.done_at - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)                # releases the GIL, as an event wait would
-                self.device_time += wait
             if not hasattr(launched, "values"):
                 return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
             ids, by_row = logprobs.unpack(launched.values, launched.num_rows, launched.batch.logprobs)
@@ -266,7 +264,6 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
             state.update(phase="timed", n=0, cpu0=_host_cpu_s(), t0=time.perf_counter(),
                          tokens0=engine.num_generation_tokens_total,
                          spec0=engine.speculator.stats()["spec_decode_num_draft_tokens"] if engine.speculator else 0)
-            runner.device_time = 0.0
         if state["phase"] == "timed" and state["n"] == steps:
             loop.wait_outputs()
             state.update(phase="done", wall=time.perf_counter() - state["t0"], cpu=_host_cpu_s() - state["cpu0"],

@@ -270,7 +270,7 @@ class EngineLoop:
             # A consumer that cannot take output (client gone) must not stop the others.
             logger.exception("output callback failed for %s; aborting it", out.request_id)
             self._callbacks.pop(out.request_id, None)
-            self._outputs.final_output(out.request_id, "abort")       # forgotten here
+            self._outputs.discard(out.request_id)
             self._count(-1)
             self._inbox.put(_Abort(out.request_id, None))
 

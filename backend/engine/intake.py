@@ -1,7 +1,7 @@
 """Requests into and out of the engine, outside the step: each request checked once
 (limits, prompt, max_tokens against max_model_len, LoRA adapter, queue size) with an
-error that names what is wrong, its grammar compiled off the step loop, its deadline
-kept; aborts and the output side's stop-string hits. Part of LLMEngine (a mixin over
+error that names what is wrong, then handed to the scheduler (a guided one waits there
+for its grammar), its deadline kept; aborts and the output side's stop-string hits. Part of LLMEngine (a mixin over
 its state: scheduler, limits, outputs, deadlines)."""
 
 from __future__ import annotations

@@ -171,28 +171,30 @@ class ModelRunner:
         if accepted is not None:
             packed = torch.cat([packed, accepted.float()])
         launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
-        launched.packed = self._to_host(packed)
+        self._to_host(launched, packed)
 
-    def _to_host(self, packed: torch.Tensor) -> torch.Tensor:
-        """On CUDA, an asynchronous copy into pinned memory whose event `collect` waits
-        on (one buffer: a step is collected before the next one is sampled)."""
+    def _to_host(self, launched: LaunchedStep, packed: torch.Tensor) -> None:
+        """The launched step's packed result for the host. On CUDA, an asynchronous copy
+        into pinned memory and the event `collect` waits on (one buffer and one event:
+        a step is collected before the next one is sampled)."""
         if packed.device.type != "cuda":
-            return packed
+            launched.packed = packed
+            return
         n = packed.shape[0]
         if self._host_out is None or self._host_out.shape[0] < n:
             self._host_out = torch.empty(max(n, 4096), dtype=torch.float32, pin_memory=True)
             self._copied = torch.cuda.Event()
-        host = self._host_out[:n]
-        host.copy_(packed.float(), non_blocking=True)
+        launched.packed = self._host_out[:n]
+        launched.packed.copy_(packed.float(), non_blocking=True)
         self._copied.record()
-        return host
+        launched.copied = self._copied
 
     def collect(self, launched: LaunchedStep) -> ModelRunnerOutput:
         """The launched step's result (waits for its copy: the step's one host sync)."""
         if launched.packed is None:
             return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
-        if launched.packed.device.type == "cpu" and self._copied is not None and launched.packed.is_pinned():
-            self._copied.synchronize()
+        if launched.copied is not None:
+            launched.copied.synchronize()
         values = launched.packed.tolist()
         tokens, by_row = logprobs.unpack(values, launched.num_rows, launched.batch.logprobs)
         flags = values[-launched.num_rows:] if launched.speculative else []
@@ -210,7 +212,9 @@ class LaunchedStep:
     # placeholders are filled from.
     sampled: Optional[torch.Tensor] = None
     row_of: dict[str, int] = field(default_factory=dict)
+    # The result on the host (on CUDA, being copied until `copied` fires).
     packed: Optional[torch.Tensor] = None
+    copied: Optional[torch.cuda.Event] = None
     batch: Optional[object] = None
     num_rows: int = 0
     speculative: bool = False

@@ -98,6 +98,10 @@ class OutputProcessor:
         state.cumulative_logprob += entry[token].logprob
         return entry
 
+    def discard(self, request_id: str) -> None:
+        """Forgets the request without an output (its consumer is gone)."""
+        self._states.pop(request_id, None)
+
     def final_output(self, request_id: str, finish_reason: Optional[str],
                      new_token_ids: Optional[list[int]] = None,
                      new_logprobs: Optional[list[TokenLogprobs]] = None,

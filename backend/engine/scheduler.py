@@ -258,7 +258,7 @@ class Scheduler:
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """The step's result applied to request and KV state, by the one writer of both:
-        computed-token counts advance and newly filled blocks are registered; rejected
+        the step's placeholder is settled and newly filled blocks are registered; rejected
         proposals roll back (their K/V slots count as not computed, the next step
         overwrites them, and blocks that held only them go back to the pool); each new
         token is appended and checked for a stop on its id as if it came alone (EOS,
