@@ -11,6 +11,8 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SUPERVISOR_PORT ?= 8003
 OPENAI_PORT ?= 9000
+# The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
+OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
 .PHONY: install test test-unit test-integration serve model tritonserver bench clean
 
@@ -43,7 +45,7 @@ test-integration: $(STAMP) tritonserver
 serve: $(STAMP) tritonserver model
 	exec $(PY) -m clients.tritonserver serve --model-repository model_repository --host $(HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT)
+		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT) $(OPENAI_FLAGS)
 
 bench: $(STAMP) tritonserver model
 	$(PY) -m pip install -q matplotlib

@@ -14,9 +14,24 @@ from dataclasses import asdict, dataclass
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
-# So that chat works out of the box (the OpenAI frontend's /v1/chat/completions).
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
+# Added (not special) tokens, as Qwen3's: decoded into the text, where the frontend's
+# hermes tool-call parser and reasoning parsers find them.
+MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+# So that chat works out of the box (the OpenAI frontend's /v1/chat/completions), with
+# tools (Hermes/Qwen style: offered in a system line, called as <tool_call>{json}</tool_call>,
+# results as `tool` turns) and thinking (`chat_template_kwargs: {"enable_thinking": true}`
+# opens a <think> block, as Qwen3's template does). Without tools the text is as before.
+# (transformers renders with trim_blocks: a newline right after a tag is written as {{ '\\n' }}.)
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}system: You may call these functions: {% for t in tools %}{{ t | tojson }} {% endfor %}"
+    "Call one as <tool_call>{\"name\": name, \"arguments\": {...}}</tool_call>{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] if m['content'] is not none else '' }}"
+    "{% if m['tool_calls'] is defined and m['tool_calls'] %}{% for c in m['tool_calls'] %}"
+    "{% set a = c['function']['arguments'] %}"
+    "<tool_call>{\"name\": {{ c['function']['name'] | tojson }}, \"arguments\": "
+    "{{ a if a is string else a | tojson }}}</tool_call>{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% if enable_thinking %}<think>{% endif %}{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ def train_tokenizer(output: str, vocab_size: int):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(MARKER_TOKENS), special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     with open(CORPUS, encoding="utf-8") as f:
@@ -48,6 +63,8 @@ def train_tokenizer(output: str, vocab_size: int):
     tok.train_from_iterator([p for p in text.split("\n\n") if p.strip()], trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
+    from tokenizers import AddedToken
+    fast.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
     fast.save_pretrained(output)
     # transformers 5 writes its own class name; older releases (NVIDIA's images) need this one.
     cfg_path = os.path.join(output, "tokenizer_config.json")

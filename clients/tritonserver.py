@@ -328,6 +328,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "(repeatable; TRITON_UNRESTRICTED_APIS, comma-separated); model-repository stays restricted")
     s.add_argument("--enable-log-requests", action="store_true",
                    help="the OpenAI API logs prompts, parameters and outputs (off by default)")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="the OpenAI API's tool_choice 'auto', read by --tool-call-parser (vLLM's flags)")
+    s.add_argument("--tool-call-parser", help="hermes, llama3_json, mistral or pythonic")
+    s.add_argument("--reasoning-parser", help="deepseek_r1 or qwen3: <think> blocks become reasoning_content")
     s.add_argument("--ssl-certfile", help="TLS certificate of the OpenAI API (uvicorn's)")
     s.add_argument("--ssl-keyfile", help="TLS private key of the OpenAI API (uvicorn's)")
     s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched (no OpenAI API)")
@@ -372,7 +376,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      "--port", str(args.openai_port),
                                      "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
                                      "--model-repository", args.model_repository, *tls, *frontend_tls_args(extra),
-                                     *(["--enable-log-requests"] if args.enable_log_requests else [])],
+                                     *(["--enable-log-requests"] if args.enable_log_requests else []),
+                                     *(["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []),
+                                     *(a for flag, v in (("--tool-call-parser", args.tool_call_parser),
+                                                         ("--reasoning-parser", args.reasoning_parser)) if v
+                                       for a in (flag, v))],
                                     env={**os.environ, **admin.env()})
     try:
         code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,

@@ -1,6 +1,8 @@
 """python -m frontend.openai_api [--triton-url localhost:8001] [--host 127.0.0.1] [--port 9000]
 [--model-repository model_repository] [--chat-template FILE_OR_TEMPLATE] [--api-key KEY]
-[--ssl-certfile F --ssl-keyfile F] [--max-request-body-bytes N]"""
+[--ssl-certfile F --ssl-keyfile F] [--max-request-body-bytes N]
+[--enable-auto-tool-choice --tool-call-parser hermes|llama3_json|mistral|pythonic]
+[--reasoning-parser deepseek_r1|qwen3] [--responses-store-size N]"""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import sys
 
 
 def main(argv=None) -> None:
+    from frontend.openai_api.reasoning import REASONING_PARSERS
+    from frontend.openai_api.tools.parsers import PARSERS
     ap = argparse.ArgumentParser(description="OpenAI-compatible API in front of tritonserver")
     ap.add_argument("--triton-url", default=os.environ.get("TRITON_GRPC_URL", "localhost:8001"),
                     help="tritonserver's gRPC address")
@@ -31,9 +35,19 @@ def main(argv=None) -> None:
     ap.add_argument("--triton-ssl-root-cert", default=os.environ.get("TRITON_GRPC_ROOT_CERT"),
                     help="tritonserver's gRPC serves TLS (--grpc-use-ssl=true): trust this CA or certificate")
     ap.add_argument("--triton-ssl-target-name", help="the name in tritonserver's certificate, when not the address")
+    ap.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="tool_choice 'auto' (the default when tools are sent): the model decides, and "
+                         "--tool-call-parser reads its calls (vLLM's flag)")
+    ap.add_argument("--tool-call-parser", choices=sorted(PARSERS), help="how the models write tool calls")
+    ap.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
+                    help="split <think> reasoning into reasoning_content (vLLM's flag)")
+    ap.add_argument("--responses-store-size", type=int, default=1024,
+                    help="/v1/responses replies kept for previous_response_id (oldest dropped; 0: none)")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        ap.error("--enable-auto-tool-choice needs --tool-call-parser")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         ap.error("--ssl-certfile and --ssl-keyfile go together")
     if args.max_request_body_bytes is not None and args.max_request_body_bytes < 1:
@@ -43,6 +57,7 @@ def main(argv=None) -> None:
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
     from frontend.openai_api.request_log import RequestLog
+    from frontend.openai_api.tools.choice import ToolConfig
     from frontend.openai_api.triton_client import TritonTLS
     from supervisor.admin_access import KEY_ENV, KEY_FILE_ENV, AdminKeyError, resolve
     try:
@@ -69,7 +84,9 @@ def main(argv=None) -> None:
                      max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
                      request_log=RequestLog(args.enable_log_requests, args.max_log_len),
                      triton_tls=TritonTLS(args.triton_ssl_root_cert, args.triton_ssl_target_name)
-                     if args.triton_ssl_root_cert else None)
+                     if args.triton_ssl_root_cert else None,
+                     tool_config=ToolConfig(args.enable_auto_tool_choice, args.tool_call_parser),
+                     reasoning_parser=args.reasoning_parser, responses_store_size=args.responses_store_size)
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,10 +22,14 @@ from starlette.exceptions import HTTPException
 
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
+from frontend.openai_api.reasoning import REASONING_PARSERS
+from frontend.openai_api.responses import register_responses
 from frontend.openai_api.schemas import openapi
+from frontend.openai_api.tools.choice import ToolConfig, ToolPlan, plan
 from frontend.openai_api.triton_client import Delta, Generation, TritonLLM, TritonTLS
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -37,7 +41,9 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 def create_app(triton_url: str, model_repository: Optional[str] = None, chat_template: Optional[str] = None,
                api_keys: Optional[APIKeys] = None, admin_headers: Optional[dict[str, str]] = None,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-               request_log: Optional[RequestLog] = None, triton_tls: Optional[TritonTLS] = None) -> FastAPI:
+               request_log: Optional[RequestLog] = None, triton_tls: Optional[TritonTLS] = None,
+               tool_config: ToolConfig = ToolConfig(), reasoning_parser: Optional[str] = None,
+               responses_store_size: int = 1024) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
     model-config groups, which listing the served models reads. request_log: off unless
     given enabled (prompts and outputs are the users' data)."""
@@ -54,6 +60,11 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     app.state.chat = ChatTemplates(chat_template)
     app.state.max_request_body_bytes = max_request_body_bytes
     app.state.request_log = request_log or RequestLog()
+    app.state.tool_config = tool_config
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser must be one of {sorted(REASONING_PARSERS)}, not {reasoning_parser!r}")
+    app.state.reasoning_parser = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
+    app.state.responses_store_size = responses_store_size
 
     app.openapi = lambda: openapi(app, api_keys=bool(keys))    # the routes parse bodies themselves: schemas.py
 
@@ -113,17 +124,26 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         req = parse(ChatCompletionRequest, await read_json(request, app.state.max_request_body_bytes))
         served = await app.state.llm.model(req.model)
         served.check_n(req.n)
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
-        ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages)
         sampling = req.sampling_parameters(req.max_completion_tokens or req.max_tokens)
         sampling.setdefault("max_tokens", None)          # OpenAI's default: up to the context length
         if req.logprobs:
             sampling["logprobs"] = req.top_logprobs or 0
+        tools, tool_choice, legacy = req.tool_arguments()
+        tool_plan = plan(tools, tool_choice, req.parallel_tool_calls, app.state.tool_config,
+                         guided=any(k.startswith("guided_") for k in sampling), legacy=legacy)
+        if tool_plan.guided_json is not None:
+            sampling["guided_json"] = tool_plan.guided_json
+        messages = [m.for_template() for m in req.messages]
+        text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model, messages,
+                                            tool_plan.tools, req.chat_template_kwargs)
         gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
-        shape = ChatCompletion(req)
+        reasoning = app.state.reasoning_parser
+        shape = ChatCompletion(req, lambda: ChoiceOutput(reasoning(text) if reasoning else None,
+                                                         tool_plan.parser(app.state.tool_config)), tool_plan)
         app.state.request_log.received(shape.id, req.model, messages, sampling)
         return await _respond(request, gen, req, shape)
 
+    register_responses(app)
     return app
 
 
@@ -258,6 +278,13 @@ class Completion(Shape):
 class ChatCompletion(Shape):
     prefix, object_name, chunk_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, req, output: Callable[[], ChoiceOutput] = ChoiceOutput,
+                 tool_plan: Optional[ToolPlan] = None) -> None:
+        super().__init__(req)
+        self.output = output                    # a fresh reader of one choice's text
+        self.outputs = [output() for _ in range(req.n)]
+        self.tool_plan = tool_plan
+
     def _logprobs(self, pairs: list) -> Optional[dict]:
         if not self.req.logprobs:
             return None
@@ -272,17 +299,42 @@ class ChatCompletion(Shape):
                             "top_logprobs": [item(t, lp) for t, lp in _top(entry, k)]})
         return {"content": content}
 
+    def _finish(self, index: int, output: ChoiceOutput) -> Optional[str]:
+        finish = self.finish[index]
+        if finish == "stop" and output.called and self.tool_plan is not None:
+            return self.tool_plan.finish_reason
+        return finish
+
+    def _legacy(self, fields: dict) -> dict:
+        """`functions` were sent: one call, as `function_call` (OpenAI's legacy shape)."""
+        if self.tool_plan is None or not self.tool_plan.legacy or "tool_calls" not in fields:
+            return fields
+        calls = fields.pop("tool_calls")
+        first = [c["function"] for c in calls if c.get("index", 0) == 0 or "index" not in c]
+        if first:
+            fields["function_call"] = {k: v for f in first for k, v in f.items()}
+        return fields
+
     def opening(self) -> list[dict]:
         return [{**self.base(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None} for i in range(self.req.n)]}]
 
     def chunk(self, d: Delta) -> dict:
-        return {**self.base(), "choices": [{"index": d.index, "delta": {"content": d.text} if d.text else {},
+        output = self.outputs[d.index]
+        if output.plain:
+            delta = {"content": d.text} if d.text else {}
+        else:
+            delta = self._legacy(output.delta(self.texts[d.index], self.finish[d.index] is not None))
+        return {**self.base(), "choices": [{"index": d.index, "delta": delta,
                                             "logprobs": self._logprobs(list(zip(d.token_ids, d.logprobs))),
-                                            "finish_reason": self.finish[d.index]}]}
+                                            "finish_reason": self._finish(d.index, output)}]}
 
     def whole(self) -> dict:
-        return {**self.base(chunk=False), "usage": self.usage(), "choices": [
-            {"index": i, "message": {"role": "assistant", "content": self.texts[i]},
-             "logprobs": self._logprobs(self.token_logprobs[i]), "finish_reason": self.finish[i]}
-            for i in range(self.req.n)]}
+        choices = []
+        for i in range(self.req.n):
+            output = self.output()
+            message = {"role": "assistant", "content": self.texts[i]} if output.plain else \
+                self._legacy(output.message(self.texts[i]))
+            choices.append({"index": i, "message": message, "logprobs": self._logprobs(self.token_logprobs[i]),
+                            "finish_reason": self._finish(i, output)})
+        return {**self.base(chunk=False), "usage": self.usage(), "choices": choices}

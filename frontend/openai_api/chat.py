@@ -37,14 +37,22 @@ class ChatTemplates:
         return self._tokenizers[checkpoint]
 
     def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict]) -> list[int]:
+        return self.render(checkpoint, model, messages)[1]
+
+    def render(self, checkpoint: Optional[str], model: str, messages: list[dict], tools: Optional[list[dict]] = None,
+               template_kwargs: Optional[dict] = None) -> tuple[str, list[int]]:
+        """The prompt's text and ids. `tools` reach the template as `tools` (transformers'
+        convention); `template_kwargs` are the request's chat_template_kwargs."""
         tok = self.tokenizer(checkpoint, model)
         template = self.override or getattr(tok, "chat_template", None)
         if not template:
             raise APIError(400, f"model '{model}' has no chat template: use /v1/completions, or start the "
                                 "frontend with --chat-template", "messages")
+        kwargs = {k: v for k, v in (template_kwargs or {}).items()
+                  if k not in ("chat_template", "tokenize", "add_generation_prompt", "tools", "conversation")}
         try:
             text = tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
-                                           tokenize=False)
+                                           tokenize=False, tools=tools, **kwargs)
         except Exception as e:  # a template error is about these messages
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-        return tok(text, add_special_tokens=False)["input_ids"]
+        return text, tok(text, add_special_tokens=False)["input_ids"]

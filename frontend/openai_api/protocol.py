@@ -142,6 +142,40 @@ class CompletionRequest(_Common):
         return self
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None     # a JSON schema
+    strict: Optional[bool] = None
+
+
+class ChatTool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str                                  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 _PART = {"type": "object", "if": {"properties": {"type": {"const": "text"}}, "required": ["type"]},
          "then": {"properties": {"text": {"type": "string"}}, "required": ["text"]}}
 
@@ -151,6 +185,18 @@ class ChatMessage(BaseModel):
     role: str
     content: Union[None, str, list[dict[str, Any]]] = Field(None, json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": _PART}, {"type": "null"}]})
+    tool_calls: Optional[list[MessageToolCall]] = None     # an assistant turn's calls
+    tool_call_id: Optional[str] = None                      # a tool turn: the call it answers
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: text content, and each call's arguments
+        as a dict (templates write them with tojson), as vLLM passes them."""
+        m = {**self.model_dump(exclude_none=True), "content": self.text()}
+        if self.tool_calls:
+            m["tool_calls"] = [{**c.model_dump(), "function": {"name": c.function.name,
+                                                               "arguments": _json_or_text(c.function.arguments)}}
+                               for c in self.tool_calls]
+        return m
 
     @field_validator("content")
     @classmethod
@@ -170,12 +216,42 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0)  # the engine's max_logprobs bounds it
+    tools: Optional[list[ChatTool]] = None
+    tool_choice: Union[None, Literal["none", "auto", "required"], NamedToolChoice] = None
+    parallel_tool_calls: bool = True
+    # The legacy form of tools (one call per reply, answered as `function_call`)
+    functions: Optional[list[FunctionDefinition]] = None
+    function_call: Union[None, Literal["none", "auto"], FunctionName] = None
+    # vLLM's extra: variables for the chat template (e.g. {"enable_thinking": true})
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        if self.functions is not None and self.tools is not None:
+            raise ValueError("give tools or functions, not both")
         return self
+
+    def tool_arguments(self) -> tuple[Optional[list[dict]], Any, bool]:
+        """(tools, tool_choice, legacy) in the tools form, whichever form was sent."""
+        if self.functions is not None:
+            choice = self.function_call
+            if isinstance(choice, FunctionName):
+                choice = {"type": "function", "function": {"name": choice.name}}
+            tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in self.functions]
+            return tools or None, choice, True
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        return tools, choice, False
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}

@@ -12,7 +12,7 @@ test_api_fuzz.py holds the running server to this document with schemathesis.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -21,8 +21,9 @@ from pydantic.json_schema import models_json_schema
 
 from frontend.openai_api.errors import TYPES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend.openai_api.responses_protocol import ResponsesRequest
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class ErrorDetail(BaseModel):
@@ -92,9 +93,24 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str                              # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: Optional[str]                      # null: only calls, or it never stopped reasoning
+    reasoning_content: Optional[str] = None     # with --reasoning-parser (also as `reasoning`)
+    reasoning: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    function_call: Optional[FunctionCall] = None   # when the request sent `functions`
 
 
 class ChatChoice(BaseModel):
@@ -113,9 +129,25 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: Optional[str] = None                  # in a call's first delta
+    arguments: Optional[str] = None             # pieces that concatenate to the arguments
+
+
+class ToolCallDelta(BaseModel):
+    index: int = Field(ge=0)
+    id: Optional[str] = None                    # in a call's first delta, with its name
+    type: Optional[Literal["function"]] = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Optional[Literal["assistant"]] = None      # in the first chunk only
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
+    tool_calls: Optional[list[ToolCallDelta]] = None
+    function_call: Optional[FunctionCallDelta] = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -152,8 +184,78 @@ class Health(BaseModel):
     status: Literal["ok", "unavailable"]
 
 
-REQUESTS = (CompletionRequest, ChatCompletionRequest)
-RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Health)
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any] = []
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ResponseMessage(BaseModel):
+    type: Literal["message"]
+    id: str
+    role: Literal["assistant"]
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class ResponseReasoning(BaseModel):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[Any]
+    status: ItemStatus
+    content: list[ReasoningText]
+
+
+class ResponseFunctionCall(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str                              # JSON text
+    status: ItemStatus
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int = Field(ge=0)
+    input_tokens_details: dict[str, int]
+    output_tokens: int = Field(ge=0)
+    output_tokens_details: dict[str, int]
+    total_tokens: int = Field(ge=0)
+
+
+class Response(BaseModel):
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: ItemStatus
+    model: str
+    output: list[Union[ResponseMessage, ResponseReasoning, ResponseFunctionCall]]
+    error: None
+    incomplete_details: Optional[dict[str, str]]
+    usage: ResponseUsage
+    previous_response_id: Optional[str]
+    store: bool
+
+
+class ResponseEvent(BaseModel):
+    """One streamed event: `type` names it (response.created, response.output_text.delta,
+    ..., response.completed or response.incomplete; `error` after the 200)."""
+    type: str
+    sequence_number: int = Field(ge=0)
+
+
+REQUESTS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest)
+RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Health,
+             Response, ResponseEvent)
 
 
 def _ref(name: str) -> dict:
@@ -175,7 +277,7 @@ def _events(chunk: str) -> dict:
 
 ERRORS = {400: "A bad request: the message names the field (`param`) when there is one",
           401: "No or a wrong API key (`Authorization: Bearer <key>`)",
-          404: "Unknown model",
+          404: "Unknown model (or stored response)",
           413: "The body is larger than the frontend's max_request_body_bytes",
           500: "The engine failed on this request",
           503: "Triton is unavailable, the model out of service or its queue full",
@@ -212,6 +314,13 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                              "A completion of a prompt (text or token ids)"),
     ("/v1/chat/completions", "post"): _generation("ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk",
                                                   "A chat completion, with the model's chat template"),
+    ("/v1/responses", "post"): _generation("ResponsesRequest", "Response", "ResponseEvent",
+                                           "A response (OpenAI's Responses API), on the chat path"),
+    ("/v1/responses/{response_id}", "get"): {
+        "summary": "A stored response (`store`, the default)",
+        "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "The response", "content": _json("Response")},
+                      **{str(s): _error(s) for s in (400, 401, 404)}}},
 }
 
 

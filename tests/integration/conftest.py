@@ -61,13 +61,19 @@ def model_repo(tmp_path_factory, tiny_ckpt, lora_adapters):
 API_KEY, NEXT_API_KEY = "sk-test-current-0123456789", "sk-test-next-9876543210"
 
 
+# The frontend's tool calling and reasoning, as `make serve` sets them for the default
+# model (its template writes Hermes-style calls and Qwen3-style thinking).
+OPENAI_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+
+
 @pytest.fixture(scope="session")
 def server(model_repo):
     # Supervised and with the OpenAI frontend, as `make serve` runs it. perf_analyzer and
     # genai-perf read the model config over gRPC and cannot send headers there, so this
     # server opens model-config (test_security.py checks the default on a server of its own).
     srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True,
-                       openai=True, api_keys=(API_KEY, NEXT_API_KEY), unrestricted_apis=("model-config",))
+                       openai=True, api_keys=(API_KEY, NEXT_API_KEY), unrestricted_apis=("model-config",),
+                       extra_args=OPENAI_FLAGS)
     with srv:
         yield srv
 

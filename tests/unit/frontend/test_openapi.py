@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from frontend.openai_api.app import create_app
 from frontend.openai_api.auth import APIKeys
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend.openai_api.responses_protocol import ResponsesRequest
 
 
 def document(keys=()):
@@ -26,14 +27,16 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     doc = document(["key-1"])
     ops = {(path, method): op for path, item in doc["paths"].items() for method, op in item.items()}
     assert set(ops) == {("/health", "get"), ("/v1/models", "get"), ("/v1/completions", "post"),
-                        ("/v1/chat/completions", "post")}
+                        ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
+                        ("/v1/responses/{response_id}", "get")}
     for (path, method), op in ops.items():
         if method == "post":
             assert op["requestBody"]["required"] and set(op["responses"]) == {"200", "400", "401", "404", "413",
                                                                               "500", "503", "504"}
             assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
         assert ("security" in op) == path.startswith("/v1")
-    for name, cls in (("CompletionRequest", CompletionRequest), ("ChatCompletionRequest", ChatCompletionRequest)):
+    for name, cls in (("CompletionRequest", CompletionRequest), ("ChatCompletionRequest", ChatCompletionRequest),
+                      ("ResponsesRequest", ResponsesRequest)):
         assert doc["components"]["schemas"][name]["properties"].keys() == cls.model_json_schema()["properties"].keys()
     # without keys, nothing asks for one
     assert all("401" not in op["responses"] and "security" not in op
