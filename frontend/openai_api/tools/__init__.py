@@ -1,0 +1,1 @@
+"""Tool calling for the OpenAI API: parsers per model family, streaming deltas, tool_choice."""
