@@ -142,6 +142,10 @@ class SamplingParams(BaseModel):
             raise ValueError(f"has {len(v)} words, more than {MAX_NUM_BAD_WORDS}")
         if any(not w.strip() for w in v):
             raise ValueError("words must be non-empty strings (not only spaces)")
+        try:
+            [w.encode("utf-8") for w in v]      # what a tokenizer can take: no lone surrogates
+        except UnicodeEncodeError:
+            raise ValueError("words must be valid Unicode text (a lone surrogate is not)") from None
         if sum(len(w) for w in v) > MAX_BAD_WORDS_TOTAL_CHARS:
             raise ValueError(f"has more than {MAX_BAD_WORDS_TOTAL_CHARS} characters in all")
         return v or None
