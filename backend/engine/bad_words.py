@@ -114,18 +114,19 @@ def resolve(params: SamplingParams, tokenizer, vocab_size: int) -> Optional[BadW
         sequences += tokenize_words(params.bad_words, lambda text: tokenizer.encode(text, add_special_tokens=False))
     if params.bad_words_token_ids:
         sequences += params.bad_words_token_ids
-    field = "bad_words" if params.bad_words else "bad_words_token_ids"
+    # (bad_words_token_ids is what tensorrt_llm's input bad_words_list arrives as)
+    name = "'bad_words'" if params.bad_words else "'bad_words_token_ids' (tensorrt_llm's bad_words_list)"
     if not sequences:
         return None
     if len(sequences) > MAX_NUM_BAD_WORDS:
-        raise InvalidRequestError(f"sampling parameter '{field}' has {len(sequences)} token sequences, more than "
-                                  f"{MAX_NUM_BAD_WORDS}")
+        raise InvalidRequestError(f"sampling parameter {name} has {len(sequences)} token sequences, more "
+                                  f"than {MAX_NUM_BAD_WORDS}")
     total = sum(len(s) for s in sequences)
     if total > MAX_BAD_WORDS_TOTAL_TOKENS:
-        raise InvalidRequestError(f"sampling parameter '{field}' has {total} tokens in all, more than "
+        raise InvalidRequestError(f"sampling parameter {name} has {total} tokens in all, more than "
                                   f"{MAX_BAD_WORDS_TOTAL_TOKENS}")
     outside = [t for s in sequences for t in s if not 0 <= t < vocab_size]
     if outside:
-        raise InvalidRequestError(f"sampling parameter '{field}': token id {outside[0]} is outside the vocabulary "
-                                  f"[0, {vocab_size})")
+        raise InvalidRequestError(f"sampling parameter {name}: token id {outside[0]} is outside the "
+                                  f"vocabulary [0, {vocab_size})")
     return BadWords.from_sequences(sequences)

@@ -190,6 +190,8 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
         out["input_ids"] = np.array(prompt_ids, dtype=np.int32)
         stop_ids += _single_token_words(_row(inputs, "stop_words_list", b))
         bad_ids = word_list("bad_words_list", _row(inputs, "bad_words_list", b))
+        if any(t < 0 for word in bad_ids for t in word):
+            raise InvalidRequestError("input 'bad_words_list': token ids must be >= 0")
         if bad_ids:
             params["bad_words_token_ids"] = bad_ids
         stream = bool(get.get("streaming", False))

@@ -80,7 +80,7 @@ def test_bad_words_pass_through_as_sampling_parameters():
     assert sampling(row)["bad_words_token_ids"] == [[9], [11, 12], [13]]
     assert "bad_words_token_ids" not in sampling(row_request(TOKENS, tokens([4], bad_words_list=np.zeros(
         (1, 2, 0), np.int32)), 0))
-    for bad in ([[[9, 11], [2, 1]]], [[[9, 11], [3, -1]]], [[9, 11, 12]]):
+    for bad in ([[[9, 11], [2, 1]]], [[[9, 11], [3, -1]]], [[9, 11, 12]], [[[9, -4], [1, 2]]]):
         with pytest.raises(InvalidRequestError, match="'bad_words_list'"):
             row_request(TOKENS, tokens([4], bad_words_list=np.array(bad, np.int32)), 0)
 
