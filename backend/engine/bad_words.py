@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from backend.engine.errors import InvalidRequestError
-# MAX_NUM_BAD_WORDS: token sequences per request, after tokenization (and words before);
-# MAX_BAD_WORDS_TOTAL_CHARS: the words' characters, checked before tokenizing.
-from backend.sampling_params import MAX_BAD_WORDS_TOTAL_CHARS, MAX_NUM_BAD_WORDS, SamplingParams  # noqa: F401
+# MAX_NUM_BAD_WORDS: token sequences per request after tokenization (SamplingParams
+# checks the words, and their characters, before).
+from backend.sampling_params import MAX_NUM_BAD_WORDS, SamplingParams
 
 MAX_BAD_WORDS_TOTAL_TOKENS = 1024   # ids of all the sequences together
 

@@ -109,7 +109,8 @@ def test_resolve_checks_the_limits_and_the_vocabulary():
     (dict(bad_words=["  "]), "'bad_words'"), (dict(bad_words=[7]), "'bad_words.0'"),
     (dict(bad_words=["ok", "\ud800"]), "'bad_words'.*surrogate"),
     (dict(bad_words=["w"] * 129), "'bad_words'.*more than 128"), (dict(bad_words=["w" * 20000]), "'bad_words'"),
-    (dict(bad_words_token_ids=[[]]), "'bad_words_token_ids'"), (dict(bad_words_token_ids=[[-1]]), "'bad_words_token_ids'"),
+    (dict(bad_words_token_ids=[[]]), "'bad_words_token_ids'"),
+    (dict(bad_words_token_ids=[[-1]]), "'bad_words_token_ids'"),
 ])
 def test_bad_values_name_the_field(params, match):
     with pytest.raises(ValueError, match=match):
