@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from backend.config import validated
 
 
+# Bad words limits (vLLM's; backend/engine/bad_words.py checks the tokenized words).
+MAX_NUM_BAD_WORDS = 128
+MAX_BAD_WORDS_TOTAL_CHARS = 16 * 1024
+
 GREEDY_BELOW = 1e-5      # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -60,6 +64,13 @@ class SamplingParams(BaseModel):
     logprobs: Optional[int] = Field(None, ge=0)
     # Added to the token's logit before sampling (OpenAI's logit_bias: -100..100).
     logit_bias: Optional[dict[int, float]] = None
+    # Words never generated (vLLM's bad_words): each tokenized without and with a leading
+    # space; a one-token word is banned always, a longer one's last token when the output
+    # ends with the rest of it (backend/engine/bad_words.py).
+    bad_words: Optional[list[str]] = None
+    # The same as token id sequences, used as they are: TensorRT-LLM's bad_words_list
+    # (vLLM computes this list from bad_words and does not take it as input).
+    bad_words_token_ids: Optional[list[list[int]]] = None
     # Structured output (vLLM's guided decoding; at most one): the output follows a JSON
     # schema, any JSON object, a regular expression, one of the given strings, or an
     # EBNF grammar (xgrammar's GBNF dialect). Enforced by a token mask in the sampler
@@ -120,6 +131,34 @@ class SamplingParams(BaseModel):
     def _bias(cls, v: Optional[dict[int, float]]) -> Optional[dict[int, float]]:
         if v and any(not -100.0 <= b <= 100.0 for b in v.values()):
             raise ValueError("biases must be within [-100, 100]")
+        return v or None
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is None:
+            return None
+        if len(v) > MAX_NUM_BAD_WORDS:
+            raise ValueError(f"has {len(v)} words, more than {MAX_NUM_BAD_WORDS}")
+        if any(not w.strip() for w in v):
+            raise ValueError("words must be non-empty strings (not only spaces)")
+        try:
+            [w.encode("utf-8") for w in v]      # what a tokenizer can take: no lone surrogates
+        except UnicodeEncodeError:
+            raise ValueError("words must be valid Unicode text (a lone surrogate is not)") from None
+        if sum(len(w) for w in v) > MAX_BAD_WORDS_TOTAL_CHARS:
+            raise ValueError(f"has more than {MAX_BAD_WORDS_TOTAL_CHARS} characters in all")
+        return v or None
+
+    @field_validator("bad_words_token_ids")
+    @classmethod
+    def _bad_word_ids(cls, v: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
+        if v is None:
+            return None
+        if len(v) > MAX_NUM_BAD_WORDS:
+            raise ValueError(f"has {len(v)} sequences, more than {MAX_NUM_BAD_WORDS}")
+        if any(not s for s in v) or any(t < 0 for s in v for t in s):
+            raise ValueError("must be non-empty lists of token ids (>= 0)")
         return v or None
 
     @field_validator("guided_choice")

@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from backend.engine.bad_words import resolve as resolve_bad_words
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
@@ -55,6 +56,7 @@ class RequestIntake:
                 raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
                                           "enabled on this model (engine arguments enable_lora, lora_modules)")
             self.lora.check_request(params.lora_name)
+        bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         max_tokens = self._effective_max_tokens(len(token_ids), params)
@@ -64,7 +66,7 @@ class RequestIntake:
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
-            eos_token_ids=eos,
+            eos_token_ids=eos, bad_words=bad_words,
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from backend.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engine.bad_words import BadWords
 
 
 class RequestStatus(enum.Enum):
@@ -48,6 +51,9 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     generator: Optional[torch.Generator] = None
+    # The request's bad words as token sequences (backend/engine/bad_words.py), resolved
+    # once at intake; None: none.
+    bad_words: Optional["BadWords"] = None
     # Structured output: the xgrammar matcher of this request's grammar, or None.
     grammar: Optional[object] = None
     # Hashes of this request's full blocks, chained; extended as tokens are added.

@@ -1,9 +1,9 @@
 """Turn one step's logits into next tokens: one batched pass over [B, V].
 
-Order of operations (as in vLLM): logit bias, penalties, min_tokens masking, then greedy argmax or
-temperature -> top-k -> top-p -> min-p -> draw. Per-row parameters travel as one [B, 7]
-tensor (one host-to-device copy); features no row uses cost nothing. Greedy rows ride in
-the same pass and take the argmax of the penalized logits.
+Order of operations (as in vLLM): logit bias, penalties, min_tokens and bad words masking,
+then greedy argmax or temperature -> top-k -> top-p -> min-p -> draw. Per-row parameters
+travel as one [B, 7] tensor (one host-to-device copy); features no row uses cost nothing.
+Greedy rows ride in the same pass and take the argmax of the penalized logits.
 
 Every tensor made here lives on the logits' device, and nothing here reads a device
 value on the host: the caller does the step's one device-to-host copy of the ids.
@@ -59,7 +59,7 @@ class SamplingBatch:
     any_min_p: bool
     repetition: Optional[PenaltyRows]           # prompt and output tokens seen
     counted: Optional[PenaltyRows]              # output tokens generated, counted
-    banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens: (rows, token ids)
+    banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens, bad words: (rows, token ids)
     seeded: list[tuple[int, torch.Generator]]
     logprobs: Optional[LogprobRows] = None                    # rows whose request wants logprobs
     bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # logit_bias: rows, ids, values
@@ -86,7 +86,7 @@ class Sampler:
             self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
         params_rows: list[tuple] = []
         # Index sets as flat (rows, ids) lists: repetition proposals, counted proposals,
-        # banned ids (min_tokens), logprobs (row, its count), logit_bias ids.
+        # banned ids (min_tokens, bad words), logprobs (row, its count), logit_bias ids.
         index_sets: list[tuple[list[int], list[int]]] = [([], []) for _ in range(5)]
         rep_extra, cnt_extra, banned, want_logprobs, biased = index_sets
         bias_values: list[float] = []
@@ -125,6 +125,10 @@ class Sampler:
                             index_sets[k][0].extend([i] * len(proposed))
                             index_sets[k][1].extend(proposed)
                 any_counted |= counted and r.num_output_tokens > 0
+            if r.bad_words is not None:         # the words' own tokens, never the context
+                ids = r.bad_words.banned(r)
+                banned[0].extend([i] * len(ids))
+                banned[1].extend(ids)
             if r.num_output_tokens < p.min_tokens:
                 stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
                 ids = sorted(t for t in stop if 0 <= t < vocab_size)
@@ -256,7 +260,7 @@ class Sampler:
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """In place on a private copy: repetition (Hugging Face / CTRL convention, over prompt
     and output tokens), frequency and presence (OpenAI convention, over generated tokens),
-    then min_tokens (stop ids and EOS banned)."""
+    then the banned ids: min_tokens' stop ids and EOS, bad words (backend/engine/bad_words.py)."""
     params = batch.params
     if batch.repetition is not None:
         slots, table, extra = batch.repetition

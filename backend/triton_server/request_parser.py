@@ -140,7 +140,7 @@ def _coerce_json_value(key: str, value: Any) -> Any:
             return json.loads(value)
         except json.JSONDecodeError:
             raise InvalidRequestError(f"sampling parameter '{key}' must be a list of integers") from None
-    if isinstance(value, str) and key == "stop" and value.startswith("["):
+    if isinstance(value, str) and key in ("stop", "bad_words", "bad_words_token_ids") and value.startswith("["):
         try:
             return json.loads(value)
         except json.JSONDecodeError:

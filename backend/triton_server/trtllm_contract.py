@@ -9,6 +9,7 @@ names, shapes and conventions. Pure numpy: tested without a server.
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -69,7 +70,6 @@ OUTPUT_SPECS = {
 # Inputs that ask for something this engine does not do: any value but an empty/zero/false
 # one is a per-request error naming the input.
 UNSUPPORTED = {
-    "bad_words": "bad words are not supported", "bad_words_list": "bad words are not supported",
     "embedding_bias_words": "embedding bias is not supported", "embedding_bias_weights":
     "embedding bias is not supported", "embedding_bias": "embedding bias is not supported",
     "return_context_logits": "context logits are not returned", "return_generation_logits":
@@ -177,6 +177,9 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
             words = [bytes(w) for w in stop_words.reshape(-1) if bytes(w)]
             if words:
                 out["stop_words"] = np.array(words, dtype=np.object_)
+        bad_words = _text_words("bad_words", _row(inputs, "bad_words", b))
+        if bad_words:
+            params["bad_words"] = bad_words
         stream = bool(get.get("stream", False))
     else:
         ids = _row(inputs, "input_ids", b).reshape(-1)
@@ -186,6 +189,11 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
         prompt_ids = [int(t) for t in ids[:length]]
         out["input_ids"] = np.array(prompt_ids, dtype=np.int32)
         stop_ids += _single_token_words(_row(inputs, "stop_words_list", b))
+        bad_ids = word_list("bad_words_list", _row(inputs, "bad_words_list", b))
+        if any(t < 0 for word in bad_ids for t in word):
+            raise InvalidRequestError("input 'bad_words_list': token ids must be >= 0")
+        if bad_ids:
+            params["bad_words_token_ids"] = bad_ids
         stream = bool(get.get("streaming", False))
     if stop_ids:
         params["stop_token_ids"] = stop_ids
@@ -204,21 +212,51 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
     return RowRequest(b, out, stream, return_log_probs, prompt_ids, exclude or stream)
 
 
-def _single_token_words(row: Optional[np.ndarray]) -> list[int]:
-    """TensorRT-LLM's [2, L] word list (flat ids, then end offsets padded with -1) ->
-    stop token ids. Multi-token stop sequences are refused."""
+def word_list(name: str, row: Optional[np.ndarray]) -> list[list[int]]:
+    """TensorRT-LLM's [2, L] word list (flat ids, then each word's end offset, padded
+    with -1) -> its words as id lists."""
     if row is None or row.size == 0:
         return []
+    if row.size % 2:
+        raise InvalidRequestError(f"input '{name}' must have shape [2, L] per batch row (ids, then end offsets)")
     row = row.reshape(2, -1)
     ids, offsets = row[0], [int(o) for o in row[1] if o >= 0]
     words, start = [], 0
     for end in offsets:
-        word = [int(t) for t in ids[start:end]]
-        if len(word) > 1:
-            raise InvalidRequestError("input 'stop_words_list': stop sequences of several tokens are not supported "
-                                      "(send them as 'stop_words' text to 'ensemble' or 'tensorrt_llm_bls')")
-        words += word
+        if not start < end <= ids.size:
+            raise InvalidRequestError(f"input '{name}': end offsets must increase and stay within the "
+                                      f"{ids.size} ids (got {offsets})")
+        words.append([int(t) for t in ids[start:end]])
         start = end
+    return words
+
+
+def _single_token_words(row: Optional[np.ndarray]) -> list[int]:
+    """TensorRT-LLM's stop_words_list -> stop token ids. Multi-token stop sequences are
+    refused."""
+    words = word_list("stop_words_list", row)
+    if any(len(w) > 1 for w in words):
+        raise InvalidRequestError("input 'stop_words_list': stop sequences of several tokens are not supported "
+                                  "(send them as 'stop_words' text to 'ensemble' or 'tensorrt_llm_bls')")
+    return [w[0] for w in words]
+
+
+def _text_words(name: str, row: Optional[np.ndarray]) -> list[str]:
+    """A BYTES word list as TensorRT-LLM's preprocessing reads it: each element a word,
+    or several separated by commas (CSV: quote a word that holds a comma); empty words
+    are dropped."""
+    if row is None:
+        return []
+    words: list[str] = []
+    for value in row.reshape(-1):
+        try:
+            text = bytes(value).decode("utf-8") if not isinstance(value, str) else value
+        except (TypeError, UnicodeDecodeError):
+            raise InvalidRequestError(f"input '{name}' must be UTF-8 text (BYTES)") from None
+        try:
+            words += [w for line in csv.reader([text]) for w in line if w.strip()]
+        except csv.Error as e:
+            raise InvalidRequestError(f"input '{name}' is not a comma-separated word list ({e})") from None
     return words
 
 

@@ -3,7 +3,7 @@ into our Triton contract's `sampling_parameters` (vLLM's names).
 
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
 types and values are a 400 naming the field. vLLM's extras (top_k, min_p,
-repetition_penalty, min_tokens, ignore_eos, guided_*) are accepted as `vllm serve` does.
+repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does.
 The body must be strict JSON (read_json). /openapi.json declares these models' JSON
 schemas (schemas.py); where a validator narrows a field, so does its declared schema.
 """
@@ -67,6 +67,8 @@ class _Common(BaseModel):
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    bad_words: Optional[list[str]] = Field(None, json_schema_extra={"anyOf": [{**_NONEMPTY, "maxItems": 128},
+                                                                              {"type": "null"}]})
     guided_json: Union[None, dict, str] = None
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = Field(None, json_schema_extra={"anyOf": [{**_NONEMPTY, "minItems": 1},
@@ -89,6 +91,8 @@ class _Common(BaseModel):
             p["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.seed is not None:
             p["seed"] = self.seed
+        if self.bad_words is not None:
+            p["bad_words"] = self.bad_words
         if self.request_timeout_s is not None:
             p["request_timeout_s"] = self.request_timeout_s
         if self.logit_bias:

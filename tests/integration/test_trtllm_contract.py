@@ -3,6 +3,7 @@ through a REAL tritonserver (its own, unsupervised: a repository of `llm` plus t
 entries `builder default` writes), called the way TensorRT-LLM's end_to_end_grpc_client
 and inflight_batcher_llm_client call them: `[batch, 1]` tensors over gRPC streaming."""
 
+import json
 import os
 import queue
 
@@ -12,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from backend import LLM, SamplingParams
+from backend.engine.bad_words import tokenize_words
 from builder.build import BuildOptions, build
 from builder.trtllm_models import write_fronts
 from clients.tritonserver import TritonServer
@@ -122,8 +124,58 @@ def test_log_probs(trt_server, offline):
     wait_blocks_free(trt_server)
 
 
+def _words_in(offline, ids: list[int]) -> list[str]:
+    """Two words the greedy output `ids` holds, as bad_words ban them: the first of
+    several tokens, then one of one token after it."""
+    encode = lambda text: offline.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    words, start = [], 0
+    for n in (2, 1):
+        for k in range(start, len(ids) - n + 1):
+            word = offline.tokenizer.decode(ids[k:k + n]).strip()
+            if len(word) > 3 and word.isalpha() and ids[k:k + n] in tokenize_words([word], encode):
+                words.append(word)
+                start = k + n
+                break
+    assert len(words) == 2, offline.tokenizer.decode(ids)
+    return words
+
+
+def test_bad_words_through_llm_ensemble_bls_and_tensorrt_llm(trt_server, offline):
+    """Greedy, on a prompt whose output holds two words (one of several tokens): banned
+    through `llm` (sampling_parameters bad_words, as vLLM's), `ensemble` and
+    `tensorrt_llm_bls` (TensorRT-LLM's bad_words, comma-separated), streamed and not, and
+    `tensorrt_llm` (bad_words_list ids), the words never appear and the output is the
+    offline engine's with the same bad words."""
+    free = greedy(offline, PROMPTS[0], 16)
+    words = _words_in(offline, free.token_ids)
+    assert all(w in free.text for w in words)
+    want = greedy(offline, PROMPTS[0], 16, bad_words=words)
+    assert want.token_ids != free.token_ids and not any(w in want.text for w in words)
+    params = json.dumps({"max_tokens": 16, "temperature": 0, "bad_words": words})
+    for stream in (False, True):
+        llm = {"text_input": np.array([PROMPTS[0].encode()], dtype=object), "stream": np.array([stream]),
+               "sampling_parameters": np.array([params.encode()], dtype=object),
+               "exclude_input_in_output": np.array([True])}
+        trt = text_request(PROMPTS[0], max_tokens=16, stream=stream, exclude_input_in_output=np.array([[True]]),
+                           bad_words=np.array([[",".join(words)]], dtype=object))
+        for model, inputs in (("llm", llm), ("ensemble", trt), ("tensorrt_llm_bls", trt)):
+            responses, error = infer(trt_server, model, inputs)
+            assert error is None, (model, error)
+            text = "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in responses)
+            assert text == want.text and not any(w in text for w in words), (model, stream, text)
+    ids = offline.tokenizer.encode(PROMPTS[0])
+    sequences = tokenize_words(words, lambda text: offline.tokenizer.encode(text, add_special_tokens=False))
+    flat, ends = sum(sequences, []), np.cumsum([len(q) for q in sequences]).tolist()
+    inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+              "request_output_len": np.array([[16]], np.int32),
+              "bad_words_list": np.array([[flat, ends + [-1] * (len(flat) - len(ends))]], np.int32)}
+    responses, error = infer(trt_server, "tensorrt_llm", inputs, outputs=("output_ids",))
+    assert error is None and [list(r.as_numpy("output_ids")[0][0]) for r in responses] == [ids + want.token_ids]
+    wait_blocks_free(trt_server)
+
+
 @pytest.mark.parametrize("name, value, match", [
-    ("bad_words", np.array([["the"]], dtype=object), "'bad_words'"),
+    ("bad_words", np.array([[",".join(f"w{i}" for i in range(200))]], dtype=object), "'bad_words'"),
     ("embedding_bias_words", np.array([["the"]], dtype=object), "'embedding_bias_words'"),
     ("beam_width", np.array([[2]], np.int32), "'beam_width'"),
     ("return_context_logits", np.array([[True]]), "'return_context_logits'"),

@@ -13,6 +13,7 @@ from frontend.openai_api.protocol import ChatCompletionRequest, CompletionReques
     ("UNAVAILABLE: the engine failed: EngineDeadError('tensor parallel rank 1 exited')", 503, None),
     ("invalid sampling parameter 'top_p': Input should be less than or equal to 1 (got 2)", 400, "top_p"),
     ("invalid guided_regex: Regex parsing error at position 4: Unclosed '['", 400, None),
+    ("sampling parameter 'bad_words' has 130 token sequences, more than 128", 400, "bad_words"),
     ("Request for unknown model: 'x' is not found", 404, "model"),
     ("INTERNAL: RuntimeError('boom')", 500, None),
 ])
@@ -25,10 +26,12 @@ def test_backend_errors_map_to_openai_statuses(message, status, param):
 
 def test_requests_translate_to_sampling_parameters():
     req = parse(CompletionRequest, {"model": "m", "prompt": ["only one"], "stop": "x", "seed": 3, "top_k": 5,
-                                    "logit_bias": {"17": -100}, "user": "ignored", "unknown_field": 1})
+                                    "logit_bias": {"17": -100}, "user": "ignored", "unknown_field": 1,
+                                    "bad_words": ["cat", "big dog"]})
     p = req.sampling_parameters(req.max_tokens)
     assert req.prompt == "only one"
     assert (p["stop"], p["seed"], p["top_k"], p["logit_bias"], p["max_tokens"]) == (["x"], 3, 5, {17: -100}, 16)
+    assert p["bad_words"] == ["cat", "big dog"]
     chat = parse(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi"}]}], "response_format": {"type": "json_object"}})
     assert chat.messages[0].text() == "hi"
@@ -41,6 +44,7 @@ def test_requests_translate_to_sampling_parameters():
     ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None),
     ({"prompt": "a"}, "model"),
+    ({"model": "m", "prompt": "a", "bad_words": "cat"}, "bad_words"),      # a list, as vLLM's
     # found by tests/integration/test_api_fuzz.py and by hand beside it (each was a 500)
     ({"model": "m", "prompt": [5, 2**40]}, "prompt"),                      # token ids travel as INT32
     ({"model": "m", "prompt": "a", "seed": 2**64}, "seed"),                # the engine's seeds are int64

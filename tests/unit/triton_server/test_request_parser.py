@@ -29,6 +29,15 @@ def test_vllm_contract():
     assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.ignore_eos) == (7, 0.5, 0.9, ["END"], True)
 
 
+def test_bad_words_as_the_vllm_backend_takes_them():
+    """A list of words, or its JSON text (the vLLM backend's values may be strings)."""
+    for value in (["cat", "big dog"], '["cat", "big dog"]'):
+        req = parse_request({"text_input": b("x"), "sampling_parameters": b(json.dumps({"bad_words": value}))})
+        assert req.params.bad_words == ["cat", "big dog"]
+    req = parse_request({"text_input": b("x"), "sampling_parameters": b('{"bad_words_token_ids": [[5], [6, 7]]}')})
+    assert req.params.bad_words_token_ids == [[5], [6, 7]]
+
+
 def test_trtllm_scalars_and_aliases():
     req = parse_request({"text_input": b("x"), "max_tokens": np.array([5], dtype=np.int32),
                          "min_length": np.array([2], dtype=np.int32), "random_seed": np.array([9], dtype=np.uint64),
@@ -83,6 +92,12 @@ def test_input_ids_checked_against_text():
     ({"text_input": b("x"), "stream": np.array([1], dtype=np.int32)}, "stream"),
     ({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, "exactly one"),
     ({"input_ids": np.array([1.5], dtype=np.float32)}, "input_ids"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"bad_words": "cat"}')}, "sampling parameter 'bad_words'"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"bad_words": ["cat", " "]}')}, "'bad_words'.*non-empty"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"bad_words": [3]}')}, "'bad_words.0'"),
+    ({"text_input": b("x"), "sampling_parameters": b(json.dumps({"bad_words": ["w"] * 129}))},
+     "'bad_words'.*129 words, more than 128"),
+    ({"text_input": b("x"), "sampling_parameters": b('{"bad_words_token_ids": [[]]}')}, "'bad_words_token_ids'"),
 ])
 def test_errors_name_the_input(inputs, match):
     with pytest.raises(InvalidRequestError, match=match):
@@ -118,7 +133,8 @@ arrays = st.one_of(
     st.builds(lambda xs: np.array(xs, dtype=np.uint64), st.lists(st.integers(0, 2**64 - 1), max_size=2)),
     st.builds(lambda d: b(json.dumps(d)), st.dictionaries(
         st.sampled_from(["max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                         "stop_token_ids", "ignore_eos", "repetition_penalty", "bogus"]), json_values, max_size=5)),
+                         "stop_token_ids", "ignore_eos", "repetition_penalty", "bad_words", "bad_words_token_ids",
+                         "bogus"]), json_values, max_size=5)),
 )
 
 

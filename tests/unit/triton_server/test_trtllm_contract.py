@@ -52,7 +52,7 @@ def test_streaming_never_echoes_the_prompt():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("bad_words", np.array([[b"x"]], dtype=object)), ("embedding_bias_weights", np.array([[0.5]], np.float32)),
+    ("embedding_bias_words", np.array([[b"x"]], dtype=object)), ("embedding_bias_weights", np.array([[0.5]], np.float32)),
     ("return_generation_logits", np.array([[True]])), ("lora_task_id", np.array([[1]], np.uint64)),
     ("guided_decoding_guide", np.array([[b"{}"]], dtype=object)), ("num_draft_tokens", np.array([[4]], np.int32)),
 ])
@@ -64,6 +64,25 @@ def test_unsupported_inputs_name_themselves(name, value):
 def test_unsupported_inputs_left_empty_or_false_are_fine():
     row_request(TEXT, text(bad_words=np.array([[b""]], dtype=object), return_context_logits=False,
                            embedding_bias_weights=np.array([[0.0]], np.float32)), 0)
+
+
+def test_bad_words_pass_through_as_sampling_parameters():
+    """Text models: each BYTES element a word, or several separated by commas (as
+    TensorRT-LLM's preprocessing took them); tensorrt_llm: the [2, L] id layout."""
+    row = row_request(TEXT, text(bad_words=np.array([[b"cat, dog", b'"a,b"', b""]], dtype=object)), 0)
+    assert sampling(row)["bad_words"] == ["cat", " dog", "a,b"]
+    assert "bad_words" not in sampling(row_request(TEXT, text(bad_words=np.array([[b""]], dtype=object)), 0))
+    with pytest.raises(InvalidRequestError, match="'bad_words'"):
+        row_request(TEXT, text(bad_words=np.array([[b"\xff"]], dtype=object)), 0)
+    # words [9], [11, 12], [13]; offsets padded with -1, ids with 0
+    row = row_request(TOKENS, tokens([4], bad_words_list=np.array([[[9, 11, 12, 13, 0], [1, 3, 4, -1, -1]]],
+                                                                  np.int32)), 0)
+    assert sampling(row)["bad_words_token_ids"] == [[9], [11, 12], [13]]
+    assert "bad_words_token_ids" not in sampling(row_request(TOKENS, tokens([4], bad_words_list=np.zeros(
+        (1, 2, 0), np.int32)), 0))
+    for bad in ([[[9, 11], [2, 1]]], [[[9, 11], [3, -1]]], [[9, 11, 12]], [[[9, -4], [1, 2]]]):
+        with pytest.raises(InvalidRequestError, match="'bad_words_list'"):
+            row_request(TOKENS, tokens([4], bad_words_list=np.array(bad, np.int32)), 0)
 
 
 def test_beam_search_is_refused():
