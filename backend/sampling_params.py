@@ -80,6 +80,11 @@ class SamplingParams(BaseModel):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
+    # With structured output: the token ids that end a reasoning block (e.g. </think>).
+    # The grammar applies only after the output holds them, so the reasoning is free and
+    # the answer is shaped, as vLLM does with a reasoning parser. The OpenAI frontend sets
+    # it when its --reasoning-parser is on and the reply reasons.
+    reasoning_end_token_ids: Optional[list[int]] = None
     # With the engine's speculative_config: false verifies no proposed tokens for this
     # request (it decodes one token per step). Guided and logprobs requests never speculate.
     speculative_decoding: bool = True
@@ -166,6 +171,13 @@ class SamplingParams(BaseModel):
     def _choices(cls, v: Optional[list[str]]) -> Optional[list[str]]:
         if v is not None and (not v or any(c == "" for c in v)):
             raise ValueError("needs at least one choice, none of them empty")
+        return v
+
+    @field_validator("reasoning_end_token_ids")
+    @classmethod
+    def _end_ids(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is not None and (not v or any(t < 0 for t in v)):
+            raise ValueError("needs at least one token id, none negative")
         return v
 
     @model_validator(mode="after")

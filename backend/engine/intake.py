@@ -59,6 +59,10 @@ class RequestIntake:
         bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
+        end = params.reasoning_end_token_ids
+        if end and max(end) >= self.model_config.vocab_size:
+            raise InvalidRequestError(f"sampling parameter 'reasoning_end_token_ids': token id {max(end)} is "
+                                      f"outside the vocabulary [0, {self.model_config.vocab_size})")
         max_tokens = self._effective_max_tokens(len(token_ids), params)
         eos = frozenset(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not eos:
@@ -66,7 +70,7 @@ class RequestIntake:
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
-            eos_token_ids=eos, bad_words=bad_words,
+            eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))

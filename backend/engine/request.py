@@ -56,6 +56,9 @@ class Request:
     bad_words: Optional["BadWords"] = None
     # Structured output: the xgrammar matcher of this request's grammar, or None.
     grammar: Optional[object] = None
+    # With `reasoning_end_token_ids`, the grammar applies only once the output holds them
+    # (the scheduler sets this when they arrive); until then the reply reasons freely.
+    reasoning_ended: bool = True
     # Hashes of this request's full blocks, chained; extended as tokens are added.
     block_hashes: list[int] = field(default_factory=list)
     # The chain's root (its first block's parent): set for a LoRA adapter, so that blocks

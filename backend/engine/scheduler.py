@@ -306,10 +306,14 @@ class Scheduler:
         the output side's)."""
         params = request.sampling_params
         # The mask let only allowed tokens through; once complete the grammar allows only
-        # the stop token, and accepting it ends the request.
-        if request.grammar is not None and (not request.grammar.accept_token(token)
-                                            or request.grammar.is_terminated()):
-            return FinishReason.STOP
+        # the stop token, and accepting it ends the request. While the reply still reasons
+        # the grammar waits for the reasoning's end.
+        if request.grammar is not None:
+            if not request.reasoning_ended:
+                end = params.reasoning_end_token_ids
+                request.reasoning_ended = request.output_token_ids[-len(end):] == end
+            elif not request.grammar.accept_token(token) or request.grammar.is_terminated():
+                return FinishReason.STOP
         if request.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in request.eos_token_ids:
                 return FinishReason.STOP

@@ -116,7 +116,7 @@ class StructuredOutput:
         """(device bitmask [R, vocab / 32], the rows it applies to) for this step's
         sampled requests, or None when none is guided. Host work: one fill per guided
         row, one upload."""
-        rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.reasoning_ended]
         if not rows:
             return None
         n = len(requests) * self._width

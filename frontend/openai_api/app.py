@@ -26,7 +26,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
-from frontend.openai_api.reasoning import REASONING_PARSERS
+from frontend.openai_api.reasoning import REASONING_PARSERS, grammar_after_reasoning
 from frontend.openai_api.responses import register_responses
 from frontend.openai_api.schemas import openapi
 from frontend.openai_api.tools.choice import ToolConfig, ToolPlan, plan
@@ -136,10 +136,12 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         messages = [m.for_template() for m in req.messages]
         text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model, messages,
                                             tool_plan.tools, req.chat_template_kwargs)
-        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
         reasoning = app.state.reasoning_parser
+        if reasoning is not None:
+            grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         shape = ChatCompletion(req, lambda: ChoiceOutput(reasoning(text) if reasoning else None,
                                                          tool_plan.parser(app.state.tool_config)), tool_plan)
+        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
         app.state.request_log.received(shape.id, req.model, messages, sampling)
         return await _respond(request, gen, req, shape)
 

@@ -34,6 +34,12 @@ class ReasoningParser:
         """Whether this reply reasons; None while it cannot be told yet."""
         return True
 
+    @property
+    def reasons_first(self) -> bool:
+        """Known before the reply: it starts with reasoning. Then structured output waits
+        for the reasoning's end (engine `reasoning_end_token_ids`), as vLLM's does."""
+        return True
+
     def split(self, text: str, final: bool) -> Split:
         thinks = self.thinks(text, final)
         if thinks is None:
@@ -51,8 +57,14 @@ class ReasoningParser:
 
 class Qwen3(ReasoningParser):
     """Qwen3 (hybrid thinking): a reply reasons when its template opened the block
-    (`enable_thinking`) or when it starts with <think>; otherwise it is all content."""
+    (`enable_thinking`) or when it starts with <think>; otherwise it is all content.
+    (With structured output and a block the template did not open, the grammar shapes
+    the reply from its first token, so it cannot open one itself.)"""
     name = "qwen3"
+
+    @property
+    def reasons_first(self) -> bool:
+        return self.opened_by_prompt
 
     def thinks(self, text: str, final: bool) -> Optional[bool]:
         if self.opened_by_prompt:
@@ -66,3 +78,9 @@ class Qwen3(ReasoningParser):
 
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (ReasoningParser, Qwen3)}
+
+
+def grammar_after_reasoning(parser: Optional[ReasoningParser], sampling: dict, tokenizer) -> None:
+    """A guided reply that reasons first: its grammar starts after </think>."""
+    if parser is not None and parser.reasons_first and any(k.startswith("guided_") for k in sampling):
+        sampling["reasoning_end_token_ids"] = tokenizer(END, add_special_tokens=False)["input_ids"]

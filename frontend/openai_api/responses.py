@@ -23,6 +23,7 @@ from fastapi.responses import StreamingResponse
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import parse, read_json
+from frontend.openai_api.reasoning import grammar_after_reasoning
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
 
@@ -197,6 +198,8 @@ def register_responses(app: FastAPI) -> None:
                                             for_template(system + conversation), tool_plan.tools,
                                             req.chat_template_kwargs)
         reasoning = app.state.reasoning_parser
+        if reasoning is not None:
+            grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         output = ChoiceOutput(reasoning(text) if reasoning else None, tool_plan.parser(app.state.tool_config))
         builder = ResponseBuilder(req, tool_plan)
         gen = app.state.llm.generate(req.model, ids, sampling, req.stream, False)

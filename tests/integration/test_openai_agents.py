@@ -125,6 +125,11 @@ def test_reasoning_split_streamed_and_not(client, server, tiny_ckpt):
         for key in got:
             got[key] += getattr(chunk.choices[0].delta, key, None) or ""
     assert got == {"reasoning_content": reasoning, "content": content}
+    # Structured output shapes the answer after the reasoning, not the reasoning
+    shaped = client.chat.completions.create(**{**kw, "max_tokens": 60}, response_format={
+        "type": "json_schema", "json_schema": {"name": "tz", "schema": TZ}}).choices[0].message
+    assert shaped.reasoning_content == reasoning
+    jsonschema.validate(json.loads(shaped.content), TZ)
     # Without thinking, the same model's reply is all content
     plain = client.chat.completions.create(model="llm", messages=ASK, temperature=0, max_tokens=4).choices[0].message
     assert plain.content and getattr(plain, "reasoning_content", None) is None

@@ -213,3 +213,28 @@ def test_penalties_float32_cannot_carry_are_refused():
         with pytest.raises(SamplingParamsError, match="repetition_penalty"):
             SamplingParams.create(repetition_penalty=bad)
     assert SamplingParams.create(temperature=1e-6).greedy and not SamplingParams.create(temperature=1e-5).greedy
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_grammar_waits_for_the_end_of_the_reasoning(tiny_ckpt, async_scheduling):
+    """reasoning_end_token_ids: the reply reasons freely (token for token the unguided
+    reply) until </think>, and the grammar shapes what follows."""
+    llm = LLM(tiny_ckpt, num_kv_blocks=256, async_scheduling=async_scheduling)
+    end = llm.tokenizer.convert_tokens_to_ids("</think>")
+    prompt = llm.tokenizer("The pass statement <think>", add_special_tokens=False)["input_ids"]
+    for bias in range(1, 40):                 # steer the random model to close the block mid-reply
+        free = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, logit_bias={end: bias}))[0]
+        if end in free.token_ids[2:-4]:
+            break
+    cut = free.token_ids.index(end) + 1
+    guided = llm.generate(prompt, SamplingParams(max_tokens=40, temperature=0, logit_bias={end: bias},
+                                                 guided_choice=["yes", "no"], reasoning_end_token_ids=[end]))[0]
+    assert guided.token_ids[:cut] == free.token_ids[:cut]
+    assert llm.tokenizer.decode(guided.token_ids[cut:], skip_special_tokens=True) in ("yes", "no")
+    assert guided.finish_reason == "stop"
+    # Without it, the grammar shapes the reply from its first token
+    plain = llm.generate(prompt, SamplingParams(max_tokens=40, temperature=0, guided_choice=["yes", "no"]))[0]
+    assert plain.text in ("yes", "no")
+    with pytest.raises(Exception, match="reasoning_end_token_ids"):
+        llm.generate(prompt, SamplingParams(max_tokens=4, reasoning_end_token_ids=[10 ** 6]))
+    assert_pool_free(llm)
