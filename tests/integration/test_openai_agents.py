@@ -173,7 +173,8 @@ def test_responses_api_streamed_and_not_with_tools_and_stored_state(client, serv
     wait_blocks_free(server)
 
 
-def test_agents_sdk_runs_a_function_tool_turn(frontend, server):
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_agents_sdk_runs_a_function_tool_turn(frontend, server, api):
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)           # no network here: nothing to export traces to
     calls = []
@@ -184,8 +185,9 @@ def test_agents_sdk_runs_a_function_tool_turn(frontend, server):
         calls.append(city)
         return f"sunny in {city}"
 
-    model = agents.OpenAIResponsesModel(model="llm", openai_client=openai.AsyncOpenAI(
-        base_url=frontend + "/v1", api_key=API_KEY, max_retries=0))
+    model_class = agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
+    model = model_class(model="llm", openai_client=openai.AsyncOpenAI(base_url=frontend + "/v1", api_key=API_KEY,
+                                                                      max_retries=0))
     agent = agents.Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], model=model,
                          model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
                                                              temperature=0, max_tokens=64),
