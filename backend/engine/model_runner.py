@@ -174,9 +174,8 @@ class ModelRunner:
             sampled, accepted = self.sampler.sample(logits, batch), None
             launched.sampled = sampled
             launched.row_of = {s.request.request_id: i for i, s in enumerate(sampling)}
-        # The step's one device-to-host copy: the ids, with the logprobs asked for (and
-        # whether each proposal stands).
-        # (and the prompt logprobs of the step's prompt chunks).
+        # The step's one device-to-host copy: the ids with the logprobs asked for, the
+        # prompt logprobs of its prompt chunks, and whether each proposal stands.
         packed = logprobs.pack(logits, sampled, batch.logprobs)
         if plan is not None:
             packed = torch.cat([packed.float(), prompt_packed])

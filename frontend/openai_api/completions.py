@@ -62,7 +62,11 @@ async def start(state, req: CompletionRequest) -> tuple["BatchGeneration", "Comp
         raise APIError(400, "invalid 'max_tokens': 0 needs echo (it returns the prompt alone)", "max_tokens")
     prompts = prompts_of(req.prompt)
     served = await state.llm.model(req.model)
-    served.check_n(req.n * len(prompts))
+    served.check_n(req.n)
+    total, queue = req.n * len(prompts), served.max_queue_size
+    if queue is not None and total > queue:
+        raise APIError(400, f"invalid 'prompt': {len(prompts)} prompts x n={req.n} is {total} sequences, more than "
+                            f"model '{req.model}' can queue (max_queue_size={queue})", "prompt")
     sampling = req.sampling_parameters(1 if req.max_tokens == 0 else req.max_tokens)
     if req.logprobs is not None:
         sampling["logprobs"] = req.logprobs
