@@ -43,6 +43,29 @@ def test_prompt_logprobs_match_transformers_in_a_mixed_batch(path, async_schedul
         check_against_transformers(path, prompt, out.prompt_logprobs, p.prompt_logprobs)
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_request_preempted_mid_prompt_reports_each_position_once(path, async_scheduling):
+    """Two decoding requests grow into a small pool: the long prompt-logprobs request,
+    admitted last, is preempted halfway through its prompt, recomputes (cache hits only
+    below the positions it still needs) and reports every position once, exactly."""
+    prompts = random_prompts(3, [6, 6, 40], seed=5)
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2, ignore_eos=True)]
+    llm = LLM(path, block_size=4, num_kv_blocks=13, max_num_seqs=4, max_num_batched_tokens=8,
+              async_scheduling=async_scheduling)
+    scheduler, preempted = llm.engine.scheduler, []
+    preempt = scheduler._preempt
+
+    def record(request):
+        preempted.append((request.request_id, request.num_prompt_logprob_rows, request.prompt_logprob_rows_end))
+        preempt(request)
+    scheduler._preempt = record
+    outs = llm.generate(prompts, params)
+    assert any(0 < done < end for _, done, end in preempted), preempted      # mid-prompt
+    check_against_transformers(path, prompts[2], outs[2].prompt_logprobs, 2)
+    assert_pool_free(llm)
+
+
 def test_prompt_logprobs_bypass_the_prefix_cache_and_come_once(tiny_ckpt):
     """A prompt already cached is computed again for a request with prompt logprobs (every
     position needs its logits); one without takes the hits; the streamed outputs carry the
