@@ -32,7 +32,8 @@ class LLM:
         A prompt is a string or a list of token ids. A single prompt may be passed bare.
         With `n` > 1 a prompt's output is that of its first completion, and `completions`
         holds all n in index order (child requests sharing the prompt's blocks, seeds
-        `seed + i`: backend.engine.parallel_sampling).
+        `seed + i`: backend.engine.parallel_sampling). With `prompt_logprobs` each output's
+        `prompt_logprobs` holds vLLM's list (None, then one entry per prompt token).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

@@ -62,6 +62,11 @@ class SamplingParams(BaseModel):
     # name; 0: the generated token's only). None: none are computed. At most the
     # engine's max_logprobs.
     logprobs: Optional[int] = Field(None, ge=0)
+    # Log probabilities of each prompt token given the tokens before it, with this many
+    # most likely tokens at each position (vLLM's name and meaning; 0: the prompt token's
+    # only). None: none are computed. At most the engine's max_logprobs. A request that
+    # asks computes its prompt in full (no prefix-cache hits for those positions).
+    prompt_logprobs: Optional[int] = Field(None, ge=0)
     # Added to the token's logit before sampling (OpenAI's logit_bias: -100..100).
     logit_bias: Optional[dict[int, float]] = None
     # Words never generated (vLLM's bad_words): each tokenized without and with a leading

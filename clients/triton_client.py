@@ -58,6 +58,9 @@ class StreamResult:
     logprobs: list = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)  # as each response sent it
     cumulative_logprobs: list[float] = field(default_factory=list)
+    # With return_prompt_logprobs: the parsed `prompt_logprobs` of each response (null
+    # but on the one that carries them).
+    prompt_logprobs: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +124,9 @@ class StreamingRequest:
                     lp = result.as_numpy("logprobs")
                     if lp is not None and lp.size:
                         res.logprobs.append(json.loads(lp.reshape(-1)[0].decode("utf-8")))
+                    plp = result.as_numpy("prompt_logprobs")
+                    if plp is not None and plp.size:
+                        res.prompt_logprobs.append(json.loads(plp.reshape(-1)[0].decode("utf-8")))
                     cl = result.as_numpy("cumulative_logprob")
                     if cl is not None and cl.size:
                         res.cumulative_logprobs.append(float(cl.reshape(-1)[0]))

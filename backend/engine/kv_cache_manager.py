@@ -189,20 +189,25 @@ class KVCacheManager:
             parent = hashes[i - 1] if i else request.cache_salt
             hashes.append(hash_block(parent, request.token_slice(i * bs, (i + 1) * bs)))
 
-    def find_cached_blocks(self, request: Request) -> Optional[list[KVBlock]]:
+    def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None) -> Optional[list[KVBlock]]:
         """Longest run of cached full blocks matching the request's leading tokens, or None
         when that run reaches a pending block (admit the request after the step that
         computes it, and it shares the block).
 
         At least one token is always left to compute, since the step must produce the
-        logits of the last one.
+        logits of the last one; max_tokens: at most that many tokens come from the cache
+        (a request that needs the logits of the positions after them).
         """
         if not self.enable_prefix_caching:
             return []
-        self._update_block_hashes(request)
         bs = self.block_size
+        if max_tokens is not None and max_tokens < bs:
+            return []                   # not even a block: no query (and nothing counted)
+        self._update_block_hashes(request)
         tokens = request.all_token_ids
         max_blocks = (len(tokens) - 1) // bs
+        if max_tokens is not None:
+            max_blocks = min(max_blocks, max_tokens // bs)
         found: list[KVBlock] = []
         for i in range(max_blocks):
             parent = request.block_hashes[i - 1] if i else request.cache_salt

@@ -55,6 +55,11 @@ def pack(logits: torch.Tensor, sampled: torch.Tensor, want: Optional[LogprobRows
     return torch.cat([sampled.float(), torch.cat(parts, dim=1).flatten()])
 
 
+def packed_len(num_rows: int, want: Optional[LogprobRows]) -> int:
+    """The length of `pack`'s result."""
+    return num_rows + (len(want.row_ids) * (2 + 2 * want.max_count) if want is not None else 0)
+
+
 def unpack(values: list[float], num_rows: int, want: Optional[LogprobRows]
            ) -> tuple[list[int], dict[int, TokenLogprobs]]:
     """The host copy of `pack` -> (sampled ids, {row: that row's TokenLogprobs})."""

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import KVCacheLayer
-from backend.engine import logprobs
+from backend.engine import logprobs, prompt_logprobs
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
@@ -83,6 +83,7 @@ class ModelRunner:
         # tells the wrapped projections which rows run under which.
         self.lora = lora
         self._placeholder_index = GrowingStagedBuffer(torch.int64, device)
+        self._prompt_logprobs = prompt_logprobs.PromptLogprobPlanner(device)
         self._host_out: Optional[torch.Tensor] = None
         self._copied: Optional[torch.cuda.Event] = None
 
@@ -148,7 +149,15 @@ class ModelRunner:
         greedy stand-ins; their results are dropped."""
         out, logits = launched.sched, launched.logits
         sampling = [s for s in out.scheduled if s.completes_prompt]
+        plan = self._prompt_logprobs.plan(out.scheduled, self.vocab_size)
+        if plan is not None:
+            # The step's prompt-logprob rows follow its sampled ones (StepInputBuilder.build).
+            launched.prompt_plan = plan
+            prompt_packed = prompt_logprobs.pack(logits[logits.shape[0] - plan.num_rows:], plan)
+            logits = logits[:logits.shape[0] - plan.num_rows]
         if not sampling:
+            if plan is not None:
+                self._to_host(launched, prompt_packed)
             return
         speculative = any(s.spec_token_ids for s in sampling)
         # One sampler row per logits row.
@@ -165,11 +174,13 @@ class ModelRunner:
             sampled, accepted = self.sampler.sample(logits, batch), None
             launched.sampled = sampled
             launched.row_of = {s.request.request_id: i for i, s in enumerate(sampling)}
-        # The step's one device-to-host copy: the ids, with the logprobs asked for (and
-        # whether each proposal stands).
+        # The step's one device-to-host copy: the ids with the logprobs asked for, the
+        # prompt logprobs of its prompt chunks, and whether each proposal stands.
         packed = logprobs.pack(logits, sampled, batch.logprobs)
+        if plan is not None:
+            packed = torch.cat([packed.float(), prompt_packed])
         if accepted is not None:
-            packed = torch.cat([packed, accepted.float()])
+            packed = torch.cat([packed.float(), accepted.float()])
         launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
         self._to_host(launched, packed)
 
@@ -196,9 +207,18 @@ class ModelRunner:
         if launched.copied is not None:
             launched.copied.synchronize()
         values = launched.packed.tolist()
+        plan = launched.prompt_plan
+        prompt = {}
+        if plan is not None:        # [sampled part][prompt logprobs][proposal flags]
+            start = logprobs.packed_len(launched.num_rows, launched.batch.logprobs) if launched.batch else 0
+            prompt = prompt_logprobs.unpack(values[start:start + plan.packed_len], plan)
+        if launched.batch is None:
+            return ModelRunnerOutput([[] for _ in launched.sched.scheduled], prompt_logprobs=prompt)
         tokens, by_row = logprobs.unpack(values, launched.num_rows, launched.batch.logprobs)
         flags = values[-launched.num_rows:] if launched.speculative else []
-        return tokens_per_request(launched.sched.scheduled, tokens, flags, by_row)
+        result = tokens_per_request(launched.sched.scheduled, tokens, flags, by_row)
+        result.prompt_logprobs = prompt
+        return result
 
 
 @dataclass
@@ -218,6 +238,7 @@ class LaunchedStep:
     batch: Optional[object] = None
     num_rows: int = 0
     speculative: bool = False
+    prompt_plan: Optional[prompt_logprobs.PromptLogprobPlan] = None
 
 
 # Sampled in place of a request that finished while its step was in flight (async

@@ -30,6 +30,11 @@ class _RequestState:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     num_cached_tokens: int = 0
+    # SamplingParams.prompt_logprobs: the entries so far (None first), their texts from
+    # a detokenizer over the prompt; given out once complete, with the first token.
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    prompt_detokenizer: Optional[IncrementalDetokenizer] = None
+    prompt_logprobs_sent: bool = False
 
 
 class OutputProcessor:
@@ -39,9 +44,13 @@ class OutputProcessor:
         self._states: dict[str, _RequestState] = {}
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self._states[request_id] = _RequestState(
+        state = self._states[request_id] = _RequestState(
             prompt_token_ids, params,
             IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params, self._fast_decode))
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None]
+            state.prompt_detokenizer = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids[:1], params.model_copy(update={"stop": []}), self._fast_decode)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._states
@@ -59,14 +68,22 @@ class OutputProcessor:
             if state is None:
                 continue
             out = self._process_one(core, state)
+            if out is None:
+                continue
             outputs.append(out)
             if out.finished and not core.finished:
                 stopped.append(core.request_id)
         return outputs, stopped
 
-    def _process_one(self, core: EngineCoreOutput, state: _RequestState) -> RequestOutput:
+    def _process_one(self, core: EngineCoreOutput, state: _RequestState) -> Optional[RequestOutput]:
+        """The request's output for this core output; None for a prompt chunk's logprobs
+        alone (kept until the first token)."""
         detok, params = state.detokenizer, state.params
         state.num_cached_tokens = core.num_cached_tokens
+        if core.new_prompt_logprobs:
+            self._record_prompt_logprobs(state, core.new_prompt_logprobs)
+            if not core.new_token_ids and not core.finished and core.error is None:
+                return None
         new_logprobs = None
         finish_reason = core.finish_reason
         emitted = core.new_token_ids
@@ -86,7 +103,29 @@ class OutputProcessor:
             new_text=detok.take_delta(finished=False), finished=False,
             num_prompt_tokens=len(state.prompt_token_ids), num_output_tokens=len(state.token_ids),
             num_cached_tokens=state.num_cached_tokens, new_logprobs=new_logprobs,
-            cumulative_logprob=state.cumulative_logprob if new_logprobs is not None else None)
+            cumulative_logprob=state.cumulative_logprob if new_logprobs is not None else None,
+            prompt_logprobs=self._first_prompt_logprobs(state))
+
+    def _record_prompt_logprobs(self, state: _RequestState, entries: list[TokenLogprobs]) -> None:
+        """Appends the next positions' entries, with each candidate's text: what it would
+        add after the prompt tokens before it (so the prompt tokens' texts spell the
+        prompt after its first token)."""
+        detok = state.prompt_detokenizer
+        for entry in entries:
+            position = len(state.prompt_logprobs)
+            if self.tokenizer is not None:
+                for tid, lp in entry.items():
+                    lp.decoded_token = detok.peek(tid)
+            detok.add_token(state.prompt_token_ids[position], check_stop=False)
+            state.prompt_logprobs.append(entry)
+
+    @staticmethod
+    def _first_prompt_logprobs(state: _RequestState) -> Optional[list[Optional[TokenLogprobs]]]:
+        """The whole list, on the first output that asks after the prompt is done."""
+        if state.prompt_logprobs is None or state.prompt_logprobs_sent:
+            return None
+        state.prompt_logprobs_sent = True
+        return list(state.prompt_logprobs)
 
     def _record_logprobs(self, state: _RequestState, token: int, entry: TokenLogprobs) -> TokenLogprobs:
         """Keeps the token's logprobs, with each candidate's text (vLLM's
@@ -118,4 +157,5 @@ class OutputProcessor:
             token_ids=list(state.token_ids), text=detok.output_text,
             new_logprobs=(new_logprobs or []) if wants else None,
             cumulative_logprob=state.cumulative_logprob if wants else None,
-            logprobs=list(state.logprobs) if wants else None, error=error)
+            logprobs=list(state.logprobs) if wants else None, error=error,
+            prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None else None)

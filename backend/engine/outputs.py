@@ -16,6 +16,9 @@ class ModelRunnerOutput:
     of the requests that asked, by index in the schedule."""
     sampled_token_ids: list[list[int]]
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    # Prompt logprobs computed in this step, by index in the schedule: one entry per
+    # prompt token the step's rows predict (the ScheduledRequest's prompt_logprob_rows).
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass
@@ -25,6 +28,9 @@ class EngineCoreOutput:
     request_id: str
     new_token_ids: list[int]
     new_logprobs: Optional[list[TokenLogprobs]] = None
+    # Prompt logprobs of the next prompt positions, in order (a prompt chunk may bring
+    # some with no new token).
+    new_prompt_logprobs: Optional[list[TokenLogprobs]] = None
     # Set when the scheduler ended the request: "stop" (EOS, stop id, grammar), "length",
     # "abort"; with an error when it ended on one.
     finish_reason: Optional[str] = None
@@ -60,6 +66,10 @@ class RequestOutput:
     new_logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None
     logprobs: Optional[list[TokenLogprobs]] = None
+    # With SamplingParams.prompt_logprobs (vLLM's RequestOutput.prompt_logprobs): one
+    # entry per prompt token, None for the first (nothing predicts it). Set on the first
+    # output with a generated token and on the final output; None on the others.
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
     # Set when the request ended on an error rather than normally (finished is True).
     error: Optional[Exception] = None
     # Offline `LLM.generate` with n > 1: the n completions' final outputs, in index order

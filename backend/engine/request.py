@@ -71,6 +71,18 @@ class Request:
     draft_probs: Optional[torch.Tensor] = None
     # Tokens whose K/V the draft model has in its cache (the same blocks as the target's).
     num_draft_computed: int = 0
+    # Prompt logprobs (SamplingParams.prompt_logprobs): the logits at positions
+    # 0:num_prompt_logprob_rows have been scheduled for them. Never reset: after a
+    # preemption the recompute skips them, so no position is reported twice.
+    num_prompt_logprob_rows: int = 0
+
+    @property
+    def prompt_logprob_rows_end(self) -> int:
+        """Positions whose logits give prompt logprobs: 0..P-2 (the logits at P-1 give the
+        first generated token); 0 when the request asks for none."""
+        if self.sampling_params.prompt_logprobs is None:
+            return 0
+        return len(self.prompt_token_ids) - 1
 
     @property
     def all_token_ids(self) -> list[int]:

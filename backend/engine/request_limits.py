@@ -41,6 +41,8 @@ class RequestLimits:
         _at_most("n", params.n, "max_n", self.max_n)
         if params.logprobs is not None:
             _at_most("logprobs", params.logprobs, "max_logprobs", self.max_logprobs)
+        if params.prompt_logprobs is not None:
+            _at_most("prompt_logprobs", params.prompt_logprobs, "max_logprobs", self.max_logprobs)
         _at_most("stop", len(params.stop), "max_stop_strings", self.max_stop_strings, "has {} strings")
         longest = max((len(s) for s in params.stop), default=0)
         _at_most("stop", longest, "max_stop_string_len", self.max_stop_string_len,

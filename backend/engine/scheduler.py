@@ -49,6 +49,10 @@ class ScheduledRequest:
     # logits of the last one give the next token.
     num_computed_tokens: int = field(init=False)
     completes_prompt: bool = field(init=False)
+    # Prompt logprobs: the positions start:start+n of this step's tokens whose logits give
+    # them (each predicts the prompt token after it), set by the scheduler.
+    prompt_logprob_start: int = 0
+    num_prompt_logprob_rows: int = 0
 
     def __post_init__(self) -> None:
         r = self.request
@@ -193,7 +197,13 @@ class Scheduler:
             if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step
                 continue
-            cached = self.kv_cache.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            cached = []
+            if request.num_computed_tokens == 0:
+                # A request with prompt logprobs computes the positions it still needs
+                # (vLLM skips the prefix cache for it): hits only below them.
+                cached = self.kv_cache.find_cached_blocks(
+                    request, max_tokens=request.num_prompt_logprob_rows
+                    if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None)
             if cached is None:
                 # Its prompt's blocks are being computed in this step (by a sibling or a
                 # request with the same prefix): it shares them from the next step on.
@@ -225,6 +235,11 @@ class Scheduler:
         probs = request.draft_probs[:num_spec] if spec and request.draft_probs is not None else None
         request.spec_token_ids, request.draft_probs = [], None      # proposals are used once
         scheduled = ScheduledRequest(request, num_new, spec, probs)
+        start = max(request.num_computed_tokens, request.num_prompt_logprob_rows)
+        end = min(request.num_computed_tokens + num_new, request.prompt_logprob_rows_end)
+        if end > start:
+            scheduled.prompt_logprob_start, scheduled.num_prompt_logprob_rows = start, end - start
+            request.num_prompt_logprob_rows = end
         if not scheduled.completes_prompt:
             self.num_chunked_prefills += 1
         out.scheduled.append(scheduled)
@@ -280,7 +295,11 @@ class Scheduler:
                     # The accepted tokens plus the one sampled after them (no K/V yet).
                     self.kv_cache.trim(request, request.num_computed_tokens + 1)
                 self.kv_cache.cache_computed_blocks(request)
+            prompt_entries = result.prompt_logprobs.get(index)
             if not tokens:
+                if prompt_entries:          # a prompt chunk's logprobs
+                    outputs.append(EngineCoreOutput(request.request_id, [], new_prompt_logprobs=prompt_entries,
+                                                    num_cached_tokens=request.num_cached_tokens))
                 continue
             new_tokens, reason = [], None
             for token in tokens:
@@ -297,7 +316,7 @@ class Scheduler:
                 self.finish_request(request, reason)
             outputs.append(EngineCoreOutput(
                 request.request_id, new_tokens, [entry] if entry is not None else None,
-                reason.value if reason is not None else None, request.num_cached_tokens))
+                prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens))
         return outputs
 
     @staticmethod

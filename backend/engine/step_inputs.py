@@ -43,8 +43,9 @@ class StepInputs:
     input_ids: torch.Tensor                 # int32 [T]
     positions: torch.Tensor                 # int32 [T]
     meta: AttentionMetadata
-    logits_indices: torch.Tensor            # int32 [R]: packed rows whose logits are sampled
-    num_logits: int                         # R, 0 when only mid-prompt chunks ran
+    logits_indices: torch.Tensor            # int32 [R]: packed rows whose logits are sampled,
+                                            # then the rows of prompt logprobs, if any
+    num_logits: int                         # R, 0 when only mid-prompt chunks ran and none asked
     all_rows_sampled: bool                  # logits_indices == arange(T): no gather needed
     num_tokens: int                         # T before padding
     num_seqs: int                           # B before padding
@@ -182,8 +183,12 @@ class StepInputBuilder:
             placeholders.extend((i, p) for p in range(max(a, n), b))
             return known + [0] * (b - max(a, n))
 
+        # Prompt logprobs: the positions the scheduler gave each request, as rows of the
+        # packed step (after every sampled row: the sampler reads the first ones).
+        extra = [(i, np.arange(s.num_prompt_logprob_rows) + (s.prompt_logprob_start - s.num_computed_tokens))
+                 for i, s in enumerate(sched) if s.num_prompt_logprob_rows]
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
-                                   block_table_of, pad_to)
+                                   block_table_of, pad_to, extra_rows=extra or None)
         if placeholders:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
@@ -192,9 +197,12 @@ class StepInputBuilder:
 
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                        tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
-                       pad_to: Optional[int] = None) -> StepInputs:
+                       pad_to: Optional[int] = None,
+                       extra_rows: Optional[list[tuple[int, np.ndarray]]] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
-        b)) over its cached ones, and wants logits for its last num_rows[i] of them."""
+        b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
+        after every such row, for the rows extra_rows lists as (sequence i, offsets into
+        its new tokens)."""
         B = len(request_ids)
         Bp = pad_to or B
         bs = self.block_size
@@ -241,12 +249,16 @@ class StepInputBuilder:
         updates[n_updates:] = values
 
         # The last num_rows[i] packed rows of each sequence, in order.
-        num_logits = int(num_rows.sum())
+        num_sampled = int(num_rows.sum())
+        extra = np.concatenate([qsl[i] + offsets for i, offsets in extra_rows]) if extra_rows else None
+        num_logits = num_sampled + (len(extra) if extra is not None else 0)
         logits_idx = self._host("logits_indices", max(Bp, num_logits))
         first = np.repeat(qsl[1:B + 1] - num_rows, num_rows)
-        logits_idx[:num_logits] = first + np.arange(num_logits) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+        logits_idx[:num_sampled] = first + np.arange(num_sampled) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+        if extra is not None:
+            logits_idx[num_sampled:num_logits] = extra
         logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
-        all_rows = num_logits == Tp
+        all_rows = num_logits == Tp and extra is None
 
         self._uploaded = self.offsets["table_updates"] + 2 * n_updates
         self.buffer.upload(self._uploaded)

@@ -21,7 +21,8 @@ from backend.engine.request_limits import RequestLimits
 from backend.sampling_params import SamplingParams, SamplingParamsError, json_object
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
-               "return_num_output_tokens", "return_cumulative_logprob", "return_logprobs", "ignore_eos")
+               "return_num_output_tokens", "return_cumulative_logprob", "return_logprobs", "ignore_eos",
+               "return_prompt_logprobs")
 
 # TensorRT-LLM ensemble scalar inputs -> SamplingParams field.
 SCALAR_INPUTS = {
@@ -63,6 +64,9 @@ OUTPUT_SPECS: list[dict[str, Any]] = [
     {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
     {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
     {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
+    # With return_prompt_logprobs: the sampling parameter prompt_logprobs' result as
+    # JSON (vLLM's RequestOutput.prompt_logprobs: null first), once per request.
+    {"name": "prompt_logprobs", "data_type": "TYPE_STRING", "dims": [1]},
     {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
     {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
     {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
@@ -83,6 +87,7 @@ class ParsedRequest:
     # The client asked for logprobs (sampling parameter `logprobs`); otherwise they are
     # computed only for `return_cumulative_logprob`, and `logprobs` says null, as vLLM's.
     logprobs_requested: bool = False
+    return_prompt_logprobs: bool = False
     prompt_text: str = ""
 
 

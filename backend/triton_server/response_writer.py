@@ -52,6 +52,10 @@ class ResponseWriter:
         self.arrival = arrival
         self.seqs = [Sequence(cid, SequenceTiming(arrival)) for cid in child_ids]
         self.sent_prompt = False
+        # SamplingParams.prompt_logprobs' result (from whichever child computed it), and
+        # whether a stream has sent it (once).
+        self.prompt_logprobs: Optional[list] = None
+        self.sent_prompt_logprobs = False
         self.done = False          # FINAL sent (or the client is gone)
         self.cancel_sent = False   # abort already requested
 
@@ -74,6 +78,8 @@ class ResponseWriter:
             seq.logprobs += out.new_logprobs or []
         if out.cumulative_logprob is not None:
             seq.cumulative_logprob = out.cumulative_logprob
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             seq.finished, seq.finish_reason = True, out.finish_reason
         if out.error is not None:
@@ -135,6 +141,11 @@ class ResponseWriter:
         if p.return_logprobs:
             tensors.append(pb_utils.Tensor("logprobs", _strings([_logprobs_json(e) if p.logprobs_requested else "null"
                                                                  for e in entries])))
+        if p.return_prompt_logprobs:    # once: on the first response that has it
+            text = "null"
+            if self.prompt_logprobs is not None and not self.sent_prompt_logprobs:
+                text, self.sent_prompt_logprobs = _logprobs_json(self.prompt_logprobs), True
+            tensors.append(pb_utils.Tensor("prompt_logprobs", _strings([text])))
         if p.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens",
                                            np.array([self.seqs[0].timing.num_prompt_tokens], dtype=np.uint32)))
@@ -153,5 +164,8 @@ def _token_ids(token_ids: list[list[int]]) -> np.ndarray:
 
 
 def _logprobs_json(entries) -> str:
-    return json.dumps([{str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+    """vLLM's logprobs as JSON: per token {token id: {logprob, rank, decoded_token}}, in
+    the engine's order (the chosen token first); a prompt's first entry is null."""
+    return json.dumps([None if entry is None else
+                       {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
                         for t, lp in entry.items()} for entry in entries])

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from frontend.openai_api import completions as completion
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.chat_output import ChoiceOutput
@@ -110,12 +111,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse(CompletionRequest, await read_json(request, app.state.max_request_body_bytes))
-        (await app.state.llm.model(req.model)).check_n(req.n)
-        sampling = req.sampling_parameters(req.max_tokens)
-        if req.logprobs is not None:
-            sampling["logprobs"] = req.logprobs
-        gen = app.state.llm.generate(req.model, req.prompt, sampling, req.stream, req.logprobs is not None)
-        shape = Completion(req)
+        gen, shape, sampling = await completion.start(app.state, req)      # completions.py
         app.state.request_log.received(shape.id, req.model, req.prompt, sampling)
         return await _respond(request, gen, req, shape)
 
@@ -248,33 +244,6 @@ def _top(entry: dict, k: int) -> list[tuple[str, float]]:
 def _json_logprob(value: float) -> float:
     """JSON has no -inf: vLLM's OpenAI server sends -9999.0 for a token of probability 0."""
     return value if value > -9999.0 else -9999.0
-
-
-class Completion(Shape):
-    prefix, object_name, chunk_name = "cmpl", "text_completion", "text_completion"
-
-    def _logprobs(self, pairs: list, offset: int) -> Optional[dict]:
-        if self.req.logprobs is None:
-            return None
-        out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for token_id, entry in pairs:
-            chosen = entry[str(token_id)]
-            out["tokens"].append(chosen["decoded_token"] or "")
-            out["token_logprobs"].append(_json_logprob(chosen["logprob"]))
-            out["top_logprobs"].append(dict(_top(entry, self.req.logprobs)))
-            out["text_offset"].append(offset)
-            offset += len(chosen["decoded_token"] or "")
-        return out
-
-    def chunk(self, d: Delta) -> dict:
-        offset = len(self.texts[d.index]) - len(d.text)
-        return {**self.base(), "choices": [{"index": d.index, "text": d.text, "finish_reason": self.finish[d.index],
-                                            "logprobs": self._logprobs(list(zip(d.token_ids, d.logprobs)), offset)}]}
-
-    def whole(self) -> dict:
-        return {**self.base(chunk=False), "usage": self.usage(), "choices": [
-            {"index": i, "text": self.texts[i], "finish_reason": self.finish[i],
-             "logprobs": self._logprobs(self.token_logprobs[i], 0)} for i in range(self.req.n)]}
 
 
 class ChatCompletion(Shape):

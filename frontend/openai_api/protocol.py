@@ -38,10 +38,9 @@ _NONEMPTY = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _LOGIT_BIAS = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
                          {"type": "null"}]}
-_ONE = {"minItems": 1, "maxItems": 1}
 _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
-                     {"type": "array", "items": {"type": "string", "minLength": 1}, **_ONE},
-                     {"type": "array", "items": _TOKEN_IDS, **_ONE}]}
+                     {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                     {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}
 
 
 class _Common(BaseModel):
@@ -116,23 +115,17 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
+    # A list of prompts gets one set of n choices each (completions.py).
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
-    max_tokens: Optional[int] = Field(16, ge=1)
+    max_tokens: Optional[int] = Field(16, ge=0, description="0 only with echo (the prompt alone, as vLLM)")
     logprobs: Optional[int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
-    echo: bool = Field(False, json_schema_extra={"const": False})
+    echo: bool = False
+    # vLLM's extra: each choice's `prompt_logprobs` (echo with logprobs implies them).
+    prompt_logprobs: Optional[int] = Field(None, ge=0)
     suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
     best_of: Optional[int] = Field(None, description="n, if given")
 
-    @field_validator("prompt")
-    @classmethod
-    def _single_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (send a list of several as separate requests)")
-            return v[0]
-        return v
-
-    @field_validator("suffix", "echo")
+    @field_validator("suffix")
     @classmethod
     def _unsupported(cls, v):
         if v:

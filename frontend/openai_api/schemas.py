@@ -45,9 +45,15 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[Optional[float]]               # null: an echoed prompt's first token
+    top_logprobs: list[Optional[dict[str, float]]]      # the chosen token and the `logprobs` most likely
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int = Field(ge=1)
+    decoded_token: Optional[str]
 
 
 class CompletionChoice(BaseModel):
@@ -55,6 +61,8 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: FinishReason
     logprobs: Optional[CompletionLogprobs]
+    # With the request's prompt_logprobs (vLLM's): per prompt token {token id: entry}, null first.
+    prompt_logprobs: Optional[list[Optional[dict[str, PromptLogprob]]]] = None
 
 
 class Completion(BaseModel):

@@ -59,6 +59,9 @@ class Delta:
     finish_reason: Optional[str]
     logprobs: list[dict] = field(default_factory=list)   # per new token: {token id: {logprob, rank, decoded_token}}
     num_input_tokens: int = 0
+    # The prompt's (sampling parameter prompt_logprobs): vLLM's list, null first; on the
+    # response that brings them.
+    prompt_logprobs: Optional[list] = None
 
 
 @dataclass(frozen=True)
@@ -174,12 +177,16 @@ class Generation:
         self.request_id = uuid.uuid4().hex
         self.n = int(sampling.get("n", 1))
         flags = ["exclude_input_in_output", "return_num_input_tokens"] + (["return_logprobs"] if logprobs else [])
+        outputs = list(OUTPUTS)
+        if sampling.get("prompt_logprobs") is not None:
+            flags.append("return_prompt_logprobs")
+            outputs.append("prompt_logprobs")
         inputs = make_inputs(prompt if isinstance(prompt, str) else None, sampling, stream,
                              input_ids=None if isinstance(prompt, str) else list(prompt),
                              extra={name: np.array([True]) for name in flags})
         # The empty final response tells us when Triton is done with the request.
         self._request = {"model_name": model, "inputs": inputs, "request_id": self.request_id,
-                         "outputs": [InferRequestedOutput(o) for o in OUTPUTS],
+                         "outputs": [InferRequestedOutput(o) for o in outputs],
                          "parameters": {"triton_enable_empty_final_response": True}}
         self._client = client
         self._call = None
@@ -232,6 +239,8 @@ def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:
     num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
     raw_lp = result.as_numpy("logprobs")
     lps = [json.loads(x.decode()) or [] for x in raw_lp.reshape(-1)] if raw_lp is not None else [[]] * n
+    raw_prompt = result.as_numpy("prompt_logprobs")
+    prompt_lps = json.loads(raw_prompt.reshape(-1)[0].decode()) if raw_prompt is not None else None
     out = []
     for i in range(n):
         if finished[i]:
@@ -239,5 +248,5 @@ def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:
         reason = None if reasons[i] == "None" else reasons[i]
         if n > 1 and not rows[i] and not texts[i] and reason is None:
             continue                                  # another sequence's delta
-        out.append(Delta(i, texts[i], rows[i], reason, lps[i], num_input))
+        out.append(Delta(i, texts[i], rows[i], reason, lps[i], num_input, prompt_lps))
     return out

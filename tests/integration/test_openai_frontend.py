@@ -1,7 +1,8 @@
 """The OpenAI-compatible frontend (`python -m frontend.openai_api`, started beside the
 session's real tritonserver as `make serve` starts it), driven by the official `openai` client:
 completions and chat, streamed and not, n > 1, stop strings, seeds, exact usage,
-logprobs against the offline engine, structured output, OpenAI-style errors, and a
+logprobs against the offline engine, echo with the prompt's logprobs and batch prompts
+(what lm-evaluation-harness sends), structured output, OpenAI-style errors, and a
 client that leaves mid-stream freeing its KV blocks."""
 
 import json
@@ -111,6 +112,63 @@ def test_logprobs_equal_the_offline_engines(client, offline):
     assert all(len(c.top_logprobs) == 2 for c in content)
 
 
+def test_echo_prompt_logprobs_and_batch_prompts(client, offline, server):
+    """Echo with logprobs: the prompt tokens' entries first (the first null), equal to the
+    offline engine's prompt logprobs; top_logprobs hold the chosen token (k + 1 at most);
+    logprobs 0; batch prompts (strings or token ids) with choice index prompt * n + i and
+    usage summed; max_tokens 0 (the prompt alone); streamed echo; vLLM's prompt_logprobs."""
+    text = "The pass statement does nothing: it holds the place where a statement is required."
+    ref = offline.generate(text, SamplingParams(max_tokens=3, temperature=0, logprobs=2, prompt_logprobs=2))[0]
+    ids, n_prompt = ref.prompt_token_ids, len(ref.prompt_token_ids)
+    r = client.completions.create(model="llm", prompt=text, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    c = r.choices[0]
+    assert c.text == text + ref.text and (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 3)
+    lp = c.logprobs
+    assert len(lp.tokens) == n_prompt + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.tokens[0] == offline.tokenizer.decode(ids[:1]) and "".join(lp.tokens) == c.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    want = [e[t].logprob for e, t in zip(ref.prompt_logprobs[1:] + ref.logprobs, ids[1:] + ref.token_ids)]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-4)
+    for i, (entry, token) in enumerate(zip(ref.prompt_logprobs[1:] + ref.logprobs, ids[1:] + ref.token_ids), 1):
+        top = lp.top_logprobs[i]
+        assert lp.tokens[i] in top and 1 <= len(top) <= 3       # the chosen token and the 2 most likely
+        assert sorted(top.values()) == pytest.approx(sorted({e.decoded_token: e.logprob
+                                                             for e in entry.values()}.values()), abs=1e-4)
+    # lm-evaluation-harness' loglikelihood request: token-id prompts, echo, logprobs, max_tokens 0 or 1.
+    short = ids[:4]
+    r = client.completions.create(model="llm", prompt=[ids, short], max_tokens=0, echo=True, logprobs=0,
+                                  temperature=0)
+    a, b = sorted(r.choices, key=lambda x: x.index)
+    assert (a.index, b.index) == (0, 1) and a.text == offline.tokenizer.decode(ids)
+    assert a.logprobs.token_logprobs[1:] == pytest.approx([e[t].logprob for e, t in zip(ref.prompt_logprobs[1:],
+                                                                                         ids[1:])], abs=1e-4)
+    assert all(len(top) == 1 for top in a.logprobs.top_logprobs[1:])       # logprobs 0: the chosen token's
+    assert b.logprobs.token_logprobs == pytest.approx(a.logprobs.token_logprobs[:4], abs=1e-4)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt + 4, 0)
+    # Batch prompts with n: one choice set per prompt; vLLM's prompt_logprobs on request.
+    r = client.completions.create(model="llm", prompt=[text, "A second prompt"], n=2, max_tokens=2,
+                                  temperature=0, extra_body={"prompt_logprobs": 1})
+    choices = sorted(r.choices, key=lambda x: x.index)
+    assert [x.index for x in choices] == [0, 1, 2, 3]
+    assert choices[0].text == choices[1].text and ref.text.startswith(choices[0].text)
+    second = len(offline.tokenizer.encode("A second prompt"))
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt + second, 8)
+    plp = choices[1].to_dict()["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == n_prompt
+    assert plp[1][str(ids[1])]["logprob"] == pytest.approx(ref.prompt_logprobs[1][ids[1]].logprob, abs=1e-4)
+    # Streamed echo: each choice's first chunk carries its prompt and the prompt's entries.
+    texts, firsts = ["", "", "", ""], [None] * 4
+    for chunk in client.completions.create(model="llm", prompt=[text, "A second prompt"], n=2, max_tokens=3,
+                                           temperature=0, echo=True, logprobs=1, stream=True):
+        for x in chunk.choices:
+            texts[x.index] += x.text
+            firsts[x.index] = firsts[x.index] or x.logprobs
+    assert texts[0] == texts[1] == text + ref.text and texts[2].startswith("A second prompt")
+    assert all(f.token_logprobs[0] is None and len(f.tokens) >= 2 for f in firsts)
+    assert firsts[0].token_logprobs[1:n_prompt] == pytest.approx(want[:n_prompt - 1], abs=1e-4)
+    wait_blocks_free(server)
+
+
 def test_structured_output(client, server):
     schema = {"type": "object", "properties": {
         "title": {"type": "string", "maxLength": 12}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
@@ -147,8 +205,11 @@ def test_structured_output(client, server):
      400, "response_format"),
     ({"model": "llm", "prompt": "word " * 2000}, 400, None),
     ("{not json", 400, None),
+    ({"model": "llm", "prompt": "x", "suffix": "y"}, 400, "suffix"),
+    ({"model": "llm", "prompt": "x", "best_of": 2}, 400, None),
+    ({"model": "llm", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
 ], ids=["unknown-model", "negative-max-tokens", "wrong-type", "prompt-type", "invalid-schema", "schema-missing",
-        "oversize-prompt", "bad-json-body"])
+        "oversize-prompt", "bad-json-body", "suffix", "best-of", "max-tokens-0-without-echo"])
 def test_bad_requests_get_openai_errors_and_the_next_is_served(frontend, client, server, body, status, param):
     data = (body if isinstance(body, str) else json.dumps(body)).encode()
     request = urllib.request.Request(frontend + "/v1/completions", data=data,

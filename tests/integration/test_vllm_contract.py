@@ -2,7 +2,8 @@
 serve`), in the vLLM backend's contract: inputs `return_logprobs` and
 `return_cumulative_logprob`, outputs `logprobs` (JSON: per token {id: {logprob, rank,
 decoded_token}}, only the new tokens' on each streamed response; null when the sampling
-parameter `logprobs` was not set) and `cumulative_logprob`."""
+parameter `logprobs` was not set) and `cumulative_logprob`; with `return_prompt_logprobs`,
+the output `prompt_logprobs` (the sampling parameter's, vLLM's list, sent once)."""
 
 import json
 
@@ -20,7 +21,8 @@ FLAGS = {"return_logprobs": np.array([True]), "return_cumulative_logprob": np.ar
 @pytest.fixture(scope="module")
 def offline(tiny_ckpt):
     llm = LLM(tiny_ckpt, block_size=16, num_kv_blocks=64)
-    return llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0, logprobs=2, ignore_eos=True))[0]
+    return llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0, logprobs=2, prompt_logprobs=1,
+                                                 ignore_eos=True))[0]
 
 
 def as_offline(entries):
@@ -28,17 +30,25 @@ def as_offline(entries):
             for e in entries]
 
 
+def as_offline_entries(entries):
+    return [{t: (round(lp.logprob, 4), lp.rank, lp.decoded_token) for t, lp in e.items()} for e in entries]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_logprobs_equal_offline(server, offline, stream):
-    params = {"max_tokens": 8, "temperature": 0, "logprobs": 2, "ignore_eos": True}
-    res = StreamingRequest(server.grpc_url).run(PROMPT, params, stream=stream, extra=FLAGS)
+    params = {"max_tokens": 8, "temperature": 0, "logprobs": 2, "prompt_logprobs": 1, "ignore_eos": True}
+    res = StreamingRequest(server.grpc_url).run(PROMPT, params, stream=stream,
+                                                extra={**FLAGS, "return_prompt_logprobs": np.array([True])})
     assert res.ok, res.error
+    # The prompt's, once (the first response), null first, as the offline engine's.
+    sent = [p for p in res.prompt_logprobs if p is not None]
+    assert len(sent) == 1 and res.prompt_logprobs[0] == sent[0] and sent[0][0] is None
+    assert as_offline(sent[0][1:]) == as_offline_entries(offline.prompt_logprobs[1:])
     assert res.token_ids == offline.token_ids
     if stream:  # one token per response, each with its own entry only
         assert all(len(entries) == 1 for entries in res.logprobs)
     got = [e for entries in res.logprobs for e in entries]
-    want = [{t: (round(lp.logprob, 4), lp.rank, lp.decoded_token) for t, lp in e.items()} for e in offline.logprobs]
-    assert as_offline(got) == want
+    assert as_offline(got) == as_offline_entries(offline.logprobs)
     assert res.cumulative_logprobs[-1] == pytest.approx(offline.cumulative_logprob, abs=1e-4)
     if stream:
         assert len(set(res.cumulative_logprobs)) == len(res.cumulative_logprobs)  # changes every token

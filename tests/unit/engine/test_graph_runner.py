@@ -1,6 +1,7 @@
 """The engine running an exported decoder graph instead of the torch model: the ONNX
-reference export in onnxruntime gives transformers' greedy tokens through the same
-scheduler and KV cache manager, with chunked prefill, preemption and prefix hits. This is
+reference export in onnxruntime gives transformers' greedy tokens (and prompt logprobs)
+through the same scheduler and KV cache manager, with chunked prefill, preemption and
+prefix hits. This is
 the packed-step contract (names, dtypes, layouts) the TensorRT runner feeds its engine."""
 
 import os
@@ -12,6 +13,7 @@ from builder.onnx_export import export
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 from tests.helpers.pins import require_pinned
+from tests.helpers.prompt_logprobs import check_against_transformers
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -33,8 +35,13 @@ def test_onnxruntime_runner_matches_transformers(exported):
     expected = hf_greedy(path, prompts, 8)
     llm = LLM(path, block_size=4, num_kv_blocks=20, max_num_seqs=8, max_num_batched_tokens=16,
               model_runner="onnxruntime", model_graph=graph)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
+    greedy = SamplingParams(max_tokens=8, min_tokens=8, temperature=0)
+    # Two ask for prompt logprobs: their rows ride in the graph's logits_indices.
+    params = [greedy.model_copy(update={"prompt_logprobs": 2}) if i in (1, 3) else greedy for i in range(6)]
+    outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
+    for i in (1, 3):
+        check_against_transformers(path, prompts[i], outs[i].prompt_logprobs, 2)
     stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert stats["prefix_cache_hit_tokens"] > 0

@@ -46,10 +46,15 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
 @pytest.mark.parametrize("body, valid", [
     ({"model": "m", "prompt": "a"}, True),
     ({"model": "m", "prompt": [1, 2]}, True),
-    ({"model": "m", "prompt": ["a", "b"]}, False),          # one prompt per request
+    ({"model": "m", "prompt": ["a", "b"]}, True),           # a choice set per prompt
+    ({"model": "m", "prompt": [[1, 2], [3]]}, True),
+    ({"model": "m", "prompt": []}, False),
+    ({"model": "m", "prompt": [[]]}, False),
     ({"model": "m", "prompt": ""}, False),
     ({"model": "m", "prompt": [2**31]}, False),
-    ({"model": "m", "prompt": "a", "echo": True}, False),
+    ({"model": "m", "prompt": "a", "echo": True, "max_tokens": 0, "logprobs": 0}, True),
+    ({"model": "m", "prompt": "a", "suffix": "b"}, False),
+    ({"model": "m", "prompt": "a", "prompt_logprobs": -1}, False),
     ({"model": "m", "prompt": "a", "logit_bias": {"x": 1}}, False),
     ({"model": "m", "prompt": "a", "logit_bias": {"7": 101}}, False),
     ({"model": "m", "prompt": "a", "stop": ["a", ""]}, False),

@@ -29,7 +29,7 @@ def test_requests_translate_to_sampling_parameters():
                                     "logit_bias": {"17": -100}, "user": "ignored", "unknown_field": 1,
                                     "bad_words": ["cat", "big dog"]})
     p = req.sampling_parameters(req.max_tokens)
-    assert req.prompt == "only one"
+    assert req.prompt == ["only one"]          # a list of prompts: frontend/openai_api/completions.py
     assert (p["stop"], p["seed"], p["top_k"], p["logit_bias"], p["max_tokens"]) == (["x"], 3, 5, {17: -100}, 16)
     assert p["bad_words"] == ["cat", "big dog"]
     chat = parse(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": [
@@ -39,7 +39,9 @@ def test_requests_translate_to_sampling_parameters():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": "a", "suffix": "b"}, "suffix"),
+    ({"model": "m", "prompt": "a", "best_of": 2}, None),
+    ({"model": "m", "prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"model": "m", "prompt": "a", "n": 0}, "n"),
     ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None),

@@ -16,6 +16,7 @@ from backend.engine.llm_engine import LLMEngine
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 from tests.helpers.graphs import EagerReplayGraphs
+from tests.helpers.prompt_logprobs import check_against_transformers
 
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 16
@@ -43,10 +44,13 @@ def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides,
     path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)
     prompts = _prompts()
     expected = hf_greedy(path, prompts, MAX_NEW)   # what one rank gives (tests/unit/engine/test_exactness.py)
+    # One asks for prompt logprobs: its rows' logits are gathered on rank 0 like the rest.
+    params = [GREEDY.model_copy(update={"prompt_logprobs": 2}) if i == 3 else GREEDY for i in range(len(prompts))]
     with LLM(path, tensor_parallel_size=2, **TIGHT, **engine) as llm:
-        outs = llm.generate(prompts, GREEDY)
+        outs = llm.generate(prompts, params)
         for i, (out, ref) in enumerate(zip(outs, expected)):
             assert out.token_ids == ref, f"prompt {i} (len {len(prompts[i])}) differs"
+        check_against_transformers(path, prompts[3], outs[3].prompt_logprobs, 2)
         stats = llm.stats()
         assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
         assert stats["prefix_cache_hit_tokens"] >= 120
