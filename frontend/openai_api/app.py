@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Optional
+from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,6 +21,7 @@ from starlette.exceptions import HTTPException
 from frontend.openai_api import completions as completion
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
 from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.chat_completion import ChatCompletion, Shape
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
@@ -30,10 +29,9 @@ from frontend.openai_api.protocol import ChatCompletionRequest, CompletionReques
 from frontend.openai_api.reasoning import REASONING_PARSERS, grammar_after_reasoning
 from frontend.openai_api.responses import register_responses
 from frontend.openai_api.schemas import openapi
-from frontend.openai_api.tools.choice import ToolConfig, ToolPlan, plan
+from frontend.openai_api.tools.choice import ToolConfig, plan
 from frontend.openai_api.triton_client import Delta, Generation, TritonLLM, TritonTLS
 
-FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 # Room for a 128k-token prompt as token ids and long chat histories; far below what would
 # hurt a server (uvicorn itself has no limit).
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
@@ -145,7 +143,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     return app
 
 
-async def _respond(request: Request, gen: Generation, req, shape: "Shape"):
+async def _respond(request: Request, gen: Generation, req, shape: Shape):
     deltas = gen.__aiter__()
     if req.stream:
         # Wait for the first response (or error) before answering 200: a bad request is
@@ -173,7 +171,7 @@ async def _cancel_on_disconnect(request: Request, gen: Generation) -> None:
     gen.cancel()
 
 
-async def _events(gen: Generation, deltas, first: Optional[Delta], shape: "Shape",
+async def _events(gen: Generation, deltas, first: Optional[Delta], shape: Shape,
                   include_usage: bool, request_log: RequestLog) -> AsyncIterator[str]:
     try:
         for chunk in shape.opening():
@@ -198,114 +196,3 @@ def _sse(chunk: dict, include_usage: bool) -> str:
     if include_usage:
         chunk = {**chunk, "usage": None}
     return f"data: {json.dumps(chunk)}\n\n"
-
-
-class Shape:
-    """Accumulates one completion's deltas and writes the OpenAI objects."""
-    object_name = chunk_name = ""
-
-    def __init__(self, req) -> None:
-        self.req = req
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.texts = [""] * req.n
-        self.token_logprobs: list[list] = [[] for _ in range(req.n)]
-        self.finish: list[Optional[str]] = [None] * req.n
-        self.prompt_tokens = 0
-        self.completion_tokens = [0] * req.n
-
-    def base(self, chunk: bool = True) -> dict:
-        return {"id": self.id, "object": self.chunk_name if chunk else self.object_name, "created": self.created,
-                "model": self.req.model}
-
-    def add(self, d: Delta) -> None:
-        self.texts[d.index] += d.text
-        self.token_logprobs[d.index] += list(zip(d.token_ids, d.logprobs))
-        if d.finish_reason is not None:
-            self.finish[d.index] = FINISH.get(d.finish_reason, d.finish_reason)
-        self.prompt_tokens = d.num_input_tokens
-        self.completion_tokens[d.index] += len(d.token_ids)     # a stream's responses carry deltas
-
-    def usage(self) -> dict:
-        done = sum(self.completion_tokens)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
-                "total_tokens": self.prompt_tokens + done}
-
-    def opening(self) -> list[dict]:
-        return []
-
-
-def _top(entry: dict, k: int) -> list[tuple[str, float]]:
-    """The k most likely tokens of one position: (decoded text, logprob), by rank."""
-    ranked = sorted(entry.values(), key=lambda lp: lp["rank"])
-    return [(lp["decoded_token"] or "", _json_logprob(lp["logprob"])) for lp in ranked[:k]]
-
-
-def _json_logprob(value: float) -> float:
-    """JSON has no -inf: vLLM's OpenAI server sends -9999.0 for a token of probability 0."""
-    return value if value > -9999.0 else -9999.0
-
-
-class ChatCompletion(Shape):
-    prefix, object_name, chunk_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
-
-    def __init__(self, req, output: Callable[[], ChoiceOutput] = ChoiceOutput,
-                 tool_plan: Optional[ToolPlan] = None) -> None:
-        super().__init__(req)
-        self.output = output                    # a fresh reader of one choice's text
-        self.outputs = [output() for _ in range(req.n)]
-        self.tool_plan = tool_plan
-
-    def _logprobs(self, pairs: list) -> Optional[dict]:
-        if not self.req.logprobs:
-            return None
-        k = self.req.top_logprobs or 0
-
-        def item(text: str, lp: float) -> dict:
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-        content = []
-        for token_id, entry in pairs:
-            chosen = entry[str(token_id)]
-            content.append({**item(chosen["decoded_token"] or "", _json_logprob(chosen["logprob"])),
-                            "top_logprobs": [item(t, lp) for t, lp in _top(entry, k)]})
-        return {"content": content}
-
-    def _finish(self, index: int, output: ChoiceOutput) -> Optional[str]:
-        finish = self.finish[index]
-        if finish == "stop" and output.called and self.tool_plan is not None:
-            return self.tool_plan.finish_reason
-        return finish
-
-    def _legacy(self, fields: dict) -> dict:
-        """`functions` were sent: one call, as `function_call` (OpenAI's legacy shape)."""
-        if self.tool_plan is None or not self.tool_plan.legacy or "tool_calls" not in fields:
-            return fields
-        calls = fields.pop("tool_calls")
-        first = [c["function"] for c in calls if c.get("index", 0) == 0 or "index" not in c]
-        if first:
-            fields["function_call"] = {k: v for f in first for k, v in f.items()}
-        return fields
-
-    def opening(self) -> list[dict]:
-        return [{**self.base(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None} for i in range(self.req.n)]}]
-
-    def chunk(self, d: Delta) -> dict:
-        output = self.outputs[d.index]
-        if output.plain:
-            delta = {"content": d.text} if d.text else {}
-        else:
-            delta = self._legacy(output.delta(self.texts[d.index], self.finish[d.index] is not None))
-        return {**self.base(), "choices": [{"index": d.index, "delta": delta,
-                                            "logprobs": self._logprobs(list(zip(d.token_ids, d.logprobs))),
-                                            "finish_reason": self._finish(d.index, output)}]}
-
-    def whole(self) -> dict:
-        choices = []
-        for i in range(self.req.n):
-            output = self.output()
-            message = {"role": "assistant", "content": self.texts[i]} if output.plain else \
-                self._legacy(output.message(self.texts[i]))
-            choices.append({"index": i, "message": message, "logprobs": self._logprobs(self.token_logprobs[i]),
-                            "finish_reason": self._finish(i, output)})
-        return {**self.base(chunk=False), "usage": self.usage(), "choices": choices}
