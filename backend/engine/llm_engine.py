@@ -259,8 +259,11 @@ class LLMEngine(RequestIntake):
         outputs = self.scheduler.update_from_output(sched, result)
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
-            self.scheduler.set_proposals(self.speculator.propose(
-                [s.request for s in sched.scheduled if not s.request.is_finished]))
+            running = [s.request for s in sched.scheduled if not s.request.is_finished]
+            eligible = self.speculator.eligible(running)
+            if self.speculator.needs_lookahead_slots:
+                eligible = self.scheduler.reserve_lookahead(eligible)
+            self.scheduler.set_proposals(self.speculator.propose(running, eligible))
         return outputs
 
     # ------------------------------------------------------------------ stats

@@ -31,6 +31,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.structured_output_manager import StructuredOutputManager
 
 
@@ -349,10 +350,26 @@ class Scheduler:
         if request is not None:
             self.finish_request(request, FinishReason.STOP)
 
-    def set_proposals(self, proposals: dict[str, tuple[list[int], Optional[torch.Tensor]]]) -> None:
-        """The speculator's proposals for the next step, by request id: (tokens, the
-        draft's distributions or None)."""
-        for request_id, (tokens, probs) in proposals.items():
+    def reserve_lookahead(self, eligible: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """Slots for what a draft model writes before the next step, the newest token's K/V
+        and proposals 1..k-1 (vLLM's num_lookahead_tokens): k where the pool has room, else
+        1 (the newest token alone, one proposal), else none for that request."""
+        reserved = []
+        for request, k in eligible:
+            if self.kv_cache.allocate_slots(request, k):
+                reserved.append((request, k))
+            elif self.kv_cache.allocate_slots(request, 1):
+                reserved.append((request, 1))
+        return reserved
+
+    def set_proposals(self, proposals: Proposals) -> None:
+        """The speculator's result: each request's proposals for the next step (tokens, the
+        draft's distributions or None), and how far the draft model's K/V now reaches."""
+        for request_id, num in proposals.num_draft_computed.items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.num_draft_computed = num
+        for request_id, (tokens, probs) in proposals.tokens.items():
             request = self.requests.get(request_id)
             if request is not None and request.status == RequestStatus.RUNNING:
                 request.spec_token_ids, request.draft_probs = tokens, probs

@@ -3,7 +3,9 @@
 The draft keeps its own K/V cache tensors, but in the target's blocks: the same block
 ids, block tables and slot mapping, in tensors shaped for the draft's layers. So the
 KV cache manager manages both at once (allocated, preempted, freed and prefix-cached with
-the target request's blocks) and nothing here tracks blocks of its own.
+the target request's blocks) and nothing here tracks blocks of its own. The scheduler
+reserves the slots of what the draft writes ahead (Scheduler.reserve_lookahead) and
+records how far the draft's K/V reaches (`num_draft_computed`, from the Proposals).
 
 Each step, after the target's tokens are settled, the draft
 1. catches up: one packed forward over every running request's tokens it has no K/V for
@@ -36,6 +38,7 @@ from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
+from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.step_inputs import StepInputBuilder
 
 
@@ -61,20 +64,15 @@ class DraftModelProposer:
         self.vocab_size = vocab_size
         self._index = GrowingStagedBuffer(torch.int64, kv_caches[0].key.device)
 
+    writes_kv = True        # the newest token's and proposals 1..k-1: slots reserved by the scheduler
+
     @torch.inference_mode()
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]
-                ) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
-        ks: dict[str, int] = {}
-        for request, k in eligible:
-            # Slots for the newest token and proposals 1..k-1, whose K/V the draft writes.
-            if self.kv_cache.allocate_slots(request, k):
-                ks[request.request_id] = k
-            elif self.kv_cache.allocate_slots(request, 1):
-                ks[request.request_id] = 1
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> Proposals:
+        ks = {request.request_id: k for request, k in eligible}
         proposing = [r for r in running if r.request_id in ks]
-        first = self._catch_up(running, ks)
+        first, computed = self._catch_up(running, ks)
         if first is None:
-            return {}
+            return Proposals(num_draft_computed=computed)
         tokens, probs = [first[0]], [first[1]]
         active = proposing
         for j in range(1, max(ks.values())):
@@ -91,18 +89,19 @@ class DraftModelProposer:
             t, p = self._draw(run_model(self.model, self.kv_caches, step), active)
             tokens.append(t)
             probs.append(p)
-        return self._hand_over(proposing, ks, tokens, probs)
+        return Proposals(self._hand_over(proposing, ks, tokens, probs), computed)
 
     def _catch_up(self, running: list[Request], ks: dict[str, int]):
-        """The forward over what the draft lacks; (proposal 1 per proposing request, its
-        distributions or None), or None when no request proposes."""
+        """The forward over what the draft lacks: (proposal 1 per proposing request and its
+        distributions, or None when no request proposes; how far the draft's K/V reaches
+        after it, by request id)."""
         segments = []
         for r in running:
             end = r.num_tokens if r.request_id in ks else r.num_computed_tokens
             if end > r.num_draft_computed:
                 segments.append((r, r.num_draft_computed, end))
         if not segments:
-            return None
+            return None, {}
         reqs = [r for r, _, _ in segments]
         step = self.inputs.build_segments(
             [r.request_id for r in reqs], np.asarray([a for _, a, _ in segments], dtype=np.int64),
@@ -111,11 +110,10 @@ class DraftModelProposer:
             lambda i, a, b: reqs[i].token_slice(a, b),
             self.kv_cache.block_table)
         logits = run_model(self.model, self.kv_caches, step)
-        for r, _, end in segments:
-            r.num_draft_computed = end
+        computed = {r.request_id: end for r, _, end in segments}
         if logits is None:
-            return None
-        return self._draw(logits, [r for r in reqs if r.request_id in ks])
+            return None, computed
+        return self._draw(logits, [r for r in reqs if r.request_id in ks]), computed
 
     def _draw(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Proposals from the draft's logits under each request's sampling settings, and

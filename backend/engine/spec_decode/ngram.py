@@ -93,9 +93,10 @@ class NgramProposer:
             tokens = kept.sync(request)
         return tokens
 
-    def propose(self, running: list, eligible: list[tuple[object, int]]) -> dict[str, tuple[list[int], None]]:
-        proposals = {request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
-                     for request, k in eligible}
+    def propose(self, running: list, eligible: list[tuple[object, int]]):
+        from backend.engine.spec_decode.speculator import Proposals
+        proposals = Proposals({request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
+                               for request, k in eligible})
         # Arrays of requests no longer running go (a preempted one's is rebuilt on return).
         if len(self._tokens) > len(running):
             keep = {r.request_id for r in running}

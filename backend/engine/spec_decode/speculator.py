@@ -14,12 +14,22 @@ the target's own one included).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import torch
 
 from backend.config import SpeculativeConfig
 from backend.engine.request import Request
+
+
+@dataclass
+class Proposals:
+    """A proposer's result, which the scheduler applies (Scheduler.set_proposals)."""
+    # By request id: (proposed tokens, the draft's distributions or None).
+    tokens: dict[str, tuple[list[int], Optional[torch.Tensor]]] = field(default_factory=dict)
+    # By request id: how far the draft model's K/V now reaches (its num_draft_computed).
+    num_draft_computed: dict[str, int] = field(default_factory=dict)
 
 
 class Speculator:
@@ -35,9 +45,14 @@ class Speculator:
         p = request.sampling_params
         return p.speculative_decoding and request.grammar is None and p.logprobs is None
 
-    def propose(self, running: list[Request]) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
-        """Proposals for the next step of the running requests that speculate, by request
-        id: (tokens, the draft's distributions or None). The scheduler keeps them."""
+    @property
+    def needs_lookahead_slots(self) -> bool:
+        """A draft model writes K/V for the newest token and its proposals before the next
+        step: the scheduler reserves their slots first (Scheduler.reserve_lookahead)."""
+        return getattr(self.proposer, "writes_kv", False)
+
+    def eligible(self, running: list[Request]) -> list[tuple[Request, int]]:
+        """The running requests that speculate next step, each with how many proposals."""
         eligible = []
         for r in running:
             if r.num_computed_tokens != r.num_tokens - 1 or not self.can_speculate(r):
@@ -45,6 +60,12 @@ class Speculator:
             k = min(self.config.num_speculative_tokens, r.max_tokens - r.num_output_tokens - 1)
             if k > 0:
                 eligible.append((r, k))
+        return eligible
+
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> Proposals:
+        """Proposals for the next step of `eligible` (their slots reserved when the
+        proposer writes K/V); `running` are all running requests (the draft catches up on
+        them). Nothing here changes a request: the scheduler applies the result."""
         return self.proposer.propose(running, eligible)
 
     def record(self, scheduled: Iterable) -> None:

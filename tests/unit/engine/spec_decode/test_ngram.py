@@ -56,7 +56,7 @@ def test_proposer_arrays_follow_the_requests():
         running = rng.sample(requests, rng.randrange(1, len(requests) + 1))
         proposals = proposer.propose(running, [(r, 3) for r in running])
         for r in running:
-            assert proposals[r.request_id][0] == lookup(np.asarray(r.all_token_ids), 1, 3, 3), (step, r.request_id)
+            assert proposals.tokens[r.request_id][0] == lookup(np.asarray(r.all_token_ids), 1, 3, 3), (step, r.request_id)
         for r in requests:
             event = rng.random()
             if event < 0.7:

@@ -273,3 +273,40 @@ def test_no_preemption_while_proposals_hold_blocks(target):
     assert held_at_preemption and held_at_preemption == [0] * len(held_at_preemption), held_at_preemption
     assert llm.stats()["spec_decode_num_draft_tokens"] > 0
     assert_pool_free(llm.engine)
+
+
+def test_the_draft_writes_ahead_only_into_slots_the_scheduler_reserved(target, other_draft, prompts, reference):
+    """One writer of KV state: the draft model allocates nothing and records nothing on
+    the requests; the scheduler reserves its lookahead slots (reserve_lookahead) and
+    applies how far its K/V reaches (set_proposals). Output still transformers' greedy."""
+    from backend.engine.request import Request
+    llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), **ENGINE)
+    proposer = llm.engine.speculator.proposer
+
+    class NoAllocation:
+        def __init__(self, kv):
+            self._kv = kv
+
+        def allocate_slots(self, *args):
+            raise AssertionError("the draft model allocated KV slots")
+
+        def __getattr__(self, name):
+            return getattr(self._kv, name)
+    proposer.kv_cache = NoAllocation(proposer.kv_cache)
+    real_setattr, writes = Request.__setattr__, []
+
+    def watched(self, name, value):
+        if name == "num_draft_computed":
+            import traceback
+            writes.append(traceback.extract_stack(limit=2)[0].filename)
+        real_setattr(self, name, value)
+    Request.__setattr__ = watched
+    try:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    finally:
+        Request.__setattr__ = real_setattr
+    assert [o.token_ids for o in outs] == reference
+    # (<string>: the dataclass constructor)
+    assert writes and {w.rsplit("/", 1)[-1] for w in writes} <= {"scheduler.py", "<string>"}, set(writes)
+    assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+    assert_pool_free(llm.engine)
