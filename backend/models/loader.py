@@ -14,6 +14,7 @@ from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
 from backend.models.int_formats import IntScheme, scheme_of
 from backend.models.int_linear import IntLinear, int_state_dict, swap_in_int_linears
 from backend.models.llama import CausalLM
+from backend.models.moe import stack_experts
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE, TensorParallel
 from backend.parallel.sharding import load_shard, local_config
@@ -79,7 +80,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
     if scheme is not None:
         weights = int_state_dict(weights, cfg.num_layers, scheme)
-    state = fuse_projections(weights, cfg.num_layers)
+    state = fuse_projections(stack_experts(weights, cfg), cfg.num_layers)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
