@@ -71,8 +71,9 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     scheme = int_scheme(cfg)
     if scheme is not None and tp.size > 1:
         raise ValueError(f"{scheme.method} INT{scheme.bits} checkpoints run on one rank: use tensor_parallel_size=1")
+    local = local_config(cfg, tp.size)
     with torch.device("meta"):
-        model = CausalLM(local_config(cfg, tp.size), attn_factory, max_position, ops, tp)
+        model = CausalLM(local, attn_factory, max_position, ops, tp)
         if scheme is not None:
             swap_in_int_linears(model, scheme, use_kernel=int_kernel)
         elif cfg.quantization is not None:
@@ -80,7 +81,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
     if scheme is not None:
         weights = int_state_dict(weights, cfg.num_layers, scheme)
-    state = fuse_projections(stack_experts(weights, cfg), cfg.num_layers)
+    state = fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)

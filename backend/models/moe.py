@@ -29,7 +29,7 @@ from backend.parallel.group import TensorParallel
 class StackedExperts(nn.Module):
     def __init__(self, moe: MoEConfig, hidden: int) -> None:
         super().__init__()
-        E, inter = moe.num_experts, moe.intermediate_size
+        E, inter = moe.num_local_experts, moe.intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
 
@@ -58,6 +58,11 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
+        if self.moe.expert_parallel and self.tp.size > 1:
+            # This rank's experts get local ids; the others' slots become -1 (no contribution).
+            n = self.moe.num_local_experts
+            ids = ids - self.tp.rank * n
+            ids = ids.masked_fill((ids < 0) | (ids >= n), -1)
         out = self.ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act)
         if self.has_shared:
             s = self.shared_expert
@@ -66,11 +71,12 @@ class SparseMoeBlock(nn.Module):
         return self.tp.all_reduce(out)
 
 
-def stack_experts(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def stack_experts(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int = 0) -> dict[str, torch.Tensor]:
     """Rename and stack a MoE checkpoint's expert tensors (in place): per layer
     `<block>.experts.<e>.<gate|up|down>.weight` -> `mlp.experts.gate_up_proj` [E, 2I, H]
     and `mlp.experts.down_proj` [E, H, I]; `<block>.gate` -> `mlp.gate`; the shared
-    expert's gate/up are fused like the dense MLP's."""
+    expert's gate/up are fused like the dense MLP's. cfg: this rank's (local_config);
+    with expert parallelism the rank's experts are [rank * n, (rank + 1) * n)."""
     moe = cfg.moe
     if moe is None:
         return state
@@ -79,8 +85,9 @@ def stack_experts(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         if not sparse:
             continue
         src, dst = f"model.layers.{i}.{moe.checkpoint_block}", f"model.layers.{i}.mlp"
-        if f"{src}.experts.0.{gate_name}.weight" in state:
-            experts = range(moe.num_experts)
+        first = rank * moe.num_local_experts if moe.expert_parallel else 0
+        if f"{src}.experts.{first}.{gate_name}.weight" in state:
+            experts = range(first, first + moe.num_local_experts)
             gate_up = [torch.cat([state.pop(f"{src}.experts.{e}.{gate_name}.weight"),
                                   state.pop(f"{src}.experts.{e}.{up_name}.weight")]) for e in experts]
             state[f"{dst}.experts.gate_up_proj"] = torch.stack(gate_up)

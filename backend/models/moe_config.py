@@ -26,14 +26,26 @@ class MoEConfig:
     # Checkpoint names: the block's module and its experts' (gate, up, down) projections.
     checkpoint_block: str = "mlp"
     checkpoint_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # enable_expert_parallel: whole experts per rank instead of channel slices
+    # (backend/parallel/moe_sharding.py).
+    expert_parallel: bool = False
+    # Experts one rank holds under expert parallelism (local config); 0: all of them.
+    experts_per_rank: int = 0
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.experts_per_rank or self.num_experts
 
     def local(self, tp: int) -> "MoEConfig":
-        """One rank's shapes under tensor parallelism: every expert, 1/tp of its channels."""
+        """One rank's shapes under tensor parallelism: every expert with 1/tp of its
+        channels, or with expert parallelism 1/tp of the experts whole (rank r's first
+        expert is r * num_local_experts; the router still scores all num_experts)."""
+        shared = self.shared_expert_intermediate_size // tp
+        if self.expert_parallel:
+            return dataclasses.replace(self, experts_per_rank=self.num_experts // tp,
+                                       shared_expert_intermediate_size=shared)
         return dataclasses.replace(self, intermediate_size=self.intermediate_size // tp,
-                                   shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp)
-
-    def active_experts_fraction(self) -> float:
-        return self.top_k / self.num_experts
+                                   shared_expert_intermediate_size=shared)
 
 
 def moe_config_from_dict(cfg: dict[str, Any], family: str, num_layers: int) -> Optional[MoEConfig]:

@@ -39,6 +39,8 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return                                     # slots of another rank's experts
     slot = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = slot < num_slots                       # padding rows hold num_slots
     a_rows = (slot // A_ROW_DIV).to(tl.int64)
@@ -83,10 +85,13 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int,
     """(sorted_ids [P] int32: slot indices grouped by expert, each group padded to a
     multiple of block_m with the value T*k; block_expert [P / block_m] int32;
     num_padded [1]: the real padded length). P is the static bound T*k + E*(block_m-1),
-    rounded up to block_m."""
+    rounded up to block_m. Ids outside [0, E) are gathered last, in blocks of expert -1."""
     flat = topk_ids.flatten()
     n = flat.numel()
     dev = flat.device
+    # One more bucket, E, for the ids this rank does not hold.
+    flat = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    num_experts += 1
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
@@ -98,7 +103,8 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int,
     sorted_ids = torch.full((total,), n, dtype=torch.int32, device=dev)
     sorted_ids[dest] = order.to(torch.int32)
     block_starts = torch.arange(0, total, block_m, device=dev)
-    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1)
+    block_expert = block_expert.masked_fill_(block_expert == num_experts - 1, -1).to(torch.int32)
     return sorted_ids, block_expert, ends[-1:].to(torch.int32)
 
 
@@ -126,7 +132,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     _grouped_gemm_kernel[(num_blocks, triton.cdiv(I, block_n))](
         x, w13, inter, sorted_ids, block_expert, num_padded, weights, I, H, n, x.stride(0), w13.stride(0),
         w13.stride(1), inter.stride(0), A_ROW_DIV=K, GATED=True, MUL_WEIGHT=False, BLOCK_N=block_n, **consts)
-    out = torch.empty(n, H, dtype=x.dtype, device=x.device)
+    # Zeros: the slots of experts this rank does not hold are never written.
+    out = torch.zeros(n, H, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(num_blocks, triton.cdiv(H, block_n))](
         inter, w2, out, sorted_ids, block_expert, num_padded, weights, H, I, n, inter.stride(0), w2.stride(0),
         w2.stride(1), out.stride(0), A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, BLOCK_N=block_n, **consts)

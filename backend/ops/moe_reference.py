@@ -31,10 +31,13 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
-    topk_weights / topk_ids [T, k]. Returns [T, H] in x's dtype."""
+    topk_weights / topk_ids [T, k]; ids outside [0, E) (another rank's experts under
+    expert parallelism) contribute nothing. Returns [T, H] in x's dtype."""
     T, K = topk_ids.shape
     slots = torch.zeros(T, K, x.shape[1], dtype=x.dtype, device=x.device)
     for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < w13.shape[0]:
+            continue
         tok, k = torch.where(topk_ids == e)
         h = act_and_mul(F.linear(x[tok], w13[e]), act)
         slots[tok, k] = F.linear(h, w2[e])

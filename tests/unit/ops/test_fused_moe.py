@@ -34,6 +34,24 @@ def test_fused_moe_matches_reference(T, E, K, H, I):
     assert loads[E - 2:].sum() == 0 and (T == 1 or loads.max() > loads[loads > 0].min())
 
 
+def test_slots_of_other_ranks_experts_contribute_nothing():
+    """Expert parallelism: ids outside [0, E) (-1) are another rank's experts."""
+    g = torch.Generator().manual_seed(7)
+    T, E, K, H, I = 29, 4, 2, 32, 40
+    x = torch.randn(T, H, generator=g)
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    ids = skewed_ids(T, 2 * E, K, g)
+    ids = ids.masked_fill(ids >= E, -1)
+    weights = torch.rand(T, K, generator=g)
+    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids)
+    ref = moe_reference.fused_moe(x, w13, w2, weights, ids)
+    # Only the local slots, written out: what the reference computes too.
+    kept = moe_reference.fused_moe(x, w13, w2, weights.masked_fill(ids < 0, 0.0), ids.clamp(min=0))
+    assert (ids < 0).any() and (ids >= 0).any()
+    assert rel_err(out, ref) < 1e-5 and rel_err(ref, kept) < 1e-6
+
+
 def test_align_by_expert_groups_and_pads():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]])     # expert 1 has none
     sorted_ids, block_expert, num_padded = fused_moe_triton.align_by_expert(ids, 4, 4)
