@@ -252,14 +252,18 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
-            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp}
+            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp,
+            "parameters": {"total": count_params(cfg).total, "active": count_params(cfg).active}}
 
 
 def format_plan(p: dict) -> str:
     """The memory plan as the build prints it."""
     gib = 2**30
     per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
-    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}): weights "
+    params = p.get("parameters")
+    moe = f"; parameters {params['total']:,} total, {params['active']:,} active" if (
+        params and params["active"] != params["total"]) else ""
+    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}{moe}): weights "
             f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
             f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "

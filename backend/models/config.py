@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
-from backend.models.moe_config import MoEConfig, moe_config_from_dict
+from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -124,6 +124,9 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
                                     "made by `python -m builder build --weights fp8`; weight-only INT4/INT8 "
                                     f"checkpoints: {', '.join(INT_METHODS)})")
+    if quant is not None and family in MOE_FAMILIES:
+        raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
+                                    f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights")
     if quant is not None and quant.get("quant_method") in INT_METHODS:
         try:
             scheme_of(quant)
