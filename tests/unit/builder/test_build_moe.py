@@ -44,8 +44,18 @@ def test_moe_build_serves(ckpt_dir, tmp_path, weights):
     assert_pool_free(llm)
 
 
-def test_quantized_moe_build_is_refused(ckpt_dir, tmp_path):
+def test_quantized_or_graph_moe_build_is_refused(ckpt_dir, tmp_path):
     path = make_moe_checkpoint(str(ckpt_dir / "mixtral"), "mixtral")
     with pytest.raises(BuildError, match="'weights': fp8 is not supported for mixture-of-experts"):
         build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "q"), weights="fp8"),
               log=lambda *_: None, progress=False)
+    with pytest.raises(BuildError, match="'engine': onnxruntime graphs of mixture-of-experts"):
+        build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "o"), engine="onnxruntime"),
+              log=lambda *_: None, progress=False)
+
+
+def test_lora_on_moe_is_refused(ckpt_dir):
+    from backend import ConfigError
+    path = make_moe_checkpoint(str(ckpt_dir / "mixtral"), "mixtral")
+    with pytest.raises(ConfigError, match="'enable_lora': LoRA adapters on mixture-of-experts"):
+        LLM(path, enable_lora=True, num_kv_blocks=16)
