@@ -11,10 +11,11 @@ from tests.helpers.checkpoints import COMMON
 
 MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
-# top-k > 1 everywhere; Qwen2-MoE with its shared expert; Qwen3-MoE renormalizing, with a
-# dense layer among the sparse ones (mlp_only_layers).
+# top-k > 1 everywhere; Mixtral with a window shorter than the longer prompts; Qwen2-MoE
+# with its shared expert; Qwen3-MoE renormalizing, with a dense layer among the sparse
+# ones (mlp_only_layers).
 OVERRIDES = {
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96, sliding_window=48),
     "qwen2_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=80, norm_topk_prob=False),
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, head_dim=32,

@@ -58,3 +58,17 @@ def test_each_rank_reads_its_part_of_the_experts(ckpt_dir, expert_parallel):
         shared = shard["model.layers.0.mlp.shared_expert.up_proj.weight"]
         assert shared.equal(full["model.layers.0.mlp.shared_expert.up_proj.weight"][rank * 40:(rank + 1) * 40])
         assert shard["model.layers.0.mlp.gate.weight"].equal(full["model.layers.0.mlp.gate.weight"])
+
+
+def test_mixtral_w1_w3_rows_and_w2_columns_are_sliced(ckpt_dir):
+    path = make_moe_checkpoint(str(ckpt_dir / "mixtral"), "mixtral")
+    cfg = load_model_config(path)
+    full = load_shard(path, cfg, 0, 1)
+    key = "model.layers.1.block_sparse_moe.experts.3"
+    for rank in (0, 1):
+        shard = load_shard(path, cfg, rank, 2)
+        rows = slice(rank * 48, (rank + 1) * 48)                        # 96 channels per expert
+        assert shard[f"{key}.w1.weight"].equal(full[f"{key}.w1.weight"][rows])
+        assert shard[f"{key}.w3.weight"].equal(full[f"{key}.w3.weight"][rows])
+        assert shard[f"{key}.w2.weight"].equal(full[f"{key}.w2.weight"][:, rows])
+        assert shard["model.layers.1.block_sparse_moe.gate.weight"].shape == (4, 64)
