@@ -1,8 +1,8 @@
 """The sparse mixture-of-experts block (Mixtral, Qwen2-MoE, Qwen3-MoE) and how its
 checkpoint tensors become the engine's.
 
-A router (`gate`, [E, H]) scores the experts; backend.ops.moe_reference.route takes
-softmax, top-k and the optional renormalization; LayerOps.fused_moe runs the k experts
+A router (`gate`, [E, H]) scores the experts; LayerOps.moe_route takes softmax, top-k
+and the optional renormalization in one function; LayerOps.fused_moe runs the k experts
 of every token (the torch reference on CPU, the Triton kernel with
 attention_backend="triton"). Qwen2-MoE adds an always-on shared expert scaled by
 sigmoid(shared_expert_gate(x)).
@@ -22,7 +22,6 @@ from torch import nn
 from backend.models.config import ModelConfig
 from backend.models.moe_config import MoEConfig
 from backend.ops import LayerOps
-from backend.ops.moe_reference import route
 from backend.parallel.group import TensorParallel
 
 
@@ -57,7 +56,7 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
+        weights, ids = self.ops.moe_route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
         if self.moe.expert_parallel and self.tp.size > 1:
             # This rank's experts get local ids; the others' slots become -1 (no contribution).
             n = self.moe.num_local_experts

@@ -1,5 +1,7 @@
 """Fused mixture-of-experts in OpenAI Triton (the torch reference: moe_reference.fused_moe).
 
+Routing (route): softmax, top-k and renormalization in one launch, a program per token.
+
 The layout is vLLM's fused_moe, written anew:
 1. align_by_expert: the T x k (token, expert) slots are sorted by expert and each
    expert's run is padded to a multiple of BLOCK_M, so that every BLOCK_M-row block of the
@@ -78,6 +80,44 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         acc = acc.to(dtype).to(tl.float32) * weight[:, None]
     tl.store(out_ptr + slot[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(dtype),
              mask=valid[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One token: fp32 softmax over its E logits, the top k by repeated argmax (best
+    first), optionally renormalized to sum to 1."""
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + t * stride_l + e, mask=e < E, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    p = tl.where(e < E, p, -1.0)
+    kk = tl.arange(0, BLOCK_K)
+    vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        idx = tl.argmax(p, axis=0)
+        vals = tl.where(kk == k, best, vals)
+        ids = tl.where(kk == k, idx, ids)
+        p = tl.where(e == idx, -1.0, p)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, axis=0)
+    tl.store(weights_ptr + t * TOP_K + kk, vals, mask=kk < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + kk, ids.to(tl.int64), mask=kk < TOP_K)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same arguments and result as moe_reference.route, in one launch."""
+    T, E = router_logits.shape
+    weights = torch.empty(T, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=router_logits.device)
+    if T:
+        _route_kernel[(T,)](router_logits, weights, ids, E, router_logits.stride(0), TOP_K=top_k,
+                            BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
+                            BLOCK_E=triton.next_power_of_2(E))
+    return weights, ids
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int,

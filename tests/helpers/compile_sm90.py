@@ -67,7 +67,8 @@ def lora_and_int_gemm(dtype: str) -> list:
 
 
 def fused_moe(dtype: str) -> list:
-    """The fused MoE grouped GEMM: gate_up with SiLU-and-mul, and down with the routing weights."""
+    """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
+    weights) and the routing kernel."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
     types = {"a_ptr": act, "w_ptr": act, "out_ptr": act, "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
@@ -76,7 +77,10 @@ def fused_moe(dtype: str) -> list:
     return [compile_kernel(m._grouped_gemm_kernel, types,
                            dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
                                 IEEE=dtype == "fp32"))
-            for div, gated, bm in ((8, True, 16), (1, False, 64))]
+            for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
+        compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
+                                         "stride_l": "i32"},
+                       dict(TOP_K=8, BLOCK_K=8, RENORMALIZE=True, BLOCK_E=128))]
 
 
 def main() -> int:
@@ -96,7 +100,7 @@ def main() -> int:
         return 1
     moe = fused_moe("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
-    if not all("mma" in c.asm["ptx"] for c in moe):
+    if not all("mma" in c.asm["ptx"] for c in moe[:2]):
         print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
         return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
