@@ -120,6 +120,10 @@ class EngineArgs(BaseModel):
     # Rank 0 is the engine's process, the others are processes it starts: one device
     # each on CUDA, gloo between processes on CPU.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
+    # vLLM's name: a MoE model's experts placed whole on the ranks (E / tp each) instead
+    # of every expert sliced over them (backend/parallel/moe_sharding.py). Dense models
+    # ignore it.
+    enable_expert_parallel: bool = False
     # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
     speculative_config: Optional[SpeculativeConfig] = None
     # vLLM's name: schedule step N+1 while the device runs step N (its sampled ids feed

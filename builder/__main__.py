@@ -32,10 +32,11 @@ def _plan(args) -> int:
     cost = plan.cost_plan(price, args.workload_tp, args.requests_per_day, args.input_tokens, args.output_tokens,
                           args.throughput, args.api_price_per_million)
     name = args.model or args.checkpoint
-    print(plan.format_report(name, f"{args.gpu} ({memory_gb:g} GiB, ${price:.2f}/h)", rows, cost))
+    params = plan.count_params(cfg)
+    print(plan.format_report(name, f"{args.gpu} ({memory_gb:g} GiB, ${price:.2f}/h)", rows, cost, params))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(plan.as_json(name, args.gpu, rows, cost), f, indent=1)
+            json.dump(plan.as_json(name, args.gpu, rows, cost, params), f, indent=1)
     return 0
 
 

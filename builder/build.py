@@ -192,6 +192,12 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     problem = check_tensor_parallel(cfg, opts.tensor_parallel_size)
     if problem:
         raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} ({problem})")
+    if cfg.moe is not None and opts.engine != "torch":
+        raise BuildError(f"invalid build option 'engine': {opts.engine} graphs of mixture-of-experts checkpoints "
+                         f"({cfg.architecture}) are not supported yet; use engine 'torch'")
+    if cfg.moe is not None and opts.weights in ("fp8", "int8", "int4"):
+        raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for mixture-of-experts "
+                         f"checkpoints ({cfg.architecture}) yet; build float32, bfloat16 or float16")
     if cfg.quantization is not None and opts.weights in ("fp8", "int8", "int4"):
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
                          f"({cfg.quantization.get('quant_method')})")

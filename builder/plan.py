@@ -49,11 +49,19 @@ KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1}
 class ParamCounts:
     linear: int           # q/k/v/o and gate/up/down weights (what quantization shrinks)
     linear_rows: int      # their output channels (one scale each for fp8/int8)
-    other: int            # embedding, lm_head, norms, biases (kept 16-bit)
+    other: int            # embedding, lm_head, norms, biases, MoE routers (kept 16-bit)
+    # Mixture of experts: the expert weights a token does not use (E - top_k experts per
+    # sparse layer); 0 for dense models.
+    inactive: int = 0
 
     @property
     def total(self) -> int:
         return self.linear + self.other
+
+    @property
+    def active(self) -> int:
+        """Parameters one token runs through (what a decode step's compute scales with)."""
+        return self.total - self.inactive
 
 
 def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
@@ -68,7 +76,26 @@ def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
                        + (2 * hd if cfg.qk_norm else 0))
     embed = local_vocab_size(cfg, tp) * h
     other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
-    return ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
+    counts = ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
+    return _with_experts(counts, local) if local.moe is not None else counts
+
+
+def _with_experts(p: ParamCounts, local: ModelConfig) -> ParamCounts:
+    """Sparse layers hold E experts of [2I, H] + [H, I], a router [E, H] and Qwen2-MoE's
+    shared expert and its [1, H] gate instead of the dense MLP (one rank's share: its
+    experts' channels, or with expert parallelism its whole experts)."""
+    moe, h = local.moe, local.hidden_size
+    sparse = sum(moe.sparse_layers)
+    E, i, s = moe.num_local_experts, moe.intermediate_size, moe.shared_expert_intermediate_size
+    dense_linear, dense_rows = 3 * h * local.intermediate_size, 2 * local.intermediate_size + h
+    linear = E * 3 * h * i + 3 * h * s
+    rows = E * (2 * i + h) + (2 * s + h if s else 0)
+    router = moe.num_experts * h + (h if s else 0)
+    # Expected per rank: the top_k of all num_experts are spread over the ranks' experts.
+    unused = E - moe.top_k * E / moe.num_experts
+    return ParamCounts(linear=p.linear + sparse * (linear - dense_linear),
+                       linear_rows=p.linear_rows + sparse * (rows - dense_rows), other=p.other + sparse * router,
+                       inactive=int(sparse * unused * 3 * h * i))
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
@@ -154,10 +181,14 @@ def cost_plan(gpu_price_per_hour: float, tp: int = 1, requests_per_day: float = 
                     break_even)
 
 
-def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan]) -> str:
+def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan],
+                  params: Optional[ParamCounts] = None) -> str:
     gib = 2**30
     ctx = sorted(rows[0].max_sequences) if rows else []
-    out = [f"{name} on {gpu}",
+    out = [f"{name} on {gpu}"]
+    if params is not None:
+        out.append(f"parameters: {params.total:,} total, {params.active:,} active per token")
+    out += [
            f"{'tp':>3} {'weights':>8} {'GiB/rank':>9} {'KV KiB/token':>13} {'KV GiB/rank':>12} "
            + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx)]
     for r in rows:
@@ -176,9 +207,12 @@ def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[Cos
     return "\n".join(out)
 
 
-def as_json(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan]) -> dict:
-    return {"model": name, "gpu": gpu, "memory": [asdict(r) for r in rows],
-            "cost": asdict(cost) if cost else None}
+def as_json(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[CostPlan],
+            params: Optional[ParamCounts] = None) -> dict:
+    out = {"model": name, "gpu": gpu, "memory": [asdict(r) for r in rows], "cost": asdict(cost) if cost else None}
+    if params is not None:
+        out["parameters"] = {"total": params.total, "active": params.active}
+    return out
 
 
 def _llama(vocab, hidden, inter, layers, heads, kv, arch="LlamaForCausalLM", **extra) -> dict:
@@ -193,6 +227,10 @@ NAMED_CONFIGS = {
     "llama-3.1-70b": _llama(128256, 8192, 28672, 80, 64, 8, rope_theta=500000.0),
     "mistral-7b-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, arch="MistralForCausalLM"),
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
+    "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,
+                           num_experts_per_tok=2, rope_theta=1e6),
+    "qwen3-30b-a3b": _llama(151936, 2048, 6144, 48, 32, 4, arch="Qwen3MoeForCausalLM", head_dim=128, num_experts=128,
+                            num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }
 
 
@@ -214,14 +252,18 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
-            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp}
+            "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp,
+            "parameters": {"total": count_params(cfg).total, "active": count_params(cfg).active}}
 
 
 def format_plan(p: dict) -> str:
     """The memory plan as the build prints it."""
     gib = 2**30
     per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
-    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}): weights "
+    params = p.get("parameters")
+    moe = f"; parameters {params['total']:,} total, {params['active']:,} active" if (
+        params and params["active"] != params["total"]) else ""
+    return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}{moe}): weights "
             f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
             f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "

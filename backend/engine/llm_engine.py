@@ -46,6 +46,7 @@ from backend.models.loader import load_model, load_tokenizer
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
+from backend.parallel.moe_sharding import with_expert_parallel
 from backend.parallel.sharding import local_config
 from backend.parallel.workers import TensorParallelWorkers, WorkerSpec, kv_bytes, model_bytes
 
@@ -66,7 +67,8 @@ class LLMEngine(RequestIntake):
 
     def _build(self, args: EngineArgs) -> None:
         self.args = args
-        self.model_config: ModelConfig = load_model_config(args.model)
+        self.model_config: ModelConfig = with_expert_parallel(load_model_config(args.model),
+                                                              args.enable_expert_parallel)
         cfg = self.model_config
         # The onnxruntime runner is a CPU reference: "auto" means the CPU there, GPU or not.
         self.device = sizing.resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
@@ -90,6 +92,7 @@ class LLMEngine(RequestIntake):
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
                 dtype=str(self.dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
                 attention_backend=self.attention_backend, max_position=max_position,
+                enable_expert_parallel=args.enable_expert_parallel,
                 lora_engine_args=args.model_dump() if args.enable_lora else None))
         self.model = None
         if args.model_runner == "torch":

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from backend.config import EngineArgs
+from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
 from backend.lora.manager import LoRAManager, cache_salt
 from backend.models.config import ModelConfig
@@ -21,6 +21,9 @@ def make_lora_manager(args: EngineArgs, cfg: ModelConfig, model: Optional[nn.Mod
     wrapped; None without enable_lora."""
     if not args.enable_lora or model is None:
         return None
+    if cfg.moe is not None:
+        raise ConfigError(f"invalid engine argument 'enable_lora': LoRA adapters on mixture-of-experts models "
+                          f"({cfg.architecture}) are not supported yet")
     max_tokens = sizing.input_sizes(args, args.max_model_len or cfg.max_position_embeddings)[0]
     return LoRAManager(args, cfg, model, device, dtype, kernel_backend, max_tokens, tp_rank, tp_size)
 

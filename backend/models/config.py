@@ -8,12 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
+from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
@@ -49,6 +53,8 @@ class ModelConfig:
     # o_proj's bias: Llama / Qwen3 with attention_bias (Hugging Face gives every attention
     # projection a bias then); Qwen2 has one on q/k/v only.
     o_bias: bool = False
+    # Mixture-of-experts layers (backend/models/moe.py); None for dense models.
+    moe: Optional[MoEConfig] = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -100,13 +106,13 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     rope_scaling = rope if rope_type == "llama3" else None
 
     window = cfg.get("sliding_window")
-    if family == "qwen2" or family == "qwen3":
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         layer_types = cfg.get("layer_types")
         if layer_types:
             windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
         else:
             windows = tuple(window if cfg.get("use_sliding_window") else None for _ in range(num_layers))
-    elif family == "mistral":
+    elif family in ("mistral", "mixtral"):
         windows = tuple(window for _ in range(num_layers))
     else:
         windows = tuple(None for _ in range(num_layers))
@@ -118,6 +124,9 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
                                     "made by `python -m builder build --weights fp8`; weight-only INT4/INT8 "
                                     f"checkpoints: {', '.join(INT_METHODS)})")
+    if quant is not None and family in MOE_FAMILIES:
+        raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
+                                    f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights")
     if quant is not None and quant.get("quant_method") in INT_METHODS:
         try:
             scheme_of(quant)
@@ -142,8 +151,9 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=family == "qwen3",
+        qkv_bias=(family == "qwen2" or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
+                  or bool(cfg.get("attention_bias", False))),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=hidden_act,
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
@@ -151,4 +161,5 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         eos_token_ids=tuple(eos),
         quantization=quant,
         o_bias=bool(cfg.get("attention_bias", False)),
+        moe=moe_config_from_dict(cfg, family, num_layers),
     )

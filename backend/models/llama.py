@@ -21,6 +21,7 @@ from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.config import ModelConfig
+from backend.models.moe import SparseMoeBlock
 from backend.models.rotary import RotaryEmbedding
 from backend.ops import LayerOps, make_layer_ops
 from backend.parallel.group import SINGLE, TensorParallel
@@ -87,7 +88,8 @@ class DecoderLayer(nn.Module):
                  tp: TensorParallel) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer_idx, attn_factory, ops, tp)
-        self.mlp = MLP(cfg, ops, tp)
+        sparse = cfg.moe is not None and cfg.moe.sparse_layers[layer_idx]
+        self.mlp = SparseMoeBlock(cfg, ops, tp) if sparse else MLP(cfg, ops, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ops = ops

@@ -15,11 +15,16 @@ class LayerOps:
     add_rms_norm: Callable      # (x, residual | None, weight, eps) -> (normed, new residual)
     rotary: Callable            # (positions, q, k, cos, sin, q_norm, k_norm, eps) -> (q, k)
     act_and_mul: Callable       # ([T, 2I] gate|up, activation name) -> [T, I]
+    # (x, w13 [E, 2I, H], w2 [E, H, I], topk_weights, topk_ids, act) -> [T, H] (moe_reference.py)
+    fused_moe: Callable
+    moe_route: Callable         # ([T, E] router logits, top_k, renormalize) -> (weights fp32, ids) [T, k]
 
 
 def make_layer_ops(backend: str) -> LayerOps:
     if backend == "triton":
         from backend.ops import triton_kernels as k
+        from backend.ops.fused_moe_triton import fused_moe, route
     else:
         from backend.ops import reference as k
-    return LayerOps(k.add_rms_norm, k.rotary, k.act_and_mul)
+        from backend.ops.moe_reference import fused_moe, route
+    return LayerOps(k.add_rms_norm, k.rotary, k.act_and_mul, fused_moe=fused_moe, moe_route=route)

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 
 from backend.models.config import ModelConfig
+from backend.parallel.moe_sharding import SKIP, check_moe_parallel, expert_rule
 
 _LAYER = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias|weight_scale|input_scale)$")
 
@@ -38,7 +39,7 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> Optional[str]:
         return f"{cfg.num_kv_heads} KV heads neither divide over {tp} ranks nor divide {tp} (to be replicated)"
     if cfg.intermediate_size % tp:
         return f"intermediate_size {cfg.intermediate_size} does not divide over {tp} ranks"
-    return None
+    return check_moe_parallel(cfg, tp)
 
 
 def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -46,7 +47,8 @@ def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:
     if tp == 1:
         return cfg
     return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp, num_kv_heads=max(1, cfg.num_kv_heads // tp),
-                               intermediate_size=cfg.intermediate_size // tp)
+                               intermediate_size=cfg.intermediate_size // tp,
+                               moe=None if cfg.moe is None else cfg.moe.local(tp))
 
 
 def local_vocab_size(cfg: ModelConfig, tp: int) -> int:
@@ -64,6 +66,9 @@ def kv_head_range(cfg: ModelConfig, rank: int, tp: int) -> tuple[int, int]:
 def _rule(name: str, cfg: ModelConfig, rank: int, tp: int) -> Optional[tuple[int, int, int]]:
     """(dim, start, stop) of this rank's slice of a checkpoint tensor; None: replicated."""
     hd = cfg.head_dim
+    expert = expert_rule(name, cfg, rank, tp)
+    if expert is not None:
+        return expert                               # a (dim, start, stop) or SKIP
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         n = local_vocab_size(cfg, tp)
         return 0, rank * n, (rank + 1) * n
@@ -106,6 +111,8 @@ def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int) -> dict[str, tor
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 rule = _rule(name, cfg, rank, tp)
+                if rule == SKIP:
+                    continue                        # another rank's expert
                 if rule is None:
                     tensor = f.get_tensor(name)
                     if rank > 0 and _is_row_parallel_bias(name):

@@ -131,6 +131,7 @@ class WorkerSpec:
     # With enable_lora: the engine arguments (model_dump()), from which each rank builds
     # its shard of the adapters.
     lora_engine_args: Optional[dict] = None
+    enable_expert_parallel: bool = False
 
     def device(self) -> torch.device:
         return torch.device("cuda", self.rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -287,6 +288,7 @@ def worker_main(spec: WorkerSpec) -> None:
     from backend.models.loader import load_model
     from backend.ops import make_layer_ops
     from backend.parallel.sharding import local_config
+    from backend.parallel.moe_sharding import with_expert_parallel
 
     logging.basicConfig(level=logging.INFO, format=f"[paged_llm tp rank {spec.rank}] %(message)s")
     device = spec.device()
@@ -297,7 +299,7 @@ def worker_main(spec: WorkerSpec) -> None:
     tp = init_group(spec.rank, spec.size, spec.init_method, device, COLLECTIVE_TIMEOUT_S)
     ctrl = control_group()
     try:
-        cfg = load_model_config(spec.model)
+        cfg = with_expert_parallel(load_model_config(spec.model), spec.enable_expert_parallel)
         model = load_model(spec.model, cfg, getattr(torch, spec.dtype), device,
                            make_attention_factory(spec.attention_backend), spec.max_position,
                            make_layer_ops(spec.attention_backend), tp)

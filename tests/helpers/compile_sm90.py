@@ -66,6 +66,23 @@ def lora_and_int_gemm(dtype: str) -> list:
     return out
 
 
+def fused_moe(dtype: str) -> list:
+    """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
+    weights) and the routing kernel."""
+    from backend.ops import fused_moe_triton as m
+    act = f"*{dtype}"
+    types = {"a_ptr": act, "w_ptr": act, "out_ptr": act, "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+             "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32",
+             **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn", "stride_om")}}
+    return [compile_kernel(m._grouped_gemm_kernel, types,
+                           dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
+                                IEEE=dtype == "fp32"))
+            for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
+        compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
+                                         "stride_l": "i32"},
+                       dict(TOP_K=8, BLOCK_K=8, RENORMALIZE=True, BLOCK_E=128))]
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET to compile for a GPU target")
@@ -81,10 +98,15 @@ def main() -> int:
     if "mma" not in extra[-1].asm["ptx"]:
         print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
         return 1
+    moe = fused_moe("bf16")
+    assert all(".target sm_90" in c.asm["ptx"] for c in moe)
+    if not all("mma" in c.asm["ptx"] for c in moe[:2]):
+        print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
+        return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
     mma = "mma" in ptx[("bf16", False, 0)]
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ layer ops, LoRA SGMV and INT4/INT8 GEMM (bf16)",
+          "+ layer ops, LoRA SGMV, INT4/INT8 GEMM and fused MoE (bf16)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

@@ -1,6 +1,6 @@
-"""The fused layer kernels, the tiled attention kernel, the LoRA SGMV kernel and the
+"""The fused layer kernels, the tiled attention kernel, the LoRA SGMV kernel, the fused MoE kernel and the
 INT4/INT8 GEMM compile for Hopper (sm_90) on a machine without a GPU, and the bf16
-attention and INT GEMM tiles run on tensor cores (MMA in the PTX). The interpreter cannot
+attention, INT GEMM and fused MoE tiles run on tensor cores (MMA in the PTX). The interpreter cannot
 check either."""
 
 import os

@@ -44,9 +44,11 @@ def test_bad_values_name_the_key(tmp_path, obj, expected):
 
 
 def test_tensor_parallel_size_carries_over(tmp_path, tiny_ckpt):
-    write(tmp_path, {"model": tiny_ckpt, "tensor_parallel_size": 2})
-    args, _ = load_settings(read_model_json(str(tmp_path))[0], str(tmp_path))
+    write(tmp_path, {"model": tiny_ckpt, "tensor_parallel_size": 2, "enable_expert_parallel": True})
+    params, warnings = read_model_json(str(tmp_path))
+    args, _ = load_settings(params, str(tmp_path))
     assert args.tensor_parallel_size == 2
+    assert args.enable_expert_parallel and not warnings
 
 
 def test_wrong_value_of_a_mapped_key_fails_validation_naming_it(tmp_path, tiny_ckpt):

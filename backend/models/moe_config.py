@@ -1,0 +1,69 @@
+"""Mixture-of-experts facts of a checkpoint's config.json (Mixtral, Qwen2-MoE, Qwen3-MoE).
+
+Which layers are sparse follows Hugging Face's Qwen2-MoE / Qwen3-MoE rule: layer i has
+experts unless it is in `mlp_only_layers`, and only when (i + 1) is a multiple of
+`decoder_sparse_step`; the other layers keep a dense MLP of `intermediate_size`.
+Mixtral's layers are all sparse, with experts of `intermediate_size` channels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int
+    top_k: int                          # experts per token (num_experts_per_tok)
+    intermediate_size: int              # channels of one expert (this rank's under TP)
+    norm_topk_prob: bool                # renormalize the top-k probabilities to sum to 1
+    sparse_layers: tuple[bool, ...]     # per layer: experts (True) or the dense MLP
+    shared_expert_intermediate_size: int = 0   # Qwen2-MoE: an always-on expert, sigmoid-gated
+    # Checkpoint names: the block's module and its experts' (gate, up, down) projections.
+    checkpoint_block: str = "mlp"
+    checkpoint_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # enable_expert_parallel: whole experts per rank instead of channel slices
+    # (backend/parallel/moe_sharding.py).
+    expert_parallel: bool = False
+    # Experts one rank holds under expert parallelism (local config); 0: all of them.
+    experts_per_rank: int = 0
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.experts_per_rank or self.num_experts
+
+    def local(self, tp: int) -> "MoEConfig":
+        """One rank's shapes under tensor parallelism: every expert with 1/tp of its
+        channels, or with expert parallelism 1/tp of the experts whole (rank r's first
+        expert is r * num_local_experts; the router still scores all num_experts)."""
+        shared = self.shared_expert_intermediate_size // tp
+        if self.expert_parallel:
+            return dataclasses.replace(self, experts_per_rank=self.num_experts // tp,
+                                       shared_expert_intermediate_size=shared)
+        return dataclasses.replace(self, intermediate_size=self.intermediate_size // tp,
+                                   shared_expert_intermediate_size=shared)
+
+
+def moe_config_from_dict(cfg: dict[str, Any], family: str, num_layers: int) -> Optional[MoEConfig]:
+    if family not in MOE_FAMILIES:
+        return None
+    if family == "mixtral":
+        return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                         intermediate_size=cfg["intermediate_size"], norm_topk_prob=True,
+                         sparse_layers=tuple(True for _ in range(num_layers)),
+                         checkpoint_block="block_sparse_moe", checkpoint_projections=("w1", "w3", "w2"))
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the published
+    # checkpoints as num_experts.
+    num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    dense = set(cfg.get("mlp_only_layers") or [])
+    sparse = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
+    shared = cfg.get("shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0
+    return MoEConfig(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+                     intermediate_size=cfg["moe_intermediate_size"],
+                     norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), sparse_layers=sparse,
+                     shared_expert_intermediate_size=shared)

@@ -1,0 +1,44 @@
+"""Mixture-of-experts routing and the torch reference of the fused MoE kernel.
+
+- route: softmax over the router logits in fp32, top-k, optional renormalization of the
+  k probabilities (Mixtral always; Qwen-MoE with `norm_topk_prob`), in one function that
+  both backends share (it is a few element-wise ops on [T, E]).
+- fused_moe: what the Triton kernel (fused_moe_triton.py) computes, expert by expert:
+  each (token, k) slot gets its expert's down(act(gate) * up) of the token, scaled by
+  its routing weight; a token's k slots are summed in slot order. That is transformers'
+  grouped experts path (the default in transformers 5) operation for operation, so fp32
+  results match it bit for bit. The per-expert loop reads which experts have tokens on
+  the host: this is the CPU path; on a GPU the Triton kernel runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from backend.ops.reference import act_and_mul
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, E] logits -> (weights [T, k] fp32, expert ids [T, k] int64), best first."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
+    topk_weights / topk_ids [T, k]; ids outside [0, E) (another rank's experts under
+    expert parallelism) contribute nothing. Returns [T, H] in x's dtype."""
+    T, K = topk_ids.shape
+    slots = torch.zeros(T, K, x.shape[1], dtype=x.dtype, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < w13.shape[0]:
+            continue
+        tok, k = torch.where(topk_ids == e)
+        h = act_and_mul(F.linear(x[tok], w13[e]), act)
+        slots[tok, k] = F.linear(h, w2[e])
+    return (slots * topk_weights[..., None].to(x.dtype)).sum(dim=1)
