@@ -95,6 +95,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         return await call_next(request)
 
     @app.get("/health")
+    @app.get("/health/ready")             # Triton's OpenAI frontend's name for it
     async def health() -> JSONResponse:
         ok = await app.state.llm.ready()
         return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "unavailable"})

@@ -212,7 +212,7 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0)  # the engine's max_logprobs bounds it
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)  # OpenAI's bound (and the engine's max_logprobs)
     tools: Optional[list[ChatTool]] = None
     tool_choice: Union[None, Literal["none", "auto", "required"], NamedToolChoice] = None
     parallel_tool_calls: bool = True
@@ -224,11 +224,16 @@ class ChatCompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _logprobs(self) -> "ChatCompletionRequest":
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
         if self.functions is not None and self.tools is not None:
             raise ValueError("give tools or functions, not both")
         return self
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("`top_logprobs` can only be used when `logprobs` is True")
+        return v
 
     def tool_arguments(self) -> tuple[Optional[list[dict]], Any, bool]:
         """(tools, tool_choice, legacy) in the tools form, whichever form was sent."""

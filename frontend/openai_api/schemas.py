@@ -315,6 +315,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/health", "get"): {"summary": "Whether tritonserver is ready", "responses": {
         "200": {"description": "Ready", "content": _json("Health")},
         "503": {"description": "Not ready", "content": _json("Health")}}},
+    ("/health/ready", "get"): {"summary": "The same as /health (Triton's OpenAI frontend's name)", "responses": {
+        "200": {"description": "Ready", "content": _json("Health")},
+        "503": {"description": "Not ready", "content": _json("Health")}}},
     ("/v1/models", "get"): {"summary": "The models served: Triton models of our backend and their LoRA adapters",
                             "responses": {"200": {"description": "The models", "content": _json("ModelList")},
                                           **{str(s): _error(s) for s in (401, 503)}}},

@@ -26,7 +26,7 @@ def resolve(doc, schema):
 def test_every_route_is_documented_with_its_body_and_error_statuses():
     doc = document(["key-1"])
     ops = {(path, method): op for path, item in doc["paths"].items() for method, op in item.items()}
-    assert set(ops) == {("/health", "get"), ("/v1/models", "get"), ("/v1/completions", "post"),
+    assert set(ops) == {("/health", "get"), ("/health/ready", "get"), ("/v1/models", "get"), ("/v1/completions", "post"),
                         ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
                         ("/v1/responses/{response_id}", "get")}
     for (path, method), op in ops.items():

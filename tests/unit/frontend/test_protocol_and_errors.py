@@ -44,7 +44,7 @@ def test_requests_translate_to_sampling_parameters():
     ({"model": "m", "prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"model": "m", "prompt": "a", "n": 0}, "n"),
     ({"model": "m", "messages": []}, "messages"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"prompt": "a"}, "model"),
     ({"model": "m", "prompt": "a", "bad_words": "cat"}, "bad_words"),      # a list, as vLLM's
     # found by tests/integration/test_api_fuzz.py and by hand beside it (each was a 500)
