@@ -55,6 +55,7 @@ class RequestIntake:
                 raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
                                           "enabled on this model (engine arguments enable_lora, lora_modules)")
             self.lora.check_request(params.lora_name)
+        self._validate_logit_bias(params)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         max_tokens = self._effective_max_tokens(len(token_ids), params)
@@ -113,6 +114,14 @@ class RequestIntake:
             raise InvalidRequestError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
                 "which must leave room for at least one generated token")
+
+    def _validate_logit_bias(self, params: SamplingParams) -> None:
+        # The sampler can only bias ids it has logits for: another id was silently ignored.
+        vocab = self.model_config.vocab_size
+        bad = sorted(t for t in params.logit_bias or () if not 0 <= t < vocab)
+        if bad:
+            raise InvalidRequestError(f"sampling parameter 'logit_bias': token id {bad[0]} is outside the "
+                                      f"vocabulary [0, {vocab})")
 
     def _effective_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         room = self.max_model_len - prompt_len

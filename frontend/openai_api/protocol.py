@@ -2,7 +2,11 @@
 into our Triton contract's `sampling_parameters` (vLLM's names).
 
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
-types and values are a 400 naming the field. vLLM's extras (top_k, min_p,
+types and values are a 400 naming the field. Types are strict (pydantic's strict mode):
+"10" is not a number and "yes" not a boolean, though an integer is a valid float (JSON has
+one number type). Message roles are OpenAI's (system, developer, user, assistant, tool);
+only an assistant message may have null content; content parts are text (images and
+audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, guided_*) are accepted as `vllm serve` does.
 The body must be strict JSON (read_json). /openapi.json declares these models' JSON
 schemas (schemas.py); where a validator narrows a field, so does its declared schema.
@@ -16,15 +20,22 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
+from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+
+
+# No coercion ("10" -> 10, "yes" -> True): a client sending strings has a bug to hear about.
+STRICT = ConfigDict(strict=True)
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[dict[str, Any]] = None
 
@@ -45,7 +56,7 @@ _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -76,6 +87,13 @@ class _Common(BaseModel):
     # A server-side deadline for this request, at most the engine's request_timeout_s: past
     # it the engine aborts the request and frees its KV cache (504).
     request_timeout_s: Optional[float] = Field(None, gt=0)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, v, info):
+        if v is not None and not info.data.get("stream"):      # OpenAI's and vLLM's rule
+            raise ValueError("stream_options is only allowed when stream is true")
+        return v
 
     def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
         p: dict[str, Any] = {
@@ -147,17 +165,25 @@ _PART = {"type": "object", "if": {"properties": {"type": {"const": "text"}}, "re
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    # extra: the fields of tool calling (tool_calls, tool_call_id, name) pass through to the template
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[None, str, list[dict[str, Any]]] = Field(None, json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": _PART}, {"type": "null"}]})
 
     @field_validator("content")
     @classmethod
     def _text_parts(cls, v):
-        if isinstance(v, list) and any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in v):
-            raise ValueError("a part of type 'text' needs a string 'text'")
+        if isinstance(v, list):
+            check_parts(v)
         return v
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> "ChatMessage":
+        # An assistant turn may be tool calls alone (content null); every other role says something.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message needs content (only an assistant message may have none)")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):     # content parts: the text ones
@@ -218,6 +244,8 @@ async def read_json(request, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise too_large
+    if too_deep(body):                  # before json.loads, which recurses
+        raise APIError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     try:
         value = json.loads(body, parse_constant=_not_json)
     except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, a constant

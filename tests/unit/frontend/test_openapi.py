@@ -4,6 +4,8 @@ error statuses in our shape; and the answers that need no tritonserver (strict J
 unknown routes and methods). The running server is fuzzed against this document in
 tests/integration/test_api_fuzz.py."""
 
+import json
+
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
@@ -80,6 +82,31 @@ def test_bodies_must_be_strict_json(client, body):
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
     r = client.post(path, content=body, headers={"authorization": "Bearer key-1"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",        # json.loads: RecursionError
+    json.dumps({"model": "m", "prompt": "a", "guided_json": _nested(500)}).encode(),  # json.dumps on the way out
+    json.dumps({"model": "m", "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "deep", "schema": _nested(500)}}}).encode(),
+])
+def test_deeply_nested_bodies_are_a_400_not_a_500(client, body):
+    r = client.post("/v1/completions", content=body, headers={"authorization": "Bearer key-1"})
+    assert r.status_code == 400 and "levels deep" in r.json()["error"]["message"]
+
+
+def test_nesting_is_counted_outside_strings_only(client):
+    """Brackets inside a string nest nothing; a schema a few dozen levels deep passes."""
+    for body in ({"model": "m", "prompt": "[{" * 50_000}, {"model": "m", "prompt": "a", "guided_json": _nested(60)}):
+        r = client.post("/v1/completions", json=body, headers={"authorization": "Bearer key-1"})
+        assert r.status_code == 503      # past the body: no tritonserver here
 
 
 def test_a_surrogate_pair_is_a_character(client):
