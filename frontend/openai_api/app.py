@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
@@ -26,9 +27,11 @@ from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
 from frontend.openai_api.schemas import openapi
-from frontend.openai_api.triton_client import Delta, Generation, TritonLLM, TritonTLS
+from frontend.openai_api.startup import preload_tokenizers
+from frontend.openai_api.triton_client import ClientDisconnected, Delta, Generation, TritonLLM, TritonTLS
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+log = logging.getLogger("frontend")
 # Room for a 128k-token prompt as token ids and long chat histories; far below what would
 # hurt a server (uvicorn itself has no limit).
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
@@ -47,7 +50,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     async def lifespan(app: FastAPI):
         # The gRPC channel belongs to the server's event loop: made here, not at import.
         app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers, tls=triton_tls)
+        preload = asyncio.create_task(preload_tokenizers(app.state.llm, app.state.chat))
         yield
+        preload.cancel()
         await app.state.llm.close()
 
     app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
@@ -143,6 +148,9 @@ async def _respond(request: Request, gen: Generation, req, shape: "Shape"):
     try:
         async for delta in deltas:
             shape.add(delta)
+    except ClientDisconnected:          # one line, not a CancelledError traceback
+        log.info("client disconnected before the answer to %s; its request was cancelled", shape.id)
+        return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     finally:
         watcher.cancel()
         request.app.state.request_log.finished(shape.id, shape.texts, shape.finish)
@@ -150,8 +158,10 @@ async def _respond(request: Request, gen: Generation, req, shape: "Shape"):
 
 
 async def _cancel_on_disconnect(request: Request, gen: Generation) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.2)
+    # Waits on the ASGI channel itself: polling is_disconnected() never saw a disconnect
+    # behind _authenticate's BaseHTTPMiddleware, and the request ran to its end.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
     gen.cancel()
 
 

@@ -4,12 +4,18 @@ the tokenizer's `apply_chat_template`) or the one given with `--chat-template`.
 The frontend renders and tokenizes the conversation itself and sends token ids, so the
 template's own special tokens (BOS included) are not added twice, and the prompt token
 count is exact.
+
+Tokenizers load once per checkpoint, under a lock: chat requests run on worker threads,
+and the first ones after a start raced on `from transformers import AutoTokenizer` (5 of
+10 concurrent first requests failed). The app loads every served model's tokenizer at
+start (startup.py), so the first chat request does not pay for it either.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+import threading
+from typing import Iterable, Optional
 
 from frontend.openai_api.errors import APIError
 
@@ -26,15 +32,26 @@ class ChatTemplates:
     def __init__(self, override: Optional[str] = None) -> None:
         self.override = override
         self._tokenizers: dict[str, object] = {}
+        self._lock = threading.Lock()
 
     def tokenizer(self, checkpoint: Optional[str], model: str):
         if checkpoint is None:
             raise APIError(400, f"chat with '{model}' needs its checkpoint's tokenizer: start the frontend with "
                                 "--model-repository pointing at the repository tritonserver serves", "model")
-        if checkpoint not in self._tokenizers:
-            from transformers import AutoTokenizer
-            self._tokenizers[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
-        return self._tokenizers[checkpoint]
+        tok = self._tokenizers.get(checkpoint)
+        if tok is None:
+            with self._lock:            # one import, one load per checkpoint
+                tok = self._tokenizers.get(checkpoint)
+                if tok is None:
+                    from transformers import AutoTokenizer
+                    tok = self._tokenizers[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
+        return tok
+
+    def load(self, checkpoints: Iterable[Optional[str]]) -> None:
+        """Load these checkpoints' tokenizers now (at start)."""
+        for checkpoint in checkpoints:
+            if checkpoint is not None:
+                self.tokenizer(checkpoint, "")
 
     def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict]) -> list[int]:
         tok = self.tokenizer(checkpoint, model)

@@ -8,6 +8,7 @@ token counts and logprobs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -15,9 +16,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferRequestedOutput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferRequestedOutput, KeepAliveOptions
 from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
@@ -25,6 +27,38 @@ from frontend.openai_api.errors import APIError, from_triton
 
 BACKENDS = ("paged_llm",)
 OUTPUTS = ("text_output", "output_ids", "finish_reason", "num_input_tokens", "logprobs")
+# gRPC's reconnect backoff grows to 120 s by default: a frontend started before
+# tritonserver kept failing for ~40 s after Triton was ready. Retry every second at most.
+RECONNECT_BACKOFF_MS = (100, 1000)
+# How long to wait, after a request's final response, for Triton to end its stream.
+STREAM_END_TIMEOUT_S = 5.0
+
+
+def channel_args(target_name: Optional[str] = None) -> list[tuple]:
+    """tritonclient's own channel options (message sizes, keepalive: channel_args replace
+    them), a short reconnect backoff, and the TLS name override when given."""
+    keepalive = KeepAliveOptions()
+    initial, most = RECONNECT_BACKOFF_MS
+    args = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", initial), ("grpc.min_reconnect_backoff_ms", initial),
+            ("grpc.max_reconnect_backoff_ms", most)]
+    if target_name:
+        args.append(("grpc.ssl_target_name_override", target_name))
+    return args
+
+
+def unavailable(e: Exception) -> Optional[APIError]:
+    """A 503 when `e` says tritonserver cannot be reached (not started yet, restarting)."""
+    status = e.code() if isinstance(e, grpc.RpcError) else (e.status() if isinstance(e, InferenceServerException)
+                                                             else None)
+    if status is not None and "UNAVAILABLE" in str(status):
+        return APIError(503, "tritonserver is not reachable (starting, or restarting): retry shortly")
+    return None
 
 
 @dataclass
@@ -68,18 +102,14 @@ class TritonTLS:
     target_name: Optional[str] = None    # the name its certificate carries, when not the address
 
     def client_options(self) -> dict:
-        options: dict = {"ssl": True, "root_certificates": self.root_cert}
-        if self.target_name:    # channel_args replace tritonclient's own: keep its message sizes
-            options["channel_args"] = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-                                       ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-                                       ("grpc.ssl_target_name_override", self.target_name)]
-        return options
+        return {"ssl": True, "root_certificates": self.root_cert}
 
 
 class TritonLLM:
     def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0,
                  admin_headers: Optional[dict[str, str]] = None, tls: Optional[TritonTLS] = None) -> None:
-        self.client = grpcaio.InferenceServerClient(url, **(tls.client_options() if tls else {}))
+        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args(tls.target_name if tls else None),
+                                                    **(tls.client_options() if tls else {}))
         self._admin = admin_headers or None     # the repository index and configs are restricted
         self.repository = model_repository
         self._models: dict[str, ServedModel] = {}
@@ -112,7 +142,11 @@ class TritonLLM:
         for entry in index.get("models", []):
             if entry.get("state") != "READY" or entry["name"] in found:
                 continue
-            config = (await self.client.get_model_config(entry["name"], headers=self._admin, as_json=True))["config"]
+            try:
+                config = (await self.client.get_model_config(entry["name"], headers=self._admin,
+                                                             as_json=True))["config"]
+            except InferenceServerException as e:    # unloaded or unreachable since the index
+                raise APIError(503, f"the frontend cannot read model '{entry['name']}': {e.message() or e}") from None
             params = {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()}
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
@@ -165,6 +199,10 @@ class TritonLLM:
         return Generation(self.client, model, prompt, sampling, stream, logprobs)
 
 
+class ClientDisconnected(Exception):
+    """The request was cancelled because its HTTP client went away (not an error of ours)."""
+
+
 class Generation:
     """One Triton request. Iterate for its deltas; `cancel()` ends it (the backend aborts
     the request and frees its KV blocks)."""
@@ -183,12 +221,14 @@ class Generation:
                          "parameters": {"triton_enable_empty_final_response": True}}
         self._client = client
         self._call = None
+        self._cancelled = False
         self._finished = [False] * self.n
 
     async def _requests(self):
         yield self._request
 
     def cancel(self) -> None:
+        self._cancelled = True
         if self._call is not None:
             self._call.cancel()
 
@@ -210,15 +250,39 @@ class Generation:
                             self._finished[delta.index] = True
                         yield delta
                 if param is not None and param.bool_param:
+                    await self._stream_end()
                     break
             if failure is not None:
                 raise failure
-        except InferenceServerException as e:
-            raise from_triton(e.message() or str(e)) from None
+        except asyncio.CancelledError:
+            # Our own cancel() ends the gRPC call with CancelledError; a cancellation of
+            # this task (shutdown) stays one.
+            task = asyncio.current_task()
+            if self._cancelled and not (task and task.cancelling()):
+                raise ClientDisconnected(self.request_id) from None
+            raise
+        except (InferenceServerException, grpc.RpcError) as e:
+            raise unavailable(e) or from_triton(e.message() if isinstance(e, InferenceServerException)
+                                                else e.details() or str(e)) from None
         finally:
             # Ends the gRPC stream too: one left open keeps Triton from unloading the
             # model (a decoupled model stays live while any of its streams is open).
             self.cancel()
+
+
+    async def _stream_end(self) -> None:
+        """After the final response, let Triton end the stream (our side has half-closed
+        it: one request) instead of cancelling it. A cancel that overtakes the backend's
+        release of the request (a request the engine refuses at once sends its final
+        response while execute() is still returning) left the request behind in Triton
+        24.10: the model stayed live and shutdown waited out its 30 s exit timeout."""
+        async def rest() -> None:
+            async for _ in self._call:
+                pass
+        try:
+            await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
+        except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
+            pass                        # the cancel in __aiter__'s finally ends it
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:

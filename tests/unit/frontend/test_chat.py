@@ -28,3 +28,38 @@ def test_no_tokenizer_or_template_is_a_400(tiny_ckpt):
     with pytest.raises(APIError) as e:
         ChatTemplates("{% for m in messages %}{{ m.nope.deeper }}{% endfor %}").prompt_ids(tiny_ckpt, "llm", MESSAGES)
     assert e.value.status == 400 and e.value.param == "messages"
+
+
+def test_concurrent_first_requests_load_the_tokenizer_once(tiny_ckpt, monkeypatch):
+    """Chat requests tokenize on worker threads: the first ones after a start each
+    imported transformers and loaded the tokenizer at once, and half of them failed
+    (issue 31). Under the lock, one loads it and the others wait for it."""
+    import threading
+    import time
+
+    import transformers
+    loads = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def slow_load(path, *a, **kw):
+        loads.append(path)
+        time.sleep(0.2)                 # a real load takes about this long: the others arrive meanwhile
+        return real(path, *a, **kw)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", slow_load)
+    chat = ChatTemplates()
+    results, errors = [], []
+
+    def first_request():
+        try:
+            results.append(chat.prompt_ids(tiny_ckpt, "llm", MESSAGES))
+        except Exception as e:          # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=first_request) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 10 and all(r == results[0] for r in results)
+    assert loads == [tiny_ckpt]
+    chat.load([tiny_ckpt, None])        # at start: already there, nothing loads again
+    assert loads == [tiny_ckpt]
