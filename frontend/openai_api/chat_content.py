@@ -22,6 +22,8 @@ def check_parts(parts: list[Any]) -> None:
     `{"type": "text", "text": "..."}`."""
     for part in parts:
         kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise ValueError("each content part needs a string 'type' ('text')")
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise ValueError("a part of type 'text' needs a string 'text'")

@@ -3,8 +3,8 @@ into our Triton contract's `sampling_parameters` (vLLM's names).
 
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
 types and values are a 400 naming the field. Types are strict (pydantic's strict mode):
-"10" is not a number and "yes" not a boolean, though an integer is a valid float (JSON has
-one number type). Message roles are OpenAI's (system, developer, user, assistant, tool);
+"10" is not a number and "yes" not a boolean, though an integer is a valid float and 10.0
+a valid integer (JSON has one number type). Message roles are OpenAI's (system, developer, user, assistant, tool);
 only an assistant message may have null content; content parts are text (images and
 audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, guided_*) are accepted as `vllm serve` does.
@@ -18,7 +18,7 @@ import json
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
@@ -27,6 +27,15 @@ from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
 
 # No coercion ("10" -> 10, "yes" -> True): a client sending strings has a bug to hear about.
 STRICT = ConfigDict(strict=True)
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 10.0 is the integer 10 (so JSON Schema's "integer" says);
+    # 10.5, "10" and true are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
 
 
 class StreamOptions(BaseModel):
@@ -43,29 +52,31 @@ class ResponseFormat(BaseModel):
 # The declared schemas (/openapi.json, schemas.py) of fields whose validators (here or the
 # engine's SamplingParams) narrow their type.
 # Token ids travel as INT32 (the engine then checks them against its vocabulary).
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+TokenId = Annotated[Int, Field(ge=0, le=2**31 - 1)]
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "minItems": 1}
 _NONEMPTY = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _LOGIT_BIAS = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
                          {"type": "null"}]}
 _ONE = {"minItems": 1, "maxItems": 1}
+_STREAM_OPTIONS = {"if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
+                   "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]}}
 _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
                      {"type": "array", "items": {"type": "string", "minLength": 1}, **_ONE},
                      {"type": "array", "items": _TOKEN_IDS, **_ONE}]}
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_STREAM_OPTIONS)
 
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[Int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)                         # the engine's max_n bounds it
+    n: Int = Field(1, ge=1)                         # the engine's max_n bounds it
     stop: Union[None, str, list[str]] = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, _NONEMPTY,
                                                                                  {"type": "null"}]})
-    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
+    seed: Optional[Int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = Field(None, json_schema_extra=_LOGIT_BIAS)
@@ -73,10 +84,10 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None                      # accepted, unused
     # vLLM's extras
-    top_k: int = Field(-1, ge=-1)
+    top_k: Int = Field(-1, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: Int = Field(0, ge=0)
     ignore_eos: bool = False
     guided_json: Union[None, dict, str] = None
     guided_regex: Optional[str] = None
@@ -131,11 +142,11 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
-    max_tokens: Optional[int] = Field(16, ge=1)
-    logprobs: Optional[int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
+    max_tokens: Optional[Int] = Field(16, ge=1)
+    logprobs: Optional[Int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
     echo: bool = Field(False, json_schema_extra={"const": False})
     suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
-    best_of: Optional[int] = Field(None, description="n, if given")
+    best_of: Optional[Int] = Field(None, description="n, if given")
 
     @field_validator("prompt")
     @classmethod
@@ -160,13 +171,16 @@ class CompletionRequest(_Common):
         return self
 
 
-_PART = {"type": "object", "if": {"properties": {"type": {"const": "text"}}, "required": ["type"]},
-         "then": {"properties": {"text": {"type": "string"}}, "required": ["text"]}}
+_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+         "required": ["type", "text"]}
+# Only an assistant message may go without content.
+_CONTENT_NEEDED = {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+                   "then": {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]}}
 
 
 class ChatMessage(BaseModel):
     # extra: the fields of tool calling (tool_calls, tool_call_id, name) pass through to the template
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_CONTENT_NEEDED)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[None, str, list[dict[str, Any]]] = Field(None, json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": _PART}, {"type": "null"}]})
@@ -193,9 +207,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[Int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0)  # the engine's max_logprobs bounds it
+    top_logprobs: Optional[Int] = Field(None, ge=0)  # the engine's max_logprobs bounds it
 
     @model_validator(mode="after")
     def _logprobs(self) -> "ChatCompletionRequest":

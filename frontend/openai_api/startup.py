@@ -12,7 +12,6 @@ import asyncio
 import logging
 
 from frontend.openai_api.chat import ChatTemplates
-from frontend.openai_api.errors import APIError
 
 log = logging.getLogger("frontend")
 
@@ -21,7 +20,7 @@ async def preload_tokenizers(llm, chat: ChatTemplates, retry_s: float = 1.0) -> 
     while True:
         try:
             served = await llm.models()
-        except APIError:                # Triton not up yet
+        except Exception:               # Triton not up yet (APIError 503), or the channel closing
             await asyncio.sleep(retry_s)
             continue
         if served:

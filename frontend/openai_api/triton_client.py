@@ -19,46 +19,17 @@ from typing import AsyncIterator, Optional, Union
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferRequestedOutput, KeepAliveOptions
+from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
+from frontend.openai_api.triton_channel import channel_args, unavailable
 
 BACKENDS = ("paged_llm",)
 OUTPUTS = ("text_output", "output_ids", "finish_reason", "num_input_tokens", "logprobs")
-# gRPC's reconnect backoff grows to 120 s by default: a frontend started before
-# tritonserver kept failing for ~40 s after Triton was ready. Retry every second at most.
-RECONNECT_BACKOFF_MS = (100, 1000)
 # How long to wait, after a request's final response, for Triton to end its stream.
 STREAM_END_TIMEOUT_S = 5.0
-
-
-def channel_args(target_name: Optional[str] = None) -> list[tuple]:
-    """tritonclient's own channel options (message sizes, keepalive: channel_args replace
-    them), a short reconnect backoff, and the TLS name override when given."""
-    keepalive = KeepAliveOptions()
-    initial, most = RECONNECT_BACKOFF_MS
-    args = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-            ("grpc.initial_reconnect_backoff_ms", initial), ("grpc.min_reconnect_backoff_ms", initial),
-            ("grpc.max_reconnect_backoff_ms", most)]
-    if target_name:
-        args.append(("grpc.ssl_target_name_override", target_name))
-    return args
-
-
-def unavailable(e: Exception) -> Optional[APIError]:
-    """A 503 when `e` says tritonserver cannot be reached (not started yet, restarting)."""
-    status = e.code() if isinstance(e, grpc.RpcError) else (e.status() if isinstance(e, InferenceServerException)
-                                                             else None)
-    if status is not None and "UNAVAILABLE" in str(status):
-        return APIError(503, "tritonserver is not reachable (starting, or restarting): retry shortly")
-    return None
 
 
 @dataclass

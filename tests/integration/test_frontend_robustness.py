@@ -14,7 +14,6 @@
 
 import http.client
 import json
-import os
 import re
 import subprocess
 import sys

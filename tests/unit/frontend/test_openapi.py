@@ -53,11 +53,35 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     ({"model": "m", "prompt": "a", "logit_bias": {"7": 101}}, False),
     ({"model": "m", "prompt": "a", "stop": ["a", ""]}, False),
     ({"model": "m", "prompt": "a", "unknown": 1}, True),    # ignored, as OpenAI does
+    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, False),
+    ({"model": "m", "prompt": "a", "stream": True, "stream_options": {"include_usage": True}}, True),
+    ({"model": "m", "prompt": "a", "stream_options": None}, True),
 ])
 def test_the_declared_request_schema_follows_the_validators(body, valid):
     doc = document()
     schema = resolve(doc, {"$ref": "#/components/schemas/CompletionRequest"})
     assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid
+
+
+@pytest.mark.parametrize("message, valid", [
+    ({"role": "user", "content": "x"}, True),
+    ({"role": "assistant", "content": None}, True),
+    ({"role": "user", "content": None}, False),
+    ({"role": "tool"}, False),
+    ({"role": "wizard", "content": "x"}, False),
+    ({"role": "user", "content": [{"type": "text", "text": "x"}]}, True),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}, False),
+])
+def test_the_declared_message_schema_follows_the_validators(message, valid):
+    doc = document()
+    schema = resolve(doc, {"$ref": "#/components/schemas/ChatCompletionRequest"})
+    body = {"model": "m", "messages": [message]}
+    assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid
+    try:
+        ChatCompletionRequest.model_validate(body)
+        assert valid
+    except ValueError:
+        assert not valid
 
 
 def test_the_error_schemas_fix_code_and_type():

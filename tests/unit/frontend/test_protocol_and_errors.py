@@ -50,6 +50,8 @@ def test_requests_translate_to_sampling_parameters():
     ({"model": "m", "prompt": "a", "stream": "yes"}, "stream"),
     ({"model": "m", "prompt": "a", "temperature": "0.5"}, "temperature"),
     ({"model": "m", "prompt": "a", "logprobs": True}, "logprobs"),
+    ({"model": "m", "prompt": "a", "max_tokens": 10.5}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": {}}]}]}, "messages.0.content"),  # was a 500
     ({"model": "m", "prompt": "a", "stream": True, "stream_options": {"include_usage": "true"}},
      "stream_options.include_usage"),
     ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -86,11 +88,14 @@ def test_non_text_content_parts_are_refused_not_dropped(part, what):
 
 
 def test_what_strict_input_still_accepts():
-    """An int where a float goes (JSON has one number type); every OpenAI role; an
-    assistant turn without content (tool calls alone); stream_options with stream."""
-    req = parse(CompletionRequest, {"model": "m", "prompt": "a", "temperature": 1, "top_p": 1, "stream": True,
-                                    "stream_options": {"include_usage": True}, "logit_bias": {"5": 2}})
+    """An int where a float goes and an integral float where an int goes (JSON has one
+    number type); every OpenAI role; an assistant turn without content (tool calls
+    alone); stream_options with stream."""
+    req = parse(CompletionRequest, {"model": "m", "prompt": [5.0, 6], "temperature": 1, "top_p": 1, "stream": True,
+                                    "stream_options": {"include_usage": True}, "logit_bias": {"5": 2}, "n": 2.0,
+                                    "max_tokens": 10.0})
     assert req.temperature == 1.0 and req.sampling_parameters(None)["logit_bias"] == {5: 2.0}
+    assert (req.n, req.max_tokens, req.prompt) == (2, 10, [5, 6]) and type(req.n) is int
     messages = [{"role": r, "content": "x"} for r in ("system", "developer", "user", "tool")]
     chat = parse(ChatCompletionRequest, {"model": "m", "messages": messages + [{"role": "assistant", "content": None}]})
     assert [m.role for m in chat.messages][-1] == "assistant" and chat.messages[-1].text() == ""
