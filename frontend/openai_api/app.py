@@ -119,7 +119,8 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         served = await app.state.llm.model(req.model)
         served.check_n(req.n)
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
-        ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages)
+        ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages,
+                                      served.max_model_len)
         sampling = req.sampling_parameters(req.max_completion_tokens or req.max_tokens)
         sampling.setdefault("max_tokens", None)          # OpenAI's default: up to the context length
         if req.logprobs:

@@ -17,6 +17,8 @@ import os
 import threading
 from typing import Iterable, Optional
 
+from backend.engine.errors import InvalidRequestError
+from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
 
 
@@ -53,7 +55,10 @@ class ChatTemplates:
             if checkpoint is not None:
                 self.tokenizer(checkpoint, "")
 
-    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict]) -> list[int]:
+    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict],
+                   max_model_len: Optional[int] = None) -> list[int]:
+        """max_model_len, when known: a conversation that cannot fit is refused after
+        tokenizing about that many tokens of it, not all of it (prompt_length.py)."""
         tok = self.tokenizer(checkpoint, model)
         template = self.override or getattr(tok, "chat_template", None)
         if not template:
@@ -64,4 +69,10 @@ class ChatTemplates:
                                            tokenize=False)
         except Exception as e:  # a template error is about these messages
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-        return tok(text, add_special_tokens=False)["input_ids"]
+        tokenize = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+        if max_model_len is None:
+            return tokenize(text)
+        try:
+            return tokenize_within(tokenize, text, max_model_len)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), "messages") from None

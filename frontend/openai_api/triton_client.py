@@ -42,6 +42,9 @@ class ServedModel:
     triton_model: str = ""
     lora_name: Optional[str] = None
     max_queue_size: Optional[int] = None      # the engine's waiting-queue bound (config parameter)
+    # The config's max_model_len, else the checkpoint's max_position_embeddings (the most
+    # the engine allows when none is set): chat prompts are checked against it.
+    max_model_len: Optional[int] = None
 
     @property
     def parent(self) -> Optional[str]:
@@ -122,11 +125,14 @@ class TritonLLM:
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
             name, now = entry["name"], int(time.time())
-            queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
-            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name,
-                                      max_queue_size=queue)
+            queue, max_len = (int(params[k]) if (params.get(k) or "").isdigit() else None
+                              for k in ("max_queue_size", "max_model_len"))
+            checkpoint = self._checkpoint(name, params.get("model"))
+            found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
+                                      max_model_len=max_len or _max_positions(checkpoint))
             for adapter in self._adapters(name, params):
-                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter, queue))
+                found.setdefault(adapter, ServedModel(adapter, checkpoint, now, name, adapter, queue,
+                                                      found[name].max_model_len))
         self._models, self._listed_at = found, time.monotonic()
         return found
 
@@ -254,6 +260,15 @@ class Generation:
             await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
         except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
             pass                        # the cancel in __aiter__'s finally ends it
+
+
+def _max_positions(checkpoint: Optional[str]) -> Optional[int]:
+    try:
+        with open(os.path.join(checkpoint or "", "config.json")) as f:
+            value = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:

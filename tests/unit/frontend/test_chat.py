@@ -63,3 +63,17 @@ def test_concurrent_first_requests_load_the_tokenizer_once(tiny_ckpt, monkeypatc
     assert loads == [tiny_ckpt]
     chat.load([tiny_ckpt, None])        # at start: already there, nothing loads again
     assert loads == [tiny_ckpt]
+
+
+def test_a_16_mb_message_is_refused_without_tokenizing_it_whole(tiny_ckpt):
+    """With the model's max_model_len known (its config's parameter), a conversation that
+    cannot fit is a 400 naming messages after about max_model_len tokens' worth of text."""
+    import time
+    chat = ChatTemplates()
+    huge = [{"role": "user", "content": "The pass statement does nothing at all. " * (16 * 2**20 // 40)}]
+    start = time.perf_counter()
+    with pytest.raises(APIError) as e:
+        chat.prompt_ids(tiny_ckpt, "llm", huge, max_model_len=1024)
+    assert time.perf_counter() - start < 3.0
+    assert e.value.status == 400 and e.value.param == "messages" and "max_model_len is 1024" in e.value.message
+    assert chat.prompt_ids(tiny_ckpt, "llm", MESSAGES, max_model_len=1024) == chat.prompt_ids(tiny_ckpt, "llm", MESSAGES)
