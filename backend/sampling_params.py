@@ -25,6 +25,8 @@ def json_object(text: str) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:              # json recurses per level: ~1000 levels overflow it
+        raise ValueError("nests too deeply to be read") from None
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object")
     return value

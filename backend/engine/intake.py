@@ -57,6 +57,7 @@ class RequestIntake:
                                           "enabled on this model (engine arguments enable_lora, lora_modules)")
             self.lora.check_request(params.lora_name)
         bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
+        self._validate_logit_bias(params)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         end = params.reasoning_end_token_ids
@@ -119,6 +120,14 @@ class RequestIntake:
             raise InvalidRequestError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
                 "which must leave room for at least one generated token")
+
+    def _validate_logit_bias(self, params: SamplingParams) -> None:
+        # The sampler can only bias ids it has logits for: another id was silently ignored.
+        vocab = self.model_config.vocab_size
+        bad = sorted(t for t in params.logit_bias or () if not 0 <= t < vocab)
+        if bad:
+            raise InvalidRequestError(f"sampling parameter 'logit_bias': token id {bad[0]} is outside the "
+                                      f"vocabulary [0, {vocab})")
 
     def _effective_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         room = self.max_model_len - prompt_len

@@ -1,9 +1,10 @@
 """Structured output: each guided request's grammar, compiled by xgrammar off the step
 loop, enforced as a token bitmask in the batched sampler and advanced with every token.
 
-- Compilation runs on a worker thread (compile_pool.py; xgrammar releases the GIL while
-  it compiles, and its compiler keeps a cache keyed by the grammar, so a repeated schema
-  compiles once); the scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
+- Compilation runs on COMPILE_THREADS worker threads (compile_pool.py; xgrammar releases
+  the GIL while it compiles, and its compiler keeps a cache keyed by the grammar, so a
+  repeated schema compiles once): one slow compile does not hold up the grammars behind
+  it; the scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
   structured_output_manager.py) until its grammar is ready, and an invalid grammar fails
   that request alone with the compiler's message.
 - A compile running longer than guided_compile_timeout_s fails its request alone, naming
@@ -25,6 +26,7 @@ xgrammar is imported lazily: the engine needs it only when a request asks for a 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 from typing import Optional, Sequence
@@ -41,6 +43,9 @@ from backend.sampling_params import SamplingParams
 # Compiles past their time limit (or whose request ended) whose thread still runs: at
 # this many, new guided requests are refused until one ends.
 MAX_ABANDONED_COMPILES = 4
+# Compiles at once: more than one, so a fast grammar never queues behind a slow one; at
+# most half the cores (each compile holds one), and 4.
+COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
 
 
 def _json_safe_row(info, vocab_size: int, width: int) -> torch.Tensor:
@@ -73,7 +78,7 @@ class StructuredOutput:
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
-        self.pool = CompilePool(1, "grammar")
+        self.pool = CompilePool(COMPILE_THREADS, "grammar")
         self._width = -(-vocab_size // 32)
         self._json_safe = _json_safe_row(info, vocab_size, self._width)
         self._device = device

@@ -29,6 +29,7 @@ from backend.engine.errors import EngineDeadError, InvalidRequestError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
 from backend.engine.parallel_sampling import child_requests
+from backend.engine.prompt_length import tokenize_within
 from backend.triton_server.errors import triton_error
 from backend.triton_server.health_report import HealthReporter
 from backend.triton_server.metrics import EngineMetrics
@@ -160,6 +161,10 @@ class TritonPythonModel(Watcher):
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
             parsed = parse_request(inputs, tokenize, request.parameters(), self.engine.limits)
+            if isinstance(parsed.prompt, str) and tokenize is not None:
+                # Here, not on the engine thread (every running stream would wait for it),
+                # and refused early when it is too long (prompt_length.py).
+                parsed.prompt = tokenize_within(tokenize, parsed.prompt, self.engine.max_model_len)
         except InvalidRequestError as e:
             if self.metrics:
                 self.metrics.on_rejected("invalid_request")

@@ -133,6 +133,8 @@ def parse_sampling_json(raw: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise InvalidRequestError(f"input 'sampling_parameters' is not valid JSON: {e.msg} "
                                   f"(line {e.lineno} column {e.colno})") from None
+    except RecursionError:              # json recurses per level (was an INTERNAL error)
+        raise InvalidRequestError("input 'sampling_parameters' nests too deeply to be read") from None
     if not isinstance(obj, dict):
         raise InvalidRequestError("input 'sampling_parameters' must be a JSON object")
     return obj

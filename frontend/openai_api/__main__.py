@@ -74,11 +74,17 @@ def main(argv=None) -> None:
         logging.getLogger("frontend").warning(
             "the OpenAI API listens on %s without an API key: anyone who reaches it can use the model "
             "(set API_KEY or --api-key)", args.host)
+    # The frontend's own events (a client gone, tokenizers loaded), one line each.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [frontend] %(message)s"))
+    logging.getLogger("frontend").addHandler(handler)
+    logging.getLogger("frontend").setLevel(logging.INFO)
     if args.enable_log_requests:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [requests] %(message)s"))
         logging.getLogger("frontend.requests").addHandler(handler)
         logging.getLogger("frontend.requests").setLevel(logging.INFO)
+    logging.getLogger("frontend.requests").propagate = False     # its own handler, or silence
     app = create_app(args.triton_url, args.model_repository, load_template(args.chat_template), api_keys=keys,
                      admin_headers=admin_headers,
                      max_request_body_bytes=args.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from frontend.openai_api import completions as completion
@@ -29,9 +30,12 @@ from frontend.openai_api.protocol import ChatCompletionRequest, CompletionReques
 from frontend.openai_api.reasoning import REASONING_PARSERS, grammar_after_reasoning
 from frontend.openai_api.responses import register_responses
 from frontend.openai_api.schemas import openapi
+from frontend.openai_api.startup import preload_tokenizers
 from frontend.openai_api.tools.choice import ToolConfig, plan
-from frontend.openai_api.triton_client import Delta, Generation, TritonLLM, TritonTLS
+from frontend.openai_api.triton_client import (ClientDisconnected, Delta, Generation, TritonLLM, TritonTLS,
+                                              cancel_on_disconnect)
 
+log = logging.getLogger("frontend")
 # Room for a 128k-token prompt as token ids and long chat histories; far below what would
 # hurt a server (uvicorn itself has no limit).
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
@@ -52,7 +56,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     async def lifespan(app: FastAPI):
         # The gRPC channel belongs to the server's event loop: made here, not at import.
         app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers, tls=triton_tls)
+        preload = asyncio.create_task(preload_tokenizers(app.state.llm, app.state.chat))
         yield
+        preload.cancel()
         await app.state.llm.close()
 
     app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
@@ -130,7 +136,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
             sampling["guided_json"] = tool_plan.guided_json
         messages = [m.for_template() for m in req.messages]
         text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model, messages,
-                                            tool_plan.tools, req.chat_template_kwargs)
+                                            tool_plan.tools, req.chat_template_kwargs, served.max_model_len)
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
             grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
@@ -156,20 +162,17 @@ async def _respond(request: Request, gen: Generation, req, shape: Shape):
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_events(gen, deltas, first, shape, usage, request.app.state.request_log),
                                  media_type="text/event-stream")
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, gen))
+    watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
     try:
         async for delta in deltas:
             shape.add(delta)
+    except ClientDisconnected:          # one line, not a CancelledError traceback
+        log.info("client disconnected before the answer to %s; its request was cancelled", shape.id)
+        return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     finally:
         watcher.cancel()
         request.app.state.request_log.finished(shape.id, shape.texts, shape.finish)
     return shape.whole()
-
-
-async def _cancel_on_disconnect(request: Request, gen: Generation) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.2)
-    gen.cancel()
 
 
 async def _events(gen: Generation, deltas, first: Optional[Delta], shape: Shape,

@@ -4,13 +4,21 @@ the tokenizer's `apply_chat_template`) or the one given with `--chat-template`.
 The frontend renders and tokenizes the conversation itself and sends token ids, so the
 template's own special tokens (BOS included) are not added twice, and the prompt token
 count is exact.
+
+Tokenizers load once per checkpoint, under a lock: chat requests run on worker threads,
+and the first ones after a start raced on `from transformers import AutoTokenizer` (5 of
+10 concurrent first requests failed). The app loads every served model's tokenizer at
+start (startup.py), so the first chat request does not pay for it either.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+import threading
+from typing import Iterable, Optional
 
+from backend.engine.errors import InvalidRequestError
+from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
 
 
@@ -26,23 +34,37 @@ class ChatTemplates:
     def __init__(self, override: Optional[str] = None) -> None:
         self.override = override
         self._tokenizers: dict[str, object] = {}
+        self._lock = threading.Lock()
 
     def tokenizer(self, checkpoint: Optional[str], model: str):
         if checkpoint is None:
             raise APIError(400, f"chat with '{model}' needs its checkpoint's tokenizer: start the frontend with "
                                 "--model-repository pointing at the repository tritonserver serves", "model")
-        if checkpoint not in self._tokenizers:
-            from transformers import AutoTokenizer
-            self._tokenizers[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
-        return self._tokenizers[checkpoint]
+        tok = self._tokenizers.get(checkpoint)
+        if tok is None:
+            with self._lock:            # one import, one load per checkpoint
+                tok = self._tokenizers.get(checkpoint)
+                if tok is None:
+                    from transformers import AutoTokenizer
+                    tok = self._tokenizers[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
+        return tok
 
-    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict]) -> list[int]:
-        return self.render(checkpoint, model, messages)[1]
+    def load(self, checkpoints: Iterable[Optional[str]]) -> None:
+        """Load these checkpoints' tokenizers now (at start)."""
+        for checkpoint in checkpoints:
+            if checkpoint is not None:
+                self.tokenizer(checkpoint, "")
+
+    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict],
+                   max_model_len: Optional[int] = None) -> list[int]:
+        return self.render(checkpoint, model, messages, max_model_len=max_model_len)[1]
 
     def render(self, checkpoint: Optional[str], model: str, messages: list[dict], tools: Optional[list[dict]] = None,
-               template_kwargs: Optional[dict] = None) -> tuple[str, list[int]]:
+               template_kwargs: Optional[dict] = None, max_model_len: Optional[int] = None) -> tuple[str, list[int]]:
         """The prompt's text and ids. `tools` reach the template as `tools` (transformers'
-        convention); `template_kwargs` are the request's chat_template_kwargs."""
+        convention); `template_kwargs` are the request's chat_template_kwargs.
+        max_model_len, when known: a conversation that cannot fit is refused after
+        tokenizing about that many tokens of it, not all of it (prompt_length.py)."""
         tok = self.tokenizer(checkpoint, model)
         template = self.override or getattr(tok, "chat_template", None)
         if not template:
@@ -55,4 +77,10 @@ class ChatTemplates:
                                            tokenize=False, tools=tools, **kwargs)
         except Exception as e:  # a template error is about these messages
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-        return text, tok(text, add_special_tokens=False)["input_ids"]
+        tokenize = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+        if max_model_len is None:
+            return text, tokenize(text)
+        try:
+            return text, tokenize_within(tokenize, text, max_model_len)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), "messages") from None

@@ -2,7 +2,11 @@
 into our Triton contract's `sampling_parameters` (vLLM's names).
 
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
-types and values are a 400 naming the field. vLLM's extras (top_k, min_p,
+types and values are a 400 naming the field. Types are strict (pydantic's strict mode):
+"10" is not a number and "yes" not a boolean, though an integer is a valid float and 10.0
+a valid integer (JSON has one number type). Message roles are OpenAI's (system, developer, user, assistant, tool);
+only an assistant message may have null content; content parts are text (images and
+audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does.
 The body must be strict JSON (read_json). /openapi.json declares these models' JSON
 schemas (schemas.py); where a validator narrows a field, so does its declared schema.
@@ -14,17 +18,33 @@ import json
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
+from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+
+
+# No coercion ("10" -> 10, "yes" -> True): a client sending strings has a bug to hear about.
+STRICT = ConfigDict(strict=True)
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 10.0 is the integer 10 (so JSON Schema's "integer" says);
+    # 10.5, "10" and true are not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[dict[str, Any]] = None
 
@@ -32,28 +52,30 @@ class ResponseFormat(BaseModel):
 # The declared schemas (/openapi.json, schemas.py) of fields whose validators (here or the
 # engine's SamplingParams) narrow their type.
 # Token ids travel as INT32 (the engine then checks them against its vocabulary).
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+TokenId = Annotated[Int, Field(ge=0, le=2**31 - 1)]
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "minItems": 1}
 _NONEMPTY = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _LOGIT_BIAS = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
                          {"type": "null"}]}
+_STREAM_OPTIONS = {"if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
+                   "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]}}
 _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
                      {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
                      {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_STREAM_OPTIONS)
 
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[Int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)                         # the engine's max_n bounds it
+    n: Int = Field(1, ge=1)                         # the engine's max_n bounds it
     stop: Union[None, str, list[str]] = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, _NONEMPTY,
                                                                                  {"type": "null"}]})
-    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
+    seed: Optional[Int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = Field(None, json_schema_extra=_LOGIT_BIAS)
@@ -61,10 +83,10 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None                      # accepted, unused
     # vLLM's extras
-    top_k: int = Field(-1, ge=-1)
+    top_k: Int = Field(-1, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: Int = Field(0, ge=0)
     ignore_eos: bool = False
     bad_words: Optional[list[str]] = Field(None, json_schema_extra={"anyOf": [{**_NONEMPTY, "maxItems": 128},
                                                                               {"type": "null"}]})
@@ -77,6 +99,13 @@ class _Common(BaseModel):
     # A server-side deadline for this request, at most the engine's request_timeout_s: past
     # it the engine aborts the request and frees its KV cache (504).
     request_timeout_s: Optional[float] = Field(None, gt=0)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, v, info):
+        if v is not None and not info.data.get("stream"):      # OpenAI's and vLLM's rule
+            raise ValueError("stream_options is only allowed when stream is true")
+        return v
 
     def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
         p: dict[str, Any] = {
@@ -117,13 +146,13 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     # A list of prompts gets one set of n choices each (completions.py).
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
-    max_tokens: Optional[int] = Field(16, ge=0, description="0 only with echo (the prompt alone, as vLLM)")
-    logprobs: Optional[int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
+    max_tokens: Optional[Int] = Field(16, ge=0, description="0 only with echo (the prompt alone, as vLLM)")
+    logprobs: Optional[Int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
     echo: bool = False
     # vLLM's extra: each choice's `prompt_logprobs` (echo with logprobs implies them).
-    prompt_logprobs: Optional[int] = Field(None, ge=0)
+    prompt_logprobs: Optional[Int] = Field(None, ge=0)
     suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
-    best_of: Optional[int] = Field(None, description="n, if given")
+    best_of: Optional[Int] = Field(None, description="n, if given")
 
     @field_validator("suffix")
     @classmethod
@@ -173,13 +202,17 @@ class MessageToolCall(BaseModel):
     function: ToolCallFunction
 
 
-_PART = {"type": "object", "if": {"properties": {"type": {"const": "text"}}, "required": ["type"]},
-         "then": {"properties": {"text": {"type": "string"}}, "required": ["text"]}}
+_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+         "required": ["type", "text"]}
+# Only an assistant message may go without content.
+_CONTENT_NEEDED = {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+                   "then": {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]}}
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    # extra: the fields of tool calling (tool_calls, tool_call_id, name) pass through to the template
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_CONTENT_NEEDED)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[None, str, list[dict[str, Any]]] = Field(None, json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": _PART}, {"type": "null"}]})
     tool_calls: Optional[list[MessageToolCall]] = None     # an assistant turn's calls
@@ -198,9 +231,16 @@ class ChatMessage(BaseModel):
     @field_validator("content")
     @classmethod
     def _text_parts(cls, v):
-        if isinstance(v, list) and any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in v):
-            raise ValueError("a part of type 'text' needs a string 'text'")
+        if isinstance(v, list):
+            check_parts(v)
         return v
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> "ChatMessage":
+        # An assistant turn may be tool calls alone (content null); every other role says something.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message needs content (only an assistant message may have none)")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):     # content parts: the text ones
@@ -210,9 +250,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[Int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)  # OpenAI's bound (and the engine's max_logprobs)
+    top_logprobs: Optional[Int] = Field(None, ge=0, le=20)  # OpenAI's bound (and the engine's max_logprobs)
     tools: Optional[list[ChatTool]] = None
     tool_choice: Union[None, Literal["none", "auto", "required"], NamedToolChoice] = None
     parallel_tool_calls: bool = True
@@ -296,6 +336,8 @@ async def read_json(request, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise too_large
+    if too_deep(body):                  # before json.loads, which recurses
+        raise APIError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     try:
         value = json.loads(body, parse_constant=_not_json)
     except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, a constant

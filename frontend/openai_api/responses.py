@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections import OrderedDict
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.errors import APIError, error_body
@@ -26,6 +27,9 @@ from frontend.openai_api.protocol import parse, read_json
 from frontend.openai_api.reasoning import grammar_after_reasoning
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
+from frontend.openai_api.triton_client import ClientDisconnected, cancel_on_disconnect
+
+log = logging.getLogger("frontend")
 
 
 def _id(prefix: str) -> str:
@@ -196,7 +200,7 @@ def register_responses(app: FastAPI) -> None:
             sampling["guided_json"] = tool_plan.guided_json
         text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model,
                                             for_template(system + conversation), tool_plan.tools,
-                                            req.chat_template_kwargs)
+                                            req.chat_template_kwargs, served.max_model_len)
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
             grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
@@ -222,12 +226,8 @@ def register_responses(app: FastAPI) -> None:
         return store.get(response_id, "response_id")[1]
 
 
-async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: ResponseBuilder, stored) -> dict:
-    async def watch() -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.2)
-        gen.cancel()
-    watcher = asyncio.create_task(watch())
+async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: ResponseBuilder, stored):
+    watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
     text, finish = "", None
     try:
         async for d in deltas:
@@ -235,6 +235,9 @@ async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: R
             builder.input_tokens = d.num_input_tokens
             builder.output_tokens += len(d.token_ids)
             finish = d.finish_reason or finish
+    except ClientDisconnected:          # one line, as the chat API logs it
+        log.info("client disconnected before the answer to %s; its request was cancelled", builder.id)
+        return Response(status_code=499)
     finally:
         watcher.cancel()
     builder.feed(output.delta(text, final=True))

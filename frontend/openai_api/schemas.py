@@ -335,6 +335,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _standard_bounds(schema: Any) -> Any:
+    """JSON Schema's names for bounds. pydantic writes `ge`/`le` where a Field's bound sits
+    on an Optional of an Annotated int with a validator (protocol.Int): validation keeps
+    the bound, the document would lose it."""
+    if isinstance(schema, list):
+        return [_standard_bounds(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    typed = schema.get("type") in ("integer", "number")
+    return {(_BOUNDS[k] if typed and k in _BOUNDS else k): _standard_bounds(v) for k, v in schema.items()}
+
+
 def openapi(app: FastAPI, api_keys: bool) -> dict:
     """The document, built once. api_keys: the /v1 routes need `Authorization: Bearer`."""
     if app.openapi_schema is None:
@@ -342,7 +357,7 @@ def openapi(app: FastAPI, api_keys: bool) -> dict:
                           routes=app.routes)
         _, defs = models_json_schema([(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES],
                                      ref_template="#/components/schemas/{model}")
-        doc.setdefault("components", {})["schemas"] = defs["$defs"]
+        doc.setdefault("components", {})["schemas"] = _standard_bounds(defs["$defs"])
         if api_keys:
             doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():

@@ -8,6 +8,7 @@ token counts and logprobs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -15,16 +16,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferRequestedOutput
+from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
+from frontend.openai_api.triton_channel import channel_args, unavailable
 
 BACKENDS = ("paged_llm",)
 OUTPUTS = ("text_output", "output_ids", "finish_reason", "num_input_tokens", "logprobs")
+# How long to wait, after a request's final response, for Triton to end its stream.
+STREAM_END_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -37,6 +42,9 @@ class ServedModel:
     triton_model: str = ""
     lora_name: Optional[str] = None
     max_queue_size: Optional[int] = None      # the engine's waiting-queue bound (config parameter)
+    # The config's max_model_len, else the checkpoint's max_position_embeddings (the most
+    # the engine allows when none is set): chat prompts are checked against it.
+    max_model_len: Optional[int] = None
 
     @property
     def parent(self) -> Optional[str]:
@@ -71,18 +79,14 @@ class TritonTLS:
     target_name: Optional[str] = None    # the name its certificate carries, when not the address
 
     def client_options(self) -> dict:
-        options: dict = {"ssl": True, "root_certificates": self.root_cert}
-        if self.target_name:    # channel_args replace tritonclient's own: keep its message sizes
-            options["channel_args"] = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-                                       ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-                                       ("grpc.ssl_target_name_override", self.target_name)]
-        return options
+        return {"ssl": True, "root_certificates": self.root_cert}
 
 
 class TritonLLM:
     def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0,
                  admin_headers: Optional[dict[str, str]] = None, tls: Optional[TritonTLS] = None) -> None:
-        self.client = grpcaio.InferenceServerClient(url, **(tls.client_options() if tls else {}))
+        self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args(tls.target_name if tls else None),
+                                                    **(tls.client_options() if tls else {}))
         self._admin = admin_headers or None     # the repository index and configs are restricted
         self.repository = model_repository
         self._models: dict[str, ServedModel] = {}
@@ -115,16 +119,23 @@ class TritonLLM:
         for entry in index.get("models", []):
             if entry.get("state") != "READY" or entry["name"] in found:
                 continue
-            config = (await self.client.get_model_config(entry["name"], headers=self._admin, as_json=True))["config"]
+            try:
+                config = (await self.client.get_model_config(entry["name"], headers=self._admin,
+                                                             as_json=True))["config"]
+            except InferenceServerException as e:    # unloaded or unreachable since the index
+                raise APIError(503, f"the frontend cannot read model '{entry['name']}': {e.message() or e}") from None
             params = {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()}
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
             name, now = entry["name"], int(time.time())
-            queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
-            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name,
-                                      max_queue_size=queue)
+            queue, max_len = (int(params[k]) if (params.get(k) or "").isdigit() else None
+                              for k in ("max_queue_size", "max_model_len"))
+            checkpoint = self._checkpoint(name, params.get("model"))
+            found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
+                                      max_model_len=max_len or _max_positions(checkpoint))
             for adapter in self._adapters(name, params):
-                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter, queue))
+                found.setdefault(adapter, ServedModel(adapter, checkpoint, now, name, adapter, queue,
+                                                      found[name].max_model_len))
         self._models, self._listed_at = found, time.monotonic()
         return found
 
@@ -168,6 +179,19 @@ class TritonLLM:
         return Generation(self.client, model, prompt, sampling, stream, logprobs)
 
 
+class ClientDisconnected(Exception):
+    """The request was cancelled because its HTTP client went away (not an error of ours)."""
+
+
+async def cancel_on_disconnect(request, gen: "Generation") -> None:
+    """Cancels `gen` when the HTTP client of a non-streamed request goes away (run as a
+    task beside the request). Waits on the ASGI channel itself: polling is_disconnected()
+    never saw a disconnect behind the app's BaseHTTPMiddleware, and the request ran to its end."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gen.cancel()
+
+
 class Generation:
     """One Triton request. Iterate for its deltas; `cancel()` ends it (the backend aborts
     the request and frees its KV blocks)."""
@@ -190,12 +214,14 @@ class Generation:
                          "parameters": {"triton_enable_empty_final_response": True}}
         self._client = client
         self._call = None
+        self._cancelled = False
         self._finished = [False] * self.n
 
     async def _requests(self):
         yield self._request
 
     def cancel(self) -> None:
+        self._cancelled = True
         if self._call is not None:
             self._call.cancel()
 
@@ -217,15 +243,48 @@ class Generation:
                             self._finished[delta.index] = True
                         yield delta
                 if param is not None and param.bool_param:
+                    await self._stream_end()
                     break
             if failure is not None:
                 raise failure
-        except InferenceServerException as e:
-            raise from_triton(e.message() or str(e)) from None
+        except asyncio.CancelledError:
+            # Our own cancel() ends the gRPC call with CancelledError; a cancellation of
+            # this task (shutdown) stays one.
+            task = asyncio.current_task()
+            if self._cancelled and not (task and task.cancelling()):
+                raise ClientDisconnected(self.request_id) from None
+            raise
+        except (InferenceServerException, grpc.RpcError) as e:
+            raise unavailable(e) or from_triton(e.message() if isinstance(e, InferenceServerException)
+                                                else e.details() or str(e)) from None
         finally:
             # Ends the gRPC stream too: one left open keeps Triton from unloading the
             # model (a decoupled model stays live while any of its streams is open).
             self.cancel()
+
+
+    async def _stream_end(self) -> None:
+        """After the final response, let Triton end the stream (our side has half-closed
+        it: one request) instead of cancelling it. A cancel that overtakes the backend's
+        release of the request (a request the engine refuses at once sends its final
+        response while execute() is still returning) left the request behind in Triton
+        24.10: the model stayed live and shutdown waited out its 30 s exit timeout."""
+        async def rest() -> None:
+            async for _ in self._call:
+                pass
+        try:
+            await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
+        except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
+            pass                        # the cancel in __aiter__'s finally ends it
+
+
+def _max_positions(checkpoint: Optional[str]) -> Optional[int]:
+    try:
+        with open(os.path.join(checkpoint or "", "config.json")) as f:
+            value = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:

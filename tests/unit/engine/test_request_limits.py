@@ -108,7 +108,10 @@ def test_engine_refuses_each_request_alone_and_serves_on(llama_ckpt):
     engine = llm.engine
     for params, message in [(SamplingParams(logprobs=3), "'logprobs' is 3, more than max_logprobs=2"),
                             (SamplingParams(stop=["a", "b"]), "'stop' has 2 strings, more than max_stop_strings=1"),
-                            (SamplingParams(n=65), "'n' is 65, more than max_n=64")]:
+                            (SamplingParams(n=65), "'n' is 65, more than max_n=64"),
+                            # was silently dropped by the sampler (issue 31)
+                            (SamplingParams(logit_bias={5: 1.0, 10**6: 5.0}),
+                             r"'logit_bias': token id 1000000 is outside the vocabulary \[0, ")]:
         with pytest.raises(InvalidRequestError, match=message):
             engine.add_request([5, 6, 7], params)
     assert not engine.has_unfinished_requests()

@@ -161,6 +161,24 @@ def test_a_slow_grammar_fails_alone_at_its_compile_limit_while_others_run(tiny_c
     assert_pool_free(llm)
 
 
+def test_a_fast_grammar_does_not_wait_behind_a_slow_compile(tiny_ckpt):
+    """Compiles run in a bounded pool of several threads: a guided request whose grammar
+    compiles in milliseconds completes while a slow compile (seconds) still runs; with
+    one compile thread it waited for the slow one (issue 31: 30-50 s behind a 30k-value
+    enum)."""
+    llm = LLM(tiny_ckpt, num_kv_blocks=256, guided_compile_timeout_s=60)
+    engine = llm.engine
+    slow = engine.add_request("a", SamplingParams(max_tokens=8, guided_json=SLOW_SCHEMA))
+    fast = engine.add_request("c", SamplingParams(max_tokens=8, guided_regex="[0-9]{3}"))
+    finals = {}
+    while fast.request_id not in finals:
+        finals.update({out.request_id: out for out in engine.step() if out.finished})
+    assert slow.request_id not in finals and slow.grammar is None      # still compiling
+    assert finals[fast.request_id].error is None and re.fullmatch(r"[0-9]{3}", finals[fast.request_id].text)
+    engine.abort_request(slow.request_id)
+    assert_pool_free(llm)
+
+
 def test_compiles_given_up_on_are_capped_then_guided_requests_wait_their_end(tiny_ckpt, monkeypatch):
     """Each compile past its limit holds a thread until xgrammar returns: at
     MAX_ABANDONED_COMPILES of them, new guided requests are refused (UNAVAILABLE), plain

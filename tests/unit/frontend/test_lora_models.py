@@ -36,3 +36,30 @@ def test_a_request_for_an_adapter_goes_to_its_model(monkeypatch):
         await llm.close()
     asyncio.run(run())
     assert sent == [("llm", {"max_tokens": 3, "lora_name": "sql"}), ("llm", {"max_tokens": 3})]
+
+
+def test_listing_reads_max_model_len_for_chat_checks(tmp_path):
+    """The config's max_model_len, else the checkpoint's max_position_embeddings; an
+    adapter has its model's (the frontend refuses a chat that cannot fit: chat.py)."""
+    ckpt = tmp_path / "llm" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+
+    class FakeClient:
+        def __init__(self, params):
+            self.params = params
+
+        async def get_model_repository_index(self, **_):
+            return {"models": [{"name": "llm", "state": "READY"}]}
+
+        async def get_model_config(self, name, **_):
+            return {"config": {"backend": "paged_llm", "parameters": {k: {"string_value": v}
+                                                                      for k, v in self.params.items()}}}
+
+    async def run(params):
+        llm = TritonLLM("127.0.0.1:1", model_repository=str(tmp_path))
+        await llm.client.close()
+        llm.client = FakeClient({"model": "ckpt", "lora_modules": "sql=/x", **params})
+        return {name: m.max_model_len for name, m in (await llm.models()).items()}
+    assert asyncio.run(run({"max_model_len": "1024"})) == {"llm": 1024, "sql": 1024}
+    assert asyncio.run(run({})) == {"llm": 4096, "sql": 4096}

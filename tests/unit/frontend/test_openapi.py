@@ -4,6 +4,8 @@ error statuses in our shape; and the answers that need no tritonserver (strict J
 unknown routes and methods). The running server is fuzzed against this document in
 tests/integration/test_api_fuzz.py."""
 
+import json
+
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
@@ -59,11 +61,35 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     ({"model": "m", "prompt": "a", "logit_bias": {"7": 101}}, False),
     ({"model": "m", "prompt": "a", "stop": ["a", ""]}, False),
     ({"model": "m", "prompt": "a", "unknown": 1}, True),    # ignored, as OpenAI does
+    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, False),
+    ({"model": "m", "prompt": "a", "stream": True, "stream_options": {"include_usage": True}}, True),
+    ({"model": "m", "prompt": "a", "stream_options": None}, True),
 ])
 def test_the_declared_request_schema_follows_the_validators(body, valid):
     doc = document()
     schema = resolve(doc, {"$ref": "#/components/schemas/CompletionRequest"})
     assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid
+
+
+@pytest.mark.parametrize("message, valid", [
+    ({"role": "user", "content": "x"}, True),
+    ({"role": "assistant", "content": None}, True),
+    ({"role": "user", "content": None}, False),
+    ({"role": "tool"}, False),
+    ({"role": "wizard", "content": "x"}, False),
+    ({"role": "user", "content": [{"type": "text", "text": "x"}]}, True),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}, False),
+])
+def test_the_declared_message_schema_follows_the_validators(message, valid):
+    doc = document()
+    schema = resolve(doc, {"$ref": "#/components/schemas/ChatCompletionRequest"})
+    body = {"model": "m", "messages": [message]}
+    assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid
+    try:
+        ChatCompletionRequest.model_validate(body)
+        assert valid
+    except ValueError:
+        assert not valid
 
 
 def test_the_error_schemas_fix_code_and_type():
@@ -88,6 +114,31 @@ def test_bodies_must_be_strict_json(client, body):
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
     r = client.post(path, content=body, headers={"authorization": "Bearer key-1"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",        # json.loads: RecursionError
+    json.dumps({"model": "m", "prompt": "a", "guided_json": _nested(500)}).encode(),  # json.dumps on the way out
+    json.dumps({"model": "m", "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "deep", "schema": _nested(500)}}}).encode(),
+])
+def test_deeply_nested_bodies_are_a_400_not_a_500(client, body):
+    r = client.post("/v1/completions", content=body, headers={"authorization": "Bearer key-1"})
+    assert r.status_code == 400 and "levels deep" in r.json()["error"]["message"]
+
+
+def test_nesting_is_counted_outside_strings_only(client):
+    """Brackets inside a string nest nothing; a schema a few dozen levels deep passes."""
+    for body in ({"model": "m", "prompt": "[{" * 50_000}, {"model": "m", "prompt": "a", "guided_json": _nested(60)}):
+        r = client.post("/v1/completions", json=body, headers={"authorization": "Bearer key-1"})
+        assert r.status_code == 503      # past the body: no tritonserver here
 
 
 def test_a_surrogate_pair_is_a_character(client):

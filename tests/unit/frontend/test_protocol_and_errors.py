@@ -51,6 +51,22 @@ def test_requests_translate_to_sampling_parameters():
     ({"model": "m", "prompt": [5, 2**40]}, "prompt"),                      # token ids travel as INT32
     ({"model": "m", "prompt": "a", "seed": 2**64}, "seed"),                # the engine's seeds are int64
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content"),
+    # strict input (issue 31): no coercion, known roles, content where needed, stream_options with stream
+    ({"model": "m", "prompt": "a", "max_tokens": "10"}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "stream": "yes"}, "stream"),
+    ({"model": "m", "prompt": "a", "temperature": "0.5"}, "temperature"),
+    ({"model": "m", "prompt": "a", "logprobs": True}, "logprobs"),
+    ({"model": "m", "prompt": "a", "max_tokens": 10.5}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": {}}]}]}, "messages.0.content"),  # was a 500
+    ({"model": "m", "prompt": "a", "stream": True, "stream_options": {"include_usage": "true"}},
+     "stream_options.include_usage"),
+    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": False,
+      "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"model": "m", "messages": [{"role": "user", "content": None}]}, "messages.0"),
+    ({"model": "m", "messages": [{"role": "system"}]}, "messages.0"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 2**70}, "seed"),
 ])
 def test_bad_bodies_name_the_field(body, param):
     from frontend.openai_api.errors import APIError
@@ -58,6 +74,37 @@ def test_bad_bodies_name_the_field(body, param):
     with pytest.raises(APIError) as e:
         parse(cls, body)
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("part, what", [
+    ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, "images"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
+    ({"type": "file", "file": {"file_id": "f"}}, "files"),
+    ({"type": "hologram"}, None),
+])
+def test_non_text_content_parts_are_refused_not_dropped(part, what):
+    """An image part was dropped in silence: the model answered about a conversation
+    without it (issue 31)."""
+    from frontend.openai_api.errors import APIError
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]}
+    with pytest.raises(APIError) as e:
+        parse(ChatCompletionRequest, body)
+    assert e.value.status == 400 and e.value.param == "messages.0.content"
+    assert (f"this model does not accept {what}" if what else "unsupported content part") in e.value.message
+
+
+def test_what_strict_input_still_accepts():
+    """An int where a float goes and an integral float where an int goes (JSON has one
+    number type); every OpenAI role; an assistant turn without content (tool calls
+    alone); stream_options with stream."""
+    req = parse(CompletionRequest, {"model": "m", "prompt": [5.0, 6], "temperature": 1, "top_p": 1, "stream": True,
+                                    "stream_options": {"include_usage": True}, "logit_bias": {"5": 2}, "n": 2.0,
+                                    "max_tokens": 10.0})
+    assert req.temperature == 1.0 and req.sampling_parameters(None)["logit_bias"] == {5: 2.0}
+    assert (req.n, req.max_tokens, req.prompt) == (2, 10, [5, 6]) and type(req.n) is int
+    messages = [{"role": r, "content": "x"} for r in ("system", "developer", "user", "tool")]
+    chat = parse(ChatCompletionRequest, {"model": "m", "messages": messages + [{"role": "assistant", "content": None}]})
+    assert [m.role for m in chat.messages][-1] == "assistant" and chat.messages[-1].text() == ""
 
 
 def test_n_past_the_models_queue_is_a_400_naming_it():

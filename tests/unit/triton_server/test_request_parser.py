@@ -171,3 +171,15 @@ def test_bad_guided_parameters_name_the_field(sp, expected):
     with pytest.raises(InvalidRequestError, match=re.escape(expected)):
         parse_request({"text_input": np.array([b"x"], dtype=object),
                        "sampling_parameters": np.array([json.dumps(sp).encode()], dtype=object)})
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ('{"guided_json": "' + '[' * 5000 + ']' * 5000 + '"}', "'guided_json': Value error, nests too deeply"),
+    ('{"x": ' + '[' * 5000 + ']' * 5000 + '}', "input 'sampling_parameters' nests too deeply"),
+])
+def test_deeply_nested_json_is_a_bad_request_not_an_internal_error(raw, expected):
+    """json recurses per level: these raised RecursionError, an INTERNAL error (500
+    through the OpenAI frontend, whose own body check cannot see into a string)."""
+    with pytest.raises(InvalidRequestError, match=re.escape(expected)):
+        parse_request({"text_input": np.array([b"x"], dtype=object),
+                       "sampling_parameters": np.array([raw.encode()], dtype=object)})
