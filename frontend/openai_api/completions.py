@@ -116,8 +116,14 @@ class BatchGeneration:
         self._tasks: list[asyncio.Task] = []
 
     def cancel(self) -> None:
+        """Ends every Triton request; each pump then hands its ClientDisconnected (or end)
+        to the iteration, which raises it (cancelling the pumps too would leave the
+        iteration waiting on a queue no one fills)."""
         for g in self.gens:
             g.cancel()
+
+    def _close(self) -> None:
+        self.cancel()
         for t in self._tasks:
             t.cancel()
 
@@ -162,7 +168,7 @@ class BatchGeneration:
                 for d in rest:
                     yield d
         finally:
-            self.cancel()
+            self._close()
 
 
 class Completion:
