@@ -43,6 +43,7 @@ from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
+from backend.models.rotary import long_rope
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
@@ -84,7 +85,7 @@ class LLMEngine(RequestIntake):
             kv_dtype = torch.float32
         if args.model_runner == "tensorrt" and self.device.type != "cuda":
             raise ConfigError("invalid engine argument 'model_runner': 'tensorrt' needs a CUDA device")
-        max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
+        max_position = self.max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
         if tp_size > 1:
             self.workers = TensorParallelWorkers(WorkerSpec(
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
@@ -129,6 +130,7 @@ class LLMEngine(RequestIntake):
                                    structured=StructuredOutputManager(
                                        self.tokenizer, cfg.vocab_size, self.device, args.max_num_seqs,
                                        args.guided_compile_timeout_s))
+        self.scheduler.long_rope_original = long_rope(cfg.rope_scaling)
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
@@ -182,6 +184,8 @@ class LLMEngine(RequestIntake):
         args = self.args
         sampler = Sampler(args.seed, self.device, args.max_num_seqs)
         inputs = StepInputBuilder(*sizing.input_sizes(self.args, self.max_model_len), args.block_size, self.device)
+        if long_rope(self.model_config.rope_scaling) is not None:
+            inputs.long_rope = (long_rope(self.model_config.rope_scaling), self.max_position)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.model_runner == "torch":
@@ -284,6 +288,7 @@ class LLMEngine(RequestIntake):
             "num_cached_blocks": len(kv.pool.cached),
             "num_preemptions": self.scheduler.num_preemptions,
             "num_chunked_prefills": self.scheduler.num_chunked_prefills,
+            "num_long_rope_restarts": self.scheduler.num_long_rope_restarts,
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "num_running": len(self.scheduler.running),

@@ -32,6 +32,7 @@ from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.structured_output_manager import StructuredOutputManager
+from backend.models.rotary import long_rope_salt
 
 
 @dataclass
@@ -88,6 +89,9 @@ class Scheduler:
         # Steps in which a prompt was cut short by the token budget (chunked prefill).
         self.num_chunked_prefills = 0
         self.num_generation_tokens_total = 0
+        # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
+        self.long_rope_original: Optional[int] = None
+        self.num_long_rope_restarts = 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -159,6 +163,13 @@ class Scheduler:
             if request.num_output_placeholders and (
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
                 idx += 1                    # its step in flight brings its last token
+                continue
+            if (self.long_rope_original is not None and not request.long_rope
+                    and request.num_tokens + request.num_output_placeholders > self.long_rope_original):
+                # Its next token lies past LongRoPE's original context: like transformers,
+                # recompute the whole sequence with the long frequencies.
+                self._preempt(request, long_rope_restart=True)
+                out.preempted.append(request)
                 continue
             num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                           - request.num_computed_tokens, budget)
@@ -245,15 +256,20 @@ class Scheduler:
                 freed = True
         return freed
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, long_rope_restart: bool = False) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = request.num_draft_computed = 0
         request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
         request.spec_token_ids, request.draft_probs = [], None
-        request.num_preemptions += 1
-        self.num_preemptions += 1
+        if long_rope_restart:
+            request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
+            request.block_hashes = []           # the chain starts again from the new salt
+            self.num_long_rope_restarts += 1
+        else:
+            request.num_preemptions += 1
+            self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from backend.models import arch_config
 from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
 
 SUPPORTED_ARCHITECTURES = {
@@ -14,6 +15,9 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
@@ -49,6 +53,17 @@ class ModelConfig:
     # o_proj's bias: Llama / Qwen3 with attention_bias (Hugging Face gives every attention
     # projection a bias then); Qwen2 has one on q/k/v only.
     o_bias: bool = False
+    # Gemma (backend/models/arch_config.py): scores scaled by query_pre_attn_scalar**-0.5
+    # instead of head_dim**-0.5; tanh soft-caps on attention scores and final logits;
+    # Gemma 3's RoPE base on its sliding layers.
+    query_pre_attn_scalar: Optional[float] = None
+    attn_logit_softcap: Optional[float] = None
+    final_logit_softcap: Optional[float] = None
+    local_rope_theta: Optional[float] = None
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -89,27 +104,12 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     hidden = cfg["hidden_size"]
     num_layers = cfg["num_hidden_layers"]
 
-    # transformers >= 5 writes rope_parameters; older checkpoints rope_theta + rope_scaling.
-    rope = dict(cfg.get("rope_parameters") or {})
-    rope_theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not rope:
-        rope = dict(cfg.get("rope_scaling") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise UnsupportedModelError(f"unsupported rope_type '{rope_type}' (supported: default, llama3)")
-    rope_scaling = rope if rope_type == "llama3" else None
-
-    window = cfg.get("sliding_window")
-    if family == "qwen2" or family == "qwen3":
-        layer_types = cfg.get("layer_types")
-        if layer_types:
-            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
-        else:
-            windows = tuple(window if cfg.get("use_sliding_window") else None for _ in range(num_layers))
-    elif family == "mistral":
-        windows = tuple(window for _ in range(num_layers))
-    else:
-        windows = tuple(None for _ in range(num_layers))
+    try:
+        rope = arch_config.rope_fields(cfg, family)
+        windows = arch_config.sliding_windows(cfg, family, num_layers)
+        gemma = arch_config.gemma_fields(cfg, family)
+    except arch_config.ArchConfigError as e:
+        raise UnsupportedModelError(str(e)) from None
 
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
@@ -124,7 +124,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         except IntFormatError as e:
             raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
-    hidden_act = cfg.get("hidden_act", "silu")
+    hidden_act = arch_config.hidden_act(cfg, family)
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
 
@@ -139,11 +139,11 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         head_dim=cfg.get("head_dim") or hidden // num_heads,
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=float(rope_theta),
-        rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=rope["rope_theta"],
+        rope_scaling=rope["rope_scaling"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in arch_config.TIED_BY_DEFAULT)),
         qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "gemma3"),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=hidden_act,
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
@@ -151,4 +151,6 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         eos_token_ids=tuple(eos),
         quantization=quant,
         o_bias=bool(cfg.get("attention_bias", False)),
+        local_rope_theta=rope["local_rope_theta"],
+        **gemma,
     )
