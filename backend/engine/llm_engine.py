@@ -124,7 +124,12 @@ class LLMEngine(RequestIntake):
         self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
 
-        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        # Every layer sliding (Mistral-style): blocks out of every window are freed during
+        # generation. Not with speculation (a draft shares the blocks; rejected tokens
+        # roll back) nor for mixed layers (Gemma: the full layers need every block).
+        windows = cfg.sliding_windows
+        window = max(windows) if windows and all(windows) and spec is None else None
+        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching, window)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_loras=args.max_loras if self.lora is not None else None,
                                    structured=StructuredOutputManager(

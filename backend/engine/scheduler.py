@@ -171,6 +171,7 @@ class Scheduler:
                 self._preempt(request, long_rope_restart=True)
                 out.preempted.append(request)
                 continue
+            self.kv_cache.free_outside_window(request)
             num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                           - request.num_computed_tokens, budget)
             if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
