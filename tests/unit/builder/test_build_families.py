@@ -30,3 +30,15 @@ def test_build_and_serve(ckpt_dir, tmp_path, arch):
         if weights == "float32":
             assert got == hf_greedy(ckpt, prompts, 6)
         assert_pool_free(llm)
+
+
+def test_what_is_not_supported_yet_is_refused_by_name(ckpt_dir, tmp_path):
+    from builder.build import BuildError
+    gemma2 = make_checkpoint(str(ckpt_dir / "gemma2"), "gemma2")
+    with pytest.raises(BuildError, match="'engine'.*soft-capping"):
+        build(BuildOptions.create(checkpoint=gemma2, output=str(tmp_path / "g"), engine="onnxruntime"),
+              log=lambda *_: None, progress=False)
+    phi3 = make_checkpoint(str(ckpt_dir / "phi3"), "phi3")
+    with pytest.raises(BuildError, match="tensor_parallel_size.*fused qkv_proj"):
+        build(BuildOptions.create(checkpoint=phi3, output=str(tmp_path / "p"), tensor_parallel_size=2),
+              log=lambda *_: None, progress=False)
