@@ -164,8 +164,7 @@ class Scheduler:
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
                 idx += 1                    # its step in flight brings its last token
                 continue
-            if (self.long_rope_original is not None and not request.long_rope
-                    and request.num_tokens + request.num_output_placeholders > self.long_rope_original):
+            if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
                 # Its next token lies past LongRoPE's original context: like transformers,
                 # recompute the whole sequence with the long frequencies.
                 self._preempt(request, long_rope_restart=True)
@@ -205,6 +204,8 @@ class Scheduler:
             if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step
                 continue
+            if self._past_long_rope_context(request, request.num_tokens):
+                self._enter_long_rope(request)      # preempted while short, longer since
             cached = self.kv_cache.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             if cached is None:
                 # Its prompt's blocks are being computed in this step (by a sibling or a
@@ -265,13 +266,24 @@ class Scheduler:
         request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
         request.spec_token_ids, request.draft_probs = [], None
         if long_rope_restart:
-            request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
-            request.block_hashes = []           # the chain starts again from the new salt
+            self._enter_long_rope(request)
             self.num_long_rope_restarts += 1
         else:
             request.num_preemptions += 1
             self.num_preemptions += 1
         self.waiting.appendleft(request)
+
+    def _past_long_rope_context(self, request: Request, num_tokens: int) -> bool:
+        """A LongRoPE request still in short mode holding more tokens than the original
+        context (backend/models/rotary.py): it must be computed in long mode."""
+        return (self.long_rope_original is not None and not request.long_rope
+                and num_tokens > self.long_rope_original)
+
+    @staticmethod
+    def _enter_long_rope(request: Request) -> None:
+        """Long mode, for a request that holds no KV: its own prefix-cache chain."""
+        request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
+        request.block_hashes = []           # the chain starts again from the new salt
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """The step's result applied to request and KV state, by the one writer of both:
