@@ -103,3 +103,12 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
                                  attention_mask=torch.ones(1, len(p), dtype=torch.long))
             outs.append(ids[0, len(p):].tolist())
     return outs
+
+
+def hf_logprobs(path: str, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """log-softmax of transformers' logits at each generated position: [len(output), V]."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1:len(prompt) + len(output) - 1], dim=-1)

@@ -7,8 +7,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from tests.conftest import assert_pool_free, random_prompts
-from tests.helpers.checkpoints import hf_greedy, make_checkpoint
-from tests.unit.engine.test_logprobs import hf_logprobs
+from tests.helpers.checkpoints import hf_greedy, hf_logprobs, make_checkpoint
 
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120, 50, 60]
 MAX_NEW = 24
