@@ -90,9 +90,14 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
     window = cfg.get("sliding_window")
     layer_types = cfg.get("layer_types")
     if family in ("qwen2", "qwen3"):
+        # transformers: no window unless use_sliding_window, and then only from layer
+        # max_window_layers on (unless layer_types says otherwise).
+        if not cfg.get("use_sliding_window"):
+            window = None
         if layer_types:
             return tuple(window if t == "sliding_attention" else None for t in layer_types)
-        return tuple(window if cfg.get("use_sliding_window") else None for _ in range(num_layers))
+        first = int(cfg.get("max_window_layers", 28))
+        return tuple(window if i >= first else None for i in range(num_layers))
     if family in ("mistral", "phi3"):
         return tuple(window for _ in range(num_layers))
     if family in GEMMA_FAMILIES:

@@ -67,3 +67,14 @@ def test_phi3_longrope_su_and_window():
 def test_refused_with_the_field_named(extra, needle):
     with pytest.raises(UnsupportedModelError, match=needle):
         model_config_from_dict({**BASE, **extra})
+
+
+def test_qwen2_window_only_from_max_window_layers_on():
+    """transformers' Qwen2Config: the window needs use_sliding_window and applies from layer
+    max_window_layers on (earlier this read every layer as sliding)."""
+    base = {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32}
+    assert model_config_from_dict({**base, "use_sliding_window": True, "max_window_layers": 4}).sliding_windows \
+        == (None,) * 4 + (32,) * 2
+    assert model_config_from_dict({**base, "use_sliding_window": False}).sliding_windows == (None,) * 6
+    assert model_config_from_dict({**base, "use_sliding_window": False,
+                                   "layer_types": ["sliding_attention"] * 6}).sliding_windows == (None,) * 6
