@@ -89,7 +89,8 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
     `window` positions, the query's own included)."""
     window = cfg.get("sliding_window")
     layer_types = cfg.get("layer_types")
-    if family in ("qwen2", "qwen3"):
+    # (The MoE family names are those of the parallel MoE branch, so its merge is a no-op here.)
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         # transformers: no window unless use_sliding_window, and then only from layer
         # max_window_layers on (unless layer_types says otherwise).
         if not cfg.get("use_sliding_window"):
@@ -98,7 +99,7 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
             return tuple(window if t == "sliding_attention" else None for t in layer_types)
         first = int(cfg.get("max_window_layers", 28))
         return tuple(window if i >= first else None for i in range(num_layers))
-    if family in ("mistral", "phi3"):
+    if family in ("mistral", "mixtral", "phi3"):
         return tuple(window for _ in range(num_layers))
     if family in GEMMA_FAMILIES:
         if not layer_types:
