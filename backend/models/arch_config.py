@@ -40,11 +40,11 @@ def _split_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], Optio
 
 
 def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
-    """rope_theta, rope_scaling (None or a dict with its rope_type) and local_rope_theta."""
+    """rope_theta, rope_scaling (None or a dict with its rope_type), local_rope_theta and
+    partial_rotary_factor (RoPE over the first int(head_dim * factor) channels: Phi-4-mini)."""
     full, local = _split_rope(cfg, family)
     theta = float(full.pop("rope_theta"))
-    if float(full.pop("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0) != 1.0:
-        raise ArchConfigError("unsupported partial_rotary_factor != 1 (RoPE over part of the head)")
+    partial = float(full.pop("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0)
     rope_type = full.get("rope_type", full.get("type", "default"))
     if rope_type in ("su",) or (family == "phi3" and rope_type == "yarn"):
         rope_type = "longrope"   # Phi-3's older names, as transformers' Phi3Config maps them
@@ -64,7 +64,8 @@ def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
         if local.get("rope_type", local.get("type", "default")) != "default":
             raise ArchConfigError("unsupported RoPE scaling on Gemma 3's sliding layers")
         local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
-    return {"rope_theta": theta, "rope_scaling": scaling, "local_rope_theta": local_theta}
+    return {"rope_theta": theta, "rope_scaling": scaling, "local_rope_theta": local_theta,
+            "partial_rotary_factor": partial}
 
 
 def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:

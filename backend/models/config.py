@@ -60,6 +60,12 @@ class ModelConfig:
     attn_logit_softcap: Optional[float] = None
     final_logit_softcap: Optional[float] = None
     local_rope_theta: Optional[float] = None
+    # Channels of each head that RoPE rotates (partial_rotary_factor); None: all.
+    rotary_dim: Optional[int] = None
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @property
     def family(self) -> str:
@@ -111,6 +117,14 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     except arch_config.ArchConfigError as e:
         raise UnsupportedModelError(str(e)) from None
 
+    head_dim = cfg.get("head_dim") or hidden // num_heads
+    rotary_dim = int(head_dim * rope["partial_rotary_factor"])
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise UnsupportedModelError(f"unsupported partial_rotary_factor {rope['partial_rotary_factor']} "
+                                    f"(RoPE over {rotary_dim} of {head_dim} channels)")
+    if rotary_dim < head_dim and family in ("qwen3", "gemma3"):
+        raise UnsupportedModelError("unsupported partial_rotary_factor with q/k norms")
+
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
     quant = cfg.get("quantization_config")
@@ -136,7 +150,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        head_dim=head_dim,
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         rope_theta=rope["rope_theta"],
@@ -152,5 +166,6 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         quantization=quant,
         o_bias=bool(cfg.get("attention_bias", False)),
         local_rope_theta=rope["local_rope_theta"],
+        rotary_dim=rotary_dim if rotary_dim < head_dim else None,
         **gemma,
     )

@@ -61,7 +61,7 @@ class GemmaCausalLM(CausalLM):
         cfg = self.config
         self.rotary_local = None
         if cfg.local_rope_theta is not None:
-            self.rotary_local = RotaryEmbedding(cfg.head_dim, max_position, cfg.local_rope_theta, None)
+            self.rotary_local = RotaryEmbedding(cfg.rope_dim, max_position, cfg.local_rope_theta, None)
         # transformers: embeddings * tensor(sqrt(hidden)).to(weight dtype); the loader
         # casts this buffer to the compute dtype, which is that rounding.
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5), persistent=False)

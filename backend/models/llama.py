@@ -158,7 +158,7 @@ class CausalLM(nn.Module):
         """Tables that are not weights (RoPE); the loader calls this again after loading,
         since the model was built on the meta device."""
         cfg = self.config
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.rope_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
 
     @staticmethod
     def adapt_checkpoint(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

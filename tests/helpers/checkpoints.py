@@ -56,7 +56,7 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
         cfg, cls = tf.Gemma3TextConfig(**kw), tf.Gemma3ForCausalLM
     elif arch == "phi3":
         # LongRoPE with a 64-token original context: prompts and generations cross it.
-        half = (kw["hidden_size"] // kw["num_attention_heads"]) // 2
+        half = int((kw["hidden_size"] // kw["num_attention_heads"]) * kw.get("partial_rotary_factor", 1.0)) // 2
         kw.update(pad_token_id=0)
         kw.setdefault("original_max_position_embeddings", 64)
         kw.setdefault("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],

@@ -59,7 +59,8 @@ def test_phi3_longrope_su_and_window():
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.5625}, "partial_rotary_factor"),
+    ({"architectures": ["Gemma3ForCausalLM"], "partial_rotary_factor": 0.5}, "q/k norms"),
     ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "bidirectional"),
     ({"architectures": ["Gemma2ForCausalLM"], "layer_types": ["full_attention"]}, "layer_types"),
     ({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic"),

@@ -33,9 +33,14 @@ def serve(path: str, prompts: list[list[int]], max_new: int = MAX_NEW, **engine)
     return [o.token_ids for o in outs], stats
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
-def test_greedy_matches_transformers(ckpt_dir, arch):
-    path = make_checkpoint(str(ckpt_dir / arch), arch)
+@pytest.mark.parametrize("arch,overrides", [
+    ("gemma2", {}), ("gemma3", {}), ("phi3", {}),
+    # Phi-4-mini's shape of Phi-3: RoPE over 3/4 of each head, tied embeddings.
+    ("phi3", {"partial_rotary_factor": 0.75, "tie_word_embeddings": True}),
+], ids=["gemma2", "gemma3", "phi3", "phi3-partial-rotary-tied"])
+def test_greedy_matches_transformers(ckpt_dir, arch, overrides):
+    name = "-".join([arch] + sorted(overrides))
+    path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)
     prompts = mixed_prompts(seed=1)
     expected = hf_greedy(path, prompts, MAX_NEW)
     got, stats = serve(path, prompts)
