@@ -78,6 +78,10 @@ def main() -> int:
     ptx = {v: tiled_attention(*v).asm["ptx"] for v in variants}
     assert all(".target sm_90" in p for p in ptx.values())
     assert all(".target sm_90" in c.asm["ptx"] for c in layer_ops("bf16"))
+    # The one-token (decode) kernel with Gemma 2's window and soft-cap, as the plugin's entry.
+    from backend.attention.aot import compile_attention
+    capped = compile_attention(fp8=False, sliding_window=4096, logits_soft_cap=50.0)
+    assert ".target sm_90" in capped.ptx and capped.num_params == 24
     extra = lora_and_int_gemm("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in extra)
     if "mma" not in extra[-1].asm["ptx"]:
