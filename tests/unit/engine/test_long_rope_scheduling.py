@@ -40,6 +40,7 @@ def test_decode_into_position_original_restarts_in_long_mode():
     assert out.scheduled[0].num_new_tokens == 9
     # The short-mode blocks stay cached under the unsalted chain, not found by the long one.
     assert kv.prefix_cache_hit_tokens == 0
+    _finish(scheduler, kv, r)
 
 
 def test_preempted_short_request_back_longer_enters_long_mode_at_admission():
@@ -47,9 +48,16 @@ def test_preempted_short_request_back_longer_enters_long_mode_at_admission():
     out = scheduler.schedule()
     assert r.long_rope and out.scheduled[0].num_new_tokens == 9
     assert scheduler.num_long_rope_restarts == 0     # it held no KV: nothing to restart
+    _finish(scheduler, kv, r)
 
 
 def test_prompt_within_the_original_context_stays_short():
-    scheduler, _, r = _setup(ORIGINAL)
+    scheduler, kv, r = _setup(ORIGINAL)
     out = scheduler.schedule()
     assert not r.long_rope and out.scheduled[0].num_new_tokens == ORIGINAL and r.cache_salt is None
+    _finish(scheduler, kv, r)
+
+
+def _finish(scheduler: Scheduler, kv: KVCacheManager, r: Request) -> None:
+    scheduler.abort_request(r.request_id)
+    assert kv.num_free_blocks == kv.num_total_blocks
