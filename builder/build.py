@@ -244,6 +244,10 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
     params = engine_parameters(opts, model_path, place_draft(opts, out), place_adapters(opts, cfg, out))
+    if opts.engine != "torch" and cfg.attn_logit_softcap:
+        raise BuildError(f"invalid build option 'engine': '{opts.engine}' exports a graph whose attention (the "
+                         "PagedAttention node, the TensorRT plugin) has no soft-capping yet; "
+                         f"{cfg.architecture} needs it: use --engine torch")
     if opts.engine != "torch":
         params.update(_export_graph(opts, served, cfg, plan, stages, log))
     params["grace_period_s"] = opts.grace_period_s

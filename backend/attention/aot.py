@@ -60,7 +60,8 @@ def plugin_signature(dtype: str, fp8: bool) -> dict[str, str]:
 
 def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, num_kv_heads: int = 8,
                       head_dim: int = 128, block_size: int = 16, scale: Optional[float] = None,
-                      sliding_window: Optional[int] = None, fp8: bool = True) -> CompiledKernel:
+                      sliding_window: Optional[int] = None, fp8: bool = True,
+                      logits_soft_cap: Optional[float] = None) -> CompiledKernel:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile kernels ahead of time")
     import triton
@@ -69,7 +70,8 @@ def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, 
 
     from backend.attention import triton_attention as ta
     consts = ta.attention_constexprs(num_heads, num_kv_heads, head_dim, block_size,
-                                     head_dim ** -0.5 if scale is None else scale, sliding_window, fp8)
+                                     head_dim ** -0.5 if scale is None else scale, sliding_window, fp8,
+                                     logits_soft_cap=logits_soft_cap)
     consts.update(part_acc_ptr=None, part_ml_ptr=None)
     sig = {**plugin_signature(dtype, fp8), **{k: "constexpr" for k in consts}}
     compiled = triton.compile(ASTSource(fn=ta._paged_attention_kernel, signature=sig, constexprs=consts),

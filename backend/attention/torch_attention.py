@@ -5,6 +5,11 @@ chunks run one sequence at a time through scaled_dot_product_attention with an
 explicit mask (causal within the chunk, full over the cached context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
 see exactly the same values, FP8 cache included.
+
+A sliding window (per layer) masks keys more than `window - 1` positions before the
+query (transformers' `kv_idx > q_idx - window`). A soft-cap (Gemma 2) bounds each
+score as cap * tanh(score / cap) before the mask and softmax; SDPA cannot do that, so
+those layers compute the scores explicitly, in the order transformers' eager path does.
 """
 
 from __future__ import annotations
@@ -90,14 +95,31 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: t
     return x.to(dtype)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
+           logits_soft_cap: Optional[float]) -> torch.Tensor:
+    """softmax(mask(cap(q k^T * scale))) v over [..., H, n, D] queries and [..., KVH, L, D]
+    keys/values (GQA: H a multiple of KVH); allowed broadcasts to [..., H, n, L]."""
+    gqa = q.shape[-3] != k.shape[-3]
+    if logits_soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    if gqa:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 class TorchPagedAttention:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -131,8 +153,7 @@ class TorchPagedAttention:
         allowed = pos[None, :] < lens[:, None]
         if self.sliding_window is not None:
             allowed &= pos[None, :] > (lens[:, None] - 1 - self.sliding_window)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=allowed[:, None, None, :],
-                                           scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
+        o = attend(q[:, :, None, :], k, v, allowed[:, None, None, :], self.scale, self.logits_soft_cap)
         return o[:, :, 0, :]
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
@@ -147,7 +168,6 @@ class TorchPagedAttention:
         allowed = k_pos[None, :] <= q_pos[:, None]
         if self.sliding_window is not None:
             allowed &= k_pos[None, :] > (q_pos[:, None] - self.sliding_window)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=allowed, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
+        o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed, self.scale,
+                   self.logits_soft_cap)
         return o.transpose(0, 1)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _store_kv
+from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _store_kv
 
 
 @triton.jit
@@ -39,7 +39,8 @@ def _paged_attention_kernel(
         out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        SOFTCAP: tl.constexpr = 0.0):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,6 +100,7 @@ def _paged_attention_kernel(
         v = _load_kv(v_cache_ptr, v_ptr, rows, src, stride_vt, stride_vh, kvh, d, cached, fresh, dmask,
                      v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
         qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * SM_SCALE      # [G, BLOCK_SIZE]
+        qk = _soft_cap(qk, SOFTCAP)
         qk = tl.where(kmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -156,18 +158,20 @@ def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, bloc
 
 
 def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, scale: float,
-                         sliding_window: Optional[int], fp8: bool, num_splits: int = 1) -> dict:
+                         sliding_window: Optional[int], fp8: bool, num_splits: int = 1,
+                         logits_soft_cap: Optional[float] = None) -> dict:
     """The kernel's compile-time parameters (shared by the launch here and the AOT build)."""
     group = num_heads // num_kv_heads
     return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
                 HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
                 SM_SCALE=float(scale), SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8),
-                NUM_SPLITS=num_splits)
+                NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
                     meta: AttentionMetadata, scale: float, sliding_window: Optional[int] = None,
-                    num_splits: Optional[int] = None, tiled: Optional[bool] = None) -> torch.Tensor:
+                    num_splits: Optional[int] = None, tiled: Optional[bool] = None,
+                    logits_soft_cap: Optional[float] = None) -> torch.Tensor:
     """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
     returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]. Steps with
     prompt tokens (max_query_len > 1) take the tensor-core tiled kernel
@@ -182,7 +186,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         padded = sum(meta.query_lens_cpu) < T
         out = (torch.zeros if padded else torch.empty)((T, H, D), dtype=q.dtype, device=q.device)
         launch_tiled_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                               meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window)
+                               meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window,
+                               logits_soft_cap=logits_soft_cap)
         return out
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     if num_splits is None:
@@ -190,7 +195,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     if num_splits is None:
         num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                           meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits)
+                           meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits,
+                           logits_soft_cap)
     return out
 
 
@@ -198,7 +204,8 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            v_pool: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
-                           sliding_window: Optional[int] = None, num_splits: int = 1) -> None:
+                           sliding_window: Optional[int] = None, num_splits: int = 1,
+                           logits_soft_cap: Optional[float] = None) -> None:
     """The kernel over the PagedAttention node's tensors, in the node's order (what the
     TensorRT plugin's JIT form calls; its AOT form launches the same kernel itself)."""
     T, H, D = q.shape
@@ -217,7 +224,8 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         seq_lens.shape[0], block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         out, k_pool, v_pool, part_acc, part_ml,
-        **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits))
+        **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits,
+                               logits_soft_cap))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
@@ -228,11 +236,13 @@ class TritonPagedAttention:
     """The engine-facing backend; same interface as TorchPagedAttention."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
-        return paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window)
+        return paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window,
+                               logits_soft_cap=self.logits_soft_cap)

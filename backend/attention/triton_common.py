@@ -45,6 +45,18 @@ def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fr
 
 
 @triton.jit
+def _soft_cap(qk, SOFTCAP: tl.constexpr):
+    """cap * tanh(qk / cap) (Gemma 2's attention soft-cap), tanh from one exp of a
+    non-positive argument, so it neither overflows nor loses the sign."""
+    if SOFTCAP > 0:
+        x = qk / SOFTCAP
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        qk = tl.where(x < 0, -t, t) * SOFTCAP
+    return qk
+
+
+@triton.jit
 def _find_seq(query_start_loc_ptr, t, num_seqs, TILE: tl.constexpr = 0):
     """The sequence that owns packed token t: the last s with query_start_loc[s] <= t
     (binary search, so the kernel needs no token->sequence input). With TILE > 0, the

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from backend.attention.triton_attention import _as_storage
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _store_kv
+from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _store_kv
 
 
 @triton.jit
@@ -36,7 +36,7 @@ def _tiled_attention_kernel(
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -99,7 +99,7 @@ def _tiled_attention_kernel(
             qk = tl.dot(q.to(tl.float32), tl.trans(k), input_precision="ieee")
         else:
             qk = tl.dot(q, tl.trans(k.to(q.dtype)))
-        qk = qk * SM_SCALE
+        qk = _soft_cap(qk * SM_SCALE, SOFTCAP)
         allowed = rvalid[:, None] & in_range[None, :] & (key_pos[None, :] <= pos[:, None])
         if SLIDING_WINDOW > 0:
             allowed = allowed & (key_pos[None, :] > pos[:, None] - SLIDING_WINDOW)
@@ -130,7 +130,8 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            v_pool: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
-                           sliding_window: Optional[int] = None, block_m: int = BLOCK_M) -> None:
+                           sliding_window: Optional[int] = None, block_m: int = BLOCK_M,
+                           logits_soft_cap: Optional[float] = None) -> None:
     """Same tensors and contract as launch_paged_attention; rows of padding tokens (past
     the last sequence) are left as they are. block_m: query tokens per tile (a power of
     two); decode rows are one token per sequence, so 16 // GQA group fills a 16-row tile."""
@@ -153,4 +154,4 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=block_g,
         HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_SIZE=block_size, SM_SCALE=float(scale),
         SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0))

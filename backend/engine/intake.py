@@ -15,6 +15,7 @@ from backend.engine.errors import DeadlineExceededError, InvalidRequestError, Qu
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
 from backend.lora import cache_salt
+from backend.models.rotary import long_rope, long_rope_salt
 from backend.sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -75,6 +76,9 @@ class RequestIntake:
             cache_salt=cache_salt(params.lora_name),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
+        original = long_rope(self.model_config.rope_scaling)
+        if original is not None and len(token_ids) > original:
+            request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
         self.scheduler.add_request(request)     # a guided one waits there for its grammar
         deadline = self.limits.deadline(params)
         if deadline is not None:

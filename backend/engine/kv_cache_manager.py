@@ -16,6 +16,14 @@ None): it waits one step and then shares the computed block. So `n` > 1 children
 concurrent requests with one prompt, admitted together compute the prompt once. A
 pending block released before its step ran (its request preempted in the same
 schedule) leaves the cache at once.
+
+Sliding windows (`sliding_window`, set when every layer has one): once a request's
+computed tokens are far enough along, its leading blocks that fall wholly before the
+window of every future query go back to the pool (`free_outside_window`, called by the
+scheduler before it allocates a running request's slots), so a long generation holds
+about window / block_size + 1 blocks. Their ids stay in the block table (the attention
+backends mask those positions, and the Triton kernels do not read them); with prefix
+caching only computed blocks are freed, and they stay cached for later hits.
 """
 
 from __future__ import annotations
@@ -150,8 +158,12 @@ class KVCacheManager:
     """Maps requests to blocks: block tables and prefix-cache hits (slot mapping is
     the step builder's, backend/engine/step_inputs.py)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: Optional[int] = None) -> None:
         self.block_size = block_size
+        self.sliding_window = sliding_window
+        # Leading blocks of each request given back by free_outside_window.
+        self._num_released: dict[str, int] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[KVBlock]] = {}
@@ -322,8 +334,34 @@ class KVCacheManager:
         self.req_block_ids.pop(request.request_id, None)
         self._num_registered.pop(request.request_id, None)
         self._num_computed_blocks.pop(request.request_id, None)
-        for block in reversed(blocks):
+        released = self._num_released.pop(request.request_id, 0)
+        for block in reversed(blocks[released:]):
             self.pool.release(block)
+
+    def free_outside_window(self, request: Request) -> int:
+        """Give back the request's leading blocks that no query from its next computed
+        token on can see: a query at position p reads keys p - window + 1 .. p, so block
+        i is done once (i + 1) * block_size <= num_computed_tokens - window + 1. Blocks a
+        step still in flight reads may go: any reuse is written by a later step, which
+        runs after it. With prefix caching only computed (no longer pending) blocks go,
+        so the bookkeeping after the step never touches a block given back. Returns how
+        many blocks went back."""
+        if self.sliding_window is None:
+            return 0
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
+        if not blocks:
+            return 0
+        done = min(len(blocks), (request.num_computed_tokens - self.sliding_window + 1) // self.block_size)
+        if self.enable_prefix_caching:
+            done = min(done, self._num_computed_blocks.get(rid, 0))
+        start = self._num_released.get(rid, 0)
+        if done <= start:
+            return 0
+        for block in blocks[start:done]:
+            self.pool.release(block)
+        self._num_released[rid] = done
+        return done - start
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()

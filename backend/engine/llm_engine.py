@@ -43,6 +43,7 @@ from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.loader import load_model, load_tokenizer
+from backend.models.rotary import long_rope
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
@@ -86,7 +87,7 @@ class LLMEngine(RequestIntake):
             kv_dtype = torch.float32
         if args.model_runner == "tensorrt" and self.device.type != "cuda":
             raise ConfigError("invalid engine argument 'model_runner': 'tensorrt' needs a CUDA device")
-        max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
+        max_position = self.max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
         if tp_size > 1:
             self.workers = TensorParallelWorkers(WorkerSpec(
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
@@ -126,12 +127,18 @@ class LLMEngine(RequestIntake):
         self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
 
-        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        # Every layer sliding (Mistral-style): blocks out of every window are freed during
+        # generation. Not with speculation (a draft shares the blocks; rejected tokens
+        # roll back) nor for mixed layers (Gemma: the full layers need every block).
+        windows = cfg.sliding_windows
+        window = max(windows) if windows and all(windows) and spec is None else None
+        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching, window)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_loras=args.max_loras if self.lora is not None else None,
                                    structured=StructuredOutputManager(
                                        self.tokenizer, cfg.vocab_size, self.device, args.max_num_seqs,
                                        args.guided_compile_timeout_s))
+        self.scheduler.long_rope_original = long_rope(cfg.rope_scaling)
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
@@ -185,6 +192,8 @@ class LLMEngine(RequestIntake):
         args = self.args
         sampler = Sampler(args.seed, self.device, args.max_num_seqs)
         inputs = StepInputBuilder(*sizing.input_sizes(self.args, self.max_model_len), args.block_size, self.device)
+        if long_rope(self.model_config.rope_scaling) is not None:
+            inputs.long_rope = (long_rope(self.model_config.rope_scaling), self.max_position)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.model_runner == "torch":
@@ -290,6 +299,7 @@ class LLMEngine(RequestIntake):
             "num_cached_blocks": len(kv.pool.cached),
             "num_preemptions": self.scheduler.num_preemptions,
             "num_chunked_prefills": self.scheduler.num_chunked_prefills,
+            "num_long_rope_restarts": self.scheduler.num_long_rope_restarts,
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "num_running": len(self.scheduler.running),

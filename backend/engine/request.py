@@ -64,6 +64,10 @@ class Request:
     # The chain's root (its first block's parent): set for a LoRA adapter, so that blocks
     # computed under one adapter are never reused under another or the base model.
     cache_salt: Optional[bytes] = None
+    # LongRoPE models (backend/models/rotary.py): every token of this request takes the
+    # long frequencies (its length passed the original context: at intake, or when the
+    # scheduler restarted it on crossing).
+    long_rope: bool = False
     # Speculative decoding (backend/engine/spec_decode/): tokens proposed for the next
     # step to verify, and with a draft model on a sampled request the draft's
     # distribution each was drawn from ([len(spec_token_ids), V] on the device).

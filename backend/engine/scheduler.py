@@ -33,6 +33,7 @@ from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.structured_output_manager import StructuredOutputManager
+from backend.models.rotary import long_rope_salt
 
 
 @dataclass
@@ -93,6 +94,9 @@ class Scheduler:
         # Steps in which a prompt was cut short by the token budget (chunked prefill).
         self.num_chunked_prefills = 0
         self.num_generation_tokens_total = 0
+        # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
+        self.long_rope_original: Optional[int] = None
+        self.num_long_rope_restarts = 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -165,6 +169,13 @@ class Scheduler:
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
                 idx += 1                    # its step in flight brings its last token
                 continue
+            if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
+                # Its next token lies past LongRoPE's original context: like transformers,
+                # recompute the whole sequence with the long frequencies.
+                self._preempt(request, long_rope_restart=True)
+                out.preempted.append(request)
+                continue
+            self.kv_cache.free_outside_window(request)
             num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                           - request.num_computed_tokens, budget)
             if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
@@ -198,6 +209,8 @@ class Scheduler:
             if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step
                 continue
+            if self._past_long_rope_context(request, request.num_tokens):
+                self._enter_long_rope(request)      # preempted while short, longer since
             cached = []
             if request.num_computed_tokens == 0:
                 # A request with prompt logprobs computes the positions it still needs
@@ -261,16 +274,32 @@ class Scheduler:
                 freed = True
         return freed
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, long_rope_restart: bool = False) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = request.num_draft_computed = 0
         request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
         request.spec_token_ids, request.draft_probs = [], None
-        request.num_preemptions += 1
-        self.num_preemptions += 1
+        if long_rope_restart:
+            self._enter_long_rope(request)
+            self.num_long_rope_restarts += 1
+        else:
+            request.num_preemptions += 1
+            self.num_preemptions += 1
         self.waiting.appendleft(request)
+
+    def _past_long_rope_context(self, request: Request, num_tokens: int) -> bool:
+        """A LongRoPE request still in short mode holding more tokens than the original
+        context (backend/models/rotary.py): it must be computed in long mode."""
+        return (self.long_rope_original is not None and not request.long_rope
+                and num_tokens > self.long_rope_original)
+
+    @staticmethod
+    def _enter_long_rope(request: Request) -> None:
+        """Long mode, for a request that holds no KV: its own prefix-cache chain."""
+        request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
+        request.block_hashes = []           # the chain starts again from the new salt
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """The step's result applied to request and KV state, by the one writer of both:

@@ -146,6 +146,9 @@ class StepInputBuilder:
         # The step's block tables, gathered from the table: fixed address.
         self.step_tables = torch.zeros(self.B, self.M, dtype=torch.int32, device=device)
         self._gathered: Optional[np.ndarray] = None    # the row slots step_tables holds
+        # LongRoPE (backend/models/rotary.py): (original_max_position_embeddings, offset of
+        # the long rows in the rotary table), or None.
+        self.long_rope: Optional[tuple[int, int]] = None
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]
@@ -187,8 +190,11 @@ class StepInputBuilder:
         # packed step (after every sampled row: the sampler reads the first ones).
         extra = [(i, np.arange(s.num_prompt_logprob_rows) + (s.prompt_logprob_start - s.num_computed_tokens))
                  for i, s in enumerate(sched) if s.num_prompt_logprob_rows]
+        long_rope = None
+        if self.long_rope is not None:
+            long_rope = np.fromiter((s.request.long_rope for s in sched), dtype=bool, count=B)
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
-                                   block_table_of, pad_to, extra_rows=extra or None)
+                                   block_table_of, pad_to, long_rope, extra_rows=extra or None)
         if placeholders:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
@@ -197,12 +203,13 @@ class StepInputBuilder:
 
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                        tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
-                       pad_to: Optional[int] = None,
+                       pad_to: Optional[int] = None, long_rope: Optional[np.ndarray] = None,
                        extra_rows: Optional[list[tuple[int, np.ndarray]]] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
         b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
         after every such row, for the rows extra_rows lists as (sequence i, offsets into
-        its new tokens)."""
+        its new tokens). long_rope[i] (LongRoPE models): sequence i's tokens take the long
+        frequencies."""
         B = len(request_ids)
         Bp = pad_to or B
         bs = self.block_size
@@ -243,6 +250,10 @@ class StepInputBuilder:
         pos = positions[:T]
         slots[:T] = self.tables.host[row_slots[seq_of_token], pos // bs] * bs + pos % bs
         slots[T:] = -1
+        if long_rope is not None:
+            # After the slots, which need the true positions: tokens of requests in
+            # LongRoPE's long mode index the rotary table's second half.
+            pos += self.long_rope[1] * long_rope[seq_of_token].astype(pos.dtype)
         n_updates = len(index)
         updates = self._host("table_updates", 2 * n_updates)
         updates[:n_updates] = index

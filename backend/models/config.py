@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from backend.models import arch_config
 from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
 from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
@@ -18,6 +19,9 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
@@ -55,6 +59,23 @@ class ModelConfig:
     o_bias: bool = False
     # Mixture-of-experts layers (backend/models/moe.py); None for dense models.
     moe: Optional[MoEConfig] = None
+    # Gemma (backend/models/arch_config.py): scores scaled by query_pre_attn_scalar**-0.5
+    # instead of head_dim**-0.5; tanh soft-caps on attention scores and final logits;
+    # Gemma 3's RoPE base on its sliding layers.
+    query_pre_attn_scalar: Optional[float] = None
+    attn_logit_softcap: Optional[float] = None
+    final_logit_softcap: Optional[float] = None
+    local_rope_theta: Optional[float] = None
+    # Channels of each head that RoPE rotates (partial_rotary_factor); None: all.
+    rotary_dim: Optional[int] = None
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -95,27 +116,20 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     hidden = cfg["hidden_size"]
     num_layers = cfg["num_hidden_layers"]
 
-    # transformers >= 5 writes rope_parameters; older checkpoints rope_theta + rope_scaling.
-    rope = dict(cfg.get("rope_parameters") or {})
-    rope_theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not rope:
-        rope = dict(cfg.get("rope_scaling") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise UnsupportedModelError(f"unsupported rope_type '{rope_type}' (supported: default, llama3)")
-    rope_scaling = rope if rope_type == "llama3" else None
+    try:
+        rope = arch_config.rope_fields(cfg, family)
+        windows = arch_config.sliding_windows(cfg, family, num_layers)
+        gemma = arch_config.gemma_fields(cfg, family)
+    except arch_config.ArchConfigError as e:
+        raise UnsupportedModelError(str(e)) from None
 
-    window = cfg.get("sliding_window")
-    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        layer_types = cfg.get("layer_types")
-        if layer_types:
-            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
-        else:
-            windows = tuple(window if cfg.get("use_sliding_window") else None for _ in range(num_layers))
-    elif family in ("mistral", "mixtral"):
-        windows = tuple(window for _ in range(num_layers))
-    else:
-        windows = tuple(None for _ in range(num_layers))
+    head_dim = cfg.get("head_dim") or hidden // num_heads
+    rotary_dim = int(head_dim * rope["partial_rotary_factor"])
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise UnsupportedModelError(f"unsupported partial_rotary_factor {rope['partial_rotary_factor']} "
+                                    f"(RoPE over {rotary_dim} of {head_dim} channels)")
+    if rotary_dim < head_dim and family in ("qwen3", "gemma3"):
+        raise UnsupportedModelError("unsupported partial_rotary_factor with q/k norms")
 
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
@@ -133,7 +147,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         except IntFormatError as e:
             raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
-    hidden_act = cfg.get("hidden_act", "silu")
+    hidden_act = arch_config.hidden_act(cfg, family)
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
 
@@ -145,15 +159,15 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        head_dim=head_dim,
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=float(rope_theta),
-        rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=rope["rope_theta"],
+        rope_scaling=rope["rope_scaling"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in arch_config.TIED_BY_DEFAULT)),
         qkv_bias=(family == "qwen2" or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
                   or bool(cfg.get("attention_bias", False))),
-        qk_norm=family in ("qwen3", "qwen3_moe"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=hidden_act,
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
@@ -162,4 +176,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         quantization=quant,
         o_bias=bool(cfg.get("attention_bias", False)),
         moe=moe_config_from_dict(cfg, family, num_layers),
+        local_rope_theta=rope["local_rope_theta"],
+        rotary_dim=rotary_dim if rotary_dim < head_dim else None,
+        **gemma,
     )

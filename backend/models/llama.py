@@ -52,9 +52,13 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.ops = ops
+        # Gemma scales scores by query_pre_attn_scalar**-0.5 and may soft-cap them
+        # (passed only when set, so backends without the option serve the others).
+        extra = {"logits_soft_cap": cfg.attn_logit_softcap} if cfg.attn_logit_softcap else {}
         self.attn = attn_factory(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            scale=self.head_dim ** -0.5, sliding_window=cfg.sliding_windows[layer_idx])
+            scale=(cfg.query_pre_attn_scalar or self.head_dim) ** -0.5,
+            sliding_window=cfg.sliding_windows[layer_idx], **extra)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
                 cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -127,14 +131,16 @@ class VocabParallelEmbedding(nn.Embedding):
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object], ops: LayerOps,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, layer_cls: type = DecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, attn_factory, ops, tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i, attn_factory, ops, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
+    layer_cls: type = DecoderLayer
+
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
                  max_position: Optional[int] = None, ops: Optional[LayerOps] = None,
                  tp: TensorParallel = SINGLE) -> None:
@@ -144,20 +150,36 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.tp = tp
         self.ops = ops or make_layer_ops("torch")
-        self.model = DecoderModel(cfg, attn_factory, self.ops, tp)
+        self.model = DecoderModel(cfg, attn_factory, self.ops, tp, self.layer_cls)
         self.lm_head = nn.Linear(cfg.hidden_size, self.model.embed_tokens.rows, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_position or cfg.max_position_embeddings,
-                                      cfg.rope_theta, cfg.rope_scaling)
+        self.build_buffers(max_position or cfg.max_position_embeddings)
+
+    def build_buffers(self, max_position: int) -> None:
+        """Tables that are not weights (RoPE); the loader calls this again after loading,
+        since the model was built on the meta device."""
+        cfg = self.config
+        self.rotary = RotaryEmbedding(cfg.rope_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+
+    @staticmethod
+    def adapt_checkpoint(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The checkpoint's tensors as this model's parameters expect them (in place)."""
+        return state
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def rotary_for(self, layer_idx: int) -> RotaryEmbedding:
+        return self.rotary
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCacheLayer], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
-        x = self.model.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         residual = None
-        for layer, cache in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.rotary, cache, meta)
+        for i, (layer, cache) in enumerate(zip(self.model.layers, kv_caches)):
+            x, residual = layer(x, residual, positions, self.rotary_for(i), cache, meta)
         norm = self.model.norm
         return self.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
 

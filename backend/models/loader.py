@@ -15,6 +15,7 @@ from backend.models.int_formats import IntScheme, scheme_of
 from backend.models.int_linear import IntLinear, int_state_dict, swap_in_int_linears
 from backend.models.llama import CausalLM
 from backend.models.moe import stack_experts
+from backend.models.registry import model_class
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE, TensorParallel
 from backend.parallel.sharding import load_shard, local_config
@@ -73,7 +74,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         raise ValueError(f"{scheme.method} INT{scheme.bits} checkpoints run on one rank: use tensor_parallel_size=1")
     local = local_config(cfg, tp.size)
     with torch.device("meta"):
-        model = CausalLM(local, attn_factory, max_position, ops, tp)
+        model = model_class(cfg)(local, attn_factory, max_position, ops, tp)
         if scheme is not None:
             swap_in_int_linears(model, scheme, use_kernel=int_kernel)
         elif cfg.quantization is not None:
@@ -81,7 +82,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
     if scheme is not None:
         weights = int_state_dict(weights, cfg.num_layers, scheme)
-    state = fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers)
+    state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
@@ -92,7 +93,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if missing:
         raise ValueError(f"checkpoint '{path}' lacks weights: {missing[:5]}")
     # Buffers (rotary tables) were built on meta: rebuild them for real.
-    model.rotary = type(model.rotary)(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+    model.build_buffers(max_position)
     model = model.to(device=device)
     # Cast to the compute dtype everything except FP8 and INT layers (their weights stay
     # FP8 / packed, their scales as the checkpoint has them).

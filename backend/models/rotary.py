@@ -1,9 +1,22 @@
 """Rotary position embedding tables, computed as Hugging Face does so that fp32 results
 match bit for bit: fp32 angles from positions × inverse frequencies. Applying them
-(cos/sin cast to the activation dtype, rotate-half layout) is LayerOps.rotary's job."""
+(cos/sin cast to the activation dtype, rotate-half layout) is LayerOps.rotary's job.
+
+LongRoPE (Phi-3) has two sets of frequencies. transformers picks the long set for a
+forward whose last position is past original_max_position_embeddings, so a prompt
+longer than that is encoded with the long set throughout, and a shorter one with the
+short set until the sequence reaches original + 1 tokens, when its generate drops the
+KV cache and recomputes the whole sequence with the long set (Phi3ForCausalLM.
+prepare_inputs_for_generation). The engine does the same: Request.long_rope is set at
+intake for a long prompt, or by the scheduler, which restarts a request (frees its KV,
+recomputes it) at the step that would compute position `original`. The table here is
+[short rows for 0..max-1 ; long rows for 0..max-1] and the step's positions for the model
+carry `+ max_position` for the tokens of long requests (backend/engine/step_inputs.py);
+their prefix-cache chain has its own salt (`long_rope_salt`)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Optional
 
@@ -14,6 +27,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
     # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
     factor = scaling["factor"]
     low_freq_factor = scaling["low_freq_factor"]
@@ -29,13 +44,43 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
+def longrope_frequencies(head_dim: int, theta: float, factors: list[float]) -> torch.Tensor:
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta ** shape)
+
+
+def long_rope(scaling: Optional[dict[str, Any]]) -> Optional[int]:
+    """original_max_position_embeddings of a LongRoPE model, else None."""
+    if scaling is None or scaling.get("rope_type") != "longrope":
+        return None
+    return int(scaling["original_max_position_embeddings"])
+
+
+def long_rope_salt(salt: Optional[bytes]) -> bytes:
+    """The prefix-cache salt of a request whose tokens take LongRoPE's long frequencies:
+    its KV must never be shared with a request encoded with the short ones over the same
+    tokens (and the reverse)."""
+    return hashlib.sha256(b"longrope\0" + (salt or b"")).digest()
+
+
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, max_position: int, theta: float,
                  scaling: Optional[dict[str, Any]]) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cache", emb.cos(), persistent=False)
-        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        if long_rope(scaling) is None:
+            sets = [inverse_frequencies(head_dim, theta, scaling)]
+        else:
+            sets = [longrope_frequencies(head_dim, theta, scaling[k]) for k in ("short_factor", "long_factor")]
+        cos, sin = [], []
+        for inv_freq in sets:
+            freqs = positions[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos.append(emb.cos())
+            sin.append(emb.sin())
+        cos_cache, sin_cache = torch.cat(cos), torch.cat(sin)
+        if scaling is not None and "attention_factor" in scaling:
+            # transformers scales cos and sin (LongRoPE's attention scaling), in fp32.
+            cos_cache, sin_cache = cos_cache * scaling["attention_factor"], sin_cache * scaling["attention_factor"]
+        self.register_buffer("cos_cache", cos_cache, persistent=False)
+        self.register_buffer("sin_cache", sin_cache, persistent=False)

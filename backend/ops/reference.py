@@ -34,11 +34,16 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache:
            sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, H, D], k: [T, KVH, D]; optional per-head RMSNorm weights (Qwen3) applied
-    first; rotate-half layout. Returns new tensors."""
+    first; rotate-half layout. Tables narrower than D (partial_rotary_factor) rotate the
+    first channels and pass the rest, as transformers' Phi-3 does. Returns new tensors."""
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     cos = cos_cache[positions].to(q.dtype).unsqueeze(1)
     sin = sin_cache[positions].to(q.dtype).unsqueeze(1)
+    rd = cos.shape[-1]
+    if rd < q.shape[-1]:
+        return (torch.cat([q[..., :rd] * cos + _rotate_half(q[..., :rd]) * sin, q[..., rd:]], dim=-1),
+                torch.cat([k[..., :rd] * cos + _rotate_half(k[..., :rd]) * sin, k[..., rd:]], dim=-1))
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -101,14 +101,18 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache:
            sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """In place on q [T, H, D] and k [T, KVH, D] (strided views are fine; the last dim
-    must be contiguous). Returns (q, k)."""
+    must be contiguous). Tables narrower than D (partial_rotary_factor) rotate the first
+    channels only: the kernel's pair distance is half the table's width. Returns (q, k)."""
     T, H, D = q.shape
+    rd = cos_cache.shape[-1]
+    if rd < D and q_norm is not None:
+        raise ValueError("partial RoPE with q/k norms is not supported")
     if T:
         qk_norm = q_norm is not None
         _rotary_kernel[(T,)](q, k, positions, cos_cache, sin_cache, q_norm if qk_norm else q,
                              k_norm if qk_norm else k, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                             cos_cache.stride(0), eps, NUM_HEADS=H, NUM_KV_HEADS=k.shape[1], HALF=D // 2,
-                             BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_HQ=triton.next_power_of_2(H),
+                             cos_cache.stride(0), eps, NUM_HEADS=H, NUM_KV_HEADS=k.shape[1], HALF=rd // 2,
+                             BLOCK_HALF=triton.next_power_of_2(rd // 2), BLOCK_HQ=triton.next_power_of_2(H),
                              BLOCK_HK=triton.next_power_of_2(k.shape[1]), QK_NORM=qk_norm)
     return q, k
 

@@ -33,6 +33,8 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> Optional[str]:
     """Why this checkpoint cannot be split over tp ranks, or None."""
     if tp == 1:
         return None
+    if cfg.family == "phi3":
+        return "Phi-3's fused qkv_proj / gate_up_proj checkpoint tensors are not split across ranks yet"
     if cfg.num_heads % tp:
         return f"{cfg.num_heads} attention heads do not divide over {tp} ranks"
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:

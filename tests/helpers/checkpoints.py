@@ -36,10 +36,45 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     elif arch == "qwen3":
         kw.setdefault("head_dim", 32)
         cfg, cls = tf.Qwen3Config(**kw), tf.Qwen3ForCausalLM
+    elif arch == "gemma2":
+        # Windows shorter than the prompts, soft-caps that bind (scores and logits of a
+        # few units here), a query_pre_attn_scalar unlike head_dim.
+        kw.update(head_dim=16, pad_token_id=0)
+        kw.setdefault("sliding_window", 12)
+        kw.setdefault("attn_logit_softcapping", 1.0)
+        kw.setdefault("final_logit_softcapping", 1.0)
+        kw.setdefault("query_pre_attn_scalar", 24)
+        cfg, cls = tf.Gemma2Config(**kw), tf.Gemma2ForCausalLM
+    elif arch == "gemma3":
+        kw.update(head_dim=16, pad_token_id=0)
+        kw.setdefault("num_hidden_layers", 3)
+        kw.setdefault("layer_types", ["sliding_attention", "full_attention", "sliding_attention"][:kw["num_hidden_layers"]])
+        kw.setdefault("sliding_window", 12)
+        kw.setdefault("query_pre_attn_scalar", 24)
+        kw.setdefault("rope_parameters", {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+        cfg, cls = tf.Gemma3TextConfig(**kw), tf.Gemma3ForCausalLM
+    elif arch == "phi3":
+        # LongRoPE with a 64-token original context: prompts and generations cross it.
+        half = int((kw["hidden_size"] // kw["num_attention_heads"]) * kw.get("partial_rotary_factor", 1.0)) // 2
+        kw.update(pad_token_id=0)
+        kw.setdefault("original_max_position_embeddings", 64)
+        kw.setdefault("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
+                                       "long_factor": [2.0 + 0.5 * i for i in range(half)]})
+        cfg, cls = tf.Phi3Config(**kw), tf.Phi3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
+    if arch in ("gemma2", "gemma3"):
+        # Gemma's norms start at zero (they compute x * (1 + w)): make them matter. The
+        # sqrt(hidden) embedding scale would let the (tied) embedding drown every layer
+        # and the model repeat its input token: smaller embeddings.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0, 1.0)
+            model.model.embed_tokens.weight.mul_(0.2)
     if arch == "qwen2":
         # Random init leaves biases at zero; make them matter.
         with torch.no_grad():
@@ -68,3 +103,12 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
                                  attention_mask=torch.ones(1, len(p), dtype=torch.long))
             outs.append(ids[0, len(p):].tolist())
     return outs
+
+
+def hf_logprobs(path: str, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """log-softmax of transformers' logits at each generated position: [len(output), V]."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1:len(prompt) + len(output) - 1], dim=-1)

@@ -16,7 +16,7 @@ def compile_kernel(fn, types: dict, consts: dict, arch: int = 90):
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
 
 
-def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0) -> dict:
+def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0) -> dict:
     from backend.attention import triton_tiled as tt
     act, pool = f"*{dtype}", ("*u8" if fp8 else f"*{dtype}")
     types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": pool, "v_cache_ptr": pool,
@@ -27,7 +27,7 @@ def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0) -> dic
              "out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool}
     consts = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, SM_SCALE=128 ** -0.5,
                   SLIDING_WINDOW=window, FP8=fp8, BLOCK_M=block_m or tt.BLOCK_M, BLOCK_N=tt.BLOCK_N,
-                  IEEE=dtype == "fp32")
+                  IEEE=dtype == "fp32", SOFTCAP=soft_cap)
     return compile_kernel(tt._tiled_attention_kernel, types, consts)
 
 
@@ -89,10 +89,16 @@ def main() -> int:
         return 2
     # bf16 (tensor cores) with and without an FP8 pool and a window, fp32 (IEEE dots).
     # The 4-token tile (16 rows with GQA 4) is the decode candidate clients/attention_bench.py times.
-    variants = [("bf16", False, 0), ("bf16", True, 4096), ("fp32", False, 0), ("bf16", False, 0, 4)]
+    # Gemma 2: a window and the attention soft-cap.
+    variants = [("bf16", False, 0), ("bf16", True, 4096), ("fp32", False, 0), ("bf16", False, 0, 4),
+                ("bf16", False, 4096, 0, 50.0)]
     ptx = {v: tiled_attention(*v).asm["ptx"] for v in variants}
     assert all(".target sm_90" in p for p in ptx.values())
     assert all(".target sm_90" in c.asm["ptx"] for c in layer_ops("bf16"))
+    # The one-token (decode) kernel with Gemma 2's window and soft-cap, as the plugin's entry.
+    from backend.attention.aot import compile_attention
+    capped = compile_attention(fp8=False, sliding_window=4096, logits_soft_cap=50.0)
+    assert ".target sm_90" in capped.ptx and capped.num_params == 24
     extra = lora_and_int_gemm("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in extra)
     if "mma" not in extra[-1].asm["ptx"]:
@@ -104,7 +110,7 @@ def main() -> int:
         print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
         return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
-    mma = "mma" in ptx[("bf16", False, 0)]
+    mma = "mma" in ptx[("bf16", False, 0)] and "mma" in ptx[("bf16", False, 4096, 0, 50.0)]
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
           "+ layer ops, LoRA SGMV, INT4/INT8 GEMM and fused MoE (bf16)",
           "| bf16 tiles on tensor cores:", mma)

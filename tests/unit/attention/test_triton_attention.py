@@ -1,7 +1,7 @@
 """The Triton kernels against the torch reference on randomized shapes (through the
 interpreter on CPU, natively on CUDA): block sizes 8/16, GQA 1/4/8, head dims 64/128,
 decode, prefill, chunked prefill after a cached prefix, ragged lengths including 1 and
-block boundaries +-1, split-KV, sliding window, FP8 cache."""
+block boundaries +-1, split-KV, sliding window, soft-capping, FP8 cache."""
 
 import random
 
@@ -20,16 +20,17 @@ KERNELS = [pytest.param(False, id="one-token"), pytest.param(True, id="tiled")]
 
 
 def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None,
-             fp8_scales=(0.05, 0.04), tiled=None):
+             fp8_scales=(0.05, 0.04), tiled=None, soft_cap=None):
     q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales)
     scale = head_dim ** -0.5
     ref_args = to("cpu", q, k, v, cache, meta)
-    ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(*ref_args)
+    ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(*ref_args)
     q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
     if num_splits is None and tiled is None:
-        out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window).forward(q2, k2, v2, c2, m2)
+        out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(q2, k2, v2, c2, m2)
     else:
-        out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits, tiled=tiled)
+        out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits, tiled=tiled,
+                              logits_soft_cap=soft_cap)
     # The kernel wrote exactly what the reference wrote, FP8 bytes included.
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
     assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
@@ -74,6 +75,23 @@ def test_split_kv_matches(num_splits):
 @pytest.mark.parametrize("tiled", KERNELS)
 def test_sliding_window_matches(tiled):
     out, ref = run_both([(40, 1), (20, 6), (0, 12), (70, 30)], 8, 2, 2, 64, seed=8, window=9, tiled=tiled)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("tiled", KERNELS)
+def test_soft_cap_matches(tiled):
+    """Gemma 2's cap * tanh(score / cap), with a cap of 0.7 that binds most scores (they
+    are ~N(0, 1) here), alone and with a window; the uncapped output differs."""
+    seqs = [(40, 1), (20, 6), (0, 12), (70, 30), (9, 1)]
+    for window in (None, 9):
+        out, ref = run_both(seqs, 8, 2, 4, 64, seed=9, window=window, tiled=tiled, soft_cap=0.7)
+        assert rel_err(out, ref) < 1e-5
+        uncapped, _ = run_both(seqs, 8, 2, 4, 64, seed=9, window=window, tiled=tiled)
+        assert rel_err(uncapped, ref) > 1e-2
+
+
+def test_soft_cap_with_split_kv():
+    out, ref = run_both([(70, 1), (33, 1), (5, 1)], 8, 2, 4, 64, seed=11, num_splits=4, soft_cap=0.7, window=40)
     assert rel_err(out, ref) < 1e-5
 
 

@@ -120,8 +120,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def books_balance(self):
         pool = self.kv.pool
         refs = {}
-        for blocks in self.kv.req_blocks.values():
-            for b in blocks:
+        for rid, blocks in self.kv.req_blocks.items():
+            for b in blocks[self.kv._num_released.get(rid, 0):]:     # (given back out of the window)
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for b in pool.blocks:
             assert b.ref_cnt == refs.get(b.block_id, 0)
@@ -144,6 +144,52 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class WindowedBlockManagerMachine(BlockManagerMachine):
+    """The same with a 6-token window: blocks out of it go back mid-sequence (still
+    cached, so later requests hit them), and each request keeps what its window needs."""
+
+    WINDOW = 6
+
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(12, BS, enable_prefix_caching=True, sliding_window=self.WINDOW)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def slide(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        req = self.live[rid]
+        before = self.kv._num_released.get(rid, 0)
+        freed = self.kv.free_outside_window(req)
+        # Every computed block wholly before the next query's window, no other.
+        done = min(len(self.kv.req_blocks[rid]), (req.num_computed_tokens - self.WINDOW + 1) // BS,
+                   self.kv._num_computed_blocks.get(rid, 0))
+        assert self.kv._num_released.get(rid, 0) == max(before, done) == before + freed
+
+    @invariant()
+    def window_blocks_kept(self):
+        for rid, req in self.live.items():
+            released = self.kv._num_released.get(rid, 0)
+            # The next query (position num_computed_tokens) reads from num_computed - W + 1.
+            assert released * BS <= max(0, req.num_computed_tokens - self.WINDOW + 1)
+
+
+TestWindowedBlockManagerMachine = WindowedBlockManagerMachine.TestCase
+TestWindowedBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_window_gives_back_leading_blocks_once():
+    kv = KVCacheManager(16, BS, enable_prefix_caching=False, sliding_window=6)
+    req = make_request("a", list(range(3, 23)))      # 20 tokens: 5 blocks
+    assert admit(kv, req)
+    # The next query is at 20, reading 15..20: blocks 0-2 (tokens 0-11) are done.
+    assert kv.free_outside_window(req) == 3 and kv.num_free_blocks == 16 - 2
+    assert kv.free_outside_window(req) == 0
+    assert kv.block_table("a") == [b.block_id for b in kv.req_blocks["a"]]   # ids kept in place
+    kv.free(req)
+    assert kv.num_free_blocks == 16
 
 
 def test_blocks_are_cached_when_scheduled_pending_until_computed():

@@ -11,16 +11,7 @@ import torch
 from backend import LLM, SamplingParams
 from backend.engine import logprobs
 from tests.conftest import assert_pool_free, random_prompts
-from tests.helpers.checkpoints import make_checkpoint
-
-
-def hf_logprobs(path: str, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """log-softmax of transformers' logits at each generated position: [len(output), V]."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0].float()
-    return torch.log_softmax(logits[len(prompt) - 1:len(prompt) + len(output) - 1], dim=-1)
+from tests.helpers.checkpoints import hf_logprobs, make_checkpoint
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

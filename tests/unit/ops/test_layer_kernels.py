@@ -74,3 +74,23 @@ def test_empty_batch_launches_nothing():
     out, res = triton_kernels.add_rms_norm(x, None, torch.ones(16), 1e-5)
     assert out.shape == (0, 16)
     assert triton_kernels.act_and_mul(torch.empty(0, 8), "silu").shape == (0, 4)
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(16, 8), (24, 18)])
+def test_partial_rotary_rotates_the_first_channels_only(head_dim, rotary_dim):
+    """partial_rotary_factor (Phi-4-mini): the table covers rotary_dim channels; those
+    rotate among themselves (pairs rotary_dim / 2 apart), the rest pass unchanged."""
+    g = torch.Generator().manual_seed(head_dim)
+    T = 5
+    rope = RotaryEmbedding(rotary_dim, 128, 10000.0, None)
+    q, k = torch.randn(T, 4, head_dim, generator=g), torch.randn(T, 2, head_dim, generator=g)
+    positions = torch.tensor([0, 3, 9, 127, 64], dtype=torch.int32)
+    ref_q, ref_k = reference.rotary(positions.long(), q.clone(), k.clone(), rope.cos_cache, rope.sin_cache)
+    assert torch.equal(ref_q[..., rotary_dim:], q[..., rotary_dim:])
+    full = RotaryEmbedding(rotary_dim, 128, 10000.0, None)
+    rot_q, _ = reference.rotary(positions.long(), q[..., :rotary_dim].clone(), k[..., :rotary_dim].clone(),
+                                full.cos_cache, full.sin_cache)
+    assert torch.equal(ref_q[..., :rotary_dim], rot_q)
+    got_q, got_k = triton_kernels.rotary(positions, q.clone(), k.clone(), rope.cos_cache, rope.sin_cache)
+    assert rel_err(got_q, ref_q) < FP32_TOL and rel_err(got_k, ref_k) < FP32_TOL
+    assert torch.equal(got_q[..., rotary_dim:], q[..., rotary_dim:])

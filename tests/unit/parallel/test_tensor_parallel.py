@@ -35,10 +35,11 @@ def _prompts():
     ("llama", {"num_key_value_heads": 1}, {}),                  # GQA, fewer KV heads than ranks
     ("qwen2", {"vocab_size": 321}, {}),                         # qkv bias, tied, padded vocab
     ("llama", {"attention_bias": True, "mlp_bias": True}, {}),  # row-parallel biases: added once
+    ("gemma2", {}, {}),                                         # soft-caps per head, windows, sandwich norms
     # Verification steps (k + 1 tokens per sequence, rollback) on both ranks.
     ("llama", {"initializer_range": 0.05}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3}}),
-], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias", "llama-ngram-speculation"])
+], ids=["llama", "llama-1-kv-head", "qwen2-bias-odd-vocab", "llama-every-bias", "gemma2", "llama-ngram-speculation"])
 def test_two_ranks_give_the_single_rank_greedy_tokens(ckpt_dir, arch, overrides, engine):
     name = "_".join([f"tp_{arch}"] + [f"{k}{v}" for k, v in overrides.items()])
     path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)

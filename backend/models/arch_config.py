@@ -1,0 +1,135 @@
+"""Per-family parts of config.json that differ from Llama's: RoPE (Llama 3, linear,
+LongRoPE, Gemma 3's two bases), which layers slide, and Gemma's attention extras.
+
+Kept apart from config.py so that a family's reading stays in one place; each rule
+follows the transformers config class of that family (its defaults included, since
+configs saved by older versions omit values equal to them)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+GEMMA_FAMILIES = ("gemma2", "gemma3")
+
+# Families whose transformers config class ties the embeddings unless told otherwise.
+TIED_BY_DEFAULT = GEMMA_FAMILIES
+
+
+class ArchConfigError(ValueError):
+    pass
+
+
+def _split_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
+    """(global RoPE parameters, Gemma 3's sliding-layer parameters or None). transformers
+    >= 5 writes rope_parameters (nested by layer type for Gemma 3); older checkpoints
+    rope_theta + rope_scaling (+ rope_local_base_freq)."""
+    params = dict(cfg.get("rope_parameters") or {})
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full = params
+        local = None
+    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0 if family == "gemma3" else 10000.0))
+    if len(full) == 1:      # only the theta: the older fields hold the scaling
+        full.update(cfg.get("rope_scaling") or {})
+    if family == "gemma3" and local is None:
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+    return full, local
+
+
+def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """rope_theta, rope_scaling (None or a dict with its rope_type), local_rope_theta and
+    partial_rotary_factor (RoPE over the first int(head_dim * factor) channels: Phi-4-mini)."""
+    full, local = _split_rope(cfg, family)
+    theta = float(full.pop("rope_theta"))
+    partial = float(full.pop("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0)
+    rope_type = full.get("rope_type", full.get("type", "default"))
+    if rope_type in ("su",) or (family == "phi3" and rope_type == "yarn"):
+        rope_type = "longrope"   # Phi-3's older names, as transformers' Phi3Config maps them
+    scaling: Optional[dict[str, Any]]
+    if rope_type == "default":
+        scaling = None
+    elif rope_type == "llama3":
+        scaling = {**full, "rope_type": "llama3"}
+    elif rope_type == "linear":
+        scaling = {"rope_type": "linear", "factor": float(full["factor"])}
+    elif rope_type == "longrope":
+        scaling = _longrope(full, cfg)
+    else:
+        raise ArchConfigError(f"unsupported rope_type '{rope_type}' (supported: default, llama3, linear, longrope)")
+    local_theta = None
+    if local is not None:
+        if local.get("rope_type", local.get("type", "default")) != "default":
+            raise ArchConfigError("unsupported RoPE scaling on Gemma 3's sliding layers")
+        local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+    return {"rope_theta": theta, "rope_scaling": scaling, "local_rope_theta": local_theta,
+            "partial_rotary_factor": partial}
+
+
+def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE as transformers computes it: Phi-3's top-level original_max_position_embeddings
+    wins; factor defaults to max / original; attention_factor to sqrt(1 + ln f / ln orig)."""
+    original = cfg.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+    if not original:
+        raise ArchConfigError("rope_type 'longrope' needs original_max_position_embeddings")
+    factor = params.get("factor")
+    if factor is None:
+        factor = cfg.get("max_position_embeddings", 2048) / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": [float(x) for x in params["short_factor"]],
+            "long_factor": [float(x) for x in params["long_factor"]],
+            "original_max_position_embeddings": int(original), "attention_factor": float(attention_factor)}
+
+
+def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[Optional[int], ...]:
+    """Per layer: None for full attention, else the window (keys within the last
+    `window` positions, the query's own included)."""
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    # (The MoE family names are those of the parallel MoE branch, so its merge is a no-op here.)
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        # transformers: no window unless use_sliding_window, and then only from layer
+        # max_window_layers on (unless layer_types says otherwise).
+        if not cfg.get("use_sliding_window"):
+            window = None
+        if layer_types:
+            return tuple(window if t == "sliding_attention" else None for t in layer_types)
+        first = int(cfg.get("max_window_layers", 28))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    if family in ("mistral", "mixtral", "phi3"):
+        return tuple(window for _ in range(num_layers))
+    if family in GEMMA_FAMILIES:
+        if not layer_types:
+            # Gemma 2 alternates from layer 0; Gemma 3 has one full layer in every
+            # sliding_window_pattern (6), the last of each group.
+            pattern = 2 if family == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+            layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+        if len(layer_types) != num_layers:
+            raise ArchConfigError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    return tuple(None for _ in range(num_layers))
+
+
+def gemma_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """query_pre_attn_scalar and the soft-caps (Gemma 3 reads but, like transformers and
+    vLLM, does not apply an attention soft-cap)."""
+    if family not in GEMMA_FAMILIES:
+        return {}
+    if cfg.get("use_bidirectional_attention"):
+        raise ArchConfigError("unsupported use_bidirectional_attention (an embedding model, not a decoder)")
+    default_cap = (50.0, 30.0) if family == "gemma2" else (None, None)
+    attn_cap = cfg.get("attn_logit_softcapping", default_cap[0]) if family == "gemma2" else None
+    final_cap = cfg.get("final_logit_softcapping", default_cap[1])
+    return {"query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+            "attn_logit_softcap": float(attn_cap) if attn_cap else None,
+            "final_logit_softcap": float(final_cap) if final_cap else None}
+
+
+def hidden_act(cfg: dict[str, Any], family: str) -> str:
+    if family in GEMMA_FAMILIES:
+        return cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    return cfg.get("hidden_act", "silu")
