@@ -8,6 +8,7 @@ token counts and logprobs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -37,6 +38,9 @@ class ServedModel:
     triton_model: str = ""
     lora_name: Optional[str] = None
     max_queue_size: Optional[int] = None      # the engine's waiting-queue bound (config parameter)
+    # config parameter max_model_len, else the checkpoint's max_position_embeddings (/tokenize)
+    max_model_len: int = 0
+    runner: str = "generate"                  # config parameter runner: "pooling" serves /v1/embeddings
 
     @property
     def parent(self) -> Optional[str]:
@@ -118,10 +122,12 @@ class TritonLLM:
                 continue
             name, now = entry["name"], int(time.time())
             queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
-            found[name] = ServedModel(name, self._checkpoint(name, params.get("model")), now, name,
-                                      max_queue_size=queue)
+            checkpoint = self._checkpoint(name, params.get("model"))
+            found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
+                                      max_model_len=_max_model_len(params, checkpoint),
+                                      runner=params.get("runner") or "generate")
             for adapter in self._adapters(name, params):
-                found.setdefault(adapter, ServedModel(adapter, found[name].checkpoint, now, name, adapter, queue))
+                found.setdefault(adapter, dataclasses.replace(found[name], name=adapter, lora_name=adapter))
         self._models, self._listed_at = found, time.monotonic()
         return found
 
@@ -219,6 +225,17 @@ class Generation:
             # Ends the gRPC stream too: one left open keeps Triton from unloading the
             # model (a decoupled model stays live while any of its streams is open).
             self.cancel()
+
+
+def _max_model_len(params: dict, checkpoint: Optional[str]) -> int:
+    value = params.get("max_model_len") or ""
+    if value.isdigit():
+        return int(value)
+    try:
+        with open(os.path.join(checkpoint or "", "config.json")) as f:
+            return int(json.load(f).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:
