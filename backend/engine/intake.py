@@ -55,9 +55,14 @@ class RequestIntake:
                 raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
                                           "enabled on this model (engine arguments enable_lora, lora_modules)")
             self.lora.check_request(params.lora_name)
+        pooling = self.args.runner == "pooling"
+        if pooling and params.guided_fields():
+            raise InvalidRequestError("this is an embedding model (runner 'pooling'): it generates no text, so "
+                                      f"structured output ('{params.guided_fields()[0]}') does not apply")
         token_ids = self.tokenize(prompt)
-        self._validate_prompt(token_ids)
-        max_tokens = self._effective_max_tokens(len(token_ids), params)
+        self._validate_prompt(token_ids, room_for_output=not pooling)
+        # A pooling request samples nothing: its sampling limits do not apply.
+        max_tokens = 1 if pooling else self._effective_max_tokens(len(token_ids), params)
         eos = frozenset(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not eos:
             eos = frozenset([self.tokenizer.eos_token_id])
@@ -65,7 +70,7 @@ class RequestIntake:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos,
-            cache_salt=cache_salt(params.lora_name),
+            cache_salt=cache_salt(params.lora_name), pooling=pooling,
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         self.scheduler.add_request(request)     # a guided one waits there for its grammar
@@ -102,14 +107,16 @@ class RequestIntake:
         rid = request.request_id
         return self.scheduler.requests.get(rid) is request
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
+    def _validate_prompt(self, token_ids: list[int], room_for_output: bool = True) -> None:
         if not token_ids:
             raise InvalidRequestError("the prompt is empty")
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
+        if not room_for_output and len(token_ids) > self.max_model_len:
+            raise InvalidRequestError(f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}")
+        if room_for_output and len(token_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
                 "which must leave room for at least one generated token")

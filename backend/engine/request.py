@@ -62,6 +62,9 @@ class Request:
     draft_probs: Optional[torch.Tensor] = None
     # Tokens whose K/V the draft model has in its cache (the same blocks as the target's).
     num_draft_computed: int = 0
+    # runner="pooling": prefill only; the step that completes the prompt returns its
+    # pooled hidden state and the request finishes there, nothing sampled.
+    pooling: bool = False
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -41,6 +41,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: Optional[str] = None
     finished: bool = False
+    embedding: Optional[np.ndarray] = None      # a pooling model's result
 
 
 class ResponseWriter:
@@ -74,6 +75,8 @@ class ResponseWriter:
             seq.logprobs += out.new_logprobs or []
         if out.cumulative_logprob is not None:
             seq.cumulative_logprob = out.cumulative_logprob
+        if out.pooling_output is not None:
+            seq.embedding = out.pooling_output.numpy().astype(np.float32, copy=False)
         if out.finished:
             seq.finished, seq.finish_reason = True, out.finish_reason
         if out.error is not None:
@@ -140,6 +143,8 @@ class ResponseWriter:
                                            np.array([self.seqs[0].timing.num_prompt_tokens], dtype=np.uint32)))
         if p.return_num_output_tokens:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(t) for t in token_ids], dtype=np.uint32)))
+        if self.seqs[0].embedding is not None:
+            tensors.append(pb_utils.Tensor("embedding", self.seqs[0].embedding))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

@@ -1,5 +1,6 @@
 """OpenAI-compatible HTTP API in front of tritonserver: /v1/models (and /v1/models/{id}),
-/v1/completions, /v1/chat/completions, /tokenize and /detokenize (tokenization.py),
+/v1/completions, /v1/chat/completions, /v1/embeddings (embeddings.py), /tokenize and
+/detokenize (tokenization.py),
 /metrics (metrics.py), /health. Each completion is one Triton request over gRPC
 streaming; `stream: true` answers with server-sent events ending in `data: [DONE]`; a
 client that disconnects cancels its Triton request (the backend frees its KV blocks).
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from frontend.openai_api import metrics, tokenization
+from frontend.openai_api import embeddings, metrics, tokenization
 from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.request_log import RequestLog
@@ -101,12 +102,15 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         return _model_card(await app.state.llm.model(model_id))      # 404 in OpenAI's shape when unknown
 
     tokenization.register(app)
+    embeddings.register(app)
     metrics.register(app)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse(CompletionRequest, await read_json(request, app.state.max_request_body_bytes))
-        (await app.state.llm.model(req.model)).check_n(req.n)
+        served = await app.state.llm.model(req.model)
+        embeddings.check_generates(served)
+        served.check_n(req.n)
         sampling = req.sampling_parameters(req.max_tokens)
         if req.logprobs is not None:
             sampling["logprobs"] = req.logprobs
@@ -119,6 +123,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     async def chat_completions(request: Request):
         req = parse(ChatCompletionRequest, await read_json(request, app.state.max_request_body_bytes))
         served = await app.state.llm.model(req.model)
+        embeddings.check_generates(served)
         served.check_n(req.n)
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
         ids = await asyncio.to_thread(app.state.chat.prompt_ids, served.checkpoint, req.model, messages)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from frontend.openai_api.auth import protected
+from frontend.openai_api.embeddings import EmbeddingRequest, EmbeddingResponse
 from frontend.openai_api.errors import TYPES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.tokenization import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
@@ -156,9 +157,9 @@ class Health(BaseModel):
 
 
 REQUESTS = (CompletionRequest, ChatCompletionRequest, TokenizeCompletionRequest, TokenizeChatRequest,
-            DetokenizeRequest)
+            DetokenizeRequest, EmbeddingRequest)
 RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Model, Health,
-             TokenizeResponse, DetokenizeResponse)
+             TokenizeResponse, DetokenizeResponse, EmbeddingResponse)
 
 
 def _ref(name: str) -> dict:
@@ -216,6 +217,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/models/{model_id}", "get"): {"summary": "One served model (`client.models.retrieve`)", "responses": {
         "200": {"description": "The model", "content": _json("Model")},
         **{str(s): _error(s) for s in (401, 404, 503)}}},
+    ("/v1/embeddings", "post"): {
+        "summary": "Embeddings of one or more inputs, from a model built with --runner pooling",
+        "requestBody": {"required": True, "content": _json("EmbeddingRequest")},
+        "responses": {"200": {"description": "The vectors (floats, or base64 of float32 bytes), in input order",
+                              "content": _json("EmbeddingResponse")},
+                      **{str(s): _error(s) for s in (400, 401, 404, 413, 500, 503, 504)}}},
     ("/tokenize", "post"): {
         "summary": "A prompt's (or chat's, with the chat template) token ids, as vLLM's /tokenize",
         "requestBody": {"required": True, "content": {"application/json": {"schema": {

@@ -27,7 +27,7 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     ops = {(path, method): op for path, item in doc["paths"].items() for method, op in item.items()}
     assert set(ops) == {("/health", "get"), ("/v1/models", "get"), ("/v1/completions", "post"),
                         ("/v1/chat/completions", "post"), ("/v1/models/{model_id}", "get"), ("/tokenize", "post"),
-                        ("/detokenize", "post"), ("/metrics", "get")}
+                        ("/detokenize", "post"), ("/metrics", "get"), ("/v1/embeddings", "post")}
     for (path, method), op in ops.items():
         if method == "post":
             assert op["requestBody"]["required"] and {"400", "401", "413"} <= set(op["responses"])

@@ -38,7 +38,8 @@ class FakeTriton:
 def client(tiny_ckpt):
     with TestClient(create_app("127.0.0.1:1", api_keys=APIKeys(["key-1"]))) as c:
         c.app.state.llm = FakeTriton({"llm": ServedModel("llm", tiny_ckpt, 7, "llm", max_model_len=1024),
-                                      "org/other": ServedModel("org/other", None, 8, "org/other")})
+                                      "org/other": ServedModel("org/other", None, 8, "org/other"),
+                                      "emb": ServedModel("emb", tiny_ckpt, 9, "emb", runner="pooling")})
         yield c
 
 
@@ -96,6 +97,21 @@ def test_tokenize_needs_the_key_and_knows_the_model(client):
     assert client.post("/tokenize", json={"model": "llm", "prompt": "x"}).status_code == 401
     assert client.post("/detokenize", json={"model": "llm", "tokens": [5]}).status_code == 401
     assert client.post("/tokenize", json={"model": "nope", "prompt": "x"}, headers=KEY).status_code == 404
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"model": "llm", "input": "x"}, "model"),             # a generative model
+    ("/v1/embeddings", {"model": "emb", "input": "x", "dimensions": 8}, "dimensions"),
+    ("/v1/embeddings", {"model": "emb", "input": ""}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": []}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": ["a", ""]}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ("/v1/completions", {"model": "emb", "prompt": "x"}, "model"),          # an embedding model
+    ("/v1/chat/completions", {"model": "emb", "messages": MESSAGES}, "model"),
+])
+def test_embeddings_and_generation_refuse_each_others_models(client, path, body, param):
+    r = client.post(path, json=body, headers=KEY)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
 
 
 def sample(text: str, name: str, **labels) -> float:
