@@ -125,7 +125,7 @@ class TritonLLM:
             checkpoint = self._checkpoint(name, params.get("model"))
             found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
                                       max_model_len=_max_model_len(params, checkpoint),
-                                      runner=params.get("runner") or "generate")
+                                      runner=self._runner(name, params))
             for adapter in self._adapters(name, params):
                 found.setdefault(adapter, dataclasses.replace(found[name], name=adapter, lora_name=adapter))
         self._models, self._listed_at = found, time.monotonic()
@@ -147,6 +147,20 @@ class TritonLLM:
             return list(lora_modules_value(text))
         except ValueError:
             return []                   # the backend refused to load it anyway
+
+    def _runner(self, name: str, params: dict) -> str:
+        """The model's `runner` parameter, else (a vLLM-backend repository on this machine)
+        its `1/model.json`'s, as the backend reads them."""
+        if params.get("runner"):
+            return params["runner"]
+        path = os.path.join(self.repository or "", name, "1", "model.json")
+        if self.repository and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    return str(json.load(f).get("runner") or "generate")
+            except (OSError, ValueError, AttributeError):
+                pass                    # the backend refused to load it anyway
+        return "generate"
 
     def _checkpoint(self, name: str, model: Optional[str]) -> Optional[str]:
         if not model:

@@ -36,3 +36,15 @@ def test_a_request_for_an_adapter_goes_to_its_model(monkeypatch):
         await llm.close()
     asyncio.run(run())
     assert sent == [("llm", {"max_tokens": 3, "lora_name": "sql"}), ("llm", {"max_tokens": 3})]
+
+
+def test_an_embedding_model_is_known_by_its_runner(tmp_path):
+    """config.pbtxt's `runner` parameter, or a vLLM-backend `1/model.json`'s (/v1/embeddings)."""
+    async def run():
+        llm = TritonLLM("127.0.0.1:1", model_repository=str(tmp_path))
+        assert llm._runner("emb", {"runner": "pooling"}) == "pooling"
+        (tmp_path / "vllm_emb" / "1").mkdir(parents=True)
+        (tmp_path / "vllm_emb" / "1" / "model.json").write_text(json.dumps({"model": "/x", "runner": "pooling"}))
+        assert llm._runner("vllm_emb", {}) == "pooling" and llm._runner("llm", {}) == "generate"
+        await llm.close()
+    asyncio.run(run())
