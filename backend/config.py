@@ -67,6 +67,22 @@ class SpeculativeConfig(BaseModel):
         return self
 
 
+class PoolerConfig(BaseModel):
+    """vLLM's `pooler_config` for `runner: pooling` (backend/engine/pooling_runner.py):
+    how a prompt's final hidden states (after the final norm) become one vector. LAST:
+    the last token's (Qwen3-Embedding and other decoder embedding models); MEAN: the
+    average over every prompt token. `normalize`: L2 to unit length (cosine-ready)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pooling_type: Literal["LAST", "MEAN"] = "LAST"
+    normalize: bool = True
+
+    @field_validator("pooling_type", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
 def lora_modules_value(v: Any) -> Any:
     """vLLM's `lora_modules`: {name: folder}, as JSON text, as `name=folder` items (its
     command line), or as a list of {"name", "path"} objects (its JSON form)."""
@@ -132,6 +148,11 @@ class EngineArgs(BaseModel):
     # made from step N's tokens), tensor parallelism (the ranks would need step N's ids)
     # and the exported-graph runners.
     async_scheduling: Optional[bool] = None
+    # vLLM's names: "pooling" serves an embedding model (`vllm serve --runner pooling`):
+    # every request is a prompt whose pooled final hidden state is the result, computed
+    # in prefill steps (chunked like any prompt) with no token sampled.
+    runner: Literal["generate", "pooling"] = "generate"
+    pooler_config: Optional[PoolerConfig] = None
 
     # Multi-LoRA (vLLM's names; backend/lora/): adapters by name (PEFT folders), how many
     # are resident on the device at once (slots, LRU), the largest rank they may have, and
@@ -161,6 +182,7 @@ class EngineArgs(BaseModel):
     request_timeout_s: Optional[float] = Field(None, gt=0.0)
 
     _speculative_json = field_validator("speculative_config", mode="before")(lambda v: json_or_value(v))
+    _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 
     @field_validator("guided_compile_timeout_s", "request_timeout_s")
@@ -210,6 +232,17 @@ class EngineArgs(BaseModel):
                    f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else None)
             if off:
                 raise ValueError(f"async_scheduling=true is not supported where {off}: leave it unset (off there)")
+        if self.runner == "pooling":
+            off = ("model_runner='%s'" % self.model_runner if self.model_runner != "torch" else
+                   "speculative_config is set" if self.speculative_config is not None else
+                   "enable_lora is set" if self.enable_lora else
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+                   "async_scheduling=true" if self.async_scheduling else None)
+            if off:
+                raise ValueError(f"runner='pooling' is not supported where {off} (it runs the torch model on one "
+                                 "rank, in series)")
+        elif self.pooler_config is not None:
+            raise ValueError("pooler_config is for runner='pooling'")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self
@@ -218,8 +251,12 @@ class EngineArgs(BaseModel):
     def use_async_scheduling(self) -> bool:
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return (self.speculative_config is None and self.tensor_parallel_size == 1
+        return (self.runner == "generate" and self.speculative_config is None and self.tensor_parallel_size == 1
                 and self.model_runner == "torch")
+
+    @property
+    def pooler(self) -> PoolerConfig:
+        return self.pooler_config or PoolerConfig()
 
     @classmethod
     def create(cls, **kwargs) -> "EngineArgs":

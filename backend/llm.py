@@ -35,6 +35,8 @@ class LLM:
         `seed + i`: backend.engine.parallel_sampling). With `prompt_logprobs` each output's
         `prompt_logprobs` holds vLLM's list (None, then one entry per prompt token).
         """
+        if self.engine.args.runner == "pooling":
+            raise ValueError("this engine pools (runner='pooling'): use LLM.embed")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -64,6 +66,21 @@ class LLM:
             completions = [results[cid] for cid in child_ids]
             outputs.append(replace(completions[0], request_id=parent_id, completions=completions))
         return outputs
+
+    def embed(self, prompts: Union[Prompt, Sequence[Prompt]]) -> list[RequestOutput]:
+        """runner='pooling': each prompt's pooled vector (`pooling_output`, fp32, [hidden];
+        vLLM's `LLM.embed`), the prompts batched and chunked like any prefill."""
+        if self.engine.args.runner != "pooling":
+            raise ValueError("LLM.embed needs an engine with runner='pooling' (an embedding model)")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        ids = [self.engine.add_request(p).request_id for p in prompts]
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+        return [results[i] for i in ids]
 
     def close(self) -> None:
         self.engine.shutdown()

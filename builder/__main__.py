@@ -72,6 +72,10 @@ def main(argv=None) -> int:
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "
                    "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}'")
+    b.add_argument("--runner", choices=["generate", "pooling"],
+                   help="pooling: an embedding model served by /v1/embeddings (vLLM's --runner pooling)")
+    b.add_argument("--pooler-config", help="with --runner pooling, vLLM's pooler_config as JSON (default "
+                   "'{\"pooling_type\": \"LAST\", \"normalize\": true}'; pooling_type LAST or MEAN)")
     b.add_argument("--lora", dest="lora_modules", action="append", metavar="NAME=FOLDER",
                    help="a LoRA adapter (PEFT folder) to serve under NAME; repeat for more")
     b.add_argument("--max-loras", type=int, help="adapters resident on the device at once (default 1)")

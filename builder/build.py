@@ -13,7 +13,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
-from backend.config import EngineArgs, SpeculativeConfig, json_or_value, lora_modules_value, validated
+from backend.config import EngineArgs, PoolerConfig, SpeculativeConfig, json_or_value, lora_modules_value, validated
 from backend.models.config import load_model_config
 from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
@@ -61,6 +61,12 @@ class BuildOptions(BaseModel):
     # LoRA adapters (PEFT folders) by name, copied into the entry (`loras/<name>/`) or
     # pointed at with `link`; and the engine's slots for them.
     lora_modules: dict[str, str] = Field(default_factory=dict)
+    # An embedding model (vLLM's `--runner pooling` and `--pooler-config`): served by
+    # /v1/embeddings, each request's result the pooled final hidden state (Triton output
+    # `embedding`), nothing generated. pooler_config: {"pooling_type": "LAST"|"MEAN",
+    # "normalize": true}; LAST (Qwen3-Embedding) and normalized by default.
+    runner: Literal["generate", "pooling"] = "generate"
+    pooler_config: Optional[PoolerConfig] = None
     max_loras: int = Field(1, ge=1)
     max_lora_rank: int = Field(16, ge=1)
     # Per-request limits (engine arguments of the same names); None: the engine's default.
@@ -80,6 +86,7 @@ class BuildOptions(BaseModel):
     plan_seq_len: int = Field(4096, ge=1)
 
     _speculative_json = field_validator("speculative", mode="before")(lambda v: json_or_value(v))
+    _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 
     @field_validator("calibration_data")
@@ -112,6 +119,14 @@ class BuildOptions(BaseModel):
             raise ValueError(f"int_algorithm=gptq is for weights int8 or int4, not {self.weights}")
         if self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq":
             raise ValueError("calibration_data is only used with weights=fp8 or int_algorithm=gptq")
+        if self.pooler_config is not None and self.runner != "pooling":
+            raise ValueError("pooler_config is for runner=pooling")
+        if self.runner == "pooling":
+            off = (f"engine={self.engine}" if self.engine != "torch" else "speculative" if self.speculative else
+                   "lora_modules" if self.lora_modules else
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else None)
+            if off:
+                raise ValueError(f"runner=pooling runs the torch model on one rank: it takes no {off}")
         return self
 
     @classmethod
@@ -133,6 +148,9 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
             spec["model"] = draft_path
         values["speculative_config"] = spec
     values.update({k: getattr(opts, k) for k in REQUEST_LIMITS if getattr(opts, k) is not None})
+    if opts.runner == "pooling":
+        values["runner"] = "pooling"
+        values["pooler_config"] = (opts.pooler_config or PoolerConfig()).model_dump()
     if opts.lora_modules:
         values.update(lora_modules=lora_paths or dict(opts.lora_modules), max_loras=opts.max_loras,
                       max_lora_rank=opts.max_lora_rank)

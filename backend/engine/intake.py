@@ -57,15 +57,20 @@ class RequestIntake:
                 raise InvalidRequestError(f"sampling parameter 'lora_name' is '{params.lora_name}', but LoRA is not "
                                           "enabled on this model (engine arguments enable_lora, lora_modules)")
             self.lora.check_request(params.lora_name)
+        pooling = self.args.runner == "pooling"
+        if pooling and params.guided_fields():
+            raise InvalidRequestError("this is an embedding model (runner 'pooling'): it generates no text, so "
+                                      f"structured output ('{params.guided_fields()[0]}') does not apply")
         bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
         self._validate_logit_bias(params)
         token_ids = self.tokenize(prompt)
-        self._validate_prompt(token_ids)
+        self._validate_prompt(token_ids, room_for_output=not pooling)
         end = params.reasoning_end_token_ids
         if end and max(end) >= self.model_config.vocab_size:
             raise InvalidRequestError(f"sampling parameter 'reasoning_end_token_ids': token id {max(end)} is "
                                       f"outside the vocabulary [0, {self.model_config.vocab_size})")
-        max_tokens = self._effective_max_tokens(len(token_ids), params)
+        # A pooling request samples nothing: its sampling limits do not apply.
+        max_tokens = 1 if pooling else self._effective_max_tokens(len(token_ids), params)
         eos = frozenset(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not eos:
             eos = frozenset([self.tokenizer.eos_token_id])
@@ -73,7 +78,7 @@ class RequestIntake:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
-            cache_salt=cache_salt(params.lora_name),
+            cache_salt=cache_salt(params.lora_name), pooling=pooling,
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         original = long_rope(self.model_config.rope_scaling)
@@ -113,14 +118,16 @@ class RequestIntake:
         rid = request.request_id
         return self.scheduler.requests.get(rid) is request
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
+    def _validate_prompt(self, token_ids: list[int], room_for_output: bool = True) -> None:
         if not token_ids:
             raise InvalidRequestError("the prompt is empty")
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
+        if not room_for_output and len(token_ids) > self.max_model_len:
+            raise InvalidRequestError(f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}")
+        if room_for_output and len(token_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
                 "which must leave room for at least one generated token")

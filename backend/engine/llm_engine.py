@@ -5,7 +5,9 @@ sample, collect (model and sampler, or the rejection sampler when proposals are
 verified; with async scheduling the host schedules step N+1 while the device runs step
 N: core_step) -> ModelRunnerOutput ->
 Scheduler.update_from_output (the one writer of request and KV state: tokens appended,
-stops on token ids, requests finished) -> EngineCoreOutput; with speculative decoding
+stops on token ids, requests finished; with runner="pooling", PoolingModelRunner returns
+pooled hidden states instead and a request finishes when its prompt is computed)
+-> EngineCoreOutput; with speculative decoding
 the Speculator then proposes the next step's tokens, which the scheduler keeps.
 `core_step` ends there; the output side (OutputProcessor: text, stop strings, logprob
 text) turns core outputs into RequestOutputs, inline in `step` or on its own thread
@@ -31,6 +33,7 @@ from backend.engine.gc_policy import freeze_heap
 from backend.engine.intake import Prompt, RequestIntake  # noqa: F401 (Prompt: part of this module's API)
 from backend.engine.model_runner import LaunchedStep, ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.output_processor import OutputProcessor
+from backend.engine.pooling_runner import PoolingModelRunner
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from backend.engine.request import Request
 from backend.engine.request_limits import RequestLimits
@@ -101,7 +104,7 @@ class LLMEngine(RequestIntake):
                                     make_attention_factory(self.attention_backend), max_position,
                                     make_layer_ops(self.attention_backend),
                                     self.workers.tp if self.workers else SINGLE,
-                                    int_kernel=self.attention_backend == "triton")
+                                    int_kernel=self.attention_backend == "triton", pooling=args.runner == "pooling")
         self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend,
                                       tp_size=tp_size)
         self.tokenizer = load_tokenizer(args.model)
@@ -112,7 +115,8 @@ class LLMEngine(RequestIntake):
                                self.attention_backend, max_position)
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
-                                and args.model_runner == "torch" and not args.enforce_eager)
+                                and args.model_runner == "torch" and not args.enforce_eager
+                                and args.runner == "generate")     # (pooling runs no decode step)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
         rank_cfg = local_config(cfg, tp_size)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
@@ -132,7 +136,10 @@ class LLMEngine(RequestIntake):
         # roll back) nor for mixed layers (Gemma: the full layers need every block).
         windows = cfg.sliding_windows
         window = max(windows) if windows and all(windows) and spec is None else None
-        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, args.enable_prefix_caching, window)
+        # MEAN pooling needs every prompt token computed (pooling_runner.py): no prefix cache.
+        prefix_caching = args.enable_prefix_caching and not (
+            args.runner == "pooling" and args.pooler.pooling_type == "MEAN")
+        self.kv_cache = KVCacheManager(self.num_kv_blocks, args.block_size, prefix_caching, window)
         self.scheduler = Scheduler(self.kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_loras=args.max_loras if self.lora is not None else None,
                                    structured=StructuredOutputManager(
@@ -196,6 +203,8 @@ class LLMEngine(RequestIntake):
             inputs.long_rope = (long_rope(self.model_config.rope_scaling), self.max_position)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
+        if args.runner == "pooling":
+            return PoolingModelRunner(self.model, *common, pooler=args.pooler)
         if args.model_runner == "torch":
             return ModelRunner(self.model, *common, workers=self.workers, lora=self.lora)
         from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph

@@ -97,7 +97,9 @@ class OutputProcessor:
                 emitted, finish_reason = core.new_token_ids[:i + 1], "stop"
                 break
         if finish_reason is not None or core.error is not None:
-            return self.final_output(core.request_id, finish_reason or "abort", emitted, new_logprobs, core.error)
+            out = self.final_output(core.request_id, finish_reason or "abort", emitted, new_logprobs, core.error)
+            out.pooling_output = core.pooling_output
+            return out
         return RequestOutput(
             request_id=core.request_id, new_token_ids=emitted,
             new_text=detok.take_delta(finished=False), finished=False,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from backend.engine.logprobs import TokenLogprobs
 
 
@@ -19,6 +21,9 @@ class ModelRunnerOutput:
     # Prompt logprobs computed in this step, by index in the schedule: one entry per
     # prompt token the step's rows predict (the ScheduledRequest's prompt_logprob_rows).
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    # runner="pooling": the pooled vector ([hidden], fp32, on the host) of each request
+    # whose prompt this step completed, by index in the schedule.
+    pooler_output: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -36,6 +41,8 @@ class EngineCoreOutput:
     finish_reason: Optional[str] = None
     num_cached_tokens: int = 0
     error: Optional[Exception] = None
+    # A pooling request's result (it finishes with "stop" when its prompt is computed).
+    pooling_output: Optional[torch.Tensor] = None
 
     @property
     def finished(self) -> bool:
@@ -72,6 +79,9 @@ class RequestOutput:
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
     # Set when the request ended on an error rather than normally (finished is True).
     error: Optional[Exception] = None
+    # runner="pooling": the prompt's pooled (and by default L2-normalized) final hidden
+    # state, fp32 on the host, on the final output (vLLM's PoolingOutput.data).
+    pooling_output: Optional[torch.Tensor] = None
     # Offline `LLM.generate` with n > 1: the n completions' final outputs, in index order
     # (this output is the first one's, under the parent's request id).
     completions: Optional[list["RequestOutput"]] = None

@@ -88,6 +88,10 @@ class Request:
             return 0
         return len(self.prompt_token_ids) - 1
 
+    # runner="pooling": prefill only; the step that completes the prompt returns its
+    # pooled hidden state and the request finishes there, nothing sampled.
+    pooling: bool = False
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

@@ -258,7 +258,7 @@ class Scheduler:
             self.num_chunked_prefills += 1
         out.scheduled.append(scheduled)
         request.num_computed_tokens += num_new
-        if scheduled.completes_prompt:
+        if scheduled.completes_prompt and not request.pooling:     # (a pooling request samples nothing)
             request.num_output_placeholders += 1
 
     def _reclaim_proposal_blocks(self, start: int) -> bool:
@@ -309,7 +309,9 @@ class Scheduler:
         token is appended and checked for a stop on its id as if it came alone (EOS,
         stop ids, the grammar's end, max_tokens, after min_tokens), the first stop ending
         the request there and freeing its blocks. Stop strings are the output side's
-        (stop_request). Returns one EngineCoreOutput per request that got tokens."""
+        (stop_request). A pooling request whose prompt the step completed finishes with
+        its pooled vector. Returns one EngineCoreOutput per request that got tokens or
+        finished."""
         outputs = []
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
@@ -325,6 +327,14 @@ class Scheduler:
                     # The accepted tokens plus the one sampled after them (no K/V yet).
                     self.kv_cache.trim(request, request.num_computed_tokens + 1)
                 self.kv_cache.cache_computed_blocks(request)
+            if request.pooling:
+                pooled = result.pooler_output.get(index)
+                if pooled is not None:          # its prompt is computed: done, its blocks free
+                    self.finish_request(request, FinishReason.STOP)
+                    outputs.append(EngineCoreOutput(request.request_id, [], finish_reason="stop",
+                                                    num_cached_tokens=request.num_cached_tokens,
+                                                    pooling_output=pooled))
+                continue
             prompt_entries = result.prompt_logprobs.get(index)
             if not tokens:
                 if prompt_entries:          # a prompt chunk's logprobs

@@ -67,8 +67,11 @@ def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None,
-               tp: TensorParallel = SINGLE, int_kernel: bool = False) -> CausalLM:
-    """The model, or with tp.size > 1 this rank's shard of it (reading only its slices)."""
+               tp: TensorParallel = SINGLE, int_kernel: bool = False, pooling: bool = False) -> CausalLM:
+    """The model, or with tp.size > 1 this rank's shard of it (reading only its slices).
+    pooling (runner="pooling"): an embedding checkpoint may be the bare decoder saved
+    without the `model.` prefix and without an LM head (Qwen3-Embedding is), as vLLM
+    loads both; the head is then tied to the embedding (never used, and no memory)."""
     scheme = int_scheme(cfg)
     if scheme is not None and tp.size > 1:
         raise ValueError(f"{scheme.method} INT{scheme.bits} checkpoints run on one rank: use tensor_parallel_size=1")
@@ -80,13 +83,16 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         elif cfg.quantization is not None:
             swap_in_fp8_linears(model)
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
+    if pooling and not any(k.startswith("model.") for k in weights):
+        weights = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in weights.items()}
+    tied = cfg.tie_word_embeddings or (pooling and "lm_head.weight" not in weights)
     if scheme is not None:
         weights = int_state_dict(weights, cfg.num_layers, scheme)
     state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
-    if cfg.tie_word_embeddings:
+    if tied:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if tied:
         # assign=True replaced the embedding's tensor; point the head at the new one.
         model.lm_head.weight = model.model.embed_tokens.weight
     missing = [n for n, p in model.named_parameters() if p.is_meta]
@@ -106,7 +112,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         for name, b in list(module.named_buffers(recurse=False)):
             if b.is_floating_point():
                 setattr(module, name, b.to(dtype))
-    if cfg.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
 

@@ -33,7 +33,7 @@ from backend.engine.prompt_length import tokenize_within
 from backend.triton_server.errors import triton_error
 from backend.triton_server.health_report import HealthReporter
 from backend.triton_server.metrics import EngineMetrics
-from backend.triton_server.request_parser import INPUT_SPECS, OUTPUT_SPECS, parse_request
+from backend.triton_server.request_parser import EMBEDDING_SPEC, INPUT_SPECS, OUTPUT_SPECS, parse_request
 from backend.triton_server.response_writer import FINAL, ResponseWriter
 from backend.triton_server import trtllm_front
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
@@ -58,7 +58,9 @@ class TritonPythonModel(Watcher):
         for spec in INPUT_SPECS:
             if spec["name"] not in have_in:
                 config.add_input(spec)
-        for spec in OUTPUT_SPECS:
+        params = config.as_dict().get("parameters") or {}
+        pooling = (params.get("runner") or {}).get("string_value") == "pooling"
+        for spec in OUTPUT_SPECS + ([EMBEDDING_SPEC] if pooling else []):
             if spec["name"] not in have_out:
                 config.add_output(spec)
         # The engine batches on its own; Triton must hand requests over one by one and

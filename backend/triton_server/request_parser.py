@@ -71,6 +71,9 @@ OUTPUT_SPECS: list[dict[str, Any]] = [
     {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
     {"name": "output_ids", "data_type": "TYPE_INT32", "dims": [-1]},
 ]
+# A model with parameter runner "pooling" (an embedding model) has this output too: the
+# prompt's pooled final hidden state, [hidden] (text_output is then "" and output_ids empty).
+EMBEDDING_SPEC: dict[str, Any] = {"name": "embedding", "data_type": "TYPE_FP32", "dims": [-1]}
 
 
 @dataclass

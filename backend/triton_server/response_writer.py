@@ -41,6 +41,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: Optional[str] = None
     finished: bool = False
+    embedding: Optional[np.ndarray] = None      # a pooling model's result
 
 
 class ResponseWriter:
@@ -80,6 +81,8 @@ class ResponseWriter:
             seq.cumulative_logprob = out.cumulative_logprob
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.pooling_output is not None:
+            seq.embedding = out.pooling_output.numpy().astype(np.float32, copy=False)
         if out.finished:
             seq.finished, seq.finish_reason = True, out.finish_reason
         if out.error is not None:
@@ -151,6 +154,8 @@ class ResponseWriter:
                                            np.array([self.seqs[0].timing.num_prompt_tokens], dtype=np.uint32)))
         if p.return_num_output_tokens:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(t) for t in token_ids], dtype=np.uint32)))
+        if self.seqs[0].embedding is not None:
+            tensors.append(pb_utils.Tensor("embedding", self.seqs[0].embedding))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

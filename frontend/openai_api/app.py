@@ -1,5 +1,7 @@
-"""OpenAI-compatible HTTP API in front of tritonserver: /v1/models, /v1/completions,
-/v1/chat/completions, /health. Each completion is one Triton request over gRPC
+"""OpenAI-compatible HTTP API in front of tritonserver: /v1/models (and /v1/models/{id}),
+/v1/completions, /v1/chat/completions, /v1/embeddings (embeddings.py), /tokenize and
+/detokenize (tokenization.py),
+/metrics (metrics.py), /health. Each completion is one Triton request over gRPC
 streaming; `stream: true` answers with server-sent events ending in `data: [DONE]`; a
 client that disconnects cancels its Triton request (the backend frees its KV blocks).
 
@@ -19,8 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from frontend.openai_api import completions as completion
-from frontend.openai_api.auth import PROTECTED_PREFIX, APIKeys
+from frontend.openai_api import completions as completion, embeddings, metrics, tokenization
+from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.chat_completion import ChatCompletion, Shape
 from frontend.openai_api.chat_output import ChoiceOutput
@@ -90,7 +92,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     @app.middleware("http")
     async def _authenticate(request: Request, call_next):
         path = request.url.path
-        if keys and (path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/")):
+        if keys and protected(path):
             header = request.headers.get("authorization")
             if not keys.allows(header):
                 what = "Missing API key: send 'Authorization: Bearer <key>'" if not header else \
@@ -109,13 +111,20 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     @app.get("/v1/models")
     async def models() -> dict:
         served = await app.state.llm.models()
-        return {"object": "list", "data": [{"id": m.name, "object": "model", "created": m.created,
-                                            "owned_by": "paged_llm", "root": m.triton_model, "parent": m.parent}
-                                           for m in served.values()]}
+        return {"object": "list", "data": [_model_card(m) for m in served.values()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        return _model_card(await app.state.llm.model(model_id))      # 404 in OpenAI's shape when unknown
+
+    tokenization.register(app)
+    embeddings.register(app)
+    metrics.register(app)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse(CompletionRequest, await read_json(request, app.state.max_request_body_bytes))
+        embeddings.check_generates(await app.state.llm.model(req.model))
         gen, shape, sampling = await completion.start(app.state, req)      # completions.py
         app.state.request_log.received(shape.id, req.model, req.prompt, sampling)
         return await _respond(request, gen, req, shape)
@@ -124,6 +133,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     async def chat_completions(request: Request):
         req = parse(ChatCompletionRequest, await read_json(request, app.state.max_request_body_bytes))
         served = await app.state.llm.model(req.model)
+        embeddings.check_generates(served)
         served.check_n(req.n)
         sampling = req.sampling_parameters(req.max_completion_tokens or req.max_tokens)
         sampling.setdefault("max_tokens", None)          # OpenAI's default: up to the context length
@@ -148,6 +158,11 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
     register_responses(app)
     return app
+
+
+def _model_card(m) -> dict:
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "paged_llm", "root": m.triton_model,
+            "parent": m.parent}
 
 
 async def _respond(request: Request, gen: Generation, req, shape: Shape):

@@ -1,7 +1,8 @@
 """API keys of the OpenAI-compatible frontend, as `vllm serve --api-key` checks them.
 
-Every `/v1/*` route needs `Authorization: Bearer <key>`; `/health`, `/openapi.json` and
-`/docs` stay open (probes and schema tools). Several keys may be valid at once, so that a
+Every `/v1/*` route, `/tokenize` and `/detokenize` need `Authorization: Bearer <key>`;
+`/health`, `/metrics` (counts and latencies only), `/openapi.json` and `/docs` stay open
+(probes, scrapers and schema tools). Several keys may be valid at once, so that a
 key can be rotated without downtime: add the new one, move clients, drop the old one.
 Keys come from `--api-key` (repeatable), `API_KEY` (comma-separated) and the file
 `API_KEY_FILE` (one key per line) names.
@@ -15,6 +16,12 @@ import os
 from typing import Iterable, Optional
 
 PROTECTED_PREFIX = "/v1"
+# Beside /v1 as in vLLM, but keyed here: they run the tokenizer (work) for the caller.
+PROTECTED_PATHS = ("/tokenize", "/detokenize")
+
+
+def protected(path: str) -> bool:
+    return path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/") or path in PROTECTED_PATHS
 
 
 class APIKeys:

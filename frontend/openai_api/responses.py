@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from frontend.openai_api.chat_output import ChoiceOutput
+from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import parse, read_json
 from frontend.openai_api.reasoning import grammar_after_reasoning
@@ -187,6 +188,7 @@ def register_responses(app: FastAPI) -> None:
     async def create_response(request: Request):
         req = parse(ResponsesRequest, await read_json(request, app.state.max_request_body_bytes))
         served = await app.state.llm.model(req.model)
+        check_generates(served)
         conversation: list[dict] = []
         if req.previous_response_id is not None:
             conversation = list(store.get(req.previous_response_id, "previous_response_id")[0])

@@ -19,9 +19,13 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
+from frontend.openai_api.auth import protected
+from frontend.openai_api.embeddings import EmbeddingRequest, EmbeddingResponse
 from frontend.openai_api.errors import TYPES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.responses_protocol import ResponsesRequest
+from frontend.openai_api.tokenization import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
+                                              TokenizeCompletionRequest, TokenizeResponse)
 
 FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
@@ -261,9 +265,10 @@ class ResponseEvent(BaseModel):
     sequence_number: int = Field(ge=0)
 
 
-REQUESTS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest)
-RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Health,
-             Response, ResponseEvent)
+REQUESTS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletionRequest,
+            TokenizeChatRequest, DetokenizeRequest, EmbeddingRequest)
+RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Model, Health,
+             Response, ResponseEvent, TokenizeResponse, DetokenizeResponse, EmbeddingResponse)
 
 
 def _ref(name: str) -> dict:
@@ -321,6 +326,30 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/models", "get"): {"summary": "The models served: Triton models of our backend and their LoRA adapters",
                             "responses": {"200": {"description": "The models", "content": _json("ModelList")},
                                           **{str(s): _error(s) for s in (401, 503)}}},
+    ("/v1/models/{model_id}", "get"): {"summary": "One served model (`client.models.retrieve`)", "responses": {
+        "200": {"description": "The model", "content": _json("Model")},
+        **{str(s): _error(s) for s in (401, 404, 503)}}},
+    ("/v1/embeddings", "post"): {
+        "summary": "Embeddings of one or more inputs, from a model built with --runner pooling",
+        "requestBody": {"required": True, "content": _json("EmbeddingRequest")},
+        "responses": {"200": {"description": "The vectors (floats, or base64 of float32 bytes), in input order",
+                              "content": _json("EmbeddingResponse")},
+                      **{str(s): _error(s) for s in (400, 401, 404, 413, 500, 503, 504)}}},
+    ("/tokenize", "post"): {
+        "summary": "A prompt's (or chat's, with the chat template) token ids, as vLLM's /tokenize",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "anyOf": [_ref("TokenizeCompletionRequest"), _ref("TokenizeChatRequest")]}}}},
+        "responses": {"200": {"description": "The token ids", "content": _json("TokenizeResponse")},
+                      **{str(s): _error(s) for s in (400, 401, 404, 413, 503)}}},
+    ("/detokenize", "post"): {
+        "summary": "Token ids back to text, as vLLM's /detokenize",
+        "requestBody": {"required": True, "content": _json("DetokenizeRequest")},
+        "responses": {"200": {"description": "The text", "content": _json("DetokenizeResponse")},
+                      **{str(s): _error(s) for s in (400, 401, 404, 413, 503)}}},
+    ("/metrics", "get"): {"summary": "The frontend's HTTP metrics (Prometheus text): requests and latencies by "
+                                     "route, method and status", "responses": {
+        "200": {"description": "Prometheus text format",
+                "content": {"text/plain": {"schema": {"type": "string"}}}}}},
     ("/v1/completions", "post"): _generation("CompletionRequest", "Completion", "CompletionChunk",
                                              "A completion of a prompt (text or token ids)"),
     ("/v1/chat/completions", "post"): _generation("ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk",
@@ -365,7 +394,7 @@ def openapi(app: FastAPI, api_keys: bool) -> dict:
                 if (path, method) not in OPERATIONS:
                     raise RuntimeError(f"{method.upper()} {path} is not documented in frontend/openai_api/schemas.py")
                 operation.update(copy.deepcopy(OPERATIONS[path, method]))
-                if not (api_keys and path.startswith("/v1")):
+                if not (api_keys and protected(path)):
                     operation["responses"].pop("401", None)
                 elif api_keys:
                     operation["security"] = [{"apiKey": []}]

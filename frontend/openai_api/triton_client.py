@@ -9,6 +9,7 @@ token counts and logprobs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -43,8 +44,9 @@ class ServedModel:
     lora_name: Optional[str] = None
     max_queue_size: Optional[int] = None      # the engine's waiting-queue bound (config parameter)
     # The config's max_model_len, else the checkpoint's max_position_embeddings (the most
-    # the engine allows when none is set): chat prompts are checked against it.
+    # the engine allows when none is set): chat prompts are checked against it; None: unknown.
     max_model_len: Optional[int] = None
+    runner: str = "generate"                  # config parameter runner: "pooling" serves /v1/embeddings
 
     @property
     def parent(self) -> Optional[str]:
@@ -128,14 +130,13 @@ class TritonLLM:
             if config.get("backend") not in BACKENDS or "trtllm_contract" in params:
                 continue
             name, now = entry["name"], int(time.time())
-            queue, max_len = (int(params[k]) if (params.get(k) or "").isdigit() else None
-                              for k in ("max_queue_size", "max_model_len"))
+            queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
             checkpoint = self._checkpoint(name, params.get("model"))
             found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
-                                      max_model_len=max_len or _max_positions(checkpoint))
+                                      max_model_len=_max_model_len(params, checkpoint) or None,
+                                      runner=self._runner(name, params))
             for adapter in self._adapters(name, params):
-                found.setdefault(adapter, ServedModel(adapter, checkpoint, now, name, adapter, queue,
-                                                      found[name].max_model_len))
+                found.setdefault(adapter, dataclasses.replace(found[name], name=adapter, lora_name=adapter))
         self._models, self._listed_at = found, time.monotonic()
         return found
 
@@ -155,6 +156,20 @@ class TritonLLM:
             return list(lora_modules_value(text))
         except ValueError:
             return []                   # the backend refused to load it anyway
+
+    def _runner(self, name: str, params: dict) -> str:
+        """The model's `runner` parameter, else (a vLLM-backend repository on this machine)
+        its `1/model.json`'s, as the backend reads them."""
+        if params.get("runner"):
+            return params["runner"]
+        path = os.path.join(self.repository or "", name, "1", "model.json")
+        if self.repository and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    return str(json.load(f).get("runner") or "generate")
+            except (OSError, ValueError, AttributeError):
+                pass                    # the backend refused to load it anyway
+        return "generate"
 
     def _checkpoint(self, name: str, model: Optional[str]) -> Optional[str]:
         if not model:
@@ -278,13 +293,15 @@ class Generation:
             pass                        # the cancel in __aiter__'s finally ends it
 
 
-def _max_positions(checkpoint: Optional[str]) -> Optional[int]:
+def _max_model_len(params: dict, checkpoint: Optional[str]) -> int:
+    value = params.get("max_model_len") or ""
+    if value.isdigit():
+        return int(value)
     try:
         with open(os.path.join(checkpoint or "", "config.json")) as f:
-            value = json.load(f).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
+            return int(json.load(f).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _deltas(result, n: int, finished: list[bool]) -> list[Delta]:

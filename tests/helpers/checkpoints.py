@@ -3,7 +3,9 @@ references from transformers itself."""
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Optional
 
 import torch
 
@@ -112,3 +114,42 @@ def hf_logprobs(path: str, prompt: list[int], output: list[int]) -> torch.Tensor
     with torch.no_grad():
         logits = model(torch.tensor([prompt + output])).logits[0].float()
     return torch.log_softmax(logits[len(prompt) - 1:len(prompt) + len(output) - 1], dim=-1)
+
+
+def make_embedding_checkpoint(path: str, seed: int = 0, tokenizer_from: Optional[str] = None, **overrides) -> str:
+    """A Qwen3-Embedding-style checkpoint: the bare Qwen3 decoder (no LM head, weights
+    without the `model.` prefix) whose config names Qwen3ForCausalLM, as the released
+    Qwen3-Embedding checkpoints are. tokenizer_from: a checkpoint whose tokenizer files
+    to copy (and whose vocabulary size to take)."""
+    import shutil
+
+    import transformers as tf
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    kw = {**COMMON, "head_dim": 16, **overrides}
+    if tokenizer_from is not None:
+        tok = tf.AutoTokenizer.from_pretrained(tokenizer_from)
+        kw["vocab_size"] = len(tok)
+        tok.save_pretrained(path)
+        for name in ("tokenizer_config.json",):     # as the source has it (its class name)
+            shutil.copy(os.path.join(tokenizer_from, name), os.path.join(path, name))
+    torch.manual_seed(seed)
+    cfg = tf.Qwen3Config(**kw)
+    tf.Qwen3Model(cfg).eval().save_pretrained(path)
+    with open(os.path.join(path, "config.json")) as f:
+        saved = json.load(f)
+    saved["architectures"] = ["Qwen3ForCausalLM"]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(saved, f, indent=2)
+    return path
+
+
+def hf_last_token_embeddings(path: str, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' final hidden state (after the final norm) of each prompt's last
+    token, L2-normalized: what Qwen3-Embedding's model card computes (one prompt at a time,
+    no padding), fp32."""
+    import torch.nn.functional as F
+    from transformers import AutoModel
+    model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [F.normalize(model(torch.tensor([p])).last_hidden_state[0, -1], dim=-1) for p in prompts]

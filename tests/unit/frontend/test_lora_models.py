@@ -63,3 +63,15 @@ def test_listing_reads_max_model_len_for_chat_checks(tmp_path):
         return {name: m.max_model_len for name, m in (await llm.models()).items()}
     assert asyncio.run(run({"max_model_len": "1024"})) == {"llm": 1024, "sql": 1024}
     assert asyncio.run(run({})) == {"llm": 4096, "sql": 4096}
+
+
+def test_an_embedding_model_is_known_by_its_runner(tmp_path):
+    """config.pbtxt's `runner` parameter, or a vLLM-backend `1/model.json`'s (/v1/embeddings)."""
+    async def run():
+        llm = TritonLLM("127.0.0.1:1", model_repository=str(tmp_path))
+        assert llm._runner("emb", {"runner": "pooling"}) == "pooling"
+        (tmp_path / "vllm_emb" / "1").mkdir(parents=True)
+        (tmp_path / "vllm_emb" / "1" / "model.json").write_text(json.dumps({"model": "/x", "runner": "pooling"}))
+        assert llm._runner("vllm_emb", {}) == "pooling" and llm._runner("llm", {}) == "generate"
+        await llm.close()
+    asyncio.run(run())

@@ -30,13 +30,16 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
     ops = {(path, method): op for path, item in doc["paths"].items() for method, op in item.items()}
     assert set(ops) == {("/health", "get"), ("/health/ready", "get"), ("/v1/models", "get"), ("/v1/completions", "post"),
                         ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
-                        ("/v1/responses/{response_id}", "get")}
+                        ("/v1/responses/{response_id}", "get"), ("/v1/models/{model_id}", "get"), ("/tokenize", "post"),
+                        ("/detokenize", "post"), ("/metrics", "get"), ("/v1/embeddings", "post")}
     for (path, method), op in ops.items():
         if method == "post":
+            assert op["requestBody"]["required"] and {"400", "401", "413"} <= set(op["responses"])
+        if path.endswith("completions"):
             assert op["requestBody"]["required"] and set(op["responses"]) == {"200", "400", "401", "404", "413",
                                                                               "500", "503", "504"}
             assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
-        assert ("security" in op) == path.startswith("/v1")
+        assert ("security" in op) == (path.startswith("/v1") or path in ("/tokenize", "/detokenize"))
     for name, cls in (("CompletionRequest", CompletionRequest), ("ChatCompletionRequest", ChatCompletionRequest),
                       ("ResponsesRequest", ResponsesRequest)):
         assert doc["components"]["schemas"][name]["properties"].keys() == cls.model_json_schema()["properties"].keys()

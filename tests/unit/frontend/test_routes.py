@@ -1,0 +1,138 @@
+"""The frontend's smaller routes without a tritonserver (the served models faked):
+GET /v1/models/{id}, /tokenize and /detokenize in vLLM's shapes with the model's own
+tokenizer and chat template, and /metrics. tests/integration/test_openai_routes.py runs
+them against the real server."""
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from frontend.openai_api.app import create_app
+from frontend.openai_api.auth import APIKeys
+from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.errors import APIError
+from frontend.openai_api.triton_client import ServedModel
+
+KEY = {"authorization": "Bearer key-1"}
+MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
+
+
+class FakeTriton:
+    def __init__(self, models):
+        self._models = models
+
+    async def models(self):
+        return self._models
+
+    async def model(self, name):
+        if name not in self._models:
+            raise APIError(404, f"The model '{name}' does not exist", "model")
+        return self._models[name]
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture
+def client(tiny_ckpt):
+    with TestClient(create_app("127.0.0.1:1", api_keys=APIKeys(["key-1"]))) as c:
+        c.app.state.llm = FakeTriton({"llm": ServedModel("llm", tiny_ckpt, 7, "llm", max_model_len=1024),
+                                      "org/other": ServedModel("org/other", None, 8, "org/other"),
+                                      "emb": ServedModel("emb", tiny_ckpt, 9, "emb", runner="pooling")})
+        yield c
+
+
+@pytest.fixture
+def tok(tiny_ckpt):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_ckpt)
+
+
+def test_retrieve_a_model_or_an_openai_404(client):
+    r = client.get("/v1/models/llm", headers=KEY)
+    assert r.status_code == 200 and r.json() == {"id": "llm", "object": "model", "created": 7, "owned_by": "paged_llm",
+                                                 "root": "llm", "parent": None}
+    assert client.get("/v1/models/org/other", headers=KEY).json()["id"] == "org/other"     # ids with a slash
+    r = client.get("/v1/models/nope", headers=KEY)
+    assert r.status_code == 404 and r.json()["error"] == {"message": "The model 'nope' does not exist",
+                                                          "type": "NotFoundError", "param": "model", "code": 404}
+    assert client.get("/v1/models/llm").status_code == 401
+
+
+def test_tokenize_a_prompt_and_detokenize_it_back(client, tok):
+    text = "The pass statement does nothing."
+    r = client.post("/tokenize", json={"model": "llm", "prompt": text}, headers=KEY)
+    want = tok(text)["input_ids"]          # (this tokenizer adds no BOS of its own)
+    assert r.status_code == 200 and r.json() == {"count": len(want), "max_model_len": 1024, "tokens": want}
+    r = client.post("/tokenize", json={"prompt": text, "add_special_tokens": False, "return_token_strs": True},
+                    headers=KEY)                                            # model: the first served one
+    assert r.json()["tokens"] == want and r.json()["token_strs"] == tok.convert_ids_to_tokens(want)
+    r = client.post("/detokenize", json={"model": "llm", "tokens": want}, headers=KEY)
+    assert r.status_code == 200 and r.json() == {"prompt": text}
+
+
+def test_tokenize_a_chat_with_the_template(client, tok, tiny_ckpt):
+    r = client.post("/tokenize", json={"model": "llm", "messages": MESSAGES}, headers=KEY)
+    assert r.json()["tokens"] == ChatTemplates().prompt_ids(tiny_ckpt, "llm", MESSAGES)    # what chat sends
+    r = client.post("/tokenize", json={"model": "llm", "messages": MESSAGES, "add_generation_prompt": False},
+                    headers=KEY)
+    assert tok.decode(r.json()["tokens"]) == "<s>system: Be terse.\nuser: hi\n"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/tokenize", {"model": "llm", "messages": MESSAGES, "continue_final_message": True}, None),
+    ("/tokenize", {"model": "llm"}, "prompt"),
+    ("/tokenize", {"model": "llm", "prompt": 5}, "prompt"),
+    ("/tokenize", {"model": "org/other", "prompt": "x"}, "model"),     # no checkpoint on this machine
+    ("/detokenize", {"model": "llm", "tokens": [1, 10 ** 6]}, "tokens"),
+    ("/detokenize", {"model": "llm", "tokens": [-1]}, "tokens.0"),
+])
+def test_bad_tokenize_requests_are_400s_naming_the_field(client, path, body, param):
+    r = client.post(path, json=body, headers=KEY)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def test_tokenize_needs_the_key_and_knows_the_model(client):
+    assert client.post("/tokenize", json={"model": "llm", "prompt": "x"}).status_code == 401
+    assert client.post("/detokenize", json={"model": "llm", "tokens": [5]}).status_code == 401
+    assert client.post("/tokenize", json={"model": "nope", "prompt": "x"}, headers=KEY).status_code == 404
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"model": "llm", "input": "x"}, "model"),             # a generative model
+    ("/v1/embeddings", {"model": "emb", "input": "x", "dimensions": 8}, "dimensions"),
+    ("/v1/embeddings", {"model": "emb", "input": ""}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": []}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": ["a", ""]}, "input"),
+    ("/v1/embeddings", {"model": "emb", "input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ("/v1/completions", {"model": "emb", "prompt": "x"}, "model"),          # an embedding model
+    ("/v1/chat/completions", {"model": "emb", "messages": MESSAGES}, "model"),
+])
+def test_embeddings_and_generation_refuse_each_others_models(client, path, body, param):
+    r = client.post(path, json=body, headers=KEY)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def sample(text: str, name: str, **labels) -> float:
+    for m in re.finditer(rf"^{name}\{{(.*)\}} (\S+)$", text, re.M):
+        if dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) == labels:
+            return float(m.group(2))
+    raise AssertionError(f"{name}{labels} not in the metrics")
+
+
+def test_metrics_count_requests_by_route_and_status_without_a_key(client):
+    client.get("/v1/models/llm", headers=KEY)
+    client.get("/v1/models/nope", headers=KEY)
+    client.get("/v1/models/nope2", headers=KEY)
+    client.get("/v1/models/llm")
+    client.get("/no/such/route")
+    r = client.get("/metrics")                                # no key needed
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    route = "/v1/models/{model_id:path}"
+    assert sample(r.text, "http_requests_total", handler=route, method="GET", status="200") == 1
+    assert sample(r.text, "http_requests_total", handler=route, method="GET", status="404") == 2
+    assert sample(r.text, "http_requests_total", handler=route, method="GET", status="401") == 1
+    assert sample(r.text, "http_requests_total", handler="unmatched", method="GET", status="404") == 1
+    assert sample(r.text, "http_request_duration_seconds_count", handler=route, method="GET", status="404") == 2
+    assert "nope" not in r.text                                 # the template, never the path
