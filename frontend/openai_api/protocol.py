@@ -104,7 +104,7 @@ class _Common(BaseModel):
     @classmethod
     def _only_when_streaming(cls, v, info):
         if v is not None and not info.data.get("stream"):      # OpenAI's and vLLM's rule
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise ValueError("`stream_options` can only be used when `stream` is True")   # Triton's words
         return v
 
     def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
