@@ -23,6 +23,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+from frontend.openai_api.tools.protocol import (ChatTool, FunctionDefinition, FunctionName, MessageToolCall,
+                                                NamedToolChoice)
 
 
 # No coercion ("10" -> 10, "yes" -> True): a client sending strings has a bug to hear about.
@@ -166,40 +168,6 @@ class CompletionRequest(_Common):
         if self.best_of not in (None, self.n):
             raise ValueError("best_of is not supported")
         return self
-
-
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None     # a JSON schema
-    strict: Optional[bool] = None
-
-
-class ChatTool(BaseModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class FunctionName(BaseModel):
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"]
-    function: FunctionName
-
-
-class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str                                  # JSON text, as OpenAI sends it
-
-
-class MessageToolCall(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    id: str
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
 
 
 _PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},

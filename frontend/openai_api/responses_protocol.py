@@ -13,7 +13,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from frontend.openai_api.errors import APIError
-from frontend.openai_api.protocol import ChatMessage, FunctionDefinition
+from frontend.openai_api.protocol import ChatMessage
+from frontend.openai_api.tools.protocol import FunctionDefinition
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 

@@ -12,7 +12,7 @@ test_api_fuzz.py holds the running server to this document with schemathesis.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -24,6 +24,7 @@ from frontend.openai_api.embeddings import EmbeddingRequest, EmbeddingResponse
 from frontend.openai_api.errors import TYPES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.responses_protocol import ResponsesRequest
+from frontend.openai_api.responses_schemas import Response, ResponseEvent
 from frontend.openai_api.tokenization import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                               TokenizeCompletionRequest, TokenizeResponse)
 
@@ -194,75 +195,6 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
-
-
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
-
-
-class OutputText(BaseModel):
-    type: Literal["output_text"]
-    text: str
-    annotations: list[Any]
-    logprobs: list[Any] = []
-
-
-class ReasoningText(BaseModel):
-    type: Literal["reasoning_text"]
-    text: str
-
-
-class ResponseMessage(BaseModel):
-    type: Literal["message"]
-    id: str
-    role: Literal["assistant"]
-    status: ItemStatus
-    content: list[OutputText]
-
-
-class ResponseReasoning(BaseModel):
-    type: Literal["reasoning"]
-    id: str
-    summary: list[Any]
-    status: ItemStatus
-    content: list[ReasoningText]
-
-
-class ResponseFunctionCall(BaseModel):
-    type: Literal["function_call"]
-    id: str
-    call_id: str
-    name: str
-    arguments: str                              # JSON text
-    status: ItemStatus
-
-
-class ResponseUsage(BaseModel):
-    input_tokens: int = Field(ge=0)
-    input_tokens_details: dict[str, int]
-    output_tokens: int = Field(ge=0)
-    output_tokens_details: dict[str, int]
-    total_tokens: int = Field(ge=0)
-
-
-class Response(BaseModel):
-    id: str
-    object: Literal["response"]
-    created_at: int
-    status: ItemStatus
-    model: str
-    output: list[Union[ResponseMessage, ResponseReasoning, ResponseFunctionCall]]
-    error: None
-    incomplete_details: Optional[dict[str, str]]
-    usage: ResponseUsage
-    previous_response_id: Optional[str]
-    store: bool
-
-
-class ResponseEvent(BaseModel):
-    """One streamed event: `type` names it (response.created, response.output_text.delta,
-    ..., response.completed or response.incomplete; `error` after the 200)."""
-    type: str
-    sequence_number: int = Field(ge=0)
 
 
 REQUESTS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletionRequest,
