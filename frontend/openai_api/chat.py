@@ -36,10 +36,12 @@ class ChatTemplates:
         self._tokenizers: dict[str, object] = {}
         self._lock = threading.Lock()
 
-    def tokenizer(self, checkpoint: Optional[str], model: str):
+    def tokenizer(self, checkpoint: Optional[str], model: str, use: str = "chat", param: str = "model"):
+        """The checkpoint's tokenizer; a 400 naming `param` when the frontend has none for
+        the model (`use`: what needed it, for the message)."""
         if checkpoint is None:
-            raise APIError(400, f"chat with '{model}' needs its checkpoint's tokenizer: start the frontend with "
-                                "--model-repository pointing at the repository tritonserver serves", "model")
+            raise APIError(400, f"{use} with '{model}' needs its checkpoint's tokenizer: start the frontend with "
+                                "--model-repository pointing at the repository tritonserver serves", param)
         tok = self._tokenizers.get(checkpoint)
         if tok is None:
             with self._lock:            # one import, one load per checkpoint
@@ -55,29 +57,30 @@ class ChatTemplates:
             if checkpoint is not None:
                 self.tokenizer(checkpoint, "")
 
-    def prompt_ids(self, checkpoint: Optional[str], model: str, messages: list[dict],
-                   max_model_len: Optional[int] = None) -> list[int]:
-        return self.render(checkpoint, model, messages, max_model_len=max_model_len)[1]
-
     def render(self, checkpoint: Optional[str], model: str, messages: list[dict], tools: Optional[list[dict]] = None,
-               template_kwargs: Optional[dict] = None, max_model_len: Optional[int] = None) -> tuple[str, list[int]]:
+               template_kwargs: Optional[dict] = None, max_model_len: Optional[int] = None,
+               add_generation_prompt: bool = True, continue_final_message: bool = False,
+               add_special_tokens: bool = False) -> tuple[str, list[int]]:
         """The prompt's text and ids. `tools` reach the template as `tools` (transformers'
         convention); `template_kwargs` are the request's chat_template_kwargs.
         max_model_len, when known: a conversation that cannot fit is refused after
-        tokenizing about that many tokens of it, not all of it (prompt_length.py)."""
+        tokenizing about that many tokens of it, not all of it (prompt_length.py). The
+        last three: /tokenize's switches (chat sends the rendered text's ids as they are)."""
         tok = self.tokenizer(checkpoint, model)
         template = self.override or getattr(tok, "chat_template", None)
         if not template:
-            raise APIError(400, f"model '{model}' has no chat template: use /v1/completions, or start the "
-                                "frontend with --chat-template", "messages")
-        kwargs = {k: v for k, v in (template_kwargs or {}).items()
-                  if k not in ("chat_template", "tokenize", "add_generation_prompt", "tools", "conversation")}
+            raise APIError(400, f"model '{model}' has no chat template: send a prompt instead of messages, or "
+                                "start the frontend with --chat-template", "messages")
+        reserved = ("chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "tools",
+                    "conversation")
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in reserved}
         try:
-            text = tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
-                                           tokenize=False, tools=tools, **kwargs)
+            text = tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, tokenize=False, tools=tools,
+                                           **kwargs)
         except Exception as e:  # a template error is about these messages
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-        tokenize = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+        tokenize = lambda t: tok(t, add_special_tokens=add_special_tokens)["input_ids"]  # noqa: E731
         if max_model_len is None:
             return text, tokenize(text)
         try:

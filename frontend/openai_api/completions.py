@@ -79,10 +79,7 @@ async def start(state, req: CompletionRequest) -> tuple["BatchGeneration", "Comp
     if req.echo:
         need_ids = req.logprobs is not None
         if need_ids or any(not isinstance(p, str) for p in prompts):
-            if served.checkpoint is None:
-                raise APIError(400, f"echo with '{req.model}' needs its checkpoint's tokenizer: start the frontend "
-                                    "with --model-repository pointing at the repository tritonserver serves", "echo")
-            tokenizer = await asyncio.to_thread(state.chat.tokenizer, served.checkpoint, req.model)
+            tokenizer = await asyncio.to_thread(state.chat.tokenizer, served.checkpoint, req.model, "echo", "echo")
             infos = await asyncio.to_thread(_echo_infos, tokenizer, prompts, need_ids)
         else:
             infos = [PromptInfo(p, echo_text=p) for p in prompts]

@@ -59,6 +59,11 @@ class ResponseStore:
         return self._items[response_id]
 
 
+def _message_item() -> dict:
+    return {"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress",
+            "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+
+
 class ResponseBuilder:
     """One reply's output items, built from the chat deltas of ChoiceOutput, with the
     events that announce them (the same items whether streamed or not)."""
@@ -71,6 +76,7 @@ class ResponseBuilder:
         self.calls: dict[int, dict] = {}            # tool-call index -> its item
         self.sequence = 0
         self.input_tokens = self.output_tokens = 0
+        self.status = "in_progress"                 # completed or incomplete once finished
 
     def event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -122,10 +128,7 @@ class ResponseBuilder:
                                       delta=delta["reasoning_content"]))
         if delta.get("content"):
             if self.open is None or self.open["type"] != "message":
-                events += self._start({"type": "message", "id": _id("msg"), "role": "assistant",
-                                       "status": "in_progress",
-                                       "content": [{"type": "output_text", "text": "", "annotations": [],
-                                                    "logprobs": []}]})
+                events += self._start(_message_item())
             self.open["content"][0]["text"] += delta["content"]
             events.append(self.event("response.output_text.delta", item_id=self.open["id"],
                                       output_index=len(self.items) - 1, content_index=0, delta=delta["content"],
@@ -146,16 +149,13 @@ class ResponseBuilder:
     def finish(self, finish_reason: Optional[str]) -> list[dict]:
         events = self._close()
         if not self.items:                          # an empty reply is still a message
-            events += self._start({"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress",
-                                   "content": [{"type": "output_text", "text": "", "annotations": [],
-                                                "logprobs": []}]}) + self._close()
+            events += self._start(_message_item()) + self._close()
         self.status = "incomplete" if finish_reason == "length" else "completed"
         kind = "response.incomplete" if self.status == "incomplete" else "response.completed"
         return events + [self.event(kind, response=self.response())]
 
-    def response(self, status: Optional[str] = None) -> dict:
-        req = self.req
-        status = status or getattr(self, "status", "in_progress")
+    def response(self) -> dict:
+        req, status = self.req, self.status
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "model": req.model, "output": self.items if status != "in_progress" else [],
@@ -255,8 +255,8 @@ async def _events(gen, deltas, first, output: ChoiceOutput, builder: ResponseBui
 
     text = ""
     try:
-        yield sse([builder.event("response.created", response=builder.response("in_progress")),
-                   builder.event("response.in_progress", response=builder.response("in_progress"))])
+        yield sse([builder.event("response.created", response=builder.response()),
+                   builder.event("response.in_progress", response=builder.response())])
 
         async def all_deltas():
             if first is not None:

@@ -80,30 +80,18 @@ async def _served(app: FastAPI, name: Optional[str]) -> ServedModel:
 
 
 def _tokenizer(app: FastAPI, served: ServedModel):
-    if served.checkpoint is None:
-        raise APIError(400, f"tokenizing for '{served.name}' needs its checkpoint's tokenizer: start the frontend "
-                            "with --model-repository pointing at the repository tritonserver serves", "model")
-    return app.state.chat.tokenizer(served.checkpoint, served.name)
+    return app.state.chat.tokenizer(served.checkpoint, served.name, "tokenizing")
 
 
 def tokenize_ids(app: FastAPI, served: ServedModel, req: TokenizeRequest) -> list[int]:
-    tok = _tokenizer(app, served)
     if isinstance(req, TokenizeCompletionRequest):
-        return tok(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
-    template = app.state.chat.override or getattr(tok, "chat_template", None)
-    if not template:
-        raise APIError(400, f"model '{served.name}' has no chat template: tokenize a 'prompt', or start the "
-                            "frontend with --chat-template", "messages")
-    messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
-    try:
-        # The template's own variables; ours win over same-named ones.
-        kwargs = {**(req.chat_template_kwargs or {}), "chat_template": template, "tokenize": False,
-                  "add_generation_prompt": req.add_generation_prompt,
-                  "continue_final_message": req.continue_final_message}
-        text = tok.apply_chat_template(messages, **kwargs)
-    except Exception as e:      # a template error is about these messages
-        raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-    return tok(text, add_special_tokens=req.add_special_tokens)["input_ids"]
+        return _tokenizer(app, served)(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
+    # Rendered as chat renders it (chat.py), with /tokenize's switches.
+    return app.state.chat.render(served.checkpoint, served.name, [m.for_template() for m in req.messages],
+                                 template_kwargs=req.chat_template_kwargs,
+                                 add_generation_prompt=req.add_generation_prompt,
+                                 continue_final_message=req.continue_final_message,
+                                 add_special_tokens=req.add_special_tokens)[1]
 
 
 def register(app: FastAPI) -> None:

@@ -12,21 +12,21 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 def test_checkpoint_template_and_override(tiny_ckpt, tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_ckpt)
-    ids = ChatTemplates().prompt_ids(tiny_ckpt, "llm", MESSAGES)
+    ids = ChatTemplates().render(tiny_ckpt, "llm", MESSAGES)[1]
     assert ids == [tok.bos_token_id] + tok("user: hi\nassistant:", add_special_tokens=False)["input_ids"]
     path = tmp_path / "t.jinja"
     path.write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
-    ids = ChatTemplates(load_template(str(path))).prompt_ids(tiny_ckpt, "llm", MESSAGES)
+    ids = ChatTemplates(load_template(str(path))).render(tiny_ckpt, "llm", MESSAGES)[1]
     assert tok.decode(ids) == "<<hi>>"
     assert load_template("{{ x }}") == "{{ x }}"
 
 
 def test_no_tokenizer_or_template_is_a_400(tiny_ckpt):
     with pytest.raises(APIError) as e:
-        ChatTemplates().prompt_ids(None, "llm", MESSAGES)
+        ChatTemplates().render(None, "llm", MESSAGES)[1]
     assert e.value.status == 400 and "--model-repository" in e.value.message
     with pytest.raises(APIError) as e:
-        ChatTemplates("{% for m in messages %}{{ m.nope.deeper }}{% endfor %}").prompt_ids(tiny_ckpt, "llm", MESSAGES)
+        ChatTemplates("{% for m in messages %}{{ m.nope.deeper }}{% endfor %}").render(tiny_ckpt, "llm", MESSAGES)[1]
     assert e.value.status == 400 and e.value.param == "messages"
 
 
@@ -51,7 +51,7 @@ def test_concurrent_first_requests_load_the_tokenizer_once(tiny_ckpt, monkeypatc
 
     def first_request():
         try:
-            results.append(chat.prompt_ids(tiny_ckpt, "llm", MESSAGES))
+            results.append(chat.render(tiny_ckpt, "llm", MESSAGES)[1])
         except Exception as e:          # noqa: BLE001 (reported below)
             errors.append(e)
     threads = [threading.Thread(target=first_request) for _ in range(10)]
@@ -73,7 +73,7 @@ def test_a_16_mb_message_is_refused_without_tokenizing_it_whole(tiny_ckpt):
     huge = [{"role": "user", "content": "The pass statement does nothing at all. " * (16 * 2**20 // 40)}]
     start = time.perf_counter()
     with pytest.raises(APIError) as e:
-        chat.prompt_ids(tiny_ckpt, "llm", huge, max_model_len=1024)
+        chat.render(tiny_ckpt, "llm", huge, max_model_len=1024)[1]
     assert time.perf_counter() - start < 3.0
     assert e.value.status == 400 and e.value.param == "messages" and "max_model_len is 1024" in e.value.message
-    assert chat.prompt_ids(tiny_ckpt, "llm", MESSAGES, max_model_len=1024) == chat.prompt_ids(tiny_ckpt, "llm", MESSAGES)
+    assert chat.render(tiny_ckpt, "llm", MESSAGES, max_model_len=1024)[1] == chat.render(tiny_ckpt, "llm", MESSAGES)[1]
