@@ -249,11 +249,12 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
     graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
     kv_budget = max(budget - weight_bytes - graph_bytes, 0)
     tokens = int(kv_budget // kv_per_token)
+    params = count_params(cfg)
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
             "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp,
-            "parameters": {"total": count_params(cfg).total, "active": count_params(cfg).active}}
+            "parameters": {"total": params.total, "active": params.active}}
 
 
 def format_plan(p: dict) -> str:

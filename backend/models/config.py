@@ -128,7 +128,8 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise UnsupportedModelError(f"unsupported partial_rotary_factor {rope['partial_rotary_factor']} "
                                     f"(RoPE over {rotary_dim} of {head_dim} channels)")
-    if rotary_dim < head_dim and family in ("qwen3", "gemma3"):
+    qk_norm = family in ("qwen3", "qwen3_moe", "gemma3")
+    if rotary_dim < head_dim and qk_norm:
         raise UnsupportedModelError("unsupported partial_rotary_factor with q/k norms")
 
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
@@ -167,7 +168,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in arch_config.TIED_BY_DEFAULT)),
         qkv_bias=(family == "qwen2" or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
                   or bool(cfg.get("attention_bias", False))),
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+        qk_norm=qk_norm,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=hidden_act,
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),

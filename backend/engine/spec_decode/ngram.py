@@ -19,6 +19,8 @@ from typing import Optional
 
 import numpy as np
 
+from backend.engine.spec_decode.speculator import Proposals
+
 
 def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest suffix
@@ -80,6 +82,8 @@ class _TokenArray:
 
 
 class NgramProposer:
+    writes_kv = False       # a lookup: nothing to reserve slots for
+
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max
         self._tokens: dict[str, _TokenArray] = {}
@@ -93,8 +97,7 @@ class NgramProposer:
             tokens = kept.sync(request)
         return tokens
 
-    def propose(self, running: list, eligible: list[tuple[object, int]]):
-        from backend.engine.spec_decode.speculator import Proposals
+    def propose(self, running: list, eligible: list[tuple[object, int]]) -> Proposals:
         proposals = Proposals({request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
                                for request, k in eligible})
         # Arrays of requests no longer running go (a preempted one's is rebuilt on return).

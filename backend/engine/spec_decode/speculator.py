@@ -49,7 +49,7 @@ class Speculator:
     def needs_lookahead_slots(self) -> bool:
         """A draft model writes K/V for the newest token and its proposals before the next
         step: the scheduler reserves their slots first (Scheduler.reserve_lookahead)."""
-        return getattr(self.proposer, "writes_kv", False)
+        return self.proposer.writes_kv
 
     def eligible(self, running: list[Request]) -> list[tuple[Request, int]]:
         """The running requests that speculate next step, each with how many proposals."""
