@@ -6,9 +6,13 @@ The step is a prefill of max_num_batched_tokens dummy tokens spread over up to
 max_num_seqs sequences (through a small KV cache of its own, allocated and freed outside
 the measurement), then the sampler over max_num_seqs rows with every feature that costs
 memory on: temperature, top-k near the vocabulary, top-p, min-p, repetition, frequency
-and presence penalties, and logprobs at max_logprobs. The sampler's penalty tables are
-grown before the measurement and freed after it: sizing reserves them by arithmetic
-(sizing.penalty_table_bytes), since they live as long as the engine.
+and presence penalties, and logprobs at max_logprobs. With speculative decoding the
+sampler runs as a verify step does instead: max_num_seqs requests with k proposals each,
+max_num_seqs x (k + 1) logits rows through the rejection sampler (drawn proposals with
+the draft's distributions for a draft model). The sampler's penalty tables and the
+draft's held distributions are allocated before the measurement and freed after it:
+sizing reserves them by arithmetic (sizing.penalty_table_bytes, draft_probs_bytes),
+since they live as long as the engine or across steps.
 
 `measure` does the bookkeeping over a `DeviceMemory`, which a test replaces with a fake;
 `CudaMemory` is torch.cuda's. The arithmetic that turns the figures into KV bytes is
@@ -29,7 +33,9 @@ from backend.engine import logprobs as logprob_ops
 from backend.engine.model_runner import allocate_kv_cache, run_model
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
+from backend.engine.scheduler import ScheduledRequest
 from backend.engine.sizing import MemoryProfile
+from backend.engine.spec_decode.rejection_sampler import RejectionSampler, verify_rows
 from backend.engine.step_inputs import StepInputBuilder
 from backend.sampling_params import SamplingParams
 
@@ -126,31 +132,54 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
         sampler.prepare(requests, vocab_size)       # grows the penalty tables (reserved apart)
         ids = [f"profile-{i}" for i in range(len(lengths))]
         n_new = np.asarray(lengths, dtype=np.int64)
+        verifying = _verify_step(args.speculative_config, requests, vocab_size, device, rng)
+        rows = verify_rows(verifying) if verifying else requests
+        rejection = RejectionSampler(device)
 
         @torch.inference_mode()
         def step() -> object:
-            batch = sampler.prepare(requests, vocab_size)
+            batch = sampler.prepare(rows, vocab_size)
             built = inputs.build_segments(ids, np.zeros(len(ids), dtype=np.int64), n_new,
                                           np.ones(len(ids), dtype=np.int64),
                                           lambda i, a, b: requests[i].prompt_token_ids[a:b], tables.__getitem__)
             logits: Optional[torch.Tensor] = run_model(model, kv, built)
             if logits is None:                      # not rank 0: no sampler here
                 return None
-            if logits.shape[0] < len(requests):     # fewer tokens than max_num_seqs: sample all the rows
-                logits = torch.cat([logits, logits.new_zeros(len(requests) - logits.shape[0], logits.shape[1])])
-            sampled = sampler.sample(logits, batch)
-            return logprob_ops.pack(logits, sampled, batch.logprobs)
+            if logits.shape[0] < len(rows):         # fewer tokens than sampled rows: sample them all
+                logits = torch.cat([logits, logits.new_zeros(len(rows) - logits.shape[0], logits.shape[1])])
+            if not verifying:
+                return logprob_ops.pack(logits, sampler.sample(logits, batch), batch.logprobs)
+            sampled, accepted = rejection.sample(sampler, logits, batch, rejection.plan(verifying))
+            return torch.cat([logprob_ops.pack(logits, sampled, batch.logprobs).float(), accepted.float()])
         return step
     return setup
+
+
+def _verify_step(speculative_config, requests: list[Request], vocab_size: int, device: torch.device,
+                 rng: np.random.Generator) -> list[ScheduledRequest]:
+    """With speculation: every request verifying num_speculative_tokens random proposals,
+    drawn from (random) draft distributions for a draft model, point masses for n-gram.
+    Empty without speculation."""
+    if speculative_config is None:
+        return []
+    k = speculative_config.num_speculative_tokens
+    probs = None
+    if speculative_config.method == "draft_model":
+        probs = torch.rand(len(requests), k, vocab_size, device=device)
+        probs /= probs.sum(dim=-1, keepdim=True)
+    return [ScheduledRequest(r, k + 1, rng.integers(0, vocab_size, k).tolist(),
+                             probs[i] if probs is not None else None) for i, r in enumerate(requests)]
 
 
 def profile_memory(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.device, vocab_size: int,
                    memory: Optional[DeviceMemory] = None) -> MemoryProfile:
     """The profile run on `device` (CUDA unless a test passes its own `memory`)."""
     profile = measure(memory or CudaMemory(device), prefill_step(model, args, kv_dtype, device, vocab_size))
+    spec = args.speculative_config
+    rows = args.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
     logger.info("profile run (%d tokens over up to %d sequences, sampler at %d rows): peak activations "
                 "%.1f MiB; %.2f of %.2f GiB in use after loading", args.max_num_batched_tokens,
-                args.max_num_seqs, args.max_num_seqs, profile.activation_peak / 2**20,
+                args.max_num_seqs, rows, profile.activation_peak / 2**20,
                 profile.in_use / 2**30, profile.total / 2**30)
     return profile
 
@@ -160,13 +189,15 @@ def estimated_profile(cfg, args: EngineArgs, dtype_bytes: int, device: torch.dev
     """Where no profile step can run on this rank alone (tensor parallelism, whose
     forward needs every rank; exported-graph runners): the driver's figures and an
     estimate of the activation peak, one layer's intermediates and the logits at
-    max_num_batched_tokens rows (backend/engine/cuda_graphs.estimate_graph_bytes), which
+    max_num_batched_tokens rows (or a verify step's rows, if more) (backend/engine/cuda_graphs.estimate_graph_bytes), which
     overstates the logits (only the sampled rows have them)."""
     from backend.engine.cuda_graphs import estimate_graph_bytes
     memory = memory or CudaMemory(device)
     memory.release()
     free, total = memory.info()
-    rows = max(args.max_num_batched_tokens, args.max_num_seqs)
+    spec = args.speculative_config
+    rows = max(args.max_num_batched_tokens,
+               args.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0)))
     peak = estimate_graph_bytes(cfg, rows, dtype_bytes)
     logger.info("no profile run on this runner; activation peak estimated at %.1f MiB", peak / 2**20)
     return MemoryProfile(total=total, in_use=total - free, activation_peak=peak, profiled=False)

@@ -7,9 +7,10 @@ The KV pool on CUDA (vLLM's rule): `gpu_memory_utilization` is a fraction of the
 the CUDA context, workspaces, anything else on the device, other processes included: the
 driver's free/total figures tell), the peak activation memory of a step measured by a
 profile run at load (backend/engine/profile_run.py: a prefill of max_num_batched_tokens
-tokens and the sampler at max_num_seqs rows), the sampler's penalty tables at
-max_num_seqs rows (allocated lazily, so reserved here), and the decode CUDA graphs' pool
-(captured after the cache). What is left is the KV cache; nothing left is an error that
+tokens and the sampler at max_num_seqs rows; with speculation, verification at
+max_num_seqs x (k + 1) rows), the sampler's penalty tables at max_num_seqs rows (allocated
+lazily, so reserved here), a draft model's proposal distributions held between steps, and
+the decode CUDA graphs' pool (captured after the cache). What is left is the KV cache; nothing left is an error that
 names gpu_memory_utilization. The arithmetic is `cuda_kv_budget`, a pure function."""
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def penalty_table_bytes(max_num_seqs: int, vocab_size: int, initial_slots: int =
     while slots < max_num_seqs:
         slots *= 2
     return (slots + 1) * vocab_size * (1 + 4)
+
+
+def draft_probs_bytes(speculative_config, max_num_seqs: int, vocab_size: int) -> int:
+    """A draft model's proposal distributions, kept by each request from the step that
+    proposes them to the step that verifies them (the rejection sampler needs q): fp32
+    [k, V] per sampled request, at most max_num_seqs of them. n-gram proposals are point
+    masses and keep nothing."""
+    if speculative_config is None or speculative_config.method != "draft_model":
+        return 0
+    return max_num_seqs * speculative_config.num_speculative_tokens * vocab_size * 4
 
 
 def cuda_kv_budget(profile: MemoryProfile, gpu_memory_utilization: float, reserved: int = 0,
@@ -87,7 +98,8 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
                        num_samplers: int = 1) -> int:
     """KV blocks (per rank) from kv_cache_memory_bytes; else on CUDA from the profile
     (cuda_kv_budget: a share of total memory), less the penalty tables of num_samplers
-    samplers (a draft model has its own) and the CUDA graphs' pool; else 1 GiB (CPU)."""
+    samplers (a draft model has its own), the draft's proposal distributions and the CUDA
+    graphs' pool; else 1 GiB (CPU)."""
     budget = args.kv_cache_memory_bytes
     what = "kv_cache_memory_bytes"
     if budget is None and device.type == "cuda":
@@ -95,6 +107,10 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
             raise ValueError("sizing the KV cache on CUDA needs a memory profile (backend/engine/profile_run.py)")
         reserved = num_samplers * penalty_table_bytes(args.max_num_seqs, cfg.vocab_size)
         reserved_what = "the sampler's penalty tables"
+        held = draft_probs_bytes(args.speculative_config, args.max_num_seqs, cfg.vocab_size)
+        if held:
+            reserved += held
+            reserved_what += ", the draft's proposal distributions"
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
             reserved += estimate_graph_bytes(cfg, args.max_num_seqs, torch.tensor([], dtype=dtype).element_size())

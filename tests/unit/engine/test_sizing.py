@@ -183,6 +183,45 @@ def test_a_draft_models_sampler_reserves_its_own_penalty_tables(tiny_ckpt):
     assert one - two == penalty_table_bytes(64, cfg.vocab_size)
 
 
+def test_a_draft_models_held_distributions_are_reserved(tiny_ckpt, llama_ckpt):
+    """Issue 28 part 5: a draft model's proposal distributions (fp32 [k, V] per request,
+    kept from the proposing step to the verifying one) come off the KV budget; n-gram
+    proposals keep none."""
+    from backend.config import SpeculativeConfig
+    cfg = _cfg(tiny_ckpt)
+    p = MemoryProfile(total=8 * GIB, in_use=GIB, activation_peak=0)
+    plain = EngineArgs.create(model=tiny_ckpt, gpu_memory_utilization=0.5, max_num_seqs=64)
+    draft = EngineArgs.create(model=tiny_ckpt, gpu_memory_utilization=0.5, max_num_seqs=64,
+                              speculative_config={"method": "draft_model", "model": llama_ckpt,
+                                                  "num_speculative_tokens": 3})
+    ngram = EngineArgs.create(model=tiny_ckpt, gpu_memory_utilization=0.5, max_num_seqs=64,
+                              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    base = blocks_from_budget(plain, cfg, CUDA, torch.bfloat16, False, 1, p)
+    assert base - blocks_from_budget(draft, cfg, CUDA, torch.bfloat16, False, 1, p) == 64 * 3 * cfg.vocab_size * 4
+    assert blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, False, 1, p) == base
+    assert sizing.draft_probs_bytes(SpeculativeConfig(method="ngram", num_speculative_tokens=2), 8, 10) == 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_profile_step_verifies_at_max_num_seqs_times_k_plus_one_rows(llama_ckpt, method):
+    """With speculation the profile's sampler is a verify step: max_num_seqs requests, k
+    proposals each, every row through the rejection sampler (run here on the CPU)."""
+    seqs, k = 4, 2
+    spec = {"method": method, "num_speculative_tokens": k, **({"model": llama_ckpt} if method == "draft_model" else {})}
+    llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=seqs,
+              max_num_batched_tokens=16, speculative_config=spec)
+    eng = llm.engine
+    packed = prefill_step(eng.model, eng.args, torch.float32, eng.device, eng.model_config.vocab_size)()()
+    rows = seqs * (k + 1)
+    m = eng.args.max_logprobs
+    assert packed.shape == (rows + rows * (2 + 2 * m) + rows,)    # ids, logprobs, then accept flags
+    flags = packed[-rows:].view(seqs, k + 1)
+    assert ((flags == 0) | (flags == 1)).all() and (flags[:, k] == 0).all()   # a bonus row proposes nothing
+    mem = FakeMemory(total=1 << 40, other=0)
+    assert measure(mem, prefill_step(eng.model, eng.args, torch.float32, eng.device,
+                                     eng.model_config.vocab_size)).activation_peak == 0
+
+
 def test_estimated_profile_where_no_step_can_run_alone(tiny_ckpt):
     from backend.engine.cuda_graphs import estimate_graph_bytes
     from backend.engine.profile_run import estimated_profile
