@@ -179,7 +179,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     T, H, D = q.shape
     scales = cache.scale_tensor()
     if tiled is None:
-        tiled = meta.max_query_len > 1 and num_splits is None
+        # (A CUDA graph's fixed split factor keeps even its verify rows on this kernel.)
+        tiled = meta.max_query_len > 1 and num_splits is None and meta.num_splits is None
     if tiled:
         from backend.attention.triton_tiled import launch_tiled_attention
         # Rows past the last sequence (padding) belong to no tile: zero them.

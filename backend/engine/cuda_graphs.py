@@ -1,4 +1,4 @@
-"""CUDA graphs for decode-only steps (vLLM v1 / nano-vllm's scheme).
+"""CUDA graphs for decode and verify steps (vLLM v1 / nano-vllm's scheme).
 
 A decode step is the same few hundred kernel launches every time; on a GPU the host
 cannot issue them as fast as the device runs them at small batch. At load, one graph
@@ -6,6 +6,15 @@ per batch size of a ladder (1, 2, 4, 8, then every 16 up to max_num_seqs) is cap
 over the step-input buffers (fixed addresses, backend/engine/step_inputs.py); a
 decode-only step of n sequences replays the smallest graph of size >= n, its extra
 rows padded to write nothing. Mixed prefill/decode steps run eagerly.
+
+With speculative decoding a verify step gives each request up to k + 1 tokens (its
+newest token and its proposals), so a second ladder is captured with query length
+k + 1 (GraphShape(num_seqs, query_len)): every row has room for k + 1 tokens, a step
+whose requests all sample (no prompt chunk) and add at most k + 1 tokens each replays
+it, its tokens packed first and the rest padding, and the sampled rows' logits are
+gathered from the graph's (num_seqs x query_len rows). The graphs run the one-token
+attention kernel (a program per token), which takes any mix of query lengths. Not with
+LoRA (its row groups are static per decode row): verify steps run eagerly there.
 
 Before a graph serves anything it is replayed once against the eager forward on the
 same inputs; a mismatch, or any capture error, logs why and leaves the engine eager.
@@ -29,7 +38,7 @@ import numpy as np
 import torch
 
 from backend.engine.scheduler import SchedulerOutput
-from backend.engine.step_inputs import dummy_decode
+from backend.engine.step_inputs import GraphShape, dummy_decode
 from backend.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -47,16 +56,28 @@ def graph_size_for(num_seqs: int, sizes: list[int]) -> Optional[int]:
     return sizes[i] if i < len(sizes) else None
 
 
-def is_decode_only(out: SchedulerOutput) -> bool:
-    """Every request adds one token and samples from it (a 1-token prompt counts)."""
-    return bool(out.scheduled) and all(s.num_new_tokens == 1 and s.completes_prompt for s in out.scheduled)
+def verify_sizes(max_num_seqs: int, query_len: int, max_num_tokens: int) -> list[int]:
+    """The verify ladder: the decode ladder's sizes whose rows x query_len tokens fit the
+    step buffers (the largest such size included)."""
+    fit = max_num_tokens // query_len
+    return sorted({s for s in capture_sizes(max_num_seqs) if s <= fit} | ({min(fit, max_num_seqs)} if fit else set()))
+
+
+def needs_query_len(out: SchedulerOutput) -> Optional[int]:
+    """The tokens per row a graph must hold for this step: the most any request adds,
+    when every request samples this step (decode or verify); None when a prompt chunk
+    runs (eager)."""
+    if not out.scheduled or not all(s.completes_prompt for s in out.scheduled):
+        return None
+    return max(s.num_new_tokens for s in out.scheduled)
 
 
 def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, max_splits: int = 16) -> int:
-    """Memory the captured graphs keep (one shared pool, sized by the largest batch):
-    the logits and one layer's intermediates at max_num_seqs rows (the pool reuses
-    memory across layers), plus the split-KV partials. Reserved in the memory plan
-    before the KV cache is sized; the measured figure is logged after capture."""
+    """Memory the captured graphs keep (one shared pool, sized by the largest graph):
+    the logits and one layer's intermediates at its rows (max_num_seqs for decode; pass
+    a verify ladder's num_seqs x query_len when larger; the pool reuses memory across
+    layers), plus the split-KV partials. Reserved in the memory plan before the KV
+    cache is sized; the measured figure is logged after capture."""
     rows = max_num_seqs
     per_row = (cfg.vocab_size * (dtype_bytes + 4)                        # logits, fp32 copy for sampling
                + dtype_bytes * (4 * cfg.hidden_size                      # embedding, norms, residuals
@@ -69,40 +90,67 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
 @dataclass
 class DecodeGraphs:
     sizes: list[int]
-    graphs: dict[int, "torch.cuda.CUDAGraph"] = field(default_factory=dict)
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Verify steps (speculative decoding): their ladder and tokens per row (k + 1).
+    verify_sizes: list[int] = field(default_factory=list)
+    verify_query_len: int = 0
+    graphs: dict[GraphShape, "torch.cuda.CUDAGraph"] = field(default_factory=dict)
+    logits: dict[GraphShape, torch.Tensor] = field(default_factory=dict)
     capture_seconds: float = 0.0
     memory_bytes: int = 0
 
-    def size_for(self, out: SchedulerOutput) -> Optional[int]:
-        return graph_size_for(len(out.scheduled), self.sizes) if is_decode_only(out) else None
+    @property
+    def shapes(self) -> list[GraphShape]:
+        return ([GraphShape(s) for s in self.sizes]
+                + [GraphShape(s, self.verify_query_len) for s in self.verify_sizes])
 
-    def replay(self, size: int) -> torch.Tensor:
+    def size_for(self, out: SchedulerOutput) -> Optional[GraphShape]:
+        """The smallest graph that holds the step, or None (eager)."""
+        q = needs_query_len(out)
+        if q == 1:
+            size = graph_size_for(len(out.scheduled), self.sizes)
+            return GraphShape(size) if size is not None else None
+        if q is not None and q <= self.verify_query_len:
+            size = graph_size_for(len(out.scheduled), self.verify_sizes)
+            return GraphShape(size, self.verify_query_len) if size is not None else None
+        return None
+
+    def replay(self, shape: GraphShape) -> torch.Tensor:
         """Runs the captured step over what the step-input buffers hold now; returns the
-        graph's logits buffer ([size, V], overwritten by the next replay)."""
-        self.graphs[size].replay()
-        return self.logits[size]
+        graph's logits buffer ([shape.num_tokens, V], overwritten by the next replay)."""
+        self.graphs[shape].replay()
+        return self.logits[shape]
+
+
+def graph_ladders(max_num_seqs: int, verify_query_len: int, max_num_tokens: int) -> DecodeGraphs:
+    """The (not yet captured) graphs an engine wants: the decode ladder, and with
+    verify_query_len (k + 1 under speculative decoding, 0 without) the verify ladder."""
+    return DecodeGraphs(capture_sizes(max_num_seqs),
+                        verify_sizes(max_num_seqs, verify_query_len, max_num_tokens) if verify_query_len > 1 else [],
+                        verify_query_len if verify_query_len > 1 else 0)
 
 
 @torch.inference_mode()
-def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int) -> Optional[DecodeGraphs]:
+def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int,
+                          verify_query_len: int = 0) -> Optional[DecodeGraphs]:
     """Capture, check against eager, and return the graphs; None (engine stays eager)
     on any failure, with the reason logged."""
     from backend.attention.triton_attention import choose_num_splits
     model, caches = runner.model, runner.kv_caches
     cfg = model.config
-    graphs = DecodeGraphs(capture_sizes(max_num_seqs))
+    graphs = graph_ladders(max_num_seqs, 0 if runner.lora is not None else verify_query_len, runner.inputs.T)
     rng = np.random.default_rng(0)
     pool = None
-    splits = {size: choose_num_splits(size, cfg.num_kv_heads, max_model_len, runner.block_size)
-              for size in graphs.sizes}
+    splits = {shape: choose_num_splits(shape.num_tokens, cfg.num_kv_heads, max_model_len, runner.block_size)
+              for shape in graphs.shapes}
     try:
         free_before = torch.cuda.mem_get_info(runner.device)[0]
         t0 = time.perf_counter()
-        for size in reversed(graphs.sizes):            # largest first: the rest reuse its pool
-            step = dummy_decode(runner.inputs, size, rng.integers(0, cfg.vocab_size, size), splits[size])
+        # Largest first: the rest reuse its pool.
+        for shape in sorted(graphs.shapes, key=lambda s: s.num_tokens, reverse=True):
+            step = dummy_decode(runner.inputs, shape, rng.integers(0, cfg.vocab_size, shape.num_tokens),
+                                splits[shape])
             if runner.lora is not None:     # the LoRA kernels read their row groups from fixed views too
-                runner.lora.use_static(size)
+                runner.lora.use_static(shape.num_seqs)
 
             def run_step() -> torch.Tensor:
                 return model.compute_logits(model(step.input_ids, step.positions, caches, step.meta))
@@ -115,9 +163,9 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int) -> Opti
             torch.cuda.current_stream(runner.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                graphs.logits[size] = run_step()
+                graphs.logits[shape] = run_step()
             pool = graph.pool()
-            graphs.graphs[size] = graph
+            graphs.graphs[shape] = graph
         torch.cuda.synchronize(runner.device)
         graphs.capture_seconds = time.perf_counter() - t0
         graphs.memory_bytes = free_before - torch.cuda.mem_get_info(runner.device)[0]
@@ -128,25 +176,28 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int) -> Opti
     if mismatch:
         logger.warning("CUDA graphs disagree with the eager step (%s); running eagerly", mismatch)
         return None
-    logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s using %.1f MiB",
-                len(graphs.sizes), graphs.sizes, graphs.capture_seconds, graphs.memory_bytes / 2**20)
+    logger.info("captured %d decode CUDA graphs (batch sizes %s) and %d verify graphs (%d tokens per row, "
+                "batch sizes %s) in %.1f s using %.1f MiB", len(graphs.sizes), graphs.sizes,
+                len(graphs.verify_sizes), graphs.verify_query_len, graphs.verify_sizes,
+                graphs.capture_seconds, graphs.memory_bytes / 2**20)
     return graphs
 
 
-def _check_against_eager(graphs: DecodeGraphs, runner, rng, splits: dict[int, int]) -> Optional[str]:
+def _check_against_eager(graphs: DecodeGraphs, runner, rng, splits: dict[GraphShape, int]) -> Optional[str]:
     """Replay each graph on fresh inputs and compare with the eager forward pass on the
     same inputs and the same split-KV factor (so both run the same kernels)."""
     model, cfg = runner.model, runner.model.config
-    for size in graphs.sizes:
-        step = dummy_decode(runner.inputs, size, rng.integers(0, cfg.vocab_size, size), splits[size])
+    for shape in graphs.shapes:
+        step = dummy_decode(runner.inputs, shape, rng.integers(0, cfg.vocab_size, shape.num_tokens), splits[shape])
         if runner.lora is not None:
-            runner.lora.use_static(size)
+            runner.lora.use_static(shape.num_seqs)
         eager = model.compute_logits(model(step.input_ids, step.positions, runner.kv_caches, step.meta))
-        replayed = graphs.replay(size)
+        replayed = graphs.replay(shape)
         if eager is None:   # a tensor-parallel rank other than 0: it ran the same collectives, rank 0 judges
             continue
         eager, replayed = eager.float(), replayed.float()
         err = ((eager - replayed).norm() / eager.norm().clamp(min=1e-12)).item()
         if not err <= 1e-3:
-            return f"batch size {size}: relative logit error {err:.3g}"
+            kind = "batch size" if shape.query_len == 1 else f"verify ({shape.query_len} tokens per row), batch size"
+            return f"{kind} {shape.num_seqs}: relative logit error {err:.3g}"
     return None

@@ -156,9 +156,11 @@ class LLMEngine(RequestIntake):
                 self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
                 *self.bytes_per_rank[0])
         if self.use_cuda_graphs:
-            capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len)  # noqa: E731
-            self.runner.graphs = (capture() if self.workers is None else
-                                  self.workers.capture_graphs(capture, args.max_num_seqs, self.max_model_len))
+            verify_len = spec.num_speculative_tokens + 1 if spec is not None else 0   # verify steps' ladder
+            capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len,  # noqa: E731
+                                                    verify_len)
+            self.runner.graphs = (capture() if self.workers is None else self.workers.capture_graphs(
+                capture, args.max_num_seqs, self.max_model_len, verify_len))
         self.speculator: Optional[Speculator] = None
         if spec is not None:
             draft_layers = (allocate_kv_cache(draft[1], self.num_kv_blocks, args.block_size, kv_dtype, self.device)

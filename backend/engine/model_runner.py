@@ -1,5 +1,5 @@
 """Runs one scheduled step: packed inputs (one upload), the model over the paged cache
-(a captured CUDA graph for decode-only steps where one fits, else eager), the batched
+(a captured CUDA graph for decode and verify steps where one fits, else eager), the batched
 sampler, and the step's one device-to-host copy: the sampled ids."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import SchedulerOutput
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
-from backend.engine.step_inputs import StepInputBuilder, StepInputs
+from backend.engine.step_inputs import GraphShape, StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 from backend.sampling_params import SamplingParams
@@ -90,19 +90,25 @@ class ModelRunner:
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step)
 
-    def run_forward(self, step: StepInputs, graph_size: Optional[int]) -> Optional[torch.Tensor]:
-        """The step's forward on this rank: the decode CUDA graph of `graph_size` rows
-        replayed, or eagerly. Rank 0 and the tensor-parallel ranks
-        (backend/parallel/workers.py) run this same path. A rank told to replay a graph it
-        has not got (rank 0's graphs are a test's stand-in) runs what the graph runs,
-        every padded row's logits, eagerly: the same collectives as the others."""
-        if graph_size is None:
+    def run_forward(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:
+        """The step's forward on this rank: the CUDA graph of `graph`'s shape replayed, or
+        eagerly. Rank 0 and the tensor-parallel ranks (backend/parallel/workers.py) run
+        this same path. A rank told to replay a graph it has not got (rank 0's graphs are a
+        test's stand-in) runs what the graph runs, every padded row's logits, eagerly: the
+        same collectives as the others. A decode graph's row i is sequence i's; from a
+        verify graph's rows the step's sampled ones are gathered."""
+        if graph is None:
             return self.forward(step)
         if self.graphs is not None:
-            return self.graphs.replay(graph_size)[:step.num_seqs]
-        model = self.model
-        logits = model.compute_logits(model(step.input_ids, step.positions, self.kv_caches, step.meta))
-        return logits[:step.num_seqs] if logits is not None else None     # (gathered on rank 0 only)
+            logits = self.graphs.replay(graph)
+        else:
+            model = self.model
+            logits = model.compute_logits(model(step.input_ids, step.positions, self.kv_caches, step.meta))
+        if logits is None:                  # (gathered on rank 0 only)
+            return None
+        if graph.query_len == 1:
+            return logits[:step.num_seqs]
+        return logits.index_select(0, step.logits_indices[:step.num_logits])
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -120,17 +126,18 @@ class ModelRunner:
         """Builds the step's inputs and issues its forward. With async scheduling, `prev`
         is the step still in flight: the tokens it samples are this step's placeholders,
         taken from its sampled ids on the device (no host sync)."""
-        graph_size = self.graphs.size_for(out) if self.graphs is not None else None
-        step = self.inputs.build(out, self._block_table_of, pad_to=graph_size)
+        graph = self.graphs.size_for(out) if self.graphs is not None else None
+        step = self.inputs.build(out, self._block_table_of, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)
         lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
-        if self.lora is not None:
-            self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled], graph_size)
+        if self.lora is not None:       # (LoRA engines capture decode graphs only)
+            self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],
+                              graph.num_seqs if graph is not None else None)
         if self.workers is not None:
-            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph_size,
+            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
-        return LaunchedStep(out, self.run_forward(step, graph_size))
+        return LaunchedStep(out, self.run_forward(step, graph))
 
     def _fill_placeholders(self, step: StepInputs, prev: Optional[LaunchedStep]) -> None:
         if prev is None or prev.sampled is None:

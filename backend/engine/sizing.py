@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine.cuda_graphs import estimate_graph_bytes
+from backend.engine.cuda_graphs import estimate_graph_bytes, graph_ladders
 from backend.models.config import ModelConfig
 from backend.parallel.sharding import check_tensor_parallel
 
@@ -113,7 +113,7 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
             reserved_what += ", the draft's proposal distributions"
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
-            reserved += estimate_graph_bytes(cfg, args.max_num_seqs, torch.tensor([], dtype=dtype).element_size())
+            reserved += estimate_graph_bytes(cfg, graph_rows(args), torch.tensor([], dtype=dtype).element_size())
             reserved_what += " and the CUDA graphs' pool"
         budget = cuda_kv_budget(profile, args.gpu_memory_utilization, reserved, reserved_what)
         what = "gpu_memory_utilization"
@@ -124,6 +124,15 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
         raise ConfigError(f"invalid engine argument '{what}': {budget} bytes for the KV cache "
                           f"hold no KV block ({bytes_per_block} bytes each)")
     return num
+
+
+def graph_rows(args: EngineArgs) -> int:
+    """Token rows of the largest CUDA graph the engine captures: max_num_seqs decode rows,
+    or a verify graph's num_seqs x (k + 1) under speculative decoding (without LoRA)."""
+    spec = args.speculative_config
+    verify_len = spec.num_speculative_tokens + 1 if spec is not None and not args.enable_lora else 0
+    ladders = graph_ladders(args.max_num_seqs, verify_len, max(args.max_num_batched_tokens, args.max_num_seqs))
+    return max(shape.num_tokens for shape in ladders.shapes)
 
 
 def resolve_max_model_len(args: EngineArgs, cfg: ModelConfig, num_kv_blocks: int) -> int:

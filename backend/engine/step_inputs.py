@@ -22,13 +22,15 @@ tables did not change skips even that. Host work per step is O(batch + new block
 O(context).
 
 Padding (for a CUDA graph of a larger batch) adds rows that write nothing (slot -1) and
-belong to empty sequences (query length 0, sequence length 0, the all-zero table row 0).
+belong to empty sequences (query length 0, sequence length 0, the all-zero table row 0);
+for a verify graph (query_len tokens per row) the tokens are padded to num_seqs x
+query_len the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -36,6 +38,16 @@ import torch
 from backend.attention.metadata import AttentionMetadata
 from backend.engine.buffers import StagedBuffer
 from backend.engine.scheduler import SchedulerOutput
+
+
+class GraphShape(NamedTuple):
+    """A captured graph: rows, and tokens per row (1 for decode, k + 1 for verify)."""
+    num_seqs: int
+    query_len: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_seqs * self.query_len
 
 
 @dataclass
@@ -163,7 +175,7 @@ class StepInputBuilder:
         return self.step_tables[:rows, :cols]
 
     def build(self, out: SchedulerOutput, block_table_of: Callable[[str], list[int]],
-              pad_to: Optional[int] = None) -> StepInputs:
+              pad_to: Optional[GraphShape] = None) -> StepInputs:
         """The scheduled step: each request's new tokens from its computed ones, its
         proposed tokens last; logits for the last token of each request whose prompt is
         complete, and for each proposed token (the target scores them all)."""
@@ -194,7 +206,8 @@ class StepInputBuilder:
         if self.long_rope is not None:
             long_rope = np.fromiter((s.request.long_rope for s in sched), dtype=bool, count=B)
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
-                                   block_table_of, pad_to, long_rope, extra_rows=extra or None)
+                                   block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
+                                   extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None)
         if placeholders:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
@@ -204,17 +217,18 @@ class StepInputBuilder:
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                        tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
                        pad_to: Optional[int] = None, long_rope: Optional[np.ndarray] = None,
-                       extra_rows: Optional[list[tuple[int, np.ndarray]]] = None) -> StepInputs:
+                       extra_rows: Optional[list[tuple[int, np.ndarray]]] = None,
+                       pad_tokens_to: Optional[int] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
         b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
         after every such row, for the rows extra_rows lists as (sequence i, offsets into
         its new tokens). long_rope[i] (LongRoPE models): sequence i's tokens take the long
-        frequencies."""
+        frequencies. pad_to / pad_tokens_to: rows and tokens of the graph replayed."""
         B = len(request_ids)
         Bp = pad_to or B
         bs = self.block_size
         T = int(n_new.sum())
-        Tp = T + (Bp - B)                       # one token per padding row
+        Tp = max(T + (Bp - B), pad_tokens_to or 0)     # at least one token per padding row
         if Tp > self.T or Bp > self.B:
             raise ValueError(f"step of {Tp} tokens / {Bp} sequences exceeds the buffers "
                              f"({self.T} tokens / {self.B} sequences)")
@@ -331,33 +345,35 @@ class StepInputBuilder:
         return self.buffer.host[:n]
 
 
-def static_decode_inputs(builder: StepInputBuilder, size: int, num_splits: int) -> StepInputs:
-    """The views a decode graph of `size` rows reads: the buffers' first `size` entries
-    at their fixed addresses, block tables at full width. Writes nothing; a replay sees
-    whatever build(..., pad_to=size) last uploaded."""
-    b = builder
+def static_decode_inputs(builder: StepInputBuilder, shape: GraphShape, num_splits: int) -> StepInputs:
+    """The views a graph of `shape` reads (num_seqs rows of query_len tokens): the
+    buffers' first entries at their fixed addresses, block tables at full width. Writes
+    nothing; a replay sees whatever build(..., pad_to=shape) last uploaded. The fixed
+    split-KV factor keeps the attention on its one-token kernel, which takes any mix of
+    query lengths."""
+    b, size, n = builder, shape.num_seqs, shape.num_tokens
     meta = AttentionMetadata(
         query_start_loc=b.device_view("query_start_loc", size + 1), seq_lens=b.device_view("seq_lens", size),
-        block_tables=b.block_tables_view(size, b.M), slot_mapping=b.device_view("slot_mapping", size),
-        query_lens_cpu=[1] * size, seq_lens_cpu=[1] * size, max_query_len=1, max_seq_len=1,
-        num_splits=num_splits)
-    return StepInputs(input_ids=b.device_view("input_ids", size), positions=b.device_view("positions", size),
-                      meta=meta, logits_indices=b.device_view("logits_indices", size), num_logits=size,
-                      all_rows_sampled=True, num_tokens=size, num_seqs=size)
+        block_tables=b.block_tables_view(size, b.M), slot_mapping=b.device_view("slot_mapping", n),
+        query_lens_cpu=[shape.query_len] * size, seq_lens_cpu=[shape.query_len] * size,
+        max_query_len=shape.query_len, max_seq_len=shape.query_len, num_splits=num_splits)
+    return StepInputs(input_ids=b.device_view("input_ids", n), positions=b.device_view("positions", n),
+                      meta=meta, logits_indices=b.device_view("logits_indices", n), num_logits=n,
+                      all_rows_sampled=True, num_tokens=n, num_seqs=size)
 
 
-def dummy_decode(builder: StepInputBuilder, size: int, token_ids: np.ndarray, num_splits: int) -> StepInputs:
-    """Uploads `size` one-token sequences at position 0 that write nothing to the cache
-    (slot -1) and attend only to their own key, and returns the static views over them:
-    what a decode graph is captured and checked with."""
-    b = builder
-    b._host("input_ids", size)[:] = token_ids
-    b._host("positions", size)[:] = 0
-    b._host("slot_mapping", size)[:] = -1
-    b._host("logits_indices", size)[:] = np.arange(size)
-    b._host("query_start_loc", size + 1)[:] = np.arange(size + 1)
-    b._host("seq_lens", size)[:] = 1
+def dummy_decode(builder: StepInputBuilder, shape: GraphShape, token_ids: np.ndarray, num_splits: int) -> StepInputs:
+    """Uploads num_seqs sequences of query_len tokens at positions 0.. that write nothing
+    to the cache (slot -1) and attend only to their own keys, and returns the static
+    views over them: what a graph is captured and checked with."""
+    b, size, q, n = builder, shape.num_seqs, shape.query_len, shape.num_tokens
+    b._host("input_ids", n)[:] = token_ids
+    b._host("positions", n)[:] = np.tile(np.arange(q), size)
+    b._host("slot_mapping", n)[:] = -1
+    b._host("logits_indices", n)[:] = np.arange(n)
+    b._host("query_start_loc", size + 1)[:] = np.arange(size + 1) * q
+    b._host("seq_lens", size)[:] = q
     b.buffer.upload(b.offsets["row_slots"])
     b.step_tables[:size].zero_()
     b._gathered = None                          # the next build gathers its rows again
-    return static_decode_inputs(b, size, num_splits)
+    return static_decode_inputs(b, shape, num_splits)

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 
 from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from backend.engine.errors import EngineDeadError
-from backend.engine.step_inputs import StepInputBuilder
+from backend.engine.step_inputs import GraphShape, StepInputBuilder
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
 
 logger = logging.getLogger(__name__)
@@ -71,9 +71,11 @@ class SetupMessage(_IntFields):
 
 @dataclasses.dataclass(frozen=True)
 class CaptureMessage(_IntFields):
-    """Capture the decode CUDA graphs (every rank at once; kept only if all succeed)."""
+    """Capture the decode (and verify) CUDA graphs (every rank at once; kept only if all
+    succeed)."""
     max_num_seqs: int
     max_model_len: int
+    verify_query_len: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,21 +83,23 @@ class StepMessage:
     """Run one step. The uploaded buffer prefix follows (plan[0] elements), then, with
     LoRA, each scheduled request's adapter index."""
     plan: tuple[int, ...]           # StepInputBuilder.plan(step)
-    graph_size: Optional[int]       # the decode CUDA graph rank 0 replays; None: eager
+    graph: Optional[GraphShape]     # the CUDA graph rank 0 replays; None: eager
     with_lora: bool = False
 
-    WIDTH = StepInputBuilder.PLAN_LEN + 2
+    WIDTH = StepInputBuilder.PLAN_LEN + 3
 
     def __post_init__(self) -> None:
         assert len(self.plan) == StepInputBuilder.PLAN_LEN, self.plan
 
     def values(self) -> list[int]:
-        return [*self.plan, self.graph_size or 0, int(self.with_lora)]
+        g = self.graph or GraphShape(0, 0)
+        return [*self.plan, g.num_seqs, g.query_len, int(self.with_lora)]
 
     @classmethod
     def from_values(cls, values: list[int]) -> "StepMessage":
         n = StepInputBuilder.PLAN_LEN
-        return cls(tuple(values[:n]), values[n] or None, bool(values[n + 1]))
+        graph = GraphShape(values[n], values[n + 1]) if values[n] else None
+        return cls(tuple(values[:n]), graph, bool(values[n + 2]))
 
 
 Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage]
@@ -203,21 +207,21 @@ class TensorParallelWorkers:
         return [(int(p[0]), int(p[1])) for p in parts]
 
     def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor],
-                  graph_size: Optional[int] = None, lora_ids: Optional[list[int]] = None) -> None:
-        """graph_size: the decode CUDA graph rank 0 replays for this step, None for eager.
+                  graph: Optional[GraphShape] = None, lora_ids: Optional[list[int]] = None) -> None:
+        """graph: the CUDA graph rank 0 replays for this step, None for eager.
         lora_ids (with LoRA): each scheduled request's adapter, as an index into
         lora_modules (-1: base); the ranks make the same slot choices from them."""
         self.check_health()
-        self._send(StepMessage(tuple(plan), graph_size, lora_ids is not None))
+        self._send(StepMessage(tuple(plan), graph, lora_ids is not None))
         dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
         if lora_ids is not None:
             dist.broadcast(torch.tensor(lora_ids, dtype=torch.int64), 0, group=self.ctrl)
 
     def capture_graphs(self, capture: Callable[[], Optional[DecodeGraphs]], max_num_seqs: int,
-                       max_model_len: int) -> Optional[DecodeGraphs]:
-        """Every rank captures its decode graphs at once (`capture` is rank 0's part);
-        they are kept only if every rank succeeded."""
-        self._send(CaptureMessage(max_num_seqs, max_model_len))
+                       max_model_len: int, verify_query_len: int = 0) -> Optional[DecodeGraphs]:
+        """Every rank captures its decode (and verify) graphs at once (`capture` is rank
+        0's part); they are kept only if every rank succeeded."""
+        self._send(CaptureMessage(max_num_seqs, max_model_len, verify_query_len))
         graphs = capture()
         if not agree(graphs is not None, self.ctrl):
             logger.warning("a tensor-parallel rank could not capture its CUDA graphs: every rank runs eagerly")
@@ -327,7 +331,8 @@ def worker_main(spec: WorkerSpec) -> None:
                 dist.broadcast(header, 0, group=ctrl)
                 message = decode(header)
                 if isinstance(message, CaptureMessage):
-                    graphs = capture_decode_graphs(runner, message.max_num_seqs, message.max_model_len)
+                    graphs = capture_decode_graphs(runner, message.max_num_seqs, message.max_model_len,
+                                                   message.verify_query_len)
                     runner.graphs = graphs if agree(graphs is not None, ctrl) else None
                     continue
                 if not isinstance(message, StepMessage):
@@ -339,8 +344,8 @@ def worker_main(spec: WorkerSpec) -> None:
                     ids = torch.empty(step.num_seqs, dtype=torch.int64)
                     dist.broadcast(ids, 0, group=ctrl)
                     lora.prepare(lora.names_of(ids.tolist()), step.meta.query_lens_cpu[:step.num_seqs],
-                                 message.graph_size)
-                runner.run_forward(step, message.graph_size)
+                                 message.graph.num_seqs if message.graph is not None else None)
+                runner.run_forward(step, message.graph)
     except Exception:
         # Rank 0 sees the closed connections at once; the reason goes to the log.
         logging.getLogger(__name__).exception("tensor parallel rank %d failed", spec.rank)

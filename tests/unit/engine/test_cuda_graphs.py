@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.cuda_graphs import (_check_against_eager, capture_decode_graphs,
-                                        capture_sizes, estimate_graph_bytes, graph_size_for, is_decode_only)
+from backend.engine.cuda_graphs import (DecodeGraphs, _check_against_eager, capture_decode_graphs, capture_sizes,
+                                        estimate_graph_bytes, graph_ladders, graph_size_for, needs_query_len)
+from backend.engine.step_inputs import GraphShape
 from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
@@ -37,12 +38,51 @@ class _Req:
         self.num_output_placeholders = 0
 
 
-def test_only_decode_steps_qualify():
+def test_steps_whose_requests_all_sample_qualify():
     decode = SchedulerOutput([ScheduledRequest(_Req(9, 10), 1), ScheduledRequest(_Req(0, 1), 1)])
     chunk = SchedulerOutput([ScheduledRequest(_Req(9, 10), 1), ScheduledRequest(_Req(0, 40), 1)])
     prefill = SchedulerOutput([ScheduledRequest(_Req(9, 10), 1), ScheduledRequest(_Req(0, 5), 5)])
-    assert is_decode_only(decode)
-    assert not is_decode_only(chunk) and not is_decode_only(prefill) and not is_decode_only(SchedulerOutput())
+    assert needs_query_len(decode) == 1
+    assert needs_query_len(chunk) is None and needs_query_len(SchedulerOutput()) is None
+    # A whole 5-token prompt samples too: a graph of 5 tokens per row could serve it
+    # (the decode ladder cannot; a verify ladder of k + 1 >= 5 would).
+    assert needs_query_len(prefill) == 5 and DecodeGraphs(capture_sizes(4)).size_for(prefill) is None
+
+
+def test_verify_steps_take_the_verify_ladder():
+    """Issue 28 part 5: with speculation (k = 2) a second ladder of 3 tokens per row, as
+    far as the step buffers hold (128 tokens: 42 rows); a step whose requests all sample
+    and add at most 3 tokens replays it, a prompt chunk or a longer row runs eagerly."""
+    graphs = graph_ladders(64, 3, 128)
+    assert graphs.sizes == [1, 2, 4, 8, 16, 32, 48, 64] and graphs.verify_sizes == [1, 2, 4, 8, 16, 32, 42]
+    assert GraphShape(42, 3) in graphs.shapes and GraphShape(48, 3) not in graphs.shapes
+    verify = SchedulerOutput([ScheduledRequest(_Req(9, 10), 3), ScheduledRequest(_Req(4, 5), 1),
+                              ScheduledRequest(_Req(6, 7), 2)])
+    assert needs_query_len(verify) == 3 and graphs.size_for(verify) == GraphShape(4, 3)
+    assert graphs.size_for(SchedulerOutput([ScheduledRequest(_Req(9, 10), 1)] * 3)) == GraphShape(4, 1)
+    too_long = SchedulerOutput([ScheduledRequest(_Req(9, 10), 4)])
+    chunk = SchedulerOutput([ScheduledRequest(_Req(9, 10), 3), ScheduledRequest(_Req(0, 40), 3)])
+    assert graphs.size_for(too_long) is None and graphs.size_for(chunk) is None
+    assert graph_ladders(64, 0, 128).verify_sizes == []       # no speculation: decode graphs only
+
+
+def test_engine_through_verify_graphs_matches_transformers(ckpt_dir):
+    """n-gram speculation with the verify ladder (a stand-in replay over the fixed buffers,
+    Triton kernels under the interpreter): the greedy tokens of transformers, verify steps
+    served by graphs of 3 tokens per row, padded tokens writing nothing."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [12, 13] * 6 + [14]]
+    expected = hf_greedy(path, prompts, 10)
+    llm = LLM(path, block_size=8, num_kv_blocks=40, max_num_seqs=4, max_num_batched_tokens=32,
+              attention_backend="triton", speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                              "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    runner = llm.engine.runner
+    runner.graphs = EagerReplayGraphs(runner, 4, verify_query_len=3)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=10, min_tokens=10, temperature=0))
+    assert [o.token_ids for o in outs] == expected
+    assert any(shape.query_len == 3 for shape in runner.graphs.replayed)
+    assert llm.engine.stats()["spec_decode_num_draft_tokens"] > 0
+    assert_pool_free(llm)
 
 
 def test_graph_memory_is_reserved_in_the_plan(llama_ckpt):
@@ -62,7 +102,7 @@ def test_engine_through_padded_graph_path_matches_transformers(ckpt_dir):
     runner.graphs = EagerReplayGraphs(runner, 6)
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, min_tokens=6, temperature=0))
     assert [o.token_ids for o in outs] == expected
-    assert 8 not in runner.graphs.replayed and 6 in runner.graphs.replayed   # 5 sequences padded to 6
+    assert GraphShape(8) not in runner.graphs.replayed and GraphShape(6) in runner.graphs.replayed   # 5 padded to 6
     assert_pool_free(llm)
 
 
@@ -76,9 +116,9 @@ def test_padded_inputs_overwrite_stale_rows(llama_ckpt):
     for rid in list(engine.scheduler.requests)[:3]:
         engine.abort_request(rid)
     sched = engine.scheduler.schedule()
-    assert len(sched.scheduled) == 5 and is_decode_only(sched)
+    assert len(sched.scheduled) == 5 and needs_query_len(sched) == 1
     addresses = [b.device_view(n, 1).data_ptr() for n in b.offsets]
-    step = b.build(sched, engine.kv_cache.block_table, pad_to=8)
+    step = b.build(sched, engine.kv_cache.block_table, pad_to=GraphShape(8))
     assert [b.device_view(n, 1).data_ptr() for n in b.offsets] == addresses
     dev = {n: b.device_view(n, 9).cpu().numpy() for n in ("slot_mapping", "seq_lens", "query_start_loc", "input_ids")}
     assert (dev["slot_mapping"][5:8] == -1).all() and (dev["slot_mapping"][:5] >= 0).all()
@@ -95,13 +135,21 @@ def test_graph_disagreeing_with_eager_is_refused(llama_ckpt):
     runner = llm.engine.runner
 
     class Wrong(EagerReplayGraphs):
-        def replay(self, size):
-            return super().replay(size).flip(0) if size > 1 else super().replay(size)
+        def replay(self, shape):
+            return super().replay(shape).flip(0) if shape.num_seqs > 1 else super().replay(shape)
     rng = np.random.default_rng(0)
-    splits = {s: 2 for s in capture_sizes(4)}
-    assert _check_against_eager(EagerReplayGraphs(runner, 4), runner, rng, splits) is None
+    graphs = EagerReplayGraphs(runner, 4, verify_query_len=3)
+    splits = {s: 2 for s in graphs.shapes}
+    assert _check_against_eager(graphs, runner, rng, splits) is None
     msg = _check_against_eager(Wrong(runner, 4), runner, rng, splits)
     assert msg is not None and "batch size 2" in msg
+
+    class WrongVerify(EagerReplayGraphs):
+        def replay(self, shape):
+            logits = super().replay(shape)
+            return logits.flip(0) if shape == GraphShape(2, 3) else logits
+    msg = _check_against_eager(WrongVerify(runner, 4, verify_query_len=3), runner, rng, splits)
+    assert msg is not None and "verify (3 tokens per row), batch size 2" in msg
 
 
 def test_capture_failure_leaves_the_engine_eager(llama_ckpt, caplog):

@@ -200,6 +200,10 @@ def test_a_draft_models_held_distributions_are_reserved(tiny_ckpt, llama_ckpt):
     assert base - blocks_from_budget(draft, cfg, CUDA, torch.bfloat16, False, 1, p) == 64 * 3 * cfg.vocab_size * 4
     assert blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, False, 1, p) == base
     assert sizing.draft_probs_bytes(SpeculativeConfig(method="ngram", num_speculative_tokens=2), 8, 10) == 0
+    # The verify graphs (64 rows x 4 tokens) make the graphs' pool larger than decode's.
+    assert sizing.graph_rows(ngram) == 64 * 4 and sizing.graph_rows(plain) == 64
+    assert (blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, True, 1, p)
+            < blocks_from_budget(plain, cfg, CUDA, torch.bfloat16, True, 1, p))
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])

@@ -13,7 +13,7 @@ import torch
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
 from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
-from backend.engine.step_inputs import StepInputBuilder
+from backend.engine.step_inputs import GraphShape, StepInputBuilder
 from backend.sampling_params import SamplingParams
 
 BS, B, M = 4, 6, 16
@@ -78,7 +78,7 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
         if not sched:
             continue
         pad = rng.choice([None, len(sched), B]) if all(s.num_new_tokens == 1 for s in sched) else None
-        step = rank0.build(SchedulerOutput(sched), kv.block_table, pad_to=pad)
+        step = rank0.build(SchedulerOutput(sched), kv.block_table, pad_to=GraphShape(pad) if pad else None)
         _check_step(rank0, step, sched, kv)
         plan = rank0.plan(step)
         sent = (plan[0] - rank0.offsets["table_updates"]) // 2

@@ -164,5 +164,5 @@ def test_decode_graph_path_with_adapters(base, adapters, reference):
     runner.graphs = EagerReplayGraphs(runner, 4)
     outs = llm.generate([prompts[i] for i in pick], [params(n, 5) for n in names])
     assert [o.token_ids for o in outs] == [refs[n][i][:5] for n, i in zip(names, pick)]
-    assert 4 in runner.graphs.replayed                  # three sequences padded to four
+    assert (4, 1) in runner.graphs.replayed             # three sequences padded to four (GraphShape(4))
     assert_pool_free(llm)

@@ -139,7 +139,7 @@ def test_decode_graph_steps_reach_every_rank(ckpt_dir):
         runner.graphs = EagerReplayGraphs(runner, 6)
         outs = llm.generate(prompts, SamplingParams(max_tokens=6, min_tokens=6, temperature=0))
         assert [o.token_ids for o in outs] == expected
-        assert 6 in runner.graphs.replayed                 # 5 sequences padded to 6
+        assert (6, 1) in runner.graphs.replayed            # 5 sequences padded to 6 (GraphShape(6))
         assert_pool_free(llm)
 
 
