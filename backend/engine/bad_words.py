@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from backend.engine.errors import InvalidRequestError
+from backend.engine.errors import InvalidRequestError, check_token_ids
 # MAX_NUM_BAD_WORDS: token sequences per request after tokenization (SamplingParams
 # checks the words, and their characters, before).
 from backend.sampling_params import MAX_NUM_BAD_WORDS, SamplingParams
@@ -125,8 +125,5 @@ def resolve(params: SamplingParams, tokenizer, vocab_size: int) -> Optional[BadW
     if total > MAX_BAD_WORDS_TOTAL_TOKENS:
         raise InvalidRequestError(f"sampling parameter {name} has {total} tokens in all, more than "
                                   f"{MAX_BAD_WORDS_TOTAL_TOKENS}")
-    outside = [t for s in sequences for t in s if not 0 <= t < vocab_size]
-    if outside:
-        raise InvalidRequestError(f"sampling parameter {name}: token id {outside[0]} is outside the "
-                                  f"vocabulary [0, {vocab_size})")
+    check_token_ids((t for s in sequences for t in s), vocab_size, f"sampling parameter {name}")
     return BadWords.from_sequences(sequences)

@@ -11,11 +11,10 @@ from typing import Optional, Sequence, Union
 import torch
 
 from backend.engine.bad_words import resolve as resolve_bad_words
-from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError
+from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError, check_token_ids
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
 from backend.lora import cache_salt
-from backend.models.rotary import long_rope, long_rope_salt
 from backend.sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -61,14 +60,15 @@ class RequestIntake:
         if pooling and params.guided_fields():
             raise InvalidRequestError("this is an embedding model (runner 'pooling'): it generates no text, so "
                                       f"structured output ('{params.guided_fields()[0]}') does not apply")
+        if pooling and params.prompt_logprobs is not None:
+            raise InvalidRequestError("this is an embedding model (runner 'pooling'): it computes no logits, so "
+                                      "sampling parameter 'prompt_logprobs' does not apply")
         bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
         self._validate_logit_bias(params)
         token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids, room_for_output=not pooling)
-        end = params.reasoning_end_token_ids
-        if end and max(end) >= self.model_config.vocab_size:
-            raise InvalidRequestError(f"sampling parameter 'reasoning_end_token_ids': token id {max(end)} is "
-                                      f"outside the vocabulary [0, {self.model_config.vocab_size})")
+        check_token_ids(params.reasoning_end_token_ids or (), self.model_config.vocab_size,
+                        "sampling parameter 'reasoning_end_token_ids'")
         # A pooling request samples nothing: its sampling limits do not apply.
         max_tokens = 1 if pooling else self._effective_max_tokens(len(token_ids), params)
         eos = frozenset(self.model_config.eos_token_ids)
@@ -81,9 +81,6 @@ class RequestIntake:
             cache_salt=cache_salt(params.lora_name), pooling=pooling,
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
-        original = long_rope(self.model_config.rope_scaling)
-        if original is not None and len(token_ids) > original:
-            request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
         self.scheduler.add_request(request)     # a guided one waits there for its grammar
         deadline = self.limits.deadline(params)
         if deadline is not None:
@@ -121,10 +118,7 @@ class RequestIntake:
     def _validate_prompt(self, token_ids: list[int], room_for_output: bool = True) -> None:
         if not token_ids:
             raise InvalidRequestError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        check_token_ids(token_ids, self.model_config.vocab_size)
         if not room_for_output and len(token_ids) > self.max_model_len:
             raise InvalidRequestError(f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}")
         if room_for_output and len(token_ids) >= self.max_model_len:
@@ -134,11 +128,8 @@ class RequestIntake:
 
     def _validate_logit_bias(self, params: SamplingParams) -> None:
         # The sampler can only bias ids it has logits for: another id was silently ignored.
-        vocab = self.model_config.vocab_size
-        bad = sorted(t for t in params.logit_bias or () if not 0 <= t < vocab)
-        if bad:
-            raise InvalidRequestError(f"sampling parameter 'logit_bias': token id {bad[0]} is outside the "
-                                      f"vocabulary [0, {vocab})")
+        check_token_ids(sorted(params.logit_bias or ()), self.model_config.vocab_size,
+                        "sampling parameter 'logit_bias'")
 
     def _effective_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         room = self.max_model_len - prompt_len

@@ -91,6 +91,8 @@ class LLMEngine(RequestIntake):
         if args.model_runner == "tensorrt" and self.device.type != "cuda":
             raise ConfigError("invalid engine argument 'model_runner': 'tensorrt' needs a CUDA device")
         max_position = self.max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
+        # LongRoPE: original_max_position_embeddings, past which a request runs in long mode.
+        self.long_rope_original = long_rope(cfg.rope_scaling)
         if tp_size > 1:
             self.workers = TensorParallelWorkers(WorkerSpec(
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
@@ -145,7 +147,7 @@ class LLMEngine(RequestIntake):
                                    structured=StructuredOutputManager(
                                        self.tokenizer, cfg.vocab_size, self.device, args.max_num_seqs,
                                        args.guided_compile_timeout_s))
-        self.scheduler.long_rope_original = long_rope(cfg.rope_scaling)
+        self.scheduler.long_rope_original = self.long_rope_original
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
@@ -201,8 +203,8 @@ class LLMEngine(RequestIntake):
         args = self.args
         sampler = Sampler(args.seed, self.device, args.max_num_seqs)
         inputs = StepInputBuilder(*sizing.input_sizes(self.args, self.max_model_len), args.block_size, self.device)
-        if long_rope(self.model_config.rope_scaling) is not None:
-            inputs.long_rope = (long_rope(self.model_config.rope_scaling), self.max_position)
+        if self.long_rope_original is not None:
+            inputs.long_rope = (self.long_rope_original, self.max_position)
         common = (kv_layers, args.block_size, self.device, sampler, self.kv_cache.block_table, inputs,
                   self.model_config.vocab_size)
         if args.runner == "pooling":

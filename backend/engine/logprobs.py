@@ -40,19 +40,37 @@ class LogprobRows:
     max_count: int
 
 
+def pack_rows(logits: torch.Tensor, targets: torch.Tensor, max_k: int) -> torch.Tensor:
+    """logits [N, V] and each row's target id [N] -> per row, flat: the target's logprob,
+    its rank, the top max_k logprobs and their ids (float32; ids are exact below 2**24).
+    What generated tokens and prompt tokens (prompt_logprobs.py) both send."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen_lp = lp.gather(1, targets[:, None])
+    rank = (lp > chosen_lp).sum(dim=-1, keepdim=True) + 1
+    parts = [chosen_lp, rank.float()]
+    if max_k:
+        top_lp, top_ids = lp.topk(max_k, dim=-1)
+        parts += [top_lp, top_ids.float()]
+    return torch.cat(parts, dim=1).flatten()
+
+
+def unpack_row(values: list[float], base: int, target: int, count: int, max_k: int) -> TokenLogprobs:
+    """One row of `pack_rows`' host copy, starting at `base`: the target first, then the
+    row's `count` most likely tokens (a target among them keeps its own entry)."""
+    entry = {target: Logprob(values[base], int(values[base + 1]))}
+    top_lp = values[base + 2:base + 2 + count]
+    top_ids = values[base + 2 + max_k:base + 2 + max_k + count]
+    for rank, (tid, lpv) in enumerate(zip(top_ids, top_lp), start=1):
+        entry.setdefault(int(tid), Logprob(lpv, rank))
+    return entry
+
+
 def pack(logits: torch.Tensor, sampled: torch.Tensor, want: Optional[LogprobRows]) -> torch.Tensor:
     """sampled ids [B], then per listed row: its logprob, rank, top-k logprobs, top-k ids."""
     if want is None:
         return sampled
-    lp = torch.log_softmax(logits.index_select(0, want.rows).float(), dim=-1)
-    chosen = sampled.index_select(0, want.rows)[:, None]
-    chosen_lp = lp.gather(1, chosen)
-    rank = (lp > chosen_lp).sum(dim=-1, keepdim=True) + 1
-    parts = [chosen_lp, rank.float()]
-    if want.max_count:
-        top_lp, top_ids = lp.topk(want.max_count, dim=-1)
-        parts += [top_lp, top_ids.float()]
-    return torch.cat([sampled.float(), torch.cat(parts, dim=1).flatten()])
+    rows = pack_rows(logits.index_select(0, want.rows), sampled.index_select(0, want.rows), want.max_count)
+    return torch.cat([sampled.float(), rows])
 
 
 def packed_len(num_rows: int, want: Optional[LogprobRows]) -> int:
@@ -67,13 +85,5 @@ def unpack(values: list[float], num_rows: int, want: Optional[LogprobRows]
     if want is None:
         return tokens, {}
     width = 2 + 2 * want.max_count
-    out: dict[int, TokenLogprobs] = {}
-    for j, (row, count) in enumerate(zip(want.row_ids, want.counts)):
-        base = num_rows + j * width
-        entry = {tokens[row]: Logprob(values[base], int(values[base + 1]))}
-        top_lp = values[base + 2:base + 2 + want.max_count]
-        top_ids = values[base + 2 + want.max_count:base + width]
-        for rank, (tid, lpv) in enumerate(zip(top_ids[:count], top_lp[:count]), start=1):
-            entry.setdefault(int(tid), Logprob(lpv, rank))
-        out[row] = entry
-    return tokens, out
+    return tokens, {row: unpack_row(values, num_rows + j * width, tokens[row], count, want.max_count)
+                    for j, (row, count) in enumerate(zip(want.row_ids, want.counts))}

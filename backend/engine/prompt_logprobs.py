@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from backend.engine.buffers import GrowingStagedBuffer
-from backend.engine.logprobs import Logprob, TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs, pack_rows, unpack_row
 
 
 @dataclass
@@ -68,15 +68,8 @@ class PromptLogprobPlanner:
 
 def pack(logits: torch.Tensor, plan: PromptLogprobPlan) -> torch.Tensor:
     """logits: [N, V], the plan's rows in order -> per row: the target's logprob, its
-    rank, the top max_k logprobs, their ids (float32; ids are exact below 2**24)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, plan.targets[:, None])
-    rank = (lp > chosen).sum(dim=-1, keepdim=True) + 1
-    parts = [chosen, rank.float()]
-    if plan.max_k:
-        top_lp, top_ids = lp.topk(plan.max_k, dim=-1)
-        parts += [top_lp, top_ids.float()]
-    return torch.cat(parts, dim=1).flatten()
+    rank, the top max_k logprobs, their ids (logprobs.pack_rows)."""
+    return pack_rows(logits, plan.targets, plan.max_k)
 
 
 def unpack(values: list[float], plan: PromptLogprobPlan) -> dict[int, list[TokenLogprobs]]:
@@ -86,15 +79,6 @@ def unpack(values: list[float], plan: PromptLogprobPlan) -> dict[int, list[Token
     out: dict[int, list[TokenLogprobs]] = {}
     row = 0
     for i, n, k in zip(plan.index, plan.counts, plan.ks):
-        entries = []
-        for _ in range(n):
-            base = row * width
-            entry = {plan.target_ids[row]: Logprob(values[base], int(values[base + 1]))}
-            top_lp = values[base + 2:base + 2 + k]
-            top_ids = values[base + 2 + plan.max_k:base + 2 + plan.max_k + k]
-            for rank, (tid, lpv) in enumerate(zip(top_ids, top_lp), start=1):
-                entry.setdefault(int(tid), Logprob(lpv, rank))
-            entries.append(entry)
-            row += 1
-        out[i] = entries
+        out[i] = [unpack_row(values, (row + j) * width, plan.target_ids[row + j], k, plan.max_k) for j in range(n)]
+        row += n
     return out

@@ -92,6 +92,8 @@ def test_pooling_and_generation_refuse_each_other(embed_ckpt, llama_ckpt):
     from backend.sampling_params import SamplingParams
     with pytest.raises(InvalidRequestError, match="structured output"):
         pooling.engine.add_request([5, 6], SamplingParams(guided_regex="a+"))
+    with pytest.raises(InvalidRequestError, match="'prompt_logprobs' does not apply"):
+        pooling.engine.add_request([5, 6], SamplingParams(prompt_logprobs=1))
     # a prompt may fill the whole context: nothing is generated after it
     max_len = pooling.engine.max_model_len
     assert pooling.embed([[5] * max_len])[0].pooling_output is not None
