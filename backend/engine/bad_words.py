@@ -53,7 +53,7 @@ class BadWords:
         `verified_request` plus the `proposed` tokens before it)."""
         if not self.prefixed:
             return list(self.always)
-        tail = output_tail(row, self.longest_prefix)
+        tail = row.output_tail(self.longest_prefix)
         n = len(tail)
         out = list(self.always)
         for prefix, last in self.prefixed:
@@ -61,21 +61,6 @@ class BadWords:
             if k <= n and tuple(tail[n - k:]) == prefix:
                 out.append(last)
         return out
-
-
-def output_tail(row, k: int) -> list[int]:
-    """The last k generated tokens a sampler row sees (fewer when it has fewer), without
-    building its whole output: a verification row's output is its request's plus its
-    proposals."""
-    request = getattr(row, "verified_request", None)
-    if request is None:
-        out = row.output_token_ids
-        return out[max(0, len(out) - k):]
-    proposed = row.proposed
-    if len(proposed) >= k:
-        return list(proposed[len(proposed) - k:])
-    out = request.output_token_ids
-    return out[max(0, len(out) - (k - len(proposed))):] + list(proposed)
 
 
 def tokenize_words(words: Sequence[str], encode) -> list[list[int]]:

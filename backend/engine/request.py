@@ -111,6 +111,11 @@ class Request:
             return output[a - p:b - p]
         return prompt[a:] + output[:b - p]
 
+    def output_tail(self, k: int) -> list[int]:
+        """The last k generated tokens (fewer when there are fewer)."""
+        out = self.output_token_ids
+        return out[max(0, len(out) - k):]
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -56,6 +56,13 @@ class VerifyRow:
     def num_output_tokens(self) -> int:
         return self.verified_request.num_output_tokens + len(self.proposed)
 
+    def output_tail(self, k: int) -> list[int]:
+        """The last k tokens of the output this row sees, without building all of it."""
+        proposed = self.proposed
+        if len(proposed) >= k:
+            return list(proposed[len(proposed) - k:])
+        return self.verified_request.output_tail(k - len(proposed)) + list(proposed)
+
 
 def verify_rows(scheduled: Sequence) -> list:
     """One sampler row per logits row: k + 1 per request verifying k proposals."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.bad_words import BadWords, output_tail, resolve, tokenize_words
+from backend.engine.bad_words import BadWords, resolve, tokenize_words
 from backend.engine.errors import InvalidRequestError
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
@@ -59,8 +59,8 @@ def test_each_row_is_masked_by_its_own_words_and_output_in_one_batch():
 
 def test_a_verification_row_counts_its_proposals_as_output():
     base = req([[4, 5, 1], [3, 2]], out=[9, 4])
-    assert output_tail(VerifyRow(base, [5]), 2) == [4, 5] and output_tail(VerifyRow(base, [7, 5, 3]), 2) == [5, 3]
-    assert output_tail(VerifyRow(base, []), 5) == [9, 4] and output_tail(base, 1) == [4]
+    assert VerifyRow(base, [5]).output_tail(2) == [4, 5] and VerifyRow(base, [7, 5, 3]).output_tail(2) == [5, 3]
+    assert VerifyRow(base, []).output_tail(5) == [9, 4] and base.output_tail(1) == [4]
     assert sample_ids(Sampler(), LOGITS.repeat(3, 1), [base, VerifyRow(base, [5]), VerifyRow(base, [5, 3])]) == [
         1, 2, 1]
     assert sample_ids(Sampler(), LOGITS, [VerifyRow(req([[3, 1]], out=[9]), [3])]) == [2]
