@@ -310,7 +310,7 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
     from backend.engine.kv_cache_manager import KVCacheManager
     from backend.engine.request import Request, RequestStatus
     from backend.engine.sampler import Sampler
-    from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
+    from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
     from backend.engine.step_inputs import StepInputBuilder
     from backend.sampling_params import SamplingParams
     rng = np.random.default_rng(seed)

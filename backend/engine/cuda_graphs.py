@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from backend.engine.scheduler import SchedulerOutput
+from backend.engine.sched_output import SchedulerOutput
 from backend.engine.step_inputs import GraphShape, dummy_decode
 from backend.models.config import ModelConfig
 

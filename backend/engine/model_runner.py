@@ -18,7 +18,7 @@ from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
-from backend.engine.scheduler import SchedulerOutput
+from backend.engine.sched_output import SchedulerOutput
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
 from backend.engine.step_inputs import GraphShape, StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig

@@ -27,7 +27,7 @@ from backend.config import PoolerConfig
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
-from backend.engine.scheduler import SchedulerOutput
+from backend.engine.sched_output import SchedulerOutput
 
 
 class PoolingModelRunner(ModelRunner):

@@ -33,7 +33,7 @@ from backend.engine import logprobs as logprob_ops
 from backend.engine.model_runner import allocate_kv_cache, run_model
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
-from backend.engine.scheduler import ScheduledRequest
+from backend.engine.sched_output import ScheduledRequest
 from backend.engine.sizing import MemoryProfile
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, verify_rows
 from backend.engine.step_inputs import StepInputBuilder

@@ -22,59 +22,17 @@ shares them, so `n` > 1 children compute their prompt once.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Optional
-
-import torch
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.speculator import Proposals
+from backend.engine.stop_checker import check_stop
 from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.models.rotary import long_rope_salt
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-    # Proposed tokens verified in this step (the last len() of num_new_tokens), and the
-    # draft's distributions they were drawn from, if any.
-    spec_token_ids: list[int] = field(default_factory=list)
-    draft_probs: Optional[torch.Tensor] = None
-    # Set from the step's result: proposed tokens the target rejected.
-    num_rejected: int = 0
-    # As scheduled: where this step's tokens start, and whether after it every token of
-    # the request (a placeholder of a step in flight included) has its K/V, so that the
-    # logits of the last one give the next token.
-    num_computed_tokens: int = field(init=False)
-    completes_prompt: bool = field(init=False)
-    # Prompt logprobs: the positions start:start+n of this step's tokens whose logits give
-    # them (each predicts the prompt token after it), set by the scheduler.
-    prompt_logprob_start: int = 0
-    num_prompt_logprob_rows: int = 0
-
-    def __post_init__(self) -> None:
-        r = self.request
-        self.num_computed_tokens = r.num_computed_tokens
-        self.completes_prompt = (r.num_computed_tokens + self.num_new_tokens
-                                 >= r.num_tokens + r.num_output_placeholders)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -345,7 +303,7 @@ class Scheduler:
             for token in tokens:
                 request.output_token_ids.append(token)
                 new_tokens.append(token)
-                reason = self._check_stop(request, token)
+                reason = check_stop(request, token)
                 if reason is not None:
                     break
             self.num_generation_tokens_total += len(new_tokens)
@@ -358,29 +316,6 @@ class Scheduler:
                 request.request_id, new_tokens, [entry] if entry is not None else None,
                 prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens))
         return outputs
-
-    @staticmethod
-    def _check_stop(request: Request, token: int) -> Optional[FinishReason]:
-        """The stop a just-appended token causes, on token ids (stop strings are text:
-        the output side's)."""
-        params = request.sampling_params
-        # The mask let only allowed tokens through; once complete the grammar allows only
-        # the stop token, and accepting it ends the request. While the reply still reasons
-        # the grammar waits for the reasoning's end.
-        if request.grammar is not None:
-            if not request.reasoning_ended:
-                end = params.reasoning_end_token_ids
-                request.reasoning_ended = request.output_token_ids[-len(end):] == end
-            elif not request.grammar.accept_token(token) or request.grammar.is_terminated():
-                return FinishReason.STOP
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token in request.eos_token_ids:
-                return FinishReason.STOP
-            if token in params.stop_token_ids:
-                return FinishReason.STOP
-        if request.num_output_tokens >= request.max_tokens:
-            return FinishReason.LENGTH
-        return None
 
     def stop_request(self, request_id: str) -> None:
         """A stop string ended the request (found by the output side, on text): finished

@@ -13,7 +13,7 @@ from backend import LLM, SamplingParams
 from backend.engine.cuda_graphs import (DecodeGraphs, _check_against_eager, capture_decode_graphs, capture_sizes,
                                         estimate_graph_bytes, graph_ladders, graph_size_for, needs_query_len)
 from backend.engine.step_inputs import GraphShape
-from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
+from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 from tests.helpers.graphs import EagerReplayGraphs

@@ -12,7 +12,7 @@ import torch
 
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
-from backend.engine.scheduler import ScheduledRequest, SchedulerOutput
+from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.step_inputs import GraphShape, StepInputBuilder
 from backend.sampling_params import SamplingParams
 

@@ -7,7 +7,7 @@ import torch
 
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
-from backend.engine.scheduler import ScheduledRequest
+from backend.engine.sched_output import ScheduledRequest
 from backend.engine.spec_decode.rejection_sampler import (RejectionSampler, accepted_tokens, verify_rows)
 from backend.sampling_params import SamplingParams
 from tests.helpers.stats import goodness_of_fit

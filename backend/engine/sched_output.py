@@ -1,0 +1,52 @@
+"""What the scheduler hands the model runner for one step (vLLM's sched/output.py): each
+scheduled request's share of the step, as the scheduler left it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from backend.engine.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    # Proposed tokens verified in this step (the last len() of num_new_tokens), and the
+    # draft's distributions they were drawn from, if any.
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Optional[torch.Tensor] = None
+    # Set from the step's result: proposed tokens the target rejected.
+    num_rejected: int = 0
+    # As scheduled: where this step's tokens start, and whether after it every token of
+    # the request (a placeholder of a step in flight included) has its K/V, so that the
+    # logits of the last one give the next token.
+    num_computed_tokens: int = field(init=False)
+    completes_prompt: bool = field(init=False)
+    # Prompt logprobs: the positions start:start+n of this step's tokens whose logits give
+    # them (each predicts the prompt token after it), set by the scheduler.
+    prompt_logprob_start: int = 0
+    num_prompt_logprob_rows: int = 0
+
+    def __post_init__(self) -> None:
+        r = self.request
+        self.num_computed_tokens = r.num_computed_tokens
+        self.completes_prompt = (r.num_computed_tokens + self.num_new_tokens
+                                 >= r.num_tokens + r.num_output_placeholders)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
