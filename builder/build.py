@@ -265,7 +265,11 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         advance()
     if opts.kv_cache == "int8":
         from builder.kv_int8 import write_kv_int8_scales
-        write_kv_int8_scales(opts.checkpoint, out, _calibration_texts(opts)[0], stages)
+        try:
+            write_kv_int8_scales(opts.checkpoint, out, _calibration_texts(opts)[0], stages)
+        except (ImportError, ValueError, OSError) as e:     # e.g. a quantized checkpoint transformers cannot load here
+            raise BuildError(f"invalid build option 'kv_cache': int8 calibrates on '{opts.checkpoint}' in "
+                             f"transformers, which failed: {e}") from None
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
