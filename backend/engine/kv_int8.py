@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from backend.config import ConfigError
 from backend.models.config import ModelConfig
 
 KV_SCALE_NAME = "model.layers.{layer}.self_attn.{which}_scale"
@@ -43,7 +44,7 @@ def load_kv_cache_scales(path: str, cfg: ModelConfig, heads: Optional[tuple[int,
     try:
         tensors = load_file(path)
     except (OSError, RuntimeError) as e:     # missing file, not safetensors
-        raise ValueError(f"kv_cache_scales '{path}' cannot be read: {e}") from None
+        raise ConfigError(f"invalid engine argument 'kv_cache_scales': '{path}' cannot be read: {e}") from None
     lo, hi = heads or (0, cfg.num_kv_heads)
     out: Scales = []
     for i in range(cfg.num_layers):
@@ -53,11 +54,12 @@ def load_kv_cache_scales(path: str, cfg: ModelConfig, heads: Optional[tuple[int,
             t = tensors.get(name)
             if t is None or t.shape != (cfg.num_kv_heads,):
                 got = "missing" if t is None else f"shape {tuple(t.shape)}"
-                raise ValueError(f"kv_cache_scales '{path}': {name} is {got}; expected [{cfg.num_kv_heads}] "
-                                 "(one scale per KV head)")
+                raise ConfigError(f"invalid engine argument 'kv_cache_scales': in '{path}', {name} is {got}; "
+                                  f"expected [{cfg.num_kv_heads}] (one scale per KV head)")
             vals = [float(x) for x in t.float()[lo:hi]]
             if not all(math.isfinite(x) and x > 0 for x in vals):
-                raise ValueError(f"kv_cache_scales '{path}': {name} has a scale that is not a positive number")
+                raise ConfigError(f"invalid engine argument 'kv_cache_scales': in '{path}', {name} has a scale that "
+                                  "is not a positive number")
             pair.append(vals)
         out.append((pair[0], pair[1]))
     return out

@@ -87,5 +87,5 @@ def test_int8_kv_capacity_and_config_errors(llama_ckpt, tmp_path):
     with pytest.raises(ConfigError, match="kv_cache_scales"):
         LLM(llama_ckpt, kv_cache_dtype="int8")
     save_kv_cache_scales(path, torch.full((2, 3), 0.05), torch.full((2, 3), 0.05))
-    with pytest.raises(ValueError, match=r"k_scale is shape \(3,\); expected \[2\]"):
+    with pytest.raises(ConfigError, match=r"'kv_cache_scales'.*k_scale is shape \(3,\); expected \[2\]"):
         LLM(llama_ckpt, kv_cache_dtype="int8", kv_cache_scales=path)
