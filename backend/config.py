@@ -123,7 +123,11 @@ class EngineArgs(BaseModel):
     max_queue_size: Optional[int] = Field(None, ge=0)
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "int8"] = "auto"
+    # INT8 cache: a safetensors file of per-KV-head scales (vLLM's tensor names,
+    # model.layers.N.self_attn.k_scale / v_scale, [num_kv_heads] each), calibrated by
+    # `python -m builder build --kv-cache int8` (backend/engine/kv_int8.py).
+    kv_cache_scales: Optional[str] = None
     # What runs the forward pass: the torch model, or an exported graph (model_graph):
     # an ONNX reference export in onnxruntime (CPU check of the export), or a TensorRT
     # engine built from the plugin export.
@@ -207,6 +211,13 @@ class EngineArgs(BaseModel):
         if self.model_runner == "onnxruntime" and (self.kv_cache_dtype != "auto" or self.device == "cuda"):
             raise ValueError("model_runner='onnxruntime' runs the fp32 reference export on CPU: "
                              "it takes neither kv_cache_dtype='fp8' nor device='cuda'")
+        if (self.kv_cache_dtype == "int8") != (self.kv_cache_scales is not None):
+            raise ValueError("kv_cache_dtype='int8' needs kv_cache_scales (per-head scales calibrated by "
+                             "`python -m builder build --kv-cache int8`), and kv_cache_scales is only for it")
+        if self.kv_cache_dtype == "int8" and (self.model_runner != "torch" or (
+                self.speculative_config is not None and self.speculative_config.method == "draft_model")):
+            raise ValueError("kv_cache_dtype='int8' needs model_runner='torch' and no draft model (the exported "
+                             "graphs and a draft's cache have no per-head scales)")
         if self.tensor_parallel_size > 1 and self.model_runner != "torch":
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs model_runner='torch' "
                              "(the exported graphs are single-device)")

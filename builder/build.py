@@ -39,7 +39,9 @@ class BuildOptions(BaseModel):
     group_size: int = Field(128, ge=-1)
     # int8 / int4 rounding: round-to-nearest, or GPTQ on calibration text.
     int_algorithm: Literal["rtn", "gptq"] = "rtn"
-    kv_cache: Literal["auto", "fp8"] = "auto"
+    # fp8: E4M3 with per-layer scales (from an FP8 build); int8: per-KV-head scales
+    # calibrated here (builder/kv_int8.py), stored in the entry.
+    kv_cache: Literal["auto", "fp8", "int8"] = "auto"
     # torch: the engine runs the checkpoint. onnxruntime: also export the reference graph
     # and serve it with onnxruntime (CPU check of the export). tensorrt: export the plugin
     # graph and build a TensorRT engine from it (needs TensorRT and a GPU).
@@ -117,8 +119,12 @@ class BuildOptions(BaseModel):
             raise ValueError(f"checkpoint '{self.checkpoint}' has no config.json")
         if self.int_algorithm == "gptq" and self.weights not in ("int8", "int4"):
             raise ValueError(f"int_algorithm=gptq is for weights int8 or int4, not {self.weights}")
-        if self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq":
-            raise ValueError("calibration_data is only used with weights=fp8 or int_algorithm=gptq")
+        if (self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq"
+                and self.kv_cache != "int8"):
+            raise ValueError("calibration_data is only used with weights=fp8, int_algorithm=gptq or kv_cache=int8")
+        if self.kv_cache == "int8" and self.engine != "torch":
+            raise ValueError(f"kv_cache=int8 runs in the torch engine's attention: the {self.engine} graph's "
+                             "PagedAttention node has no per-head scales; use engine=torch")
         if self.pooler_config is not None and self.runner != "pooling":
             raise ValueError("pooler_config is for runner=pooling")
         if self.runner == "pooling":
@@ -142,6 +148,9 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
                   max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
                   enable_prefix_caching=opts.enable_prefix_caching, max_queue_size=opts.max_queue_size,
                   kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size)
+    if opts.kv_cache == "int8":
+        from builder.kv_int8 import KV_SCALES_FILE
+        values["kv_cache_scales"] = KV_SCALES_FILE
     if opts.speculative is not None:
         spec = opts.speculative.model_dump(exclude_none=True)
         if draft_path is not None:
@@ -254,11 +263,18 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         model_path = "checkpoint"
         copy_checkpoint(opts.checkpoint, ckpt_dst)
         advance()
+    if opts.kv_cache == "int8":
+        from builder.kv_int8 import write_kv_int8_scales
+        try:
+            write_kv_int8_scales(opts.checkpoint, out, _calibration_texts(opts)[0], stages)
+        except (ImportError, ValueError, OSError) as e:     # e.g. a quantized checkpoint transformers cannot load here
+            raise BuildError(f"invalid build option 'kv_cache': int8 calibrates on '{opts.checkpoint}' in "
+                             f"transformers, which failed: {e}") from None
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
     source_dtype = opts.weights in ("auto", "int8", "int4")      # weight-only INT computes in the source's dtype
-    kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (source_dtype
+    kv_elem = 1 if opts.kv_cache in ("fp8", "int8") else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)
     params = engine_parameters(opts, model_path, place_draft(opts, out), place_adapters(opts, cfg, out))

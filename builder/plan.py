@@ -42,7 +42,7 @@ GPUS = {"H100-80GB": (80, 4.50), "H200-141GB": (141, 5.50), "A100-80GB": (80, 3.
 # Bytes per weight of the linear layers; embeddings, lm_head and norms stay 16-bit.
 # Scales: FP8 and INT8 one fp32 per output channel, INT4 one bf16 per group of 128.
 WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1}
+KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 @dataclass

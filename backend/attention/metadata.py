@@ -9,9 +9,12 @@ seq_lens[i] tokens in the cache, reachable through block_tables[i].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
+
+# A layer's K (or V) cache scale: one value (FP8, per layer) or one per KV head (INT8).
+Scale = Union[float, Sequence[float]]
 
 
 @dataclass
@@ -34,18 +37,23 @@ class AttentionMetadata:
 class KVCacheLayer:
     """One layer's paged cache: [num_blocks, block_size, num_kv_heads, head_dim] each.
 
-    With an FP8 cache the stored value is x / scale, so the true value is stored * scale.
+    With an FP8 cache the stored value is x / scale, so the true value is stored * scale;
+    one scale per layer. An INT8 cache stores round(x / scale) clamped to [-127, 127]
+    with one scale per KV head (k_scale, v_scale: [num_kv_heads] sequences).
     """
     key: torch.Tensor
     value: torch.Tensor
-    k_scale: float = 1.0
-    v_scale: float = 1.0
-    _scales: Optional[tuple[tuple[float, float], torch.Tensor]] = field(default=None, repr=False, compare=False)
+    k_scale: Scale = 1.0
+    v_scale: Scale = 1.0
+    _scales: Optional[tuple[tuple, torch.Tensor]] = field(default=None, repr=False, compare=False)
 
     def scale_tensor(self) -> torch.Tensor:
         """[k_scale, v_scale] as fp32 on the cache's device, for kernels that read the
-        scales from memory (as the TensorRT plugin must). Made once, not per step."""
-        key = (float(self.k_scale), float(self.v_scale))
+        scales from memory (as the TensorRT plugin must): [2], or [2, num_kv_heads] for
+        per-head scales (row 0 K, row 1 V). Made once, not per step."""
+        key = (_floats(self.k_scale), _floats(self.v_scale))
+        if self.is_int8:    # the INT8 kernels index the scales by KV head: one value is every head's
+            key = tuple((k,) * self.key.shape[2] if isinstance(k, float) else k for k in key)
         if self._scales is None or self._scales[0] != key:
             self._scales = (key, torch.tensor(key, dtype=torch.float32, device=self.key.device))
         return self._scales[1]
@@ -57,3 +65,13 @@ class KVCacheLayer:
     @property
     def is_fp8(self) -> bool:
         return self.key.dtype == torch.float8_e4m3fn
+
+    @property
+    def is_int8(self) -> bool:
+        return self.key.dtype == torch.int8
+
+
+def _floats(scale: Scale):
+    if isinstance(scale, torch.Tensor):
+        scale = scale.tolist()
+    return float(scale) if isinstance(scale, (int, float)) else tuple(float(s) for s in scale)

@@ -4,7 +4,7 @@ Decode rows (one query per sequence) are batched into one padded matmul; prefill
 chunks run one sequence at a time through scaled_dot_product_attention with an
 explicit mask (causal within the chunk, full over the cached context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
-see exactly the same values, FP8 cache included.
+see exactly the same values, FP8 and INT8 caches included.
 
 A sliding window (per layer) masks keys more than `window - 1` positions before the
 query (transformers' `kv_idx > q_idx - window`). A soft-cap (Gemma 2) bounds each
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 
 FP8_E4M3_MAX = 448.0
+INT8_MAX = 127.0
 
 
 def fp32_reciprocal(scale: float) -> float:
@@ -40,6 +41,23 @@ def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (x.float() * inv).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [T, KVH, D] -> int8 round(x / scale[h]) clamped to [-127, 127] (symmetric: -128
+    unused), scale [KVH] fp32. Multiplies by the IEEE fp32 reciprocal and rounds half to
+    even, as the Triton kernels do, so both paths store the same bytes."""
+    inv = torch.ones_like(scale) / scale
+    return torch.round((x.float() * inv[:, None]).clamp(-INT8_MAX, INT8_MAX)).to(torch.int8)
+
+
+def kv_scales(cache: KVCacheLayer) -> tuple:
+    """What _gather multiplies K and V by: the layer's floats, or for an INT8 cache its
+    per-head scale tensors ([KVH] fp32, on the cache's device, made once)."""
+    if cache.is_int8:
+        s = cache.scale_tensor()
+        return s[0], s[1]
+    return cache.k_scale, cache.v_scale
+
+
 def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_mapping: torch.Tensor) -> None:
     """Scatter this step's K/V ([T, KVH, D]) into the paged cache through slot_mapping."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
@@ -50,6 +68,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: KVCacheLayer, slot_m
         # index_copy_ has no FP8 kernel on every device; bytes are bytes.
         k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
         key, value = key.view(torch.uint8), value.view(torch.uint8)
+    elif cache.is_int8:
+        k_scale, v_scale = kv_scales(cache)
+        key, value = quantize_int8(key, k_scale), quantize_int8(value, v_scale)
     # No padding rows (slot -1) reach this path: only CUDA graphs pad, and they run the
     # Triton kernel. Checking here would cost a host sync per layer.
     slot_mapping = slot_mapping.long()
@@ -78,11 +99,11 @@ def _reused_buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: torch.dtype,
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale, dtype: torch.dtype,
             slot: Optional[int] = None) -> torch.Tensor:
     """[..., nblk] block ids -> [..., nblk * block_size, KVH, D] in `dtype`. With a
     workspace slot the blocks land in a reused buffer (valid until the next gather into
-    that slot)."""
+    that slot). scale: a float (FP8), or [KVH] per-head scales (INT8)."""
     flat = block_ids.reshape(-1)
     if slot is None:
         x = cache.index_select(0, flat)
@@ -92,6 +113,8 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: t
     x = x.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
     if cache.dtype == torch.float8_e4m3fn:
         return (x.float() * scale).to(dtype)
+    if cache.dtype == torch.int8:
+        return (x.float() * scale[:, None]).to(dtype)
     return x.to(dtype)
 
 
@@ -145,8 +168,9 @@ class TorchPagedAttention:
         tables = meta.block_tables[seq_ids, :nblk].long()
         # One gather copy; the [B, L, KVH, D] -> [B, KVH, L, D] transpose stays a view,
         # which SDPA reads through its strides.
-        k = _gather(cache.key, tables, cache.k_scale, q.dtype, slot=0).transpose(1, 2)
-        v = _gather(cache.value, tables, cache.v_scale, q.dtype, slot=1).transpose(1, 2)
+        k_scale, v_scale = kv_scales(cache)
+        k = _gather(cache.key, tables, k_scale, q.dtype, slot=0).transpose(1, 2)
+        v = _gather(cache.value, tables, v_scale, q.dtype, slot=1).transpose(1, 2)
         B, L = k.shape[0], k.shape[2]
         lens = torch.tensor(seq_lens, device=q.device)
         pos = torch.arange(L, device=q.device)
@@ -161,8 +185,9 @@ class TorchPagedAttention:
         n = q.shape[0]
         nblk = -(-seq_len // cache.block_size)
         blocks = block_table[:nblk].long()
-        k = _gather(cache.key, blocks, cache.k_scale, q.dtype)[:seq_len]
-        v = _gather(cache.value, blocks, cache.v_scale, q.dtype)[:seq_len]
+        k_scale, v_scale = kv_scales(cache)
+        k = _gather(cache.key, blocks, k_scale, q.dtype)[:seq_len]
+        v = _gather(cache.value, blocks, v_scale, q.dtype)[:seq_len]
         q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
         allowed = k_pos[None, :] <= q_pos[:, None]

@@ -13,8 +13,9 @@ the KV range is split across a third grid axis (split-KV, for long contexts at s
 batch) and a second kernel merges the partial results.
 
 FP8 (E4M3) caches are stored as raw bytes (uint8 views) and dequantized with the
-layer's scale inside the kernel. With TRITON_INTERPRET=1 everything runs on CPU tensors,
-which is how CI checks it. Dot products are fp32 sums (no TF32), so the kernel agrees
+layer's scale inside the kernel; INT8 caches (int8 tensors) with the KV head's scale
+(k_scale / v_scale then point at [num_kv_heads] fp32). With TRITON_INTERPRET=1
+everything runs on CPU tensors, which is how CI checks it. Dot products are fp32 sums (no TF32), so the kernel agrees
 with the torch reference to ~1e-6 in fp32.
 """
 
@@ -40,13 +41,13 @@ def _paged_attention_kernel(
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SOFTCAP: tl.constexpr = 0.0):
+        SOFTCAP: tl.constexpr = 0.0, INT8: tl.constexpr = False):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr)
+    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr, kvh, INT8)
 
     # This token's K/V for this head go to its slot (once, by split 0; slot -1 = padding).
     slot = tl.load(slot_ptr + t)
@@ -54,7 +55,7 @@ def _paged_attention_kernel(
     k_row = tl.load(k_ptr + t * stride_kt + kvh * stride_kh + d, mask=wmask, other=0.0)
     v_row = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d, mask=wmask, other=0.0)
     dst = slot.to(tl.int64) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_row, v_row, wmask, k_inv, v_inv, FP8)
+    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_row, v_row, wmask, k_inv, v_inv, FP8, INT8)
 
     s = _find_seq(query_start_loc_ptr, t, num_seqs)
     q_start = tl.load(query_start_loc_ptr + s)
@@ -96,9 +97,9 @@ def _paged_attention_kernel(
         rows = phys * BLOCK_SIZE + offs
         src = q_start + key_pos - ctx_len
         k = _load_kv(k_cache_ptr, k_ptr, rows, src, stride_kt, stride_kh, kvh, d, cached, fresh, dmask,
-                     k_scale, k_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+                     k_scale, k_inv, NUM_KV_HEADS, HEAD_DIM, FP8, INT8)
         v = _load_kv(v_cache_ptr, v_ptr, rows, src, stride_vt, stride_vh, kvh, d, cached, fresh, dmask,
-                     v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+                     v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8, INT8)
         qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * SM_SCALE      # [G, BLOCK_SIZE]
         qk = _soft_cap(qk, SOFTCAP)
         qk = tl.where(kmask[None, :], qk, float("-inf"))
@@ -159,13 +160,13 @@ def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, bloc
 
 def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, scale: float,
                          sliding_window: Optional[int], fp8: bool, num_splits: int = 1,
-                         logits_soft_cap: Optional[float] = None) -> dict:
+                         logits_soft_cap: Optional[float] = None, int8: bool = False) -> dict:
     """The kernel's compile-time parameters (shared by the launch here and the AOT build)."""
     group = num_heads // num_kv_heads
     return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
                 HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
                 SM_SCALE=float(scale), SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8),
-                NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0))
+                NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0), INT8=bool(int8))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
@@ -226,7 +227,7 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         out, k_pool, v_pool, part_acc, part_ml,
         **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits,
-                               logits_soft_cap))
+                               logits_soft_cap, int8=k_pool.dtype == torch.int8))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),

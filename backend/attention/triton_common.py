@@ -1,7 +1,8 @@
 """Device functions shared by the attention kernels (triton_attention.py, the one-token
 kernel the TensorRT plugin also launches; triton_tiled.py, the tensor-core kernel for
-steps with prompts): E4M3 rounding, loading K/V from the pool or this step's input,
-writing K/V, the token -> sequence search and the cache scales."""
+steps with prompts): E4M3 and INT8 rounding, loading K/V from the pool or this step's
+input, writing K/V, the token -> sequence search and the cache scales (one per layer for
+FP8, one per KV head for INT8)."""
 
 import triton
 import triton.language as tl
@@ -18,17 +19,28 @@ def _round_to_e4m3(x):
     exp = ((bits >> 23) & 0xFF) - 127
     exp = tl.maximum(exp, -6)                   # below 2^-6: subnormal spacing 2^-9
     step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)   # 2^(exp-3): 3 mantissa bits
-    y = x / step                                # exact: step is a power of two
+    return _round_half_even(x / step) * step    # exact: step is a power of two
+
+
+@triton.jit
+def _round_half_even(y):
+    """y rounded to the nearest integer, ties to even (torch.round), exact in fp32 for
+    |y| < 2^22."""
     f = tl.floor(y)
     frac = y - f
     half_even = f + (f - 2.0 * tl.floor(f * 0.5))  # f rounded up iff f is odd
-    r = tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, half_even))
-    return r * step
+    return tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, half_even))
+
+
+@triton.jit
+def _quantize_int8(x, inv):
+    """round(x / scale) clamped to [-127, 127], as fp32 (torch_attention.quantize_int8)."""
+    return _round_half_even(tl.clamp(x.to(tl.float32) * inv, -127.0, 127.0))
 
 
 @triton.jit
 def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fresh, dmask, scale, inv,
-             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr, INT8: tl.constexpr = False):
     """[BLOCK_SIZE, BLOCK_D] keys (or values) in fp32: `cached` rows from the pool,
     `fresh` rows from this step's input, both as the pool holds them."""
     cmask = cached[:, None] & dmask[None, :]
@@ -38,6 +50,9 @@ def _load_kv(cache_ptr, x_ptr, rows, src, stride_t, stride_h, kvh, d, cached, fr
     if FP8:
         c = tl.load(cptrs, mask=cmask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
         x = _round_to_e4m3(x.to(tl.float32) * inv) * scale
+    elif INT8:
+        c = tl.load(cptrs, mask=cmask, other=0).to(tl.float32) * scale
+        x = _quantize_int8(x, inv) * scale
     else:
         c = tl.load(cptrs, mask=cmask, other=0.0).to(tl.float32)
         x = x.to(cache_ptr.dtype.element_ty).to(tl.float32)
@@ -77,23 +92,29 @@ def _find_seq(query_start_loc_ptr, t, num_seqs, TILE: tl.constexpr = 0):
 
 
 @triton.jit
-def _kv_scales(k_scale_ptr, v_scale_ptr):
-    """(k_scale, v_scale, 1/k_scale, 1/v_scale) in fp32; the reciprocals are the IEEE
-    division the torch path computes too."""
-    k_scale = tl.load(k_scale_ptr).to(tl.float32)
-    v_scale = tl.load(v_scale_ptr).to(tl.float32)
+def _kv_scales(k_scale_ptr, v_scale_ptr, kvh=0, PER_HEAD: tl.constexpr = False):
+    """(k_scale, v_scale, 1/k_scale, 1/v_scale) in fp32, of KV head kvh when the scales
+    are per head (INT8); the reciprocals are the IEEE division the torch path computes
+    too."""
+    head = kvh if PER_HEAD else 0
+    k_scale = tl.load(k_scale_ptr + head).to(tl.float32)
+    v_scale = tl.load(v_scale_ptr + head).to(tl.float32)
     return k_scale, v_scale, tl.math.div_rn(1.0, k_scale), tl.math.div_rn(1.0, v_scale)
 
 
 @triton.jit
-def _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, mask, k_inv, v_inv, FP8: tl.constexpr):
+def _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, mask, k_inv, v_inv, FP8: tl.constexpr,
+              INT8: tl.constexpr = False):
     """Write K/V rows (any shape) at element offsets dst of the pools, as the pool stores
-    them: E4M3 bytes of x / scale, or the pool's dtype."""
+    them: E4M3 bytes of x / scale, int8 round(x / scale), or the pool's dtype."""
     if FP8:
         k_q = _round_to_e4m3(k_rows.to(tl.float32) * k_inv)
         v_q = _round_to_e4m3(v_rows.to(tl.float32) * v_inv)
         tl.store(k_cache_out_ptr + dst, k_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
         tl.store(v_cache_out_ptr + dst, v_q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+    elif INT8:
+        tl.store(k_cache_out_ptr + dst, _quantize_int8(k_rows, k_inv).to(tl.int8), mask=mask)
+        tl.store(v_cache_out_ptr + dst, _quantize_int8(v_rows, v_inv).to(tl.int8), mask=mask)
     else:
         tl.store(k_cache_out_ptr + dst, k_rows.to(k_cache_out_ptr.dtype.element_ty), mask=mask)
         tl.store(v_cache_out_ptr + dst, v_rows.to(v_cache_out_ptr.dtype.element_ty), mask=mask)

@@ -5,7 +5,7 @@ for fp32 models, so results agree with the torch reference to ~1e-6).
 
 Like the one-token kernel (triton_attention.py), one launch writes the tiles' K/V into
 the pool and attends, reads this step's keys from the k/v inputs and cached keys from
-the pool (FP8 dequantized in registers), and takes the PagedAttention node's inputs.
+the pool (FP8 or INT8 dequantized in registers), and takes the PagedAttention node's inputs.
 
 Which sequence a program serves needs no extra input (vLLM's unified-attention trick):
 with c[s] = query_start_loc[s] // BLOCK_M + s, sequence s owns programs c[s] up to
@@ -36,12 +36,13 @@ def _tiled_attention_kernel(
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr = 0.0,
+        INT8: tl.constexpr = False):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr)
+    k_scale, v_scale, k_inv, v_inv = _kv_scales(k_scale_ptr, v_scale_ptr, kvh, INT8)
 
     s = _find_seq(query_start_loc_ptr, pid, num_seqs, BLOCK_M)
     q_start = tl.load(query_start_loc_ptr + s)
@@ -59,7 +60,7 @@ def _tiled_attention_kernel(
     k_rows = tl.load(k_ptr + (t0 + m)[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=wmask, other=0.0)
     v_rows = tl.load(v_ptr + (t0 + m)[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=wmask, other=0.0)
     dst = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
-    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, wmask, k_inv, v_inv, FP8)
+    _store_kv(k_cache_out_ptr, v_cache_out_ptr, dst, k_rows, v_rows, wmask, k_inv, v_inv, FP8, INT8)
 
     # Rows of the Q tile: (token m, query head g of this KV head), flattened.
     r = tl.arange(0, BLOCK_M * BLOCK_G)
@@ -92,9 +93,9 @@ def _tiled_attention_kernel(
         fresh = in_range & (key_pos >= ctx_len)
         src = q_start + key_pos - ctx_len
         k = _load_kv(k_cache_ptr, k_ptr, rows, src, stride_kt, stride_kh, kvh, d, cached, fresh, dmask,
-                     k_scale, k_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+                     k_scale, k_inv, NUM_KV_HEADS, HEAD_DIM, FP8, INT8)
         v = _load_kv(v_cache_ptr, v_ptr, rows, src, stride_vt, stride_vh, kvh, d, cached, fresh, dmask,
-                     v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8)
+                     v_scale, v_inv, NUM_KV_HEADS, HEAD_DIM, FP8, INT8)
         if IEEE:
             qk = tl.dot(q.to(tl.float32), tl.trans(k), input_precision="ieee")
         else:
@@ -154,4 +155,4 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=block_g,
         HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_SIZE=block_size, SM_SCALE=float(scale),
         SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0))
+        IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0), INT8=k_pool.dtype == torch.int8)

@@ -27,6 +27,7 @@ import torch
 from backend.config import ConfigError, EngineArgs
 from backend.engine import profile_run, sizing
 from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
 from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.deadlines import Deadlines
 from backend.engine.gc_policy import freeze_heap
@@ -51,7 +52,7 @@ from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
 from backend.parallel.moe_sharding import with_expert_parallel
-from backend.parallel.sharding import local_config
+from backend.parallel.sharding import kv_head_range, local_config
 from backend.parallel.workers import TensorParallelWorkers, WorkerSpec, kv_bytes, model_bytes
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,10 @@ class LLMEngine(RequestIntake):
         self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
                              else ("float32" if args.dtype == "auto" else args.dtype)]
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
-        kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else self.dtype
+        kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, self.dtype)
+        # INT8 cache: rank 0's share of the per-head scales, read (and checked) before the model.
+        kv_scales = (load_kv_cache_scales(args.kv_cache_scales, cfg, kv_head_range(cfg, 0, tp_size))
+                     if args.kv_cache_scales else None)
 
         if args.model_runner == "onnxruntime":
             self.dtype = torch.float32      # the reference export is fp32
@@ -98,7 +102,7 @@ class LLMEngine(RequestIntake):
                 model=args.model, size=tp_size, init_method="", device_type=self.device.type,
                 dtype=str(self.dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
                 attention_backend=self.attention_backend, max_position=max_position,
-                enable_expert_parallel=args.enable_expert_parallel,
+                enable_expert_parallel=args.enable_expert_parallel, kv_cache_scales=args.kv_cache_scales,
                 lora_engine_args=args.model_dump() if args.enable_lora else None))
         self.model = None
         if args.model_runner == "torch":
@@ -149,6 +153,8 @@ class LLMEngine(RequestIntake):
                                        args.guided_compile_timeout_s))
         self.scheduler.long_rope_original = self.long_rope_original
         kv_layers = allocate_kv_cache(rank_cfg, self.num_kv_blocks, args.block_size, kv_dtype, self.device)
+        if kv_scales is not None:
+            set_kv_cache_scales(kv_layers, kv_scales)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
         # (weight bytes, KV cache bytes) of each rank, rank 0 first.

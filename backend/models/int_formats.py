@@ -10,6 +10,8 @@ Detected from config.json's `quantization_config`:
   w[k] = scales[g_idx[k]] * (q[k] - (z[g_idx[k]] + 1)).
 - AWQ (GEMM): `qweight` int32 [K, N*bits/32] packed along N in the order 0 2 4 6 1 3 5 7;
   `qzeros` the same; `scales` [G, N]. w = (q - z) * s.
+- bitsandbytes NF4/FP4 (backend/models/bnb_format.py): codes index a 16-value table,
+  w = quant_map[q] * absmax of the 64-element block: no zeros, quant_map kept.
 
 The one layout (`IntWeight`, what backend/models/int_linear.py and its kernel read):
 qweight int32 [K*bits/32, N] packed along K LSB first, scales [G, N], zeros [G, N] as
@@ -25,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-METHODS = ("compressed-tensors", "gptq", "awq")
+METHODS = ("compressed-tensors", "gptq", "awq", "bitsandbytes")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)           # nibble i of a word holds column AWQ_ORDER[i]
 
 
@@ -44,6 +46,11 @@ class IntScheme:
     def pack(self) -> int:
         return 32 // self.bits
 
+    @property
+    def lookup(self) -> bool:
+        """Codes index a table of values (bitsandbytes NF4/FP4) instead of being integers."""
+        return self.method == "bitsandbytes"
+
 
 def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
     """The checkpoint's weight-only integer scheme; None if it is not one; an error
@@ -51,6 +58,9 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
     method = quant.get("quant_method")
     if method not in METHODS:
         return None
+    if method == "bitsandbytes":
+        from backend.models.bnb_format import bnb_scheme
+        return bnb_scheme(quant)
     if method == "compressed-tensors":
         fmt = quant.get("format")
         groups = list((quant.get("config_groups") or {}).values())
@@ -83,9 +93,11 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
 class IntWeight:
     qweight: torch.Tensor       # int32 [K / pack, N]
     scales: torch.Tensor        # [G, N]
-    zeros: torch.Tensor         # float32 [G, N], unsigned domain
+    zeros: Optional[torch.Tensor]   # float32 [G, N], unsigned domain; None with a quant_map
     g_idx: torch.Tensor         # int32 [K], or [parts, K] once fused (concat)
     bias: Optional[torch.Tensor] = None
+    # bitsandbytes NF4/FP4: fp32 [16], the value of each code (w = quant_map[q] * scale).
+    quant_map: Optional[torch.Tensor] = None
 
 
 def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -114,6 +126,9 @@ def _groups(K: int, scheme: IntScheme) -> torch.Tensor:
 
 def read_projection(t: dict[str, torch.Tensor], name: str, scheme: IntScheme) -> IntWeight:
     """One projection's tensors (popped from `t`) in the one layout."""
+    if scheme.lookup:
+        from backend.models import bnb_format
+        return bnb_format.read_projection(t, name, scheme)
     bits, half = scheme.bits, float(1 << (scheme.bits - 1))
     bias = t.pop(f"{name}.bias", None)
     if scheme.method == "compressed-tensors":
@@ -152,8 +167,13 @@ def concat(parts: list[IntWeight]) -> IntWeight:
     G = max(p.scales.shape[0] for p in parts)
     if any(p.scales.shape[0] != G for p in parts):
         raise IntFormatError("fused projections (q/k/v or gate/up) have different numbers of groups")
+    lut = parts[0].quant_map
+    if any((p.quant_map is None) != (lut is None) or (lut is not None and not torch.equal(p.quant_map, lut))
+           for p in parts):
+        raise IntFormatError("fused projections (q/k/v or gate/up) have different quant_maps (NF4 vs FP4)")
     return IntWeight(torch.cat([p.qweight for p in parts], 1), torch.cat([p.scales for p in parts], 1),
-                     torch.cat([p.zeros for p in parts], 1), torch.stack([p.g_idx for p in parts]), bias)
+                     None if lut is not None else torch.cat([p.zeros for p in parts], 1),
+                     torch.stack([p.g_idx for p in parts]), bias, lut)
 
 
 def part_bounds(part_sizes: list[int]) -> list[tuple[int, int]]:
@@ -162,11 +182,14 @@ def part_bounds(part_sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def dequantize(w: IntWeight, bits: int, part_sizes: Optional[list[int]] = None) -> torch.Tensor:
-    """[N, K] float32: (q - zero) * scale of each input row's group (the torch reference)."""
-    q = unpack(w.qweight, bits, dim=0).float()                              # [K, N]
+    """[N, K] float32: (q - zero) * scale of each input row's group (the torch reference);
+    with a quant_map, q is the code's value."""
+    q = unpack(w.qweight, bits, dim=0)                                      # [K, N]
+    q = q.float() if w.quant_map is None else w.quant_map.float()[q.long()]
     g_idx = w.g_idx if w.g_idx.dim() == 2 else w.g_idx[None]
     bounds = part_bounds(part_sizes) if part_sizes else [(0, q.shape[1])]
     cols = []
     for (a, b), g in zip(bounds, g_idx.long()):
-        cols.append((q[:, a:b] - w.zeros[g, a:b]) * w.scales.float()[g, a:b])
+        qa = q[:, a:b] if w.zeros is None else q[:, a:b] - w.zeros[g, a:b]
+        cols.append(qa * w.scales.float()[g, a:b])
     return torch.cat(cols, 1).t().contiguous()

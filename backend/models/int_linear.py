@@ -1,5 +1,5 @@
 """Weight-only INT4/INT8 linear layers (W4A16 / W8A16) over the one packed layout of
-backend/models/int_formats.py.
+backend/models/int_formats.py (bitsandbytes NF4/FP4 too: codes with a value table).
 
 On CUDA (and with attention_backend="triton" anywhere) the matmul is the Triton kernel
 of backend/ops/int_gemm_triton.py, which unpacks and dequantizes each weight tile in
@@ -33,14 +33,16 @@ class IntLinear(nn.Module):
                                                              requires_grad=False)
         self.qweight = p(in_features // scheme.pack, out_features, dtype=torch.int32)
         self.scales = p(groups, out_features)
-        self.zeros = p(groups, out_features)
+        # bitsandbytes NF4/FP4: w = quant_map[q] * scale, no zeros to keep.
+        self.zeros = None if scheme.lookup else p(groups, out_features)
         self.g_idx = p(len(part_sizes), in_features, dtype=torch.int32)       # each part's own act order
         self.bias = p(out_features) if bias else None
+        self.quant_map = p(16) if scheme.lookup else None       # bitsandbytes NF4/FP4 code values
         self._dequantized: Optional[torch.Tensor] = None
         self._shared_groups: Optional[bool] = None
 
     def weight_only(self) -> IntWeight:
-        return IntWeight(self.qweight, self.scales, self.zeros, self.g_idx, self.bias)
+        return IntWeight(self.qweight, self.scales, self.zeros, self.g_idx, self.bias, self.quant_map)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -51,8 +53,9 @@ class IntLinear(nn.Module):
             bounds = [(0, self.out_features)] if self._shared_groups else int_formats.part_bounds(self.part_sizes)
             out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
             for part, (a, b) in enumerate(bounds):
-                int_gemm(x, self.qweight[:, a:b], self.scales[:, a:b], self.zeros[:, a:b], self.g_idx[part],
-                         self.bits, out[:, a:b])
+                zeros = None if self.zeros is None else self.zeros[:, a:b]
+                int_gemm(x, self.qweight[:, a:b], self.scales[:, a:b], zeros, self.g_idx[part], self.bits, out[:, a:b],
+                         self.quant_map)
             return out if bias is None else out + bias
         if self._dequantized is None or self._dequantized.dtype != x.dtype:
             self._dequantized = int_formats.dequantize(self.weight_only(), self.bits, self.part_sizes).to(x.dtype)
@@ -82,7 +85,7 @@ def int_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: IntS
         for target, parts in fused.items():
             w = int_formats.concat([int_formats.read_projection(state, f"model.layers.{i}.{p}", scheme)
                                     for p in parts])
-            for field in ("qweight", "scales", "zeros", "g_idx", "bias"):
+            for field in ("qweight", "scales", "zeros", "g_idx", "bias", "quant_map"):
                 value = getattr(w, field)
                 if value is not None:
                     state[f"model.layers.{i}.{target}.{field}"] = value

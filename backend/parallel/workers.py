@@ -136,6 +136,7 @@ class WorkerSpec:
     # its shard of the adapters.
     lora_engine_args: Optional[dict] = None
     enable_expert_parallel: bool = False
+    kv_cache_scales: Optional[str] = None       # INT8 cache: the per-head scales file (kv_int8.py)
 
     def device(self) -> torch.device:
         return torch.device("cuda", self.rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -318,6 +319,11 @@ def worker_main(spec: WorkerSpec) -> None:
             return
         kv_caches = allocate_kv_cache(local_config(cfg, spec.size), setup.num_kv_blocks, setup.block_size,
                                       getattr(torch, spec.kv_dtype), device)
+        if spec.kv_cache_scales:
+            from backend.engine.kv_int8 import load_kv_cache_scales, set_kv_cache_scales
+            from backend.parallel.sharding import kv_head_range
+            set_kv_cache_scales(kv_caches, load_kv_cache_scales(spec.kv_cache_scales, cfg,
+                                                                kv_head_range(cfg, spec.rank, spec.size)))
         inputs = StepInputBuilder(setup.max_tokens, setup.max_seqs, setup.max_blocks_per_seq, setup.block_size,
                                   device)
         # The runner rank 0 runs, for its forward path (graph replay or eager); this rank

@@ -51,9 +51,9 @@ def load_settings(params: dict[str, str], model_dir: str) -> tuple[EngineArgs, S
     if not os.path.isdir(engine["model"]):
         raise ConfigError(f"invalid parameter 'model': checkpoint folder '{engine['model']}' does not exist "
                           "(a local Hugging Face checkpoint folder; nothing is downloaded from a model hub)")
-    graph = engine.get("model_graph")
-    if graph and not os.path.isabs(graph):
-        engine["model_graph"] = os.path.normpath(os.path.join(model_dir, graph))
+    for key in ("model_graph", "kv_cache_scales"):     # files of the entry
+        if engine.get(key) and not os.path.isabs(engine[key]):
+            engine[key] = os.path.normpath(os.path.join(model_dir, engine[key]))
     spec = engine.get("speculative_config")
     if spec:
         engine["speculative_config"] = _draft_path_from(spec, model_dir)

@@ -16,9 +16,10 @@ def compile_kernel(fn, types: dict, consts: dict, arch: int = 90):
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
 
 
-def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0) -> dict:
+def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0,
+                    int8: bool = False) -> dict:
     from backend.attention import triton_tiled as tt
-    act, pool = f"*{dtype}", ("*u8" if fp8 else f"*{dtype}")
+    act, pool = f"*{dtype}", ("*u8" if fp8 else "*i8" if int8 else f"*{dtype}")
     types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": pool, "v_cache_ptr": pool,
              "slot_ptr": "*i32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
              "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
@@ -27,8 +28,19 @@ def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_c
              "out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool}
     consts = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, SM_SCALE=128 ** -0.5,
                   SLIDING_WINDOW=window, FP8=fp8, BLOCK_M=block_m or tt.BLOCK_M, BLOCK_N=tt.BLOCK_N,
-                  IEEE=dtype == "fp32", SOFTCAP=soft_cap)
+                  IEEE=dtype == "fp32", SOFTCAP=soft_cap, INT8=int8)
     return compile_kernel(tt._tiled_attention_kernel, types, consts)
+
+
+def int8_kv_attention(dtype: str) -> list:
+    """Both attention kernels over an INT8 cache with per-head scales: the tiled one (a
+    window too) and the one-token decode kernel with split-KV partials."""
+    from backend.attention import aot, triton_attention as ta
+    types = {**aot.plugin_signature(dtype, False), "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"}
+    types.update({k: "*i8" for k in ("k_cache_ptr", "v_cache_ptr", "k_cache_out_ptr", "v_cache_out_ptr")})
+    decode = compile_kernel(ta._paged_attention_kernel, types,
+                            ta.attention_constexprs(32, 8, 128, 16, 128 ** -0.5, None, False, 4, int8=True))
+    return [tiled_attention(dtype, False, 0, int8=True), tiled_attention(dtype, False, 4096, int8=True), decode]
 
 
 def layer_ops(dtype: str) -> list:
@@ -52,7 +64,7 @@ def layer_ops(dtype: str) -> list:
 
 
 def lora_and_int_gemm(dtype: str) -> list:
-    """The LoRA SGMV kernel (shrink and expand) and the W4A16 / W8A16 GEMM."""
+    """The LoRA SGMV kernel (shrink and expand) and the W4A16 / W8A16 GEMM (and NF4/FP4)."""
     from backend.ops import int_gemm_triton, lora_triton
     act = f"*{dtype}"
     sgmv = {"x_ptr": act, "w_ptr": act, "out_ptr": act, "rows_ptr": "*i32", "starts_ptr": "*i32",
@@ -62,7 +74,11 @@ def lora_and_int_gemm(dtype: str) -> list:
     gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,
             **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om")}}
     out += [compile_kernel(int_gemm_triton._int_gemm_kernel, gemm, dict(BITS=bits, BLOCK_M=16, BLOCK_N=64,
-                                                                           BLOCK_K=64)) for bits in (4, 8)]
+                                                                           BLOCK_K=64, lut_ptr=None, LUT=False))
+            for bits in (4, 8)]
+    # bitsandbytes NF4/FP4: the codes' values from a 16-entry table (last: its tiles are checked for MMA).
+    out.append(compile_kernel(int_gemm_triton._int_gemm_kernel, {**gemm, "s_ptr": "*fp32", "lut_ptr": "*fp32"},
+                              dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, LUT=True)))
     return out
 
 
@@ -99,6 +115,11 @@ def main() -> int:
     from backend.attention.aot import compile_attention
     capped = compile_attention(fp8=False, sliding_window=4096, logits_soft_cap=50.0)
     assert ".target sm_90" in capped.ptx and capped.num_params == 24
+    int8_kv = int8_kv_attention("bf16")
+    assert all(".target sm_90" in c.asm["ptx"] for c in int8_kv)
+    if "mma" not in int8_kv[0].asm["ptx"]:
+        print("the tiled kernel's bf16 tiles over an INT8 cache do not reach tensor cores")
+        return 1
     extra = lora_and_int_gemm("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in extra)
     if "mma" not in extra[-1].asm["ptx"]:
@@ -112,7 +133,7 @@ def main() -> int:
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
     mma = "mma" in ptx[("bf16", False, 0)] and "mma" in ptx[("bf16", False, 4096, 0, 50.0)]
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ layer ops, LoRA SGMV, INT4/INT8 GEMM and fused MoE (bf16)",
+          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM and fused MoE (bf16)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

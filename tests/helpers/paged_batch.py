@@ -13,8 +13,10 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_blocks=None, fp8_scales=(0.05, 0.04)):
-    """seqs: [(cached_context_len, new_query_len)]. Returns (q, k, v, cache, meta)."""
+def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_blocks=None, fp8_scales=(0.05, 0.04),
+          int8_scales=None):
+    """seqs: [(cached_context_len, new_query_len)]. Returns (q, k, v, cache, meta).
+    int8_scales: (K scales, V scales), one per KV head, for an INT8 cache."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     H = num_kv_heads * group
@@ -25,10 +27,10 @@ def build(seqs, block_size, num_kv_heads, group, head_dim, seed, fp8=False, num_
     tables, it = [], iter(perm)
     for n in need:
         tables.append([next(it) for _ in range(n)])
-    dtype = torch.float8_e4m3fn if fp8 else torch.float32
+    dtype = torch.float8_e4m3fn if fp8 else torch.int8 if int8_scales else torch.float32
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    cache = KVCacheLayer(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype),
-                         k_scale=fp8_scales[0] if fp8 else 1.0, v_scale=fp8_scales[1] if fp8 else 1.0)
+    scales = fp8_scales if fp8 else int8_scales or (1.0, 1.0)
+    cache = KVCacheLayer(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), *scales)
     # Fill the cached context with the reference writer.
     ctx_slots = [t[p // block_size] * block_size + p % block_size for (c, _), t in zip(seqs, tables) for p in range(c)]
     if ctx_slots:

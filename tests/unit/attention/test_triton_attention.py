@@ -20,8 +20,9 @@ KERNELS = [pytest.param(False, id="one-token"), pytest.param(True, id="tiled")]
 
 
 def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None,
-             fp8_scales=(0.05, 0.04), tiled=None, soft_cap=None):
-    q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales)
+             fp8_scales=(0.05, 0.04), tiled=None, soft_cap=None, int8_scales=None):
+    q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales,
+                                 int8_scales=int8_scales)
     scale = head_dim ** -0.5
     ref_args = to("cpu", q, k, v, cache, meta)
     ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(*ref_args)
@@ -102,6 +103,20 @@ FP8_BOUND = 1e-5  # same stored bytes, same dequantization: kernel vs torch path
 def test_fp8_cache_matches_torch_fp8_path(tiled):
     out, ref = run_both([(17, 1), (8, 5), (0, 9)], 16, 2, 4, 64, seed=9, fp8=True, tiled=tiled)
     assert rel_err(out, ref) < FP8_BOUND
+
+
+def test_int8_cache_matches_torch_int8_path():
+    """INT8 cache with per-KV-head scales (one head's scale far from the other's): both
+    kernels (and split-KV) store the torch path's int8 bytes and agree with its output;
+    values past 127 * scale saturate. The same batch through a float cache differs by the
+    quantization error, so the INT8 path is really taken."""
+    seqs = [(17, 1), (8, 5), (0, 9), (40, 1)]
+    scales = ((0.02, 0.009), (0.03, 0.011))      # |x| ~ N(0, 1): head 0's K saturates past 2.54
+    for tiled, splits in ((False, None), (True, None), (False, 2)):
+        out, ref = run_both(seqs, 16, 2, 4, 64, seed=31, tiled=tiled, num_splits=splits, int8_scales=scales)
+        assert rel_err(out, ref) < FP8_BOUND
+    exact, _ = run_both(seqs, 16, 2, 4, 64, seed=31)
+    assert rel_err(exact, ref) > 1e-3
 
 
 def test_fp8_writes_identical_where_the_reciprocal_rounds_differently():
