@@ -98,8 +98,13 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
     compressor.compress_model(model)
     model.save_pretrained(dst)
     compressor.update_config(dst)
+    copy_tokenizer(src, dst)
+    advance()
+    return report
+
+
+def copy_tokenizer(src: str, dst: str) -> None:
+    """The source's tokenizer and generation files, next to the written checkpoint."""
     for f in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src, f)):
             shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
-    advance()
-    return report

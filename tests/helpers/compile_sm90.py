@@ -66,6 +66,15 @@ def lora_and_int_gemm(dtype: str) -> list:
     return out
 
 
+def w8a8_gemm(dtype: str) -> list:
+    """The W8A8 INT8 GEMM (int8 x int8 -> int32), with and without a bias."""
+    from backend.ops import w8a8_gemm_triton as w
+    types = {"x_ptr": "*i8", "w_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": f"*{dtype}",
+             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}}
+    return [compile_kernel(w._w8a8_gemm_kernel, types, dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64))
+            for bias, bm in ((False, 16), (True, 64))]
+
+
 def fused_moe(dtype: str) -> list:
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
     weights) and the routing kernel."""
@@ -104,6 +113,10 @@ def main() -> int:
     if "mma" not in extra[-1].asm["ptx"]:
         print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
         return 1
+    w8a8 = w8a8_gemm("bf16")
+    if not all(".target sm_90" in c.asm["ptx"] and "s32.s8.s8.s32" in c.asm["ptx"] for c in w8a8):
+        print("the W8A8 GEMM's int8 tiles do not reach the INT8 tensor-core MMA")
+        return 1
     moe = fused_moe("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
     if not all("mma" in c.asm["ptx"] for c in moe[:2]):
@@ -112,7 +125,7 @@ def main() -> int:
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
     mma = "mma" in ptx[("bf16", False, 0)] and "mma" in ptx[("bf16", False, 4096, 0, 50.0)]
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ layer ops, LoRA SGMV, INT4/INT8 GEMM and fused MoE (bf16)",
+          "+ layer ops, LoRA SGMV, INT4/INT8 GEMM, W8A8 INT8 GEMM (int8 MMA) and fused MoE (bf16)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

@@ -1,0 +1,156 @@
+"""FP8 checkpoints as Hugging Face and vLLM write them (`quant_method: fp8`), besides our
+own `paged_llm_fp8` builds (backend/models/fp8.py).
+
+quantization_config {"quant_method": "fp8", "activation_scheme": "static" | "dynamic",
+"weight_block_size": null | [block_n, block_k], "fmt": "e4m3"}:
+- per-tensor (no weight_block_size; AutoFP8 / vLLM's format): `weight` float8_e4m3fn
+  [N, K], `weight_scale` fp32 (a scalar, or per channel), `input_scale` (static only).
+  w = weight * weight_scale. Loaded into FP8Linear with the scale per channel.
+- block-wise (DeepSeek-V3, Qwen3-FP8; transformers' FineGrainedFP8): `weight` float8_e4m3fn
+  [N, K], `weight_scale_inv` fp32 [ceil(N/block_n), ceil(K/block_k)]: despite its name
+  the multiplier, w[n, k] = weight[n, k] * weight_scale_inv[n // block_n, k // block_k].
+  Activations are dynamic, quantized per token and per group of block_k channels
+  (DeepSeek-V3's act_quant, vLLM's per_token_group_quant_fp8). Loaded into FP8BlockLinear,
+  whose scales are expanded to one row per output channel [N, ceil(K/block_k)] so that
+  q/k/v and gate/up concatenate whatever their sizes (a 1/block_k-size overhead).
+
+FP8BlockLinear's torch path (CPU, and CUDA for now: there is no block-FP8 GEMM kernel
+here yet) dequantizes the weight exactly once and rounds each activation group through
+E4M3 with its scale: the numerics a block-FP8 GEMM computes, in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.models.fp8 import FP8_MAX, FUSED_LINEARS, QUANT_METHOD, fake_quantize
+
+HF_METHOD = "fp8"
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+class FP8FormatError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FP8Scheme:
+    method: str                                     # "paged_llm_fp8" or "fp8"
+    dynamic: bool                                   # per-token (per-group with blocks) activation scales
+    block: Optional[tuple[int, int]] = None         # (block_n, block_k) of the weight scales
+
+
+def fp8_scheme_of(quant: Optional[dict[str, Any]]) -> Optional[FP8Scheme]:
+    """The checkpoint's FP8 scheme; None if it is not FP8; an error naming the field for
+    FP8 variants we do not run."""
+    method = (quant or {}).get("quant_method")
+    if method not in (QUANT_METHOD, HF_METHOD):
+        return None
+    scheme = quant.get("activation_scheme", "static")
+    if scheme not in ("static", "dynamic"):
+        raise FP8FormatError(f"fp8 quantization_config.activation_scheme {scheme!r}: supported are 'static' and "
+                             "'dynamic'")
+    if method == QUANT_METHOD:
+        return FP8Scheme(method, scheme == "dynamic")
+    if quant.get("fmt", "e4m3") != "e4m3":
+        raise FP8FormatError(f"fp8 quantization_config.fmt {quant.get('fmt')!r}: supported is 'e4m3'")
+    block = quant.get("weight_block_size")
+    if block is not None:
+        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0
+                                                                            for b in block)):
+            raise FP8FormatError(f"fp8 quantization_config.weight_block_size {block!r}: expected two positive "
+                                 "integers [block_n, block_k]")
+        if scheme != "dynamic":
+            raise FP8FormatError("fp8 quantization_config.weight_block_size needs activation_scheme 'dynamic' "
+                                 "(block-wise activations are quantized at run time)")
+        block = (block[0], block[1])
+    return FP8Scheme(method, scheme == "dynamic", block)
+
+
+def per_group_fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Round x [..., K] through E4M3 with one scale per token and group of `group`
+    channels (max |x| of the group / 448); the last group may be shorter."""
+    K = x.shape[-1]
+    pad = (-K) % group
+    xp = F.pad(x.float(), (0, pad)).reshape(*x.shape[:-1], (K + pad) // group, group)
+    scale = xp.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    return fake_quantize(xp, scale).reshape(*x.shape[:-1], K + pad)[..., :K].to(x.dtype)
+
+
+def dequantize_block(weight: torch.Tensor, row_scales: torch.Tensor, block_k: int) -> torch.Tensor:
+    """weight fp8 [N, K], row_scales [N, ceil(K/block_k)] -> fp32 [N, K]."""
+    K = weight.shape[1]
+    return weight.float() * row_scales.float().repeat_interleave(block_k, dim=1)[:, :K]
+
+
+class FP8BlockLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, block: tuple[int, int]) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.block_k = in_features, out_features, block[1]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
+                                   requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.empty(out_features, -(-in_features // block[1]), dtype=torch.float32),
+                                         requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self._dequantized: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._dequantized is None or self._dequantized.dtype != x.dtype:
+            self._dequantized = dequantize_block(self.weight, self.weight_scale, self.block_k).to(x.dtype)
+        return F.linear(per_group_fake_quantize(x, self.block_k), self._dequantized,
+                        None if self.bias is None else self.bias.to(x.dtype))
+
+
+def swap_in_fp8_block_linears(model: nn.Module, block: tuple[int, int]) -> None:
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in FUSED_LINEARS:
+                lin = getattr(parent, name, None)
+                if isinstance(lin, nn.Linear):
+                    with torch.device(lin.weight.device):
+                        setattr(parent, name, FP8BlockLinear(lin.in_features, lin.out_features, lin.bias is not None,
+                                                             block))
+
+
+def fp8_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: FP8Scheme) -> dict[str, torch.Tensor]:
+    """A `quant_method: fp8` checkpoint's projections as the engine's layers want them:
+    per-channel fp32 `weight_scale` [N] (per-tensor), or per-row block scales
+    [N, ceil(K/block_k)] (block-wise). fuse_projections then concatenates q/k/v, gate/up."""
+    if scheme.method != HF_METHOD:
+        return state
+    for i in range(num_layers):
+        for proj in PROJECTIONS:
+            name = f"model.layers.{i}.{proj}"
+            w = state.get(f"{name}.weight")
+            if w is None:
+                continue
+            if w.dtype != torch.float8_e4m3fn:
+                raise FP8FormatError(f"fp8 checkpoint: '{name}.weight' is {w.dtype}, not float8_e4m3fn (every "
+                                     "decoder projection must be quantized)")
+            N, K = w.shape
+            if scheme.block is None:
+                scale = state.get(f"{name}.weight_scale")
+                if scale is None:
+                    raise FP8FormatError(f"fp8 checkpoint: '{name}.weight_scale' is missing")
+                state[f"{name}.weight_scale"] = scale.float().reshape(-1).expand(N).contiguous()
+                if scheme.dynamic:
+                    state.pop(f"{name}.input_scale", None)
+                elif f"{name}.input_scale" not in state:
+                    raise FP8FormatError(f"fp8 checkpoint: activation_scheme 'static' but '{name}.input_scale' is "
+                                         "missing")
+                continue
+            bn, bk = scheme.block
+            inv = state.pop(f"{name}.weight_scale_inv", None)
+            grid = (-(-N // bn), -(-K // bk))
+            if inv is None or tuple(inv.shape) != grid:
+                raise FP8FormatError(f"fp8 checkpoint: '{name}.weight_scale_inv' should be {list(grid)} for a "
+                                     f"[{N}, {K}] weight and weight_block_size [{bn}, {bk}], got "
+                                     f"{None if inv is None else list(inv.shape)}")
+            state[f"{name}.weight_scale"] = inv.float().repeat_interleave(bn, dim=0)[:N].contiguous()
+    return state
