@@ -113,8 +113,10 @@ def main() -> int:
     if "mma" not in extra[-1].asm["ptx"]:
         print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
         return 1
+    # Decode tiles (16 rows) use mma.sync ...s32.s8.s8.s32, 64-row tiles Hopper's wgmma ...s32.s8.s8.
     w8a8 = w8a8_gemm("bf16")
-    if not all(".target sm_90" in c.asm["ptx"] and "s32.s8.s8.s32" in c.asm["ptx"] for c in w8a8):
+    if not all(".target sm_90" in c.asm["ptx"] and ".s32.s8.s8" in c.asm["ptx"] for c in w8a8) \
+            or "wgmma.mma_async" not in w8a8[1].asm["ptx"]:
         print("the W8A8 GEMM's int8 tiles do not reach the INT8 tensor-core MMA")
         return 1
     moe = fused_moe("bf16")

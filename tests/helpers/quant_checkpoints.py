@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
 FP8_MAX = 448.0
+STATIC_INPUT_SCALE = 4.0 / FP8_MAX          # what write_fp8(static=True) stores for every input
 
 
 def _projection_names(state: dict) -> list[str]:
@@ -97,7 +98,7 @@ def write_fp8(base: str, path: str, block: Optional[tuple[int, int]], static: bo
             state[f"{name}.weight"] = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
             state[f"{name}.weight_scale"] = s.reshape(())
             if static:
-                state[f"{name}.input_scale"] = torch.tensor(4.0 / FP8_MAX)
+                state[f"{name}.input_scale"] = torch.tensor(STATIC_INPUT_SCALE)
             continue
         bn, bk = block
         gn, gk = -(-N // bn), -(-K // bk)
@@ -134,15 +135,19 @@ def per_token_fp8(x: torch.Tensor) -> torch.Tensor:
     return ((xf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
 
 
-def fp8_per_channel_reference(base: str, path: str):
+def fp8_per_channel_reference(base: str, path: str, input_scale: Optional[float] = None):
     """transformers on a per-tensor / per-channel FP8 checkpoint's weights (weight *
-    weight_scale), inputs rounded per token through E4M3 (dynamic activations)."""
+    weight_scale), inputs rounded through E4M3 per token (dynamic) or with `input_scale`."""
     state = load_file(os.path.join(path, "model.safetensors"))
     for name in _projection_names(state):
         w, s = state.pop(f"{name}.weight"), state.pop(f"{name}.weight_scale")
         state.pop(f"{name}.input_scale", None)
         state[f"{name}.weight"] = w.float() * s.float().reshape(-1, 1)
-    return with_input_hooks(_load_into(base, state), per_token_fp8)
+    model = _load_into(base, state)
+    if input_scale is None:
+        return with_input_hooks(model, per_token_fp8)
+    return with_input_hooks(model, lambda x: ((x.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(
+        torch.float8_e4m3fn).float() * input_scale).to(x.dtype))
 
 
 def assert_engine_matches(path: str, ref, prompts: list[list[int]], max_new: int = 8, tol: float = 1e-3,
