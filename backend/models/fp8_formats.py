@@ -14,9 +14,10 @@ quantization_config {"quant_method": "fp8", "activation_scheme": "static" | "dyn
   whose scales are expanded to one row per output channel [N, ceil(K/block_k)] so that
   q/k/v and gate/up concatenate whatever their sizes (a 1/block_k-size overhead).
 
-FP8BlockLinear's torch path (CPU, and CUDA for now: there is no block-FP8 GEMM kernel
-here yet) dequantizes the weight exactly once and rounds each activation group through
-E4M3 with its scale: the numerics a block-FP8 GEMM computes, in fp32.
+On CUDA (and with attention_backend="triton") FP8BlockLinear runs the Triton kernel of
+backend/ops/fp8_block_gemm_triton.py (weights stay FP8 in memory). Its torch path (CPU)
+dequantizes the weight exactly once and rounds each activation group through E4M3 with
+its scale: the numerics the kernel computes, in fp32.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.models.fp8 import FP8_MAX, FUSED_LINEARS, QUANT_METHOD, fake_quantize
+from backend.models.fp8 import FP8_MAX, FUSED_LINEARS, QUANT_METHOD
 
 HF_METHOD = "fp8"
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -73,14 +74,22 @@ def fp8_scheme_of(quant: Optional[dict[str, Any]]) -> Optional[FP8Scheme]:
     return FP8Scheme(method, scheme == "dynamic", block)
 
 
-def per_group_fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
-    """Round x [..., K] through E4M3 with one scale per token and group of `group`
-    channels (max |x| of the group / 448); the last group may be shorter."""
-    K = x.shape[-1]
+def quantize_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [M, K], fp32 scales [M, ceil(K/group)]): one scale per token and
+    group of `group` channels, max |x| of the group / 448; the last group may be shorter."""
+    M, K = x.shape
     pad = (-K) % group
-    xp = F.pad(x.float(), (0, pad)).reshape(*x.shape[:-1], (K + pad) // group, group)
-    scale = xp.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
-    return fake_quantize(xp, scale).reshape(*x.shape[:-1], K + pad)[..., :K].to(x.dtype)
+    xp = F.pad(x.float(), (0, pad)).reshape(M, -1, group)
+    scale = xp.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    q = (xp / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(M, K + pad)[:, :K]
+    return q.contiguous(), scale
+
+
+def per_group_fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., K] rounded through E4M3 per token and group (what the block GEMM's input is)."""
+    q, scale = quantize_per_group(x.reshape(-1, x.shape[-1]), group)
+    deq = q.float() * scale.repeat_interleave(group, dim=1)[:, :x.shape[-1]]
+    return deq.to(x.dtype).reshape(x.shape)
 
 
 def dequantize_block(weight: torch.Tensor, row_scales: torch.Tensor, block_k: int) -> torch.Tensor:
@@ -90,9 +99,11 @@ def dequantize_block(weight: torch.Tensor, row_scales: torch.Tensor, block_k: in
 
 
 class FP8BlockLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, block: tuple[int, int]) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, block: tuple[int, int],
+                 use_kernel: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.block_k = in_features, out_features, block[1]
+        self.use_kernel = use_kernel
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
                                    requires_grad=False)
         self.weight_scale = nn.Parameter(torch.empty(out_features, -(-in_features // block[1]), dtype=torch.float32),
@@ -101,13 +112,17 @@ class FP8BlockLinear(nn.Module):
         self._dequantized: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel or x.is_cuda:
+            from backend.ops.fp8_block_gemm_triton import fp8_block_gemm
+            out = fp8_block_gemm(x.reshape(-1, x.shape[-1]), self.weight, self.weight_scale, self.block_k, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
         if self._dequantized is None or self._dequantized.dtype != x.dtype:
             self._dequantized = dequantize_block(self.weight, self.weight_scale, self.block_k).to(x.dtype)
         return F.linear(per_group_fake_quantize(x, self.block_k), self._dequantized,
                         None if self.bias is None else self.bias.to(x.dtype))
 
 
-def swap_in_fp8_block_linears(model: nn.Module, block: tuple[int, int]) -> None:
+def swap_in_fp8_block_linears(model: nn.Module, block: tuple[int, int], use_kernel: bool) -> None:
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name in FUSED_LINEARS:
@@ -115,7 +130,7 @@ def swap_in_fp8_block_linears(model: nn.Module, block: tuple[int, int]) -> None:
                 if isinstance(lin, nn.Linear):
                     with torch.device(lin.weight.device):
                         setattr(parent, name, FP8BlockLinear(lin.in_features, lin.out_features, lin.bias is not None,
-                                                             block))
+                                                             block, use_kernel))
 
 
 def fp8_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: FP8Scheme) -> dict[str, torch.Tensor]:

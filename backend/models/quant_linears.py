@@ -46,7 +46,7 @@ def swap_in_quantized_linears(model: nn.Module, quant: Optional[dict[str, Any]],
         swap_in_int_linears(model, int_scheme, use_kernel=int_kernel)
     elif (fp8 := fp8_scheme_of(quant)) is not None:
         if fp8.block is not None:
-            swap_in_fp8_block_linears(model, fp8.block)
+            swap_in_fp8_block_linears(model, fp8.block, use_kernel=int_kernel)
         else:
             swap_in_fp8_linears(model, dynamic=fp8.dynamic)
 

@@ -39,7 +39,23 @@ def test_block_fp8_checkpoint_equals_transformers_finegrained_fp8(base, tmp_path
     # Non-square blocks that divide every projection (transformers' dequantizer needs that).
     path = qc.write_fp8(base, str(tmp_path / "block"), (16, 32))
     assert load_model_config(path).quantization["weight_block_size"] == [16, 32]
-    _agrees(path, qc.fp8_block_reference(path, 32))
+    tokens = _agrees(path, qc.fp8_block_reference(path, 32))
+    # The Triton block-FP8 GEMM in the engine (interpreter): the same tokens.
+    from backend import LLM, SamplingParams
+    llm = LLM(path, block_size=4, num_kv_blocks=64, attention_backend="triton")
+    assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))[0].token_ids == tokens[0][:4]
+
+
+def test_triton_block_fp8_gemm_equals_the_reference():
+    from backend.ops.fp8_block_gemm_triton import fp8_block_gemm
+    g = torch.Generator().manual_seed(0)
+    for M, N, K, bk, bias in ((5, 96, 150, 32, True), (33, 70, 256, 128, False)):    # ragged K, M, N
+        x = torch.randn(M, K, generator=g) * 3
+        w = (torch.randn(N, K, generator=g) * 50).to(torch.float8_e4m3fn)
+        ws = torch.rand(N, -(-K // bk), generator=g) / 100
+        b = torch.randn(N, generator=g) if bias else None
+        want = torch.nn.functional.linear(per_group_fake_quantize(x, bk), dequantize_block(w, ws, bk), b)
+        torch.testing.assert_close(fp8_block_gemm(x, w, ws, bk, b), want, rtol=1e-5, atol=1e-4)
 
 
 def test_block_scales_ragged_edges_and_errors(base, tmp_path):
