@@ -23,7 +23,7 @@ import torch
 
 from backend.models.fp8 import (FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, per_token_scale,
                                 quantize_per_channel)
-from builder.quality import QualityReport, load_source, logit_quality
+from builder.quality import QualityReport, load_source, logit_quality, run_with_hooks
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 
@@ -63,12 +63,7 @@ def calibrate(model, batches: list[torch.Tensor]) -> tuple[dict[str, float], lis
         def v_hook(mod, args, out, i=i):
             kv[i][1] = max(kv[i][1], out.abs().max().item())
         hooks += [k_src.register_forward_hook(k_hook), attn.v_proj.register_forward_hook(v_hook)]
-    try:
-        for ids in batches:
-            model(ids[None])
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_hooks(model, batches, hooks)
     kv_scales = [(max(k * math.sqrt(2), 1e-6) / FP8_MAX, max(v, 1e-6) / FP8_MAX) for k, v in kv]
     return {n: max(a, 1e-6) / FP8_MAX for n, a in act.items()}, kv_scales
 

@@ -34,6 +34,18 @@ def load_source(src: str, dtype="auto"):
 
 
 @torch.no_grad()
+def run_with_hooks(model, batches: list[torch.Tensor], hooks: list) -> None:
+    """The calibration prompts through the model (the hooks observe), then the hooks
+    removed, also on error."""
+    try:
+        for ids in batches:
+            model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.no_grad()
 def logit_quality(model, texts: list[torch.Tensor], weights: dict[str, torch.Tensor],
                   input_hook: Optional[Callable[[str], Callable]] = None,
                   reference: Optional[list[torch.Tensor]] = None) -> QualityReport:

@@ -24,9 +24,10 @@ from typing import Callable, Optional
 
 import torch
 
+from backend.models.fp8 import PROJECTIONS
 from backend.models.w8a8 import quantize_per_token
-from builder.int_quant import copy_tokenizer
-from builder.quality import QualityReport, load_source, logit_quality
+from builder.int_quant import save_compressed
+from builder.quality import QualityReport, load_source, logit_quality, run_with_hooks
 
 DEFAULT_ALPHA = 0.5
 
@@ -52,12 +53,7 @@ def activation_max(model, pairs, batches: list[torch.Tensor]) -> list[torch.Tens
             m = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0).float()
             out[i] = m if out[i] is None else torch.maximum(out[i], m)
         hooks.append(linears[0].register_forward_pre_hook(pre))
-    try:
-        for ids in batches:
-            model(ids[None])
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_hooks(model, batches, hooks)
     return out
 
 
@@ -87,13 +83,11 @@ def quantize_w8a8_checkpoint(src: str, dst: str, calibration_texts: list[str], h
                              alpha: float = DEFAULT_ALPHA) -> QualityReport:
     """Writes dst (config, int8 weights, tokenizer); returns the quality report. This is
     what `builder build --weights w8a8` runs; a report can call it directly."""
-    from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
                                                  apply_quantization_config)
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from backend.models.w8a8 import PROJECTIONS
     advance = stage("load", 1)
     model, encode = load_source(src, dtype=torch.float32)
     advance()
@@ -128,10 +122,6 @@ def quantize_w8a8_checkpoint(src: str, dst: str, calibration_texts: list[str], h
             # weights round back to the same integers the report measured.
             m.weight.data = dequantized[name].to(m.weight.dtype)
             m.weight_scale.data.copy_(qparams[name].reshape(m.weight_scale.shape))
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
-    compressor.compress_model(model)
-    model.save_pretrained(dst)
-    compressor.update_config(dst)
-    copy_tokenizer(src, dst)
+    save_compressed(model, src, dst, "int-quantized")
     advance()
     return report

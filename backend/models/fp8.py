@@ -18,7 +18,7 @@ correctness, the checkpoint is what is halved).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ QUANT_METHOD = "paged_llm_fp8"
 # Checkpoint names (Hugging Face's, what the builder quantizes) and the engine's fused ones.
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FUSED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# The quantized projections by their checkpoint names under `model.layers.<i>.`.
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,14 +86,18 @@ class FP8Linear(nn.Module):
                                 bias=None if self.bias is None else self.bias.to(x.dtype))
 
 
-def swap_in_fp8_linears(model: nn.Module, dynamic: bool = False) -> None:
-    """Replace the decoder's linear layers (not embeddings or the LM head) by FP8Linear
-    (dynamic: per-token activation scales)."""
+def replace_projections(model: nn.Module, make: Callable[[int, int, bool], nn.Module]) -> None:
+    """Replace the decoder's (fused) projections, not embeddings or the LM head, by
+    make(in_features, out_features, has_bias), on the device of the layer replaced."""
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name in FUSED_LINEARS:
                 lin = getattr(parent, name, None)
                 if isinstance(lin, nn.Linear):
                     with torch.device(lin.weight.device):
-                        setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None,
-                                                        dynamic))
+                        setattr(parent, name, make(lin.in_features, lin.out_features, lin.bias is not None))
+
+
+def swap_in_fp8_linears(model: nn.Module, dynamic: bool = False) -> None:
+    """The decoder's projections as FP8Linear (dynamic: per-token activation scales)."""
+    replace_projections(model, lambda k, n, bias: FP8Linear(k, n, bias, dynamic))

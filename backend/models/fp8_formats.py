@@ -29,11 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.models.fp8 import FP8_MAX, FUSED_LINEARS, QUANT_METHOD
+from backend.models.fp8 import FP8_MAX, PROJECTIONS, QUANT_METHOD, replace_projections
 
 HF_METHOD = "fp8"
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
 
 
 class FP8FormatError(ValueError):
@@ -123,14 +121,7 @@ class FP8BlockLinear(nn.Module):
 
 
 def swap_in_fp8_block_linears(model: nn.Module, block: tuple[int, int], use_kernel: bool) -> None:
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name in FUSED_LINEARS:
-                lin = getattr(parent, name, None)
-                if isinstance(lin, nn.Linear):
-                    with torch.device(lin.weight.device):
-                        setattr(parent, name, FP8BlockLinear(lin.in_features, lin.out_features, lin.bias is not None,
-                                                             block, use_kernel))
+    replace_projections(model, lambda k, n, bias: FP8BlockLinear(k, n, bias, block, use_kernel))
 
 
 def fp8_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: FP8Scheme) -> dict[str, torch.Tensor]:

@@ -26,14 +26,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from backend.models.fp8 import PROJECTIONS, replace_projections
 from backend.models.int_formats import IntFormatError
 
 FORMAT = "int-quantized"
 INT8_MAX = 127.0
-# Checkpoint names of the projections a W8A8 checkpoint quantizes (and the engine's fused ones).
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
-FUSED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def is_w8a8(quant: Optional[dict[str, Any]]) -> bool:
@@ -103,14 +100,7 @@ class W8A8Linear(nn.Module):
 
 def swap_in_w8a8_linears(model: nn.Module, use_kernel: bool) -> None:
     """The decoder's projections (not embeddings or the LM head) as W8A8Linear."""
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name in FUSED_LINEARS:
-                lin = getattr(parent, name, None)
-                if isinstance(lin, nn.Linear):
-                    with torch.device(lin.weight.device):
-                        setattr(parent, name, W8A8Linear(lin.in_features, lin.out_features, lin.bias is not None,
-                                                         use_kernel))
+    replace_projections(model, lambda k, n, bias: W8A8Linear(k, n, bias, use_kernel))
 
 
 def w8a8_state_dict(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
+from tests.helpers.int_checkpoints import PROJECTIONS
+
 FP8_MAX = 448.0
 STATIC_INPUT_SCALE = 4.0 / FP8_MAX          # what write_fp8(static=True) stores for every input
 
@@ -66,9 +66,9 @@ def _load_into(base: str, state: dict[str, torch.Tensor]):
     return model
 
 
-def w8a8_reference(base: str, path: str):
+def w8a8_reference(base: str, path: str, round_inputs: bool = True):
     """transformers on compressed-tensors' own decompression of a W8A8 checkpoint (its
-    smoothed norms included), inputs fake-quantized per token."""
+    smoothed norms included), inputs fake-quantized per token (unless round_inputs=False)."""
     from compressed_tensors.compressors.naive_quantized.base import IntQuantizationCompressor
     from compressed_tensors.quantization import QuantizationScheme
     with open(os.path.join(path, "config.json")) as f:
@@ -79,7 +79,20 @@ def w8a8_reference(base: str, path: str):
         state[f"{name}.weight"] = IntQuantizationCompressor.decompress(local, scheme)["weight"].float()
         if "bias" in local:
             state[f"{name}.bias"] = local["bias"]
-    return with_input_hooks(_load_into(base, state), per_token_int8)
+    model = _load_into(base, state)
+    return with_input_hooks(model, per_token_int8) if round_inputs else model
+
+
+def w8a8_lora_reference(base: str, path: str, adapter: str):
+    """PEFT's adapter over the W8A8 reference: only the base layers' inputs are rounded
+    (the adapter's low-rank path takes the unrounded activations, as in the engine)."""
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(w8a8_reference(base, path, round_inputs=False), adapter).eval()
+    for name, mod in model.named_modules():
+        wrapped = hasattr(mod, "base_layer")
+        if not wrapped and any(name.endswith(p) or name.endswith(f"{p}.base_layer") for p in PROJECTIONS):
+            mod.register_forward_pre_hook(lambda m, args: (per_token_int8(args[0]),))
+    return model
 
 
 def write_fp8(base: str, path: str, block: Optional[tuple[int, int]], static: bool = False) -> str:
@@ -151,13 +164,15 @@ def fp8_per_channel_reference(base: str, path: str, input_scale: Optional[float]
 
 
 def assert_engine_matches(path: str, ref, prompts: list[list[int]], max_new: int = 8, tol: float = 1e-3,
+                          lora_name: Optional[str] = None, logprobs: int = 2,
                           **llm_kw) -> tuple[list[list[int]], list[float]]:
     """The engine's greedy tokens equal the reference's, its logprobs within tol (fp32);
     the pool ends free. Returns (the tokens, each prompt's largest logprob gap)."""
     from backend import LLM, SamplingParams
     from tests.conftest import assert_pool_free
     llm = LLM(path, block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, **llm_kw)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0, logprobs=2))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0, logprobs=logprobs,
+                                                lora_name=lora_name))
     gaps = []
     with torch.no_grad():
         for p, out in zip(prompts, outs):

@@ -76,6 +76,12 @@ def test_w8a8_build_smooths_and_serves_transformers_fake_quant_tokens(outlier_ba
     got, _ = qc.assert_engine_matches(path, qc.w8a8_reference(outlier_base, path), prompts[:1], max_new=4,
                                       tol=1e-4, attention_backend="triton")
     assert got == [tokens[0][:4]]
+    # A LoRA adapter on top: PEFT over the same reference gives the engine's tokens.
+    from tests.helpers.adapters import make_adapter
+    adapter = make_adapter(outlier_base, str(tmp_path / "lora"), rank=8, targets=("q_proj", "v_proj", "down_proj"),
+                           seed=3)
+    qc.assert_engine_matches(path, qc.w8a8_lora_reference(outlier_base, path, adapter), prompts[1:], tol=0.05,
+                             lora_modules={"a": adapter}, lora_name="a")
 
 
 def test_triton_w8a8_gemm_equals_the_exact_reference():
