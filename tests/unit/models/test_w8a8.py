@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from backend.models.config import UnsupportedModelError, load_model_config
 from builder.build import BuildError, BuildOptions
+from builder.fp8 import default_texts
 from tests.conftest import random_prompts
 from tests.helpers import quant_checkpoints as qc
 from tests.helpers.checkpoints import make_checkpoint
@@ -38,16 +39,23 @@ def outlier_base(ckpt_dir):
     return path
 
 
-def _quantize(src: str, dst: str, alpha: float = 0.5):
-    from builder.fp8 import default_texts
-    from builder.w8a8 import quantize_w8a8_checkpoint
+def _texts():
     calib, held = default_texts()
-    return quantize_w8a8_checkpoint(src, dst, calib[:4], held[:2], lambda name, n: lambda k=1: None, alpha)
+    return calib[:4], held[:2]          # a few paragraphs: the tiny model needs no more
 
 
 def test_w8a8_build_smooths_and_serves_transformers_fake_quant_tokens(outlier_base, tmp_path, monkeypatch):
-    report = _quantize(outlier_base, str(tmp_path / "w8a8"))
-    path = str(tmp_path / "w8a8")
+    from builder.__main__ import main
+    from builder.w8a8 import quantize_w8a8_checkpoint
+    monkeypatch.setattr("builder.fp8.default_texts", _texts)
+    assert main(["build", "--checkpoint", outlier_base, "--output", str(tmp_path / "entry"), "--weights", "w8a8",
+                 "--smoothquant-alpha", "0.5", "--num-kv-blocks", "64"]) == 0
+    manifest = json.load(open(tmp_path / "entry" / "build_manifest.json"))
+    report = manifest["quality"]
+    # fp32 source: the projections shrink 4x, the (tied) embedding stays.
+    assert manifest["memory_plan"]["weight_bytes"] < 0.5 * os.path.getsize(os.path.join(outlier_base,
+                                                                                        "model.safetensors"))
+    path = str(tmp_path / "entry" / "checkpoint")
     quant = json.load(open(os.path.join(path, "config.json")))["quantization_config"]
     group = quant["config_groups"]["group_0"]
     assert quant["format"] == "int-quantized" and group["weights"]["strategy"] == "channel"
@@ -62,8 +70,8 @@ def test_w8a8_build_smooths_and_serves_transformers_fake_quant_tokens(outlier_ba
     # ... and it pays: without it, per-token INT8 rounds the outliers' tokens worse (measured:
     # relative logit error 0.20 unsmoothed, 0.11 smoothed; 0.053 and 0.051 without the outliers).
     monkeypatch.setattr("builder.w8a8.smooth", lambda model, batches, alpha: None)
-    plain = _quantize(outlier_base, str(tmp_path / "plain"))
-    assert report.relative_logit_error < 0.75 * plain.relative_logit_error, (report, plain)
+    plain = quantize_w8a8_checkpoint(outlier_base, str(tmp_path / "plain"), *_texts(), lambda name, n: lambda k=1: None)
+    assert report["relative_logit_error"] < 0.75 * plain.relative_logit_error, (report, plain)
 
     # Per-token rounding is discontinuous: where the engine's and transformers' fp32 inputs
     # (1e-7 apart) straddle a rounding boundary, one activation moves by a step, which on
