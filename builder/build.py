@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, PoolerConfig, SpeculativeConfig, json_or_value, lora_modules_value, validated
 from backend.models.config import load_model_config
+from backend.models.quant_linears import describe as describe_quantization
 from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
 from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
@@ -230,6 +231,11 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if cfg.moe is not None and opts.weights in QUANTIZED_WEIGHTS:
         raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for mixture-of-experts "
                          f"checkpoints ({cfg.architecture}) yet; build float32, bfloat16 or float16")
+    quant = cfg.quantization or {}
+    if opts.engine != "torch" and quant and (quant.get("quant_method") != "paged_llm_fp8"
+                                             or quant.get("activation_scheme") == "dynamic"):
+        raise BuildError(f"invalid build option 'engine': {opts.engine} exports static FP8 Q/DQ graphs only; the "
+                         f"checkpoint is {describe_quantization(quant)}: use engine 'torch'")
     if cfg.quantization is not None and opts.weights in QUANTIZED_WEIGHTS:
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
                          f"({cfg.quantization.get('quant_method')})")

@@ -44,6 +44,12 @@ def test_block_fp8_checkpoint_equals_transformers_finegrained_fp8(base, tmp_path
     from backend import LLM, SamplingParams
     llm = LLM(path, block_size=4, num_kv_blocks=64, attention_backend="triton")
     assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))[0].token_ids == tokens[0][:4]
+    # The exported graphs have static FP8 Q/DQ only: refused before anything is written.
+    from builder.build import BuildError, BuildOptions, build
+    with pytest.raises(BuildError, match="'engine': onnxruntime exports static FP8 Q/DQ graphs only; the checkpoint "
+                                         "is fp8 FP8 block-wise dynamic"):
+        build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "onnx"), engine="onnxruntime"),
+              progress=False)
 
 
 def test_triton_block_fp8_gemm_equals_the_reference():
