@@ -171,8 +171,8 @@ def assert_engine_matches(path: str, ref, prompts: list[list[int]], max_new: int
     from backend import LLM, SamplingParams
     from tests.conftest import assert_pool_free
     llm = LLM(path, block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, **llm_kw)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0, logprobs=logprobs,
-                                                lora_name=lora_name))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_new, min_tokens=max_new, temperature=0,
+                                                logprobs=logprobs, lora_name=lora_name))
     gaps = []
     with torch.no_grad():
         for p, out in zip(prompts, outs):
