@@ -50,7 +50,12 @@ def main(argv=None) -> int:
     b.add_argument("--checkpoint", required=True)
     b.add_argument("--output", required=True)
     b.add_argument("--name")
-    b.add_argument("--weights", default="auto", help="auto | float32 | bfloat16 | float16 | fp8 | int8 | int4")
+    b.add_argument("--weights", default="auto", help="auto | float32 | bfloat16 | float16 | fp8 | int8 | int4 | "
+                   "w8a8 (INT8 weights and per-token INT8 activations, SmoothQuant)")
+    b.add_argument("--activation-scheme", help="fp8: static (calibrated per-tensor scales, default) or dynamic "
+                   "(per-token scales at run time)")
+    b.add_argument("--smoothquant-alpha", type=float, help="w8a8: SmoothQuant migration strength in [0, 1] "
+                   "(default 0.5)")
     b.add_argument("--group-size", type=int, help="int8/int4: input channels per scale (default 128; -1: per "
                    "output channel)")
     b.add_argument("--int-algorithm", help="int8/int4 rounding: rtn (round-to-nearest, default) or gptq "
@@ -67,7 +72,7 @@ def main(argv=None) -> int:
                       ("--max-stop-string-len", int), ("--max-stop-token-ids", int), ("--max-guided-spec-bytes", int),
                       ("--guided-compile-timeout-s", float), ("--request-timeout-s", float)):
         b.add_argument(flag, type=typ, help="per-request limit (engine argument; see README)")
-    b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8, gptq; "
+    b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8, w8a8, gptq; "
                    "default: built-in text)")
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "

@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, PoolerConfig, SpeculativeConfig, json_or_value, lora_modules_value, validated
 from backend.models.config import load_model_config
+from backend.models.quant_linears import describe as describe_quantization
 from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
 from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
@@ -23,6 +24,8 @@ from builder.plan import format_plan, memory_plan
 
 BACKEND_NAME = "paged_llm"
 # Engine arguments passed through as they are (checked by EngineArgs).
+# Builds that quantize the checkpoint (and write a quality report).
+QUANTIZED_WEIGHTS = ("fp8", "int8", "int4", "w8a8")
 REQUEST_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_len", "max_stop_token_ids",
                   "max_guided_spec_bytes", "guided_compile_timeout_s", "request_timeout_s")
 
@@ -33,7 +36,12 @@ class BuildOptions(BaseModel):
     checkpoint: str
     output: str
     name: Optional[str] = None
-    weights: Literal["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"] = "auto"
+    weights: Literal["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4", "w8a8"] = "auto"
+    # fp8: activation scales static (calibrated, per tensor) or dynamic (per token at run time).
+    activation_scheme: Literal["static", "dynamic"] = "static"
+    # w8a8: SmoothQuant's migration strength (0: all of the activation range stays, 1: all
+    # of it moves into the weights).
+    smoothquant_alpha: float = Field(0.5, ge=0, le=1)
     # int8 / int4 (weight-only, compressed-tensors pack-quantized): input channels per
     # scale; -1: one scale per output channel.
     group_size: int = Field(128, ge=-1)
@@ -119,12 +127,20 @@ class BuildOptions(BaseModel):
             raise ValueError(f"checkpoint '{self.checkpoint}' has no config.json")
         if self.int_algorithm == "gptq" and self.weights not in ("int8", "int4"):
             raise ValueError(f"int_algorithm=gptq is for weights int8 or int4, not {self.weights}")
-        if (self.calibration_data is not None and self.weights != "fp8" and self.int_algorithm != "gptq"
-                and self.kv_cache != "int8"):
-            raise ValueError("calibration_data is only used with weights=fp8, int_algorithm=gptq or kv_cache=int8")
+        if (self.calibration_data is not None and self.weights not in ("fp8", "w8a8")
+                and self.int_algorithm != "gptq" and self.kv_cache != "int8"):
+            raise ValueError("calibration_data is only used with weights=fp8, weights=w8a8, int_algorithm=gptq "
+                             "or kv_cache=int8")
         if self.kv_cache == "int8" and self.engine != "torch":
             raise ValueError(f"kv_cache=int8 runs in the torch engine's attention: the {self.engine} graph's "
                              "PagedAttention node has no per-head scales; use engine=torch")
+        if self.activation_scheme != "static" and self.weights != "fp8":
+            raise ValueError(f"activation_scheme={self.activation_scheme} is for weights fp8, not {self.weights}")
+        if "smoothquant_alpha" in self.model_fields_set and self.weights != "w8a8":
+            raise ValueError(f"smoothquant_alpha is for weights w8a8, not {self.weights}")
+        if self.engine != "torch" and (self.weights == "w8a8" or self.activation_scheme == "dynamic"):
+            raise ValueError(f"engine={self.engine} exports static FP8 Q/DQ graphs: weights w8a8 and dynamic "
+                             "activation scales run with engine torch")
         if self.pooler_config is not None and self.runner != "pooling":
             raise ValueError("pooler_config is for runner=pooling")
         if self.runner == "pooling":
@@ -222,10 +238,15 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if cfg.moe is not None and opts.engine != "torch":
         raise BuildError(f"invalid build option 'engine': {opts.engine} graphs of mixture-of-experts checkpoints "
                          f"({cfg.architecture}) are not supported yet; use engine 'torch'")
-    if cfg.moe is not None and opts.weights in ("fp8", "int8", "int4"):
+    if cfg.moe is not None and opts.weights in QUANTIZED_WEIGHTS:
         raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for mixture-of-experts "
                          f"checkpoints ({cfg.architecture}) yet; build float32, bfloat16 or float16")
-    if cfg.quantization is not None and opts.weights in ("fp8", "int8", "int4"):
+    quant = cfg.quantization or {}
+    if opts.engine != "torch" and quant and (quant.get("quant_method") != "paged_llm_fp8"
+                                             or quant.get("activation_scheme") == "dynamic"):
+        raise BuildError(f"invalid build option 'engine': {opts.engine} exports static FP8 Q/DQ graphs only; the "
+                         f"checkpoint is {describe_quantization(quant)}: use engine 'torch'")
+    if cfg.quantization is not None and opts.weights in QUANTIZED_WEIGHTS:
         raise BuildError(f"checkpoint '{opts.checkpoint}' is already quantized "
                          f"({cfg.quantization.get('quant_method')})")
     name = opts.name or os.path.basename(os.path.normpath(opts.output))
@@ -234,11 +255,11 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     os.makedirs(os.path.join(out, "1"), exist_ok=True)
     ckpt_dst = os.path.join(out, "checkpoint")
     quality = None
-    if opts.weights in ("fp8", "int8", "int4"):
+    if opts.weights in QUANTIZED_WEIGHTS:
         calib, held = _calibration_texts(opts)
     if opts.weights == "fp8":
         from builder.fp8 import quantize_checkpoint
-        state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages)
+        state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages, opts.activation_scheme)
         advance = stages("write", 2)
         write_fp8_checkpoint(opts.checkpoint, ckpt_dst, state, qcfg)
         advance()
@@ -253,6 +274,14 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
                              f"pip install compressed-tensors==0.20.0 ({e})") from None
         except ValueError as e:
             raise BuildError(f"invalid build option 'group_size': {e}") from None
+        advance = stages("write", 1)
+        model_path = "checkpoint"
+    elif opts.weights == "w8a8":
+        from builder.w8a8 import quantize_w8a8_checkpoint
+        try:
+            quality = quantize_w8a8_checkpoint(opts.checkpoint, ckpt_dst, calib, held, stages, opts.smoothquant_alpha)
+        except ValueError as e:
+            raise BuildError(f"invalid build option 'weights': w8a8: {e}") from None
         advance = stages("write", 1)
         model_path = "checkpoint"
     elif opts.link:
@@ -273,7 +302,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
-    source_dtype = opts.weights in ("auto", "int8", "int4")      # weight-only INT computes in the source's dtype
+    source_dtype = opts.weights in ("auto", "int8", "int4", "w8a8")      # INT computes in the source's dtype
     kv_elem = 1 if opts.kv_cache in ("fp8", "int8") else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
     plan = memory_plan(cfg, wbytes, kv_elem, opts)

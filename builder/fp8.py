@@ -2,7 +2,8 @@
 
 - Weights: per-output-channel scales from the weights themselves.
 - Activations: one static scale per linear input, from the max |x| seen on calibration
-  prompts.
+  prompts; or (activation_scheme "dynamic") none stored: each token's scale is computed
+  at run time.
 - KV cache: one K and one V scale per layer from the same pass. K is observed before
   RoPE (after q/k norm where the model has one); a 2-D rotation can raise one element's
   magnitude by at most sqrt(2), so that bound is applied.
@@ -16,12 +17,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
-from backend.models.fp8 import FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, quantize_per_channel
-from builder.quality import QualityReport, load_source, logit_quality
+from backend.models.fp8 import (FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, per_token_scale,
+                                quantize_per_channel)
+from builder.quality import QualityReport, load_source, logit_quality, run_with_hooks
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 
@@ -61,32 +63,31 @@ def calibrate(model, batches: list[torch.Tensor]) -> tuple[dict[str, float], lis
         def v_hook(mod, args, out, i=i):
             kv[i][1] = max(kv[i][1], out.abs().max().item())
         hooks += [k_src.register_forward_hook(k_hook), attn.v_proj.register_forward_hook(v_hook)]
-    try:
-        for ids in batches:
-            model(ids[None])
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_hooks(model, batches, hooks)
     kv_scales = [(max(k * math.sqrt(2), 1e-6) / FP8_MAX, max(v, 1e-6) / FP8_MAX) for k, v in kv]
     return {n: max(a, 1e-6) / FP8_MAX for n, a in act.items()}, kv_scales
 
 
-def quality(model, fp8_state: dict[str, torch.Tensor], input_scales: dict[str, float],
+def quality(model, fp8_state: dict[str, torch.Tensor], input_scales: Optional[dict[str, float]],
             texts: list[torch.Tensor]) -> QualityReport:
     """Source logits vs the same model with FP8 numerics swapped in: dequantized weights,
-    activations rounded through FP8 with their static scales."""
+    activations rounded through FP8 with their static scales (None: per-token scales)."""
     weights = {name: fp8_state[f"{name}.weight"].float() * fp8_state[f"{name}.weight_scale"][:, None]
                for name in _linears(model)}
 
     def round_input(name: str):
+        if input_scales is None:
+            return lambda mod, args: (fake_quantize(args[0], per_token_scale(args[0])),)
         scale = torch.tensor(input_scales[name])
         return lambda mod, args: (fake_quantize(args[0], scale),)
     return logit_quality(model, texts, weights, round_input)
 
 
 def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: list[str],
-                        stage: Callable[[str, int], Callable[[], None]]) -> tuple[dict, dict, QualityReport]:
+                        stage: Callable[[str, int], Callable[[], None]],
+                        activation_scheme: str = "static") -> tuple[dict, dict, QualityReport]:
     """Returns (state dict to save, quantization_config, quality report).
+    activation_scheme "static" or "dynamic" (no input scales stored).
 
     `stage(name, steps)` opens a progress stage and returns its `advance` callable."""
     advance = stage("load", 1)
@@ -104,14 +105,16 @@ def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: 
         q, s = quantize_per_channel(lin.weight.data)
         state[f"{name}.weight"] = q
         state[f"{name}.weight_scale"] = s
-        state[f"{name}.input_scale"] = torch.tensor(input_scales[name], dtype=torch.float32)
+        if activation_scheme == "static":
+            state[f"{name}.input_scale"] = torch.tensor(input_scales[name], dtype=torch.float32)
         advance()
     advance = stage("evaluate", 1)
-    report = quality(model, state, input_scales, held)
+    report = quality(model, state, input_scales if activation_scheme == "static" else None, held)
     advance()
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    qcfg = {"quant_method": QUANT_METHOD, "weights": "fp8_e4m3_per_channel",
-            "activations": "fp8_e4m3_static_per_tensor", "kv_cache_scales": [list(s) for s in kv_scales],
+    activations = "static_per_tensor" if activation_scheme == "static" else "dynamic_per_token"
+    qcfg = {"quant_method": QUANT_METHOD, "weights": "fp8_e4m3_per_channel", "activation_scheme": activation_scheme,
+            "activations": f"fp8_e4m3_{activations}", "kv_cache_scales": [list(s) for s in kv_scales],
             "quality": asdict(report)}
     return state, qcfg, report

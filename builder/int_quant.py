@@ -38,7 +38,6 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
     """Writes dst (config, packed weights, tokenizer); returns the quality report.
     group_size -1: one scale per output channel. algorithm: "rtn" or "gptq" (which
     rounds on `calibration_texts`)."""
-    from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
                                                  apply_quantization_config)
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
@@ -94,12 +93,20 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
             scale, zero = qparams[name]
             m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
             m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape).to(m.weight_zero_point.dtype))
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    save_compressed(model, src, dst, "pack-quantized")
+    advance()
+    return report
+
+
+def save_compressed(model, src: str, dst: str, quantization_format: str) -> None:
+    """compressed-tensors compresses the model (its quantization config applied, its
+    qparams set) in `quantization_format` and writes dst with config.json's
+    quantization_config; the source's tokenizer and generation files go next to it."""
+    from compressed_tensors.compressors import ModelCompressor
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=quantization_format)
     compressor.compress_model(model)
     model.save_pretrained(dst)
     compressor.update_config(dst)
     for f in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src, f)):
             shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
-    advance()
-    return report

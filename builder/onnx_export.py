@@ -106,6 +106,9 @@ class QDQLinear(nn.Module):
 
     def __init__(self, lin: FP8Linear) -> None:
         super().__init__()
+        if lin.input_scale is None:
+            raise ValueError("FP8 with dynamic activation scales has no static Q/DQ graph: export a build with "
+                             "activation_scheme static")
         self.weight = lin.weight
         self.weight_scale = lin.weight_scale
         self.input_scale = lin.input_scale

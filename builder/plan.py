@@ -41,7 +41,7 @@ GPUS = {"H100-80GB": (80, 4.50), "H200-141GB": (141, 5.50), "A100-80GB": (80, 3.
         "A100-40GB": (40, 2.50), "L40S-48GB": (48, 1.80), "L4-24GB": (24, 0.80)}
 # Bytes per weight of the linear layers; embeddings, lm_head and norms stay 16-bit.
 # Scales: FP8 and INT8 one fp32 per output channel, INT4 one bf16 per group of 128.
-WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5}
 KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1, "int8": 1}
 
 
@@ -104,7 +104,7 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
     if dtype == "float32":
         return p.total * 4
     linear = p.linear * WEIGHT_DTYPES[dtype]
-    if dtype in ("fp8", "int8"):
+    if dtype in ("fp8", "int8", "w8a8"):
         linear += p.linear_rows * 4
     elif dtype == "int4":
         linear += p.linear / 128 * 2

@@ -34,12 +34,26 @@ def load_source(src: str, dtype="auto"):
 
 
 @torch.no_grad()
+def run_with_hooks(model, batches: list[torch.Tensor], hooks: list) -> None:
+    """The calibration prompts through the model (the hooks observe), then the hooks
+    removed, also on error."""
+    try:
+        for ids in batches:
+            model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.no_grad()
 def logit_quality(model, texts: list[torch.Tensor], weights: dict[str, torch.Tensor],
-                  input_hook: Optional[Callable[[str], Callable]] = None) -> QualityReport:
+                  input_hook: Optional[Callable[[str], Callable]] = None,
+                  reference: Optional[list[torch.Tensor]] = None) -> QualityReport:
     """Source logits vs the same model with `weights` (module name -> the weight the
     quantized engine computes with) swapped in, and with `input_hook(name)`, if given, as
-    a forward pre-hook on each such module (FP8's rounded activations)."""
-    ref = [model(ids[None]).logits[0].float() for ids in texts]
+    a forward pre-hook on each such module (FP8's rounded activations). `reference`: the
+    source's logits of `texts`, when `model` is no longer the source (W8A8's smoothing)."""
+    ref = reference if reference is not None else [model(ids[None]).logits[0].float() for ids in texts]
     modules = dict(model.named_modules())
     saved, hooks = {}, []
     for name, w in weights.items():

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from backend.models import arch_config
-from backend.models.int_formats import METHODS as INT_METHODS, IntFormatError, scheme_of
+from backend.models.int_formats import METHODS as INT_METHODS
+from backend.models.quant_linears import describe as describe_quantization
 from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
 SUPPORTED_ARCHITECTURES = {
@@ -52,7 +53,7 @@ class ModelConfig:
     # Per layer: None for full attention, else the window length.
     sliding_windows: tuple[Optional[int], ...]
     eos_token_ids: tuple[int, ...] = field(default=())
-    # config.json's quantization_config for FP8 builds (see backend/models/fp8.py).
+    # config.json's quantization_config (the layers it selects: backend/models/quant_linears.py).
     quantization: Optional[dict[str, Any]] = None
     # o_proj's bias: Llama / Qwen3 with attention_bias (Hugging Face gives every attention
     # projection a bias then); Qwen2 has one on q/k/v only.
@@ -135,17 +136,18 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
     quant = cfg.get("quantization_config")
-    if quant is not None and quant.get("quant_method") not in ("paged_llm_fp8", *INT_METHODS):
+    if quant is not None and quant.get("quant_method") not in ("paged_llm_fp8", "fp8", *INT_METHODS):
         raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
-                                    "made by `python -m builder build --weights fp8`; weight-only INT4/INT8 "
-                                    f"checkpoints: {', '.join(INT_METHODS)})")
+                                    "made by `python -m builder build --weights fp8`, fp8 (per-tensor or "
+                                    "block-wise); weight-only INT4/INT8 and compressed-tensors W8A8 checkpoints: "
+                                    f"{', '.join(INT_METHODS)})")
     if quant is not None and family in MOE_FAMILIES:
         raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
                                     f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights")
-    if quant is not None and quant.get("quant_method") in INT_METHODS:
+    if quant is not None:
         try:
-            scheme_of(quant)
-        except IntFormatError as e:
+            describe_quantization(quant)
+        except ValueError as e:             # IntFormatError, FP8FormatError: they name the field
             raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
     hidden_act = arch_config.hidden_act(cfg, family)

@@ -1,11 +1,14 @@
-"""FP8 (E4M3) linear layers: per-output-channel weight scales, a static per-tensor
-activation scale.
+"""FP8 (E4M3) linear layers: per-output-channel weight scales, and a static per-tensor
+activation scale or dynamic per-token ones.
 
 Checkpoint format (written by `python -m builder build --weights fp8`): for every
 quantized linear `<name>.weight` is float8_e4m3fn, with `<name>.weight_scale` (fp32,
-[out]) and `<name>.input_scale` (fp32, scalar); config.json carries
-`quantization_config = {"quant_method": "paged_llm_fp8", ...}` with the calibrated
-per-layer KV-cache scales.
+[out]) and, for static activations, `<name>.input_scale` (fp32, scalar); config.json
+carries `quantization_config = {"quant_method": "paged_llm_fp8", "activation_scheme":
+"static" | "dynamic", ...}` with the calibrated per-layer KV-cache scales. Dynamic: each
+token's activation row gets scale max|x| / 448 at run time (vLLM's per-token dynamic FP8).
+Hugging Face / vLLM `quant_method: fp8` checkpoints load into the same layer
+(backend/models/fp8_formats.py), block-wise ones into FP8BlockLinear there.
 
 On CUDA the matmul is torch._scaled_mm on FP8 tensor cores (Hopper). Elsewhere the same
 numerics are emulated: the activation is rounded through FP8 with its scale and
@@ -15,7 +18,7 @@ correctness, the checkpoint is what is halved).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +30,9 @@ QUANT_METHOD = "paged_llm_fp8"
 # Checkpoint names (Hugging Face's, what the builder quantizes) and the engine's fused ones.
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FUSED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# The quantized projections by their checkpoint names under `model.layers.<i>.`.
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,18 +44,26 @@ def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fake_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Round x through FP8 with a per-tensor scale (what the FP8 GEMM's input sees)."""
+    """Round x through FP8 with a scale broadcast against it (per tensor, or [M, 1] per
+    token): what the FP8 GEMM's input sees."""
     return ((x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
+def per_token_scale(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic per-token activation scales [..., 1]: max |x| of each row / 448."""
+    return x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+
+
 class FP8Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, dynamic: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
                                    requires_grad=False)
         self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
-        self.input_scale = nn.Parameter(torch.empty((), dtype=torch.float32), requires_grad=False)
+        # None: dynamic per-token scales, computed from each input.
+        self.input_scale = None if dynamic else nn.Parameter(torch.empty((), dtype=torch.float32),
+                                                             requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self._dequantized: Optional[torch.Tensor] = None
 
@@ -58,24 +72,32 @@ class FP8Linear(nn.Module):
             return self._scaled_mm(x)
         if self._dequantized is None or self._dequantized.dtype != x.dtype:
             self._dequantized = (self.weight.float() * self.weight_scale[:, None]).to(x.dtype)
-        return F.linear(fake_quantize(x, self.input_scale), self._dequantized,
+        scale = per_token_scale(x) if self.input_scale is None else self.input_scale
+        return F.linear(fake_quantize(x, scale), self._dequantized,
                         None if self.bias is None else self.bias.to(x.dtype))
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
         # Not yet run on a GPU in this project (see docs/benchmarks.md).
-        xq = (x.float() / self.input_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        scale_a = self.input_scale.expand(x.shape[0], 1).contiguous()
+        scale = per_token_scale(x) if self.input_scale is None else self.input_scale
+        xq = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        scale_a = scale.expand(x.shape[0], 1).contiguous()
         scale_b = self.weight_scale[None, :].contiguous()
         return torch._scaled_mm(xq, self.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype,
                                 bias=None if self.bias is None else self.bias.to(x.dtype))
 
 
-def swap_in_fp8_linears(model: nn.Module) -> None:
-    """Replace the decoder's linear layers (not embeddings or the LM head) by FP8Linear."""
+def replace_projections(model: nn.Module, make: Callable[[int, int, bool], nn.Module]) -> None:
+    """Replace the decoder's (fused) projections, not embeddings or the LM head, by
+    make(in_features, out_features, has_bias), on the device of the layer replaced."""
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name in FUSED_LINEARS:
                 lin = getattr(parent, name, None)
                 if isinstance(lin, nn.Linear):
                     with torch.device(lin.weight.device):
-                        setattr(parent, name, FP8Linear(lin.in_features, lin.out_features, lin.bias is not None))
+                        setattr(parent, name, make(lin.in_features, lin.out_features, lin.bias is not None))
+
+
+def swap_in_fp8_linears(model: nn.Module, dynamic: bool = False) -> None:
+    """The decoder's projections as FP8Linear (dynamic: per-token activation scales)."""
+    replace_projections(model, lambda k, n, bias: FP8Linear(k, n, bias, dynamic))

@@ -10,11 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from backend.models.config import ModelConfig
-from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
-from backend.models.int_formats import IntScheme, scheme_of
-from backend.models.int_linear import IntLinear, int_state_dict, swap_in_int_linears
 from backend.models.llama import CausalLM
 from backend.models.moe import stack_experts
+from backend.models.quant_linears import (QUANTIZED_LINEARS, quantized_state_dict, single_rank_only,
+                                          swap_in_quantized_linears)
 from backend.models.registry import model_class
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE, TensorParallel
@@ -72,22 +71,18 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     pooling (runner="pooling"): an embedding checkpoint may be the bare decoder saved
     without the `model.` prefix and without an LM head (Qwen3-Embedding is), as vLLM
     loads both; the head is then tied to the embedding (never used, and no memory)."""
-    scheme = int_scheme(cfg)
-    if scheme is not None and tp.size > 1:
-        raise ValueError(f"{scheme.method} INT{scheme.bits} checkpoints run on one rank: use tensor_parallel_size=1")
+    one_rank = single_rank_only(cfg.quantization)
+    if one_rank is not None and tp.size > 1:
+        raise ValueError(f"{one_rank} checkpoints run on one rank: use tensor_parallel_size=1")
     local = local_config(cfg, tp.size)
     with torch.device("meta"):
         model = model_class(cfg)(local, attn_factory, max_position, ops, tp)
-        if scheme is not None:
-            swap_in_int_linears(model, scheme, use_kernel=int_kernel)
-        elif cfg.quantization is not None:
-            swap_in_fp8_linears(model)
+        swap_in_quantized_linears(model, cfg.quantization, int_kernel)
     weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
     if pooling and not any(k.startswith("model.") for k in weights):
         weights = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in weights.items()}
     tied = cfg.tie_word_embeddings or (pooling and "lm_head.weight" not in weights)
-    if scheme is not None:
-        weights = int_state_dict(weights, cfg.num_layers, scheme)
+    weights = quantized_state_dict(weights, cfg.num_layers, cfg.quantization)
     state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
     if tied:
         state.pop("lm_head.weight", None)
@@ -101,10 +96,10 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     # Buffers (rotary tables) were built on meta: rebuild them for real.
     model.build_buffers(max_position)
     model = model.to(device=device)
-    # Cast to the compute dtype everything except FP8 and INT layers (their weights stay
-    # FP8 / packed, their scales as the checkpoint has them).
+    # Cast to the compute dtype everything except the quantized layers (their weights stay
+    # FP8 / INT8 / packed, their scales as the checkpoint has them).
     for module in model.modules():
-        if isinstance(module, (FP8Linear, IntLinear)):
+        if isinstance(module, QUANTIZED_LINEARS):
             continue
         for name, p in list(module.named_parameters(recurse=False)):
             if p.is_floating_point() and p.dtype != dtype:
@@ -115,11 +110,6 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
-
-
-def int_scheme(cfg: ModelConfig) -> Optional[IntScheme]:
-    """The weight-only integer scheme of a GPTQ / AWQ / compressed-tensors checkpoint."""
-    return scheme_of(cfg.quantization) if cfg.quantization else None
 
 
 def load_tokenizer(path: str):

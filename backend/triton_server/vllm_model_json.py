@@ -33,9 +33,9 @@ def _pipeline_parallel_size(value: Any) -> None:
                           "not supported (tensor_parallel_size is)")
 
 
-# vLLM's `quantization` values -> the quant_method the checkpoint must say it has.
-QUANTIZATION = {"fp8": "paged_llm_fp8", "gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq", "awq_marlin": "awq",
-                "compressed-tensors": "compressed-tensors"}
+# vLLM's `quantization` values -> the quant_methods the checkpoint may say it has.
+QUANTIZATION = {"fp8": ("paged_llm_fp8", "fp8"), "gptq": ("gptq",), "gptq_marlin": ("gptq",), "awq": ("awq",),
+                "awq_marlin": ("awq",), "compressed-tensors": ("compressed-tensors",)}
 
 
 def _quantization(model_dir: str, model: str) -> Callable[[Any], None]:
@@ -55,7 +55,7 @@ def _quantization(model_dir: str, model: str) -> Callable[[Any], None]:
                 quant = (json.load(f).get("quantization_config") or {}).get("quant_method")
         except OSError:
             quant = None
-        if quant != QUANTIZATION[value]:
+        if quant not in QUANTIZATION[value]:
             hint = "; make one with `python -m builder build --weights fp8`" if value == "fp8" else ""
             raise ConfigError(f"invalid model.json key 'quantization': {value!r}, but the checkpoint's "
                               f"quantization_config says {quant!r}{hint}")

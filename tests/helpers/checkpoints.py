@@ -107,21 +107,25 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
     return outs
 
 
-def check_against_model(model, prompts: list[list[int]], outs, max_new_tokens: int) -> float:
+def logprob_gaps(model, prompts: list[list[int]], outs, max_new_tokens: int) -> list[float]:
     """Asserts the engine's outputs (RequestOutputs with logprobs) carry `model`'s greedy
-    tokens (transformers, one prompt at a time, EOS masked as min_tokens does); returns
-    the largest |logprob - transformers' log-softmax| over the returned candidates."""
-    worst = 0.0
+    tokens (transformers, one prompt at a time, EOS masked as min_tokens does); returns,
+    per prompt, the largest |logprob - transformers' log-softmax| over its candidates."""
+    gaps = []
     with torch.no_grad():
         for p, out in zip(prompts, outs):
             gen = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                                  do_sample=False, output_logits=True, return_dict_in_generate=True,
                                  attention_mask=torch.ones(1, len(p), dtype=torch.long))
             assert out.token_ids == gen.sequences[0, len(p):].tolist()
-            for step, entry in zip(gen.logits, out.logprobs):
-                want = torch.log_softmax(step[0].float(), -1)
-                worst = max(worst, max(abs(lp.logprob - want[t].item()) for t, lp in entry.items()))
-    return worst
+            gaps.append(max(abs(lp.logprob - torch.log_softmax(step[0].float(), -1)[t].item())
+                            for step, entry in zip(gen.logits, out.logprobs) for t, lp in entry.items()))
+    return gaps
+
+
+def check_against_model(model, prompts: list[list[int]], outs, max_new_tokens: int) -> float:
+    """logprob_gaps' largest gap over every prompt."""
+    return max(logprob_gaps(model, prompts, outs, max_new_tokens))
 
 
 def hf_logprobs(path: str, prompt: list[int], output: list[int]) -> torch.Tensor:

@@ -82,6 +82,26 @@ def lora_and_int_gemm(dtype: str) -> list:
     return out
 
 
+def w8a8_gemm(dtype: str) -> list:
+    """The W8A8 INT8 GEMM (int8 x int8 -> int32), with and without a bias."""
+    from backend.ops import w8a8_gemm_triton as w
+    types = {"x_ptr": "*i8", "w_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": f"*{dtype}",
+             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}}
+    return [compile_kernel(w._w8a8_gemm_kernel, types, dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64))
+            for bias, bm in ((False, 16), (True, 64))]
+
+
+def fp8_block_gemm(dtype: str) -> list:
+    """The block-wise FP8 GEMM (128x128 blocks: 64-wide K steps inside each scale group)."""
+    from backend.ops import fp8_block_gemm_triton as f
+    types = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": f"*{dtype}",
+             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_xs",
+                                                           "stride_ws", "stride_om")}}
+    return [compile_kernel(f._fp8_block_gemm_kernel, types,
+                           dict(GROUP_K=128, HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64))
+            for bias, bm in ((False, 16), (True, 64))]
+
+
 def fused_moe(dtype: str) -> list:
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
     weights) and the routing kernel."""
@@ -125,6 +145,17 @@ def main() -> int:
     if "mma" not in extra[-1].asm["ptx"]:
         print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
         return 1
+    # Decode tiles (16 rows) use mma.sync ...s32.s8.s8.s32, 64-row tiles Hopper's wgmma ...s32.s8.s8.
+    w8a8 = w8a8_gemm("bf16")
+    if not all(".target sm_90" in c.asm["ptx"] and ".s32.s8.s8" in c.asm["ptx"] for c in w8a8) \
+            or "wgmma.mma_async" not in w8a8[1].asm["ptx"]:
+        print("the W8A8 GEMM's int8 tiles do not reach the INT8 tensor-core MMA")
+        return 1
+    # Block FP8: 64-row tiles on Hopper's FP8 wgmma (16-row decode tiles upcast to f16 MMAs).
+    block = fp8_block_gemm("bf16")
+    if not all(".target sm_90" in c.asm["ptx"] for c in block) or ".e4m3.e4m3" not in block[1].asm["ptx"]:
+        print("the block FP8 GEMM's 64-row tiles do not reach the FP8 tensor-core MMA")
+        return 1
     moe = fused_moe("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
     if not all("mma" in c.asm["ptx"] for c in moe[:2]):
@@ -133,7 +164,8 @@ def main() -> int:
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
     mma = "mma" in ptx[("bf16", False, 0)] and "mma" in ptx[("bf16", False, 4096, 0, 50.0)]
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM and fused MoE (bf16)",
+          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM, W8A8 INT8 GEMM (int8 MMA), block FP8 "
+          "GEMM (e4m3 wgmma) and fused MoE (bf16)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

@@ -10,7 +10,8 @@ from backend import LLM, SamplingParams
 from backend.models import int_formats
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers import int_checkpoints as ic
-from tests.helpers.checkpoints import check_against_model, make_checkpoint
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.quant_checkpoints import assert_engine_matches
 
 MAX_NEW = 8
 FORMATS = {
@@ -53,12 +54,8 @@ def test_unpacking_equals_the_reference_dequantization(quantized, fmt):
 @pytest.mark.parametrize("fmt", ["ct-w4-g128-sym", "ct-w8-g32-asym", "gptq-4-g32-act-order", "awq-4-g64"])
 def test_engine_equals_transformers_on_the_dequantized_weights(base, quantized, fmt):
     prompts = random_prompts(4, [1, 23, 7, 40], seed=5)
-    ref = ic.reference_model(base, quantized[fmt])
-    llm = LLM(quantized[fmt], block_size=4, num_kv_blocks=64, max_num_batched_tokens=16)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0, logprobs=3))
-    worst = check_against_model(ref, prompts, outs, MAX_NEW)
-    assert worst < 1e-3, worst
-    assert_pool_free(llm)
+    assert_engine_matches(quantized[fmt], ic.reference_model(base, quantized[fmt]), prompts, MAX_NEW, tol=1e-3,
+                          logprobs=3)
 
 
 def test_triton_int_gemm_equals_the_reference(quantized):

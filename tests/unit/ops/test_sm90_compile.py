@@ -1,7 +1,9 @@
-"""The fused layer kernels, the tiled attention kernel, the LoRA SGMV kernel, the fused MoE kernel and the
-INT4/INT8 GEMM compile for Hopper (sm_90) on a machine without a GPU, and the bf16
-attention, INT GEMM and fused MoE tiles run on tensor cores (MMA in the PTX). The interpreter cannot
-check either."""
+"""The fused layer kernels, the tiled attention kernel, the LoRA SGMV kernel, the fused MoE
+kernel, the INT4/INT8 GEMM, the W8A8 INT8 GEMM and the block FP8 GEMM compile for Hopper
+(sm_90) on a machine without a GPU, and the bf16 attention, INT GEMM and fused MoE tiles
+run on tensor cores (MMA in the PTX), the W8A8 tiles on the INT8 MMA (mma.sync s32.s8.s8
+for decode tiles, Hopper's wgmma for 64-row tiles), the block FP8 64-row tiles on the
+e4m3 wgmma. The interpreter cannot check either."""
 
 import os
 import subprocess

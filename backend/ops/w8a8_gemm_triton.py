@@ -1,0 +1,63 @@
+"""W8A8 INT8 GEMM in OpenAI Triton: out = (xq @ wq^T) * x_scale[:, None] * w_scale[None, :]
+(+ bias), with xq int8 [M, K] quantized per token, wq int8 [N, K] per output channel.
+
+Each program computes a [BLOCK_M, BLOCK_N] tile: int8 x int8 tl.dot accumulating in
+int32 (exact: |sum| <= K * 128^2 fits int32 for K < 131072), then one float32 epilogue
+multiplies by the row (token) and column (channel) scales, adds the bias and rounds once
+to the output dtype. On Hopper the int8 dot maps to the INT8 tensor-core MMA. The exact
+torch reference is backend/models/w8a8.int8_gemm_reference; with TRITON_INTERPRET=1 the
+kernel runs on CPU tensors (CI).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _w8a8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = rows < M
+    mask_n = cols < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask_k = ks < K
+        xt = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
+                     mask=mask_m[:, None] & mask_k[None, :], other=0)
+        wt = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
+                     mask=mask_k[:, None] & mask_n[None, :], other=0)
+        acc += tl.dot(xt, wt, out_dtype=tl.int32)
+    xs = tl.load(xs_ptr + rows, mask=mask_m, other=0.0)
+    ws = tl.load(ws_ptr + cols, mask=mask_n, other=0.0)
+    out = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+    if HAS_BIAS:
+        out += tl.load(b_ptr + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+def w8a8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
+              bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """xq int8 [M, K], x_scale fp32 [M], wq int8 [N, K], w_scale fp32 [N] -> [M, N]."""
+    xq = xq.contiguous()
+    M, K = xq.shape
+    N = wq.shape[0]
+    assert wq.stride(1) == 1 and xq.dtype == wq.dtype == torch.int8
+    out = torch.empty(M, N, dtype=out_dtype, device=xq.device)
+    # int8 MMA tiles want K steps of 32 or more; 16-row tiles for decode-sized M.
+    block_m = 16 if M <= 16 else 64
+    block_n, block_k = 64, 64
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    _w8a8_gemm_kernel[grid](xq, wq, x_scale, w_scale, bias if bias is not None else w_scale, out, M, N, K,
+                            xq.stride(0), wq.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
