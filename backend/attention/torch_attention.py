@@ -1,7 +1,7 @@
 """Paged attention in plain torch: the reference path, and the one that runs on CPU.
 
-Decode rows (one query per sequence) are batched into one padded matmul; prefill
-chunks run one sequence at a time through scaled_dot_product_attention with an
+Decode rows (one query per sequence) are batched into padded SDPA calls, by groups of
+similar length; prefill chunks run one sequence at a time through scaled_dot_product_attention with an
 explicit mask (causal within the chunk, full over the cached context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
 see exactly the same values, FP8 and INT8 caches included.
@@ -24,6 +24,10 @@ import torch.nn.functional as F
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 
 FP8_E4M3_MAX = 448.0
+# Decode rows attend in groups of this many, sorted by length (TorchPagedAttention._decode):
+# at 128 rows of 64-512 tokens, 8 groups halved the attention's CPU time against one padded
+# batch (SDPA's cost follows the padded length); fewer rows than this stay one batch.
+DECODE_BUCKET_ROWS = 16
 INT8_MAX = 127.0
 
 
@@ -162,6 +166,23 @@ class TorchPagedAttention:
 
     def _decode(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
                 seq_ids: list[int]) -> torch.Tensor:
+        """Decode rows by groups of DECODE_BUCKET_ROWS of similar length (sorted on the
+        host's copy of the lengths): each group is gathered and padded only to its own
+        longest, where one batch would pad every row to the step's longest."""
+        if len(seq_ids) <= DECODE_BUCKET_ROWS:
+            return self._decode_group(q, cache, meta, seq_ids)
+        lens = meta.seq_lens_cpu
+        order = sorted(range(len(seq_ids)), key=lambda r: lens[seq_ids[r]])
+        out = torch.empty_like(q)
+        for a in range(0, len(order), DECODE_BUCKET_ROWS):
+            rows = order[a:a + DECODE_BUCKET_ROWS]
+            idx = torch.tensor(rows, dtype=torch.long, device=q.device)
+            out.index_copy_(0, idx, self._decode_group(q.index_select(0, idx), cache, meta,
+                                                       [seq_ids[r] for r in rows]))
+        return out
+
+    def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
+                      seq_ids: list[int]) -> torch.Tensor:
         bs = cache.block_size
         seq_lens = [meta.seq_lens_cpu[i] for i in seq_ids]
         nblk = -(-max(seq_lens) // bs)
