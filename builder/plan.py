@@ -283,6 +283,7 @@ def _llama(vocab, hidden, inter, layers, heads, kv, arch="LlamaForCausalLM", **e
 NAMED_CONFIGS = {
     "llama-3.1-8b": _llama(128256, 4096, 14336, 32, 32, 8, rope_theta=500000.0),
     "llama-3.1-70b": _llama(128256, 8192, 28672, 80, 64, 8, rope_theta=500000.0),
+    "llama-3.1-405b": _llama(128256, 16384, 53248, 126, 128, 8, rope_theta=500000.0),
     "mistral-7b-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, arch="MistralForCausalLM"),
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
     "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,

@@ -13,8 +13,9 @@ from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.step_inputs import StepInputBuilder
 from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
-from backend.parallel.workers import (COLLECTIVE_TIMEOUT_S, HEADER_LEN, CaptureMessage, SetupMessage, StepMessage,
-                                      WorkerSpec, agree, arrived_key, cpu_share, decode, kv_bytes, model_bytes)
+from backend.parallel.messages import HEADER_LEN, CaptureMessage, SetupMessage, StepMessage, decode
+from backend.parallel.workers import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share, kv_bytes,
+                                      model_bytes)
 
 
 def worker_main(spec: WorkerSpec) -> None:

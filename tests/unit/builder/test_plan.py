@@ -112,3 +112,5 @@ def test_pipeline_rows_per_stage_and_bubble(tmp_path, capsys):
     assert rows[2]["weight_bytes_per_rank"] == max(s["weight_bytes_per_rank"] for s in rows[2]["stages"])
     assert rows[2]["weight_bytes_per_rank"] < 0.6 * rows[1]["weight_bytes_per_rank"]
     assert rows[2]["kv_blocks"] > rows[1]["kv_blocks"]
+    big = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-405b"])
+    assert plan.count_params(big).total == 405_853_388_800       # Llama 3.1 405B's published count
