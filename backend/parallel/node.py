@@ -10,7 +10,9 @@ cannot disagree. This process starts the node's ranks (backend/parallel/rank.py)
 a heartbeat for the head (backend/parallel/nodes.py), and when one of its ranks exits
 with an error, records why for the head, stops the others and exits 1; when they all
 exit cleanly (the head stopped them), it exits 0. It gives up when the head does not
-answer within --join-timeout-s, or its store goes away.
+answer within --join-timeout-s, or its store goes away (the head's ranks then fail too).
+It never rejoins by itself: run it under a restart policy (LeaderWorkerSet restarts the
+whole group, deploy/k8s/leaderworkerset.yaml), so a head that reloads the model finds it.
 """
 
 from __future__ import annotations
@@ -98,16 +100,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         while True:
-            store.add(heartbeat_key(node), 1)
             failed = [(r, p) for r, p in zip(ranks, procs) if p.exitcode not in (None, 0)]
             if failed:
                 why = "; ".join(f"rank {r} (pid {p.pid}) exited with code {p.exitcode}" for r, p in failed)
-                store.set(dead_key(node), why)
                 logger.error("%s: stopping this node's ranks", why)
+                store.set(dead_key(node), why)
                 return 1
-            if all(p.exitcode == 0 for p in procs):
+            if all(p.exitcode == 0 for p in procs):     # the head stopped them (its store may be gone)
                 logger.info("every rank stopped: done")
                 return 0
+            store.add(heartbeat_key(node), 1)
             time.sleep(HEARTBEAT_S)
     except (RuntimeError, dist.DistStoreError) as e:    # the head's store is gone
         logger.error("lost the head at %s:%d: %s", args.master_addr, args.master_port, e)
