@@ -140,6 +140,19 @@ class EngineArgs(BaseModel):
     # Rank 0 is the engine's process, the others are processes it starts: one device
     # each on CUDA, gloo between processes on CPU.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
+    # vLLM's name: the layers split into this many stages of tensor_parallel_size ranks
+    # each (backend/parallel/pipeline.py); one batch in flight.
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    # vLLM's names: the ranks spread over nnodes machines. This process is the head
+    # (node 0); the others run `python -m backend.parallel.node` and meet it through the
+    # TCP store it serves at master_addr:master_port (default: MASTER_ADDR, MASTER_PORT,
+    # else 29500). A node that has not joined in node_join_timeout_s fails the load; one
+    # whose heartbeats stop for node_health_timeout_s fails the model.
+    nnodes: int = Field(1, ge=1, le=1024)
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = Field(None, ge=1, le=65535)
+    node_join_timeout_s: float = Field(600.0, gt=0.0)
+    node_health_timeout_s: float = Field(10.0, gt=0.0)
     # vLLM's name: a MoE model's experts placed whole on the ranks (E / tp each) instead
     # of every expert sliced over them (backend/parallel/moe_sharding.py). Dense models
     # ignore it.
@@ -189,7 +202,7 @@ class EngineArgs(BaseModel):
     _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 
-    @field_validator("guided_compile_timeout_s", "request_timeout_s")
+    @field_validator("guided_compile_timeout_s", "request_timeout_s", "node_join_timeout_s", "node_health_timeout_s")
     @classmethod
     def _finite_seconds(cls, v: Optional[float]) -> Optional[float]:
         if v is not None and not math.isfinite(v):
@@ -221,6 +234,7 @@ class EngineArgs(BaseModel):
         if self.tensor_parallel_size > 1 and self.model_runner != "torch":
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs model_runner='torch' "
                              "(the exported graphs are single-device)")
+        self._check_pipeline()
         if self.speculative_config is not None and self.model_runner != "torch":
             raise ValueError("speculative_config needs model_runner='torch' (the exported graphs return one "
                              "row of logits per sequence)")
@@ -258,11 +272,30 @@ class EngineArgs(BaseModel):
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self
 
+    def _check_pipeline(self) -> None:
+        pp = self.pipeline_parallel_size
+        if pp > 1:
+            off = (f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else
+                   "speculative_config is set" if self.speculative_config is not None else
+                   "enable_lora is set" if self.enable_lora else
+                   f"runner='{self.runner}'" if self.runner != "generate" else
+                   "async_scheduling=true" if self.async_scheduling else None)
+            if off:
+                raise ValueError(f"pipeline_parallel_size={pp} is not supported where {off}")
+        world = self.tensor_parallel_size * pp
+        if self.nnodes > 1 and world % self.nnodes:
+            raise ValueError(f"nnodes={self.nnodes}: tensor_parallel_size x pipeline_parallel_size = {world} ranks "
+                             "must divide evenly over the nodes")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     @property
     def use_async_scheduling(self) -> bool:
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return (self.runner == "generate" and self.speculative_config is None and self.tensor_parallel_size == 1
+        return (self.runner == "generate" and self.speculative_config is None and self.world_size == 1
                 and self.model_runner == "torch")
 
     @property

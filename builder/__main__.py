@@ -28,9 +28,9 @@ def _plan(args) -> int:
         raise BuildError(f"unknown --gpu '{args.gpu}': name one of {', '.join(GPUS)} or give "
                          "--gpu-memory-gb and --gpu-price-per-hour")
     rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, args.weights, args.kv_cache, args.tp,
-                            args.context_lens, args.block_size, args.max_num_seqs)
-    cost = plan.cost_plan(price, args.workload_tp, args.requests_per_day, args.input_tokens, args.output_tokens,
-                          args.throughput, args.api_price_per_million)
+                            args.context_lens, args.block_size, args.max_num_seqs, args.pp, args.micro_batches)
+    cost = plan.cost_plan(price, args.workload_tp * args.workload_pp, args.requests_per_day, args.input_tokens,
+                          args.output_tokens, args.throughput, args.api_price_per_million)
     name = args.model or args.checkpoint
     params = plan.count_params(cfg)
     print(plan.format_report(name, f"{args.gpu} ({memory_gb:g} GiB, ${price:.2f}/h)", rows, cost, params))
@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     b.add_argument("--link", action="store_true", help="point at the checkpoint instead of copying it")
     for flag, typ in (("--block-size", int), ("--num-kv-blocks", int), ("--kv-cache-memory-bytes", int),
                       ("--max-num-seqs", int), ("--max-num-batched-tokens", int), ("--max-model-len", int),
-                      ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int)):
+                      ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int),
+                      ("--pipeline-parallel-size", int), ("--nnodes", int)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     for flag, typ in (("--max-n", int), ("--max-logprobs", int), ("--max-stop-strings", int),
@@ -99,6 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("--weights", nargs="+", default=["bf16", "fp8", "int8", "int4"], choices=list(WEIGHT_DTYPES))
     p.add_argument("--kv-cache", default="bf16", choices=list(KV_DTYPES))
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--pp", type=int, nargs="+", default=[1], help="pipeline stages (each of --tp GPUs)")
+    p.add_argument("--micro-batches", type=int, default=1, help="batches in flight, for the pipeline bubble "
+                   "(the engine runs 1)")
     p.add_argument("--context-lens", type=int, nargs="+", default=[2048, 8192, 32768])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -107,6 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--output-tokens", type=int, default=0)
     p.add_argument("--throughput", type=float, help="output tokens/s one replica sustains (measured)")
     p.add_argument("--workload-tp", type=int, default=1, help="GPUs per replica for the cost rows")
+    p.add_argument("--workload-pp", type=int, default=1, help="pipeline stages per replica for the cost rows")
     p.add_argument("--api-price-per-million", type=float)
     p.add_argument("--json", help="also write the plan here")
 

@@ -16,6 +16,7 @@ from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAM
 from backend.config import EngineArgs, PoolerConfig, SpeculativeConfig, json_or_value, lora_modules_value, validated
 from backend.models.config import load_model_config
 from backend.models.quant_linears import describe as describe_quantization
+from backend.parallel.pipeline import check_pipeline_parallel
 from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
 from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
@@ -65,6 +66,9 @@ class BuildOptions(BaseModel):
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
     tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    # Machines the ranks span (the others run `python -m backend.parallel.node`).
+    nnodes: int = Field(1, ge=1)
     # The engine's speculative_config (JSON). A draft model's checkpoint is copied into
     # the entry (`draft/`), or pointed at with `link`.
     speculative: Optional[SpeculativeConfig] = None
@@ -146,7 +150,9 @@ class BuildOptions(BaseModel):
         if self.runner == "pooling":
             off = (f"engine={self.engine}" if self.engine != "torch" else "speculative" if self.speculative else
                    "lora_modules" if self.lora_modules else
-                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else None)
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+                   f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1
+                   else None)
             if off:
                 raise ValueError(f"runner=pooling runs the torch model on one rank: it takes no {off}")
         return self
@@ -163,7 +169,8 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
                   kv_cache_memory_bytes=opts.kv_cache_memory_bytes, max_num_seqs=opts.max_num_seqs,
                   max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
                   enable_prefix_caching=opts.enable_prefix_caching, max_queue_size=opts.max_queue_size,
-                  kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size)
+                  kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size,
+                  pipeline_parallel_size=opts.pipeline_parallel_size, nnodes=opts.nnodes)
     if opts.kv_cache == "int8":
         from builder.kv_int8 import KV_SCALES_FILE
         values["kv_cache_scales"] = KV_SCALES_FILE
@@ -235,6 +242,9 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     problem = check_tensor_parallel(cfg, opts.tensor_parallel_size)
     if problem:
         raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} ({problem})")
+    problem = check_pipeline_parallel(cfg, opts.pipeline_parallel_size)
+    if problem:
+        raise BuildError(f"invalid build option 'pipeline_parallel_size': {opts.pipeline_parallel_size} ({problem})")
     if cfg.moe is not None and opts.engine != "torch":
         raise BuildError(f"invalid build option 'engine': {opts.engine} graphs of mixture-of-experts checkpoints "
                          f"({cfg.architecture}) are not supported yet; use engine 'torch'")

@@ -18,17 +18,22 @@ max_num_batched_tokens tokens, the sampler at max_num_seqs rows) and the sampler
 penalty tables. With tensor parallelism each rank holds what
 backend/parallel/sharding.py gives it: 1/tp of the heads, MLP channels and (padded)
 vocabulary, whole norms, and a whole KV head (its projections too) when there are fewer
-KV heads than ranks.
+KV heads than ranks. With pipeline parallelism (--pp) each stage holds its layers
+(backend/parallel/pipeline.py's split), stage 0 the embedding, the last stage the final
+norm and the LM head (its own copy of a tied embedding); the rows give the fullest stage's
+GPU, and the pipeline bubble: with M micro-batches in flight over P stages each GPU idles
+1 - min(M, P) / P of a decode step's time (the engine keeps M = 1 for now).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from backend.engine.cuda_graphs import estimate_graph_bytes
 from backend.models.config import ModelConfig
+from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.sharding import local_config, local_vocab_size
 
 if TYPE_CHECKING:
@@ -64,9 +69,18 @@ class ParamCounts:
         return self.total - self.inactive
 
 
-def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
-    """Parameters one rank of tp holds."""
-    h, hd, layers = cfg.hidden_size, cfg.head_dim, cfg.num_layers
+def stages(cfg: ModelConfig, tp: int, pp: int) -> list[Optional[PipelineStage]]:
+    """Each pipeline stage (as its first rank sees it); [None] without pipeline parallelism."""
+    if pp == 1:
+        return [None]
+    return [PipelineStage.of(s * tp, tp, pp, cfg.num_layers) for s in range(pp)]
+
+
+def count_params(cfg: ModelConfig, tp: int = 1, stage: Optional[PipelineStage] = None) -> ParamCounts:
+    """Parameters one rank of tp holds (of its pipeline stage's layers, with one)."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    first, last = (0, cfg.num_layers) if stage is None else (stage.start_layer, stage.end_layer)
+    layers = last - first
     local = local_config(cfg, tp)
     q, kv, inter = local.num_heads * hd, local.num_kv_heads * hd, local.intermediate_size
     linear_per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
@@ -75,17 +89,20 @@ def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
     other_per_layer = (2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.o_bias else 0)
                        + (2 * hd if cfg.qk_norm else 0))
     embed = local_vocab_size(cfg, tp) * h
-    other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
+    if stage is None:
+        other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
+    else:       # embedding on stage 0; final norm and head (a tied one copied) on the last
+        other = embed * (stage.is_first + stage.is_last) + layers * other_per_layer + h * stage.is_last
     counts = ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
-    return _with_experts(counts, local) if local.moe is not None else counts
+    return _with_experts(counts, local, first, last) if local.moe is not None else counts
 
 
-def _with_experts(p: ParamCounts, local: ModelConfig) -> ParamCounts:
+def _with_experts(p: ParamCounts, local: ModelConfig, first: int, last: int) -> ParamCounts:
     """Sparse layers hold E experts of [2I, H] + [H, I], a router [E, H] and Qwen2-MoE's
     shared expert and its [1, H] gate instead of the dense MLP (one rank's share: its
     experts' channels, or with expert parallelism its whole experts)."""
     moe, h = local.moe, local.hidden_size
-    sparse = sum(moe.sparse_layers)
+    sparse = sum(moe.sparse_layers[first:last])
     E, i, s = moe.num_local_experts, moe.intermediate_size, moe.shared_expert_intermediate_size
     dense_linear, dense_rows = 3 * h * local.intermediate_size, 2 * local.intermediate_size + h
     linear = E * 3 * h * i + 3 * h * s
@@ -98,9 +115,9 @@ def _with_experts(p: ParamCounts, local: ModelConfig) -> ParamCounts:
                        inactive=int(sparse * unused * 3 * h * i))
 
 
-def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
-    """Bytes of weights on one rank."""
-    p = count_params(cfg, tp)
+def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1, stage: Optional[PipelineStage] = None) -> int:
+    """Bytes of weights on one rank (of a pipeline stage)."""
+    p = count_params(cfg, tp, stage)
     if dtype == "float32":
         return p.total * 4
     linear = p.linear * WEIGHT_DTYPES[dtype]
@@ -111,18 +128,32 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
     return int(linear + p.other * 2)
 
 
-def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1) -> int:
-    return local_config(cfg, tp).kv_bytes_per_token * KV_DTYPES[kv_dtype]
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, tp: int = 1, stage: Optional[PipelineStage] = None) -> int:
+    return stage_kv_config(local_config(cfg, tp), stage).kv_bytes_per_token * KV_DTYPES[kv_dtype]
 
 
-def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1) -> int:
+def kv_blocks(budget_bytes: int, cfg: ModelConfig, kv_dtype: str, block_size: int, tp: int = 1,
+              stage: Optional[PipelineStage] = None) -> int:
     """Blocks the engine allocates from a KV budget (backend/engine/sizing.py)."""
-    return max(budget_bytes // (kv_bytes_per_token(cfg, kv_dtype, tp) * block_size), 0)
+    return max(budget_bytes // (kv_bytes_per_token(cfg, kv_dtype, tp, stage) * block_size), 0)
+
+
+def pipeline_bubble(pp: int, micro_batches: int) -> float:
+    """The share of a decode step each GPU idles with `micro_batches` batches in flight
+    over `pp` stages: a batch occupies one stage at a time, so min(M, P) of P are busy."""
+    return 1.0 - min(micro_batches, pp) / pp
 
 
 def max_sequences(blocks: int, context_len: int, block_size: int) -> int:
     """Sequences of `context_len` tokens that fit in `blocks` at once (no prefix sharing)."""
     return blocks // math.ceil(context_len / block_size)
+
+
+@dataclass
+class StageRow:
+    layers: tuple[int, int]         # [start, end)
+    weight_bytes_per_rank: int
+    kv_bytes_per_token_per_rank: int
 
 
 @dataclass
@@ -136,22 +167,43 @@ class MemoryRow:
     kv_blocks: int
     max_sequences: dict[int, int]  # context length -> sequences
     fits: bool
+    # Pipeline parallelism: the figures above are the fullest stage's (the KV blocks the
+    # tightest stage's: every stage holds the same block ids).
+    pp: int = 1
+    pipeline_bubble: float = 0.0
+    micro_batches: int = 1
+    stages: list[StageRow] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
 
 
 def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: float, weights: list[str],
                 kv_dtype: str, tps: list[int], context_lens: list[int], block_size: int,
-                max_num_seqs: int) -> list[MemoryRow]:
+                max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: int = 1) -> list[MemoryRow]:
     rows = []
     act_bytes = 4 if kv_dtype == "float32" else 2
-    for tp in tps:
-        for w in weights:
-            wb = weight_bytes(cfg, w, tp)
-            graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes)
-            budget = int(gpu_memory_gb * 2**30 * gpu_memory_utilization) - wb - graphs
-            blocks = kv_blocks(max(budget, 0), cfg, kv_dtype, block_size, tp)
-            rows.append(MemoryRow(tp, w, wb, graphs, max(budget, 0), kv_bytes_per_token(cfg, kv_dtype, tp), blocks,
-                                  {n: max_sequences(blocks, n, block_size) for n in context_lens}, blocks > 0))
+    for pp in pps:
+        for tp in tps:
+            for w in weights:
+                rows.append(_memory_row(cfg, gpu_memory_gb * 2**30 * gpu_memory_utilization, w, kv_dtype, tp, pp,
+                                        context_lens, block_size, max_num_seqs, act_bytes, micro_batches))
     return rows
+
+
+def _memory_row(cfg: ModelConfig, usable: float, w: str, kv_dtype: str, tp: int, pp: int, context_lens: list[int],
+                block_size: int, max_num_seqs: int, act_bytes: int, micro_batches: int) -> MemoryRow:
+    # The engine captures no decode CUDA graphs under pipeline parallelism.
+    graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes) if pp == 1 else 0
+    per_stage = [StageRow((s.start_layer, s.end_layer) if s else (0, cfg.num_layers), weight_bytes(cfg, w, tp, s),
+                          kv_bytes_per_token(cfg, kv_dtype, tp, s)) for s in stages(cfg, tp, pp)]
+    budgets = [max(int(usable) - s.weight_bytes_per_rank - graphs, 0) for s in per_stage]
+    blocks = min(b // (s.kv_bytes_per_token_per_rank * block_size) for b, s in zip(budgets, per_stage))
+    return MemoryRow(tp, w, max(s.weight_bytes_per_rank for s in per_stage), graphs, min(budgets),
+                     max(s.kv_bytes_per_token_per_rank for s in per_stage), blocks,
+                     {n: max_sequences(blocks, n, block_size) for n in context_lens}, blocks > 0, pp,
+                     pipeline_bubble(pp, micro_batches), micro_batches, per_stage if pp > 1 else [])
 
 
 @dataclass
@@ -166,18 +218,18 @@ class CostPlan:
     break_even_tokens_per_month: Optional[float]
 
 
-def cost_plan(gpu_price_per_hour: float, tp: int = 1, requests_per_day: float = 0.0, input_tokens: int = 0,
+def cost_plan(gpu_price_per_hour: float, gpus: int = 1, requests_per_day: float = 0.0, input_tokens: int = 0,
               output_tokens: int = 0, output_tokens_per_s: Optional[float] = None,
               api_price_per_million: Optional[float] = None) -> CostPlan:
     """Replicas from the output-token rate the workload needs and what one replica
     sustains (measured with `clients.bench`, or entered); at least one."""
     need = requests_per_day * output_tokens / 86400
     replicas = max(1, math.ceil(need / output_tokens_per_s)) if output_tokens_per_s else 1
-    monthly = replicas * tp * gpu_price_per_hour * HOURS_PER_MONTH
+    monthly = replicas * gpus * gpu_price_per_hour * HOURS_PER_MONTH
     tokens = requests_per_day * 30 * (input_tokens + output_tokens)
     per_million = monthly / (tokens / 1e6) if tokens else None
     break_even = monthly / api_price_per_million * 1e6 if api_price_per_million else None
-    return CostPlan(tp, replicas, gpu_price_per_hour, monthly, tokens, per_million, api_price_per_million,
+    return CostPlan(gpus, replicas, gpu_price_per_hour, monthly, tokens, per_million, api_price_per_million,
                     break_even)
 
 
@@ -188,13 +240,19 @@ def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[Cos
     out = [f"{name} on {gpu}"]
     if params is not None:
         out.append(f"parameters: {params.total:,} total, {params.active:,} active per token")
-    out += [
-           f"{'tp':>3} {'weights':>8} {'GiB/rank':>9} {'KV KiB/token':>13} {'KV GiB/rank':>12} "
-           + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx)]
+    pipeline = any(r.pp > 1 for r in rows)
+    par = f"{'tp':>3} {'pp':>3} {'bubble':>7}" if pipeline else f"{'tp':>3}"
+    out.append(f"{par} {'weights':>8} {'GiB/GPU':>9} {'KV KiB/token':>13} {'KV GiB/GPU':>12} "
+               + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx))
     for r in rows:
         seqs = " ".join(f"{r.max_sequences[n]:>11,}" for n in ctx) if r.fits else "does not fit".rjust(11)
-        out.append(f"{r.tp:>3} {r.weights:>8} {r.weight_bytes_per_rank / gib:>9.2f} "
+        par = f"{r.tp:>3} {r.pp:>3} {r.pipeline_bubble:>7.0%}" if pipeline else f"{r.tp:>3}"
+        out.append(f"{par} {r.weights:>8} {r.weight_bytes_per_rank / gib:>9.2f} "
                    f"{r.kv_bytes_per_token_per_rank / 1024:>13.1f} {r.kv_budget_bytes_per_rank / gib:>12.2f} {seqs}")
+    if pipeline:
+        m = rows[0].micro_batches
+        out.append(f"GiB/GPU and KV: the fullest pipeline stage's GPU; bubble: the share of a decode step each GPU "
+                   f"idles with {m} micro-batch{'es' if m > 1 else ''} in flight")
     if cost:
         out.append(f"workload: {cost.replicas} replica(s) x {cost.gpus_per_replica} GPU(s) at "
                    f"${cost.gpu_price_per_hour:.2f}/h = ${cost.monthly_cost:,.0f}/month")
@@ -225,6 +283,7 @@ def _llama(vocab, hidden, inter, layers, heads, kv, arch="LlamaForCausalLM", **e
 NAMED_CONFIGS = {
     "llama-3.1-8b": _llama(128256, 4096, 14336, 32, 32, 8, rope_theta=500000.0),
     "llama-3.1-70b": _llama(128256, 8192, 28672, 80, 64, 8, rope_theta=500000.0),
+    "llama-3.1-405b": _llama(128256, 16384, 53248, 126, 128, 8, rope_theta=500000.0),
     "mistral-7b-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, arch="MistralForCausalLM"),
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
     "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,
@@ -236,17 +295,22 @@ NAMED_CONFIGS = {
 
 def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions") -> dict:
     """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x
-    head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism. The
-    budget is total memory x gpu_memory_utilization less weights and CUDA graphs: the
-    engine's KV cache is smaller by what its profile run finds at load (module docstring)."""
-    tp = opts.tensor_parallel_size
-    kv_per_token = local_config(cfg, tp).kv_bytes_per_token * kv_bytes_per_elem
-    weight_bytes = -(-weight_bytes // tp)       # norms are replicated: a few KiB more in truth
+    head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism and its
+    stage's layers under pipeline parallelism (the fullest stage's GPU). The budget is
+    total memory x gpu_memory_utilization less weights and CUDA graphs: the engine's KV
+    cache is smaller by what its profile run finds at load (module docstring)."""
+    tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
+    kv_per_token = max(stage_kv_config(local_config(cfg, tp), s).kv_bytes_per_token for s in stages(cfg, tp, pp))
+    kv_per_token *= kv_bytes_per_elem
+    # The files' bytes, shared as the parameters are (norms replicated: a few KiB more in truth).
+    total = count_params(cfg).total
+    share = max(count_params(cfg, 1, s).total for s in stages(cfg, 1, pp)) / total
+    weight_bytes = -(-int(weight_bytes * share) // tp)
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
-    # The torch engine on a GPU captures decode CUDA graphs (every rank); the engine
-    # reserves their pool before sizing the KV cache, and so does the plan (bf16
-    # activations).
-    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" else 0
+    # The torch engine on a GPU captures decode CUDA graphs (every rank; none under
+    # pipeline parallelism); the engine reserves their pool before sizing the KV cache,
+    # and so does the plan (bf16 activations).
+    graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" and pp == 1 else 0
     kv_budget = max(budget - weight_bytes - graph_bytes, 0)
     tokens = int(kv_budget // kv_per_token)
     params = count_params(cfg)
@@ -254,13 +318,14 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
             "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp,
-            "parameters": {"total": params.total, "active": params.active}}
+            "pipeline_parallel_size": pp, "parameters": {"total": params.total, "active": params.active}}
 
 
 def format_plan(p: dict) -> str:
     """The memory plan as the build prints it."""
     gib = 2**30
-    per = f", per rank of {p['tensor_parallel_size']}" if p.get("tensor_parallel_size", 1) > 1 else ""
+    gpus = p.get("tensor_parallel_size", 1) * p.get("pipeline_parallel_size", 1)
+    per = f", per GPU of {gpus}" if gpus > 1 else ""
     params = p.get("parameters")
     moe = f"; parameters {params['total']:,} total, {params['active']:,} active" if (
         params and params["active"] != params["total"]) else ""

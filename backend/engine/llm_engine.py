@@ -53,7 +53,8 @@ from backend.ops import make_layer_ops
 from backend.parallel.group import SINGLE
 from backend.parallel.moe_sharding import with_expert_parallel
 from backend.parallel.sharding import kv_head_range, local_config
-from backend.parallel.workers import TensorParallelWorkers, WorkerSpec, kv_bytes, model_bytes
+from backend.parallel.pipeline import stage_kv_config
+from backend.parallel.workers import TensorParallelWorkers, check_world, kv_bytes, model_bytes, worker_spec
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class LLMEngine(RequestIntake):
         self.device = sizing.resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
         tp_size = args.tensor_parallel_size
         sizing.check_tensor_parallel_size(cfg, tp_size, self.device)
-        if tp_size > 1 and self.device.type == "cuda":
+        check_world(cfg, args, self.device)
+        if args.world_size > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", 0)   # rank r runs on cuda:r
         self.dtype = _DTYPES[cfg.torch_dtype if args.dtype == "auto" and cfg.torch_dtype in _DTYPES
                              else ("float32" if args.dtype == "auto" else args.dtype)]
@@ -97,20 +99,18 @@ class LLMEngine(RequestIntake):
         max_position = self.max_position = max(cfg.max_position_embeddings, args.max_model_len or 0)
         # LongRoPE: original_max_position_embeddings, past which a request runs in long mode.
         self.long_rope_original = long_rope(cfg.rope_scaling)
-        if tp_size > 1:
-            self.workers = TensorParallelWorkers(WorkerSpec(
-                model=args.model, size=tp_size, init_method="", device_type=self.device.type,
-                dtype=str(self.dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
-                attention_backend=self.attention_backend, max_position=max_position,
-                enable_expert_parallel=args.enable_expert_parallel, kv_cache_scales=args.kv_cache_scales,
-                lora_engine_args=args.model_dump() if args.enable_lora else None))
+        if args.world_size > 1:
+            self.workers = TensorParallelWorkers(worker_spec(args, self.device, self.dtype, kv_dtype,
+                                                             self.attention_backend, max_position), cfg.num_layers)
+        stage = self.workers.stage if self.workers else None        # pipeline parallelism: rank 0's stage
         self.model = None
         if args.model_runner == "torch":
             self.model = load_model(args.model, cfg, self.dtype, self.device,
                                     make_attention_factory(self.attention_backend), max_position,
                                     make_layer_ops(self.attention_backend),
                                     self.workers.tp if self.workers else SINGLE,
-                                    int_kernel=self.attention_backend == "triton", pooling=args.runner == "pooling")
+                                    int_kernel=self.attention_backend == "triton", pooling=args.runner == "pooling",
+                                    stage=stage)
         self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend,
                                       tp_size=tp_size)
         self.tokenizer = load_tokenizer(args.model)
@@ -122,9 +122,10 @@ class LLMEngine(RequestIntake):
 
         self.use_cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
                                 and args.model_runner == "torch" and not args.enforce_eager
-                                and args.runner == "generate")     # (pooling runs no decode step)
+                                and args.runner == "generate"      # (pooling runs no decode step)
+                                and stage is None)
         # Per rank: each holds its KV heads of every block (and budgets are per device).
-        rank_cfg = local_config(cfg, tp_size)
+        rank_cfg = stage_kv_config(local_config(cfg, tp_size), stage)
         bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
         if draft is not None:           # the draft's K/V lives in the same blocks
             bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
@@ -313,6 +314,7 @@ class LLMEngine(RequestIntake):
             "block_size": self.args.block_size,
             "kv_cache_bytes": self.kv_cache_bytes,           # per rank
             "tensor_parallel_size": self.args.tensor_parallel_size,
+            "pipeline_parallel_size": self.args.pipeline_parallel_size,
             "bytes_per_rank": self.bytes_per_rank,
             "kv_cache_dtype": str(self.runner.kv_caches[0].key.dtype).replace("torch.", ""),
             "num_cached_blocks": len(kv.pool.cached),

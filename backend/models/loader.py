@@ -17,6 +17,7 @@ from backend.models.quant_linears import (QUANTIZED_LINEARS, quantized_state_dic
 from backend.models.registry import model_class
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE, TensorParallel
+from backend.parallel.pipeline import PipelineStage, PipelineStageModel, keep_stage, stage_weights
 from backend.parallel.sharding import load_shard, local_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -66,8 +67,10 @@ def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                attn_factory: Callable[..., object], max_position: int, ops: Optional[LayerOps] = None,
-               tp: TensorParallel = SINGLE, int_kernel: bool = False, pooling: bool = False) -> CausalLM:
-    """The model, or with tp.size > 1 this rank's shard of it (reading only its slices).
+               tp: TensorParallel = SINGLE, int_kernel: bool = False, pooling: bool = False,
+               stage: Optional[PipelineStage] = None) -> CausalLM:
+    """The model, or with tp.size > 1 this rank's shard of it (reading only its slices);
+    with a pipeline stage, the stage's part of it (backend/parallel/pipeline.py).
     pooling (runner="pooling"): an embedding checkpoint may be the bare decoder saved
     without the `model.` prefix and without an LM head (Qwen3-Embedding is), as vLLM
     loads both; the head is then tied to the embedding (never used, and no memory)."""
@@ -78,10 +81,17 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     with torch.device("meta"):
         model = model_class(cfg)(local, attn_factory, max_position, ops, tp)
         swap_in_quantized_linears(model, cfg.quantization, int_kernel)
-    weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
+        if stage is not None:
+            keep_stage(model, stage)
+    if stage is not None:
+        weights = load_shard(path, cfg, tp.rank, tp.size, keep=lambda n: stage.owns(n, cfg.tie_word_embeddings))
+    else:
+        weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
     if pooling and not any(k.startswith("model.") for k in weights):
         weights = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in weights.items()}
     tied = cfg.tie_word_embeddings or (pooling and "lm_head.weight" not in weights)
+    if stage is not None:
+        tied = stage_weights(weights, stage, tied)
     weights = quantized_state_dict(weights, cfg.num_layers, cfg.quantization)
     state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
     if tied:
@@ -109,7 +119,8 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
                 setattr(module, name, b.to(dtype))
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    return model if stage is None else PipelineStageModel(model, stage, dtype)
 
 
 def load_tokenizer(path: str):

@@ -3,13 +3,15 @@ two collectives a Megatron-style layer needs (sum partial outputs, gather vocab 
 
 Built on torch.distributed: NCCL between GPUs, gloo on CPU. With one rank every
 collective is the identity, so the single-device model runs the same code with no cost.
+Under pipeline parallelism (backend/parallel/pipeline.py) each stage's ranks form a group
+of their own; world rank = stage * tp_size + tp_rank (vLLM's layout).
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,10 @@ import torch.distributed as dist
 class TensorParallel:
     rank: int = 0
     size: int = 1
+    # This stage's group under pipeline parallelism (None: the whole world), and its rank
+    # 0 as a world rank (where the logits are gathered).
+    group: Any = field(default=None, compare=False)
+    first_rank: int = 0
 
     @property
     def is_first(self) -> bool:
@@ -27,7 +33,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's x, in place (the row-parallel layers' partial outputs)."""
         if self.size > 1:
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
 
     def gather_last_dim(self, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -37,21 +43,34 @@ class TensorParallel:
             return x
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.is_first else None
-        dist.gather(x, parts, dst=0)
+        dist.gather(x, parts, dst=self.first_rank, group=self.group)
         return torch.cat(parts, dim=-1) if self.is_first else None
 
 
 SINGLE = TensorParallel()
 
 
-def init_group(rank: int, size: int, init_method: str, device: torch.device, timeout_s: float) -> TensorParallel:
-    """Join the ranks' process group. Collectives that wait longer than timeout_s on a
-    rank that stopped answering raise instead of hanging the engine."""
+def init_group(rank: int, size: int, store: dist.Store, device: torch.device, timeout_s: float,
+               tp_size: Optional[int] = None) -> TensorParallel:
+    """Join the ranks' process group through the rendezvous store, and with several
+    pipeline stages (tp_size < size) make each stage's group (every rank makes every
+    group, in the same order). Collectives that wait longer than timeout_s on a rank that
+    stopped answering raise instead of hanging the engine."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout,
                             **({"device_id": device} if device.type == "cuda" else {}))
-    return TensorParallel(rank, size)
+    tp_size = tp_size or size
+    if tp_size == size:
+        return TensorParallel(rank, size)
+    if tp_size == 1:
+        return TensorParallel()
+    mine = None
+    for first in range(0, size, tp_size):
+        group = dist.new_group(list(range(first, first + tp_size)), timeout=timeout)
+        if first <= rank < first + tp_size:
+            mine = group
+    return TensorParallel(rank % tp_size, tp_size, mine, rank - rank % tp_size)
 
 
 def control_group():

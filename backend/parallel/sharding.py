@@ -18,7 +18,7 @@ import dataclasses
 import glob
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from safetensors import safe_open
@@ -103,8 +103,10 @@ def weight_slice(name: str, cfg: ModelConfig, rank: int, tp: int) -> tuple[int, 
     return rule
 
 
-def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int) -> dict[str, torch.Tensor]:
-    """This rank's tensors of the checkpoint, under the checkpoint's names."""
+def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int,
+               keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
+    """This rank's tensors of the checkpoint, under the checkpoint's names; with `keep`
+    (a pipeline stage's), only the tensors it keeps are read."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in checkpoint folder '{path}'")
@@ -112,6 +114,8 @@ def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int) -> dict[str, tor
     for file in files:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
+                if keep is not None and not keep(name):
+                    continue
                 rule = _rule(name, cfg, rank, tp)
                 if rule == SKIP:
                     continue                        # another rank's expert

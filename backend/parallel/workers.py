@@ -1,5 +1,6 @@
-"""Tensor-parallel ranks 1..N-1: processes the engine starts, each holding its shard of
-the weights and of every KV block, running the forward pass rank 0 plans.
+"""Ranks 1..N-1 (tensor and pipeline parallel): processes the engine starts, or a worker
+node's agent starts (backend/parallel/node.py), each holding its shard of the weights
+and of every KV block, running the forward pass rank 0 plans (backend/parallel/rank.py).
 
 Rank 0 is the engine's own process: scheduler, KV cache manager, sampler. Each step it
 sends the others a short plan and the integer inputs it uploaded (one gloo broadcast
@@ -7,30 +8,35 @@ each, on a control group), then every rank runs the same forward over the same b
 ids; the layers' all-reduces and the logits gather are the only other traffic. The
 workers never decide anything, so they cannot drift from rank 0.
 
-A worker that dies closes its connections: rank 0's next collective fails at once, and
-`check_health()` (called by the engine loop every iteration, busy or idle) names it. A
-rank 0 that dies does the same to the workers, which then exit.
+The ranks meet through a torch.distributed TCP store that rank 0 serves (on loopback,
+on a port the OS picks, when every rank is on this machine; at master_addr:master_port
+for worker nodes). A worker that dies closes its connections: rank 0's next collective
+fails at once, and `check_health()` (called by the engine loop every iteration, busy or
+idle) names it; a worker node is watched through its agent's heartbeats
+(backend/parallel/nodes.py). A rank 0 that dies does the same to the workers, which then
+exit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import datetime
 import os
-import shutil
-import tempfile
 import threading
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs
+from backend.engine.cuda_graphs import DecodeGraphs
 from backend.engine.errors import EngineDeadError
-from backend.engine.step_inputs import GraphShape, StepInputBuilder
+from backend.engine.step_inputs import GraphShape
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
+from backend.parallel.messages import CaptureMessage, Message, SetupMessage, StepMessage, StopMessage, encode
+from backend.parallel.pipeline import PipelineStage
 
 logger = logging.getLogger(__name__)
 
@@ -38,94 +44,11 @@ logger = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT_S = 600.0
 
 
-# ---------------------------------------------------------------- control messages
-# Rank 0 tells the workers what to do with one message at a time, broadcast on the
-# control group as a fixed-width int64 header: the message's kind, then its fields.
-
-class _IntFields:
-    """A message whose fields are ints, sent in declaration order."""
-
-    def values(self) -> list[int]:
-        return list(dataclasses.astuple(self))
-
-    @classmethod
-    def from_values(cls, values: list[int]):
-        return cls(*values[:len(dataclasses.fields(cls))])
-
-
-@dataclasses.dataclass(frozen=True)
-class StopMessage(_IntFields):
-    """Exit."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SetupMessage(_IntFields):
-    """The KV pool and step buffer sizes rank 0 chose; the workers answer with their
-    (weight bytes, KV bytes)."""
-    num_kv_blocks: int
-    block_size: int
-    max_tokens: int
-    max_seqs: int
-    max_blocks_per_seq: int
-
-
-@dataclasses.dataclass(frozen=True)
-class CaptureMessage(_IntFields):
-    """Capture the decode (and verify) CUDA graphs (every rank at once; kept only if all
-    succeed)."""
-    max_num_seqs: int
-    max_model_len: int
-    verify_query_len: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class StepMessage:
-    """Run one step. The uploaded buffer prefix follows (plan[0] elements), then, with
-    LoRA, each scheduled request's adapter index."""
-    plan: tuple[int, ...]           # StepInputBuilder.plan(step)
-    graph: Optional[GraphShape]     # the CUDA graph rank 0 replays; None: eager
-    with_lora: bool = False
-
-    WIDTH = StepInputBuilder.PLAN_LEN + 3
-
-    def __post_init__(self) -> None:
-        assert len(self.plan) == StepInputBuilder.PLAN_LEN, self.plan
-
-    def values(self) -> list[int]:
-        g = self.graph or GraphShape(0, 0)
-        return [*self.plan, g.num_seqs, g.query_len, int(self.with_lora)]
-
-    @classmethod
-    def from_values(cls, values: list[int]) -> "StepMessage":
-        n = StepInputBuilder.PLAN_LEN
-        graph = GraphShape(values[n], values[n + 1]) if values[n] else None
-        return cls(tuple(values[:n]), graph, bool(values[n + 2]))
-
-
-Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage]
-_KINDS: tuple[type, ...] = (StopMessage, SetupMessage, StepMessage, CaptureMessage)
-HEADER_LEN = 1 + max(StepMessage.WIDTH, *(len(dataclasses.fields(k)) for k in _KINDS if k is not StepMessage))
-
-
-def encode(message: Message) -> torch.Tensor:
-    """The message as the fixed-width header broadcast on the control group."""
-    values = [_KINDS.index(type(message)), *message.values()]
-    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    header[:len(values)] = torch.tensor(values, dtype=torch.int64)
-    return header
-
-
-def decode(header: torch.Tensor) -> Message:
-    kind, *values = header.tolist()
-    return _KINDS[kind].from_values(values)
-
-
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """What a rank needs to build its shard (picklable: it crosses the spawn)."""
     model: str
-    size: int
-    init_method: str
+    size: int                       # world size: tensor_parallel_size x pipeline_parallel_size
     device_type: str
     dtype: str                      # torch dtype name, e.g. "float32"
     kv_dtype: str
@@ -137,9 +60,31 @@ class WorkerSpec:
     lora_engine_args: Optional[dict] = None
     enable_expert_parallel: bool = False
     kv_cache_scales: Optional[str] = None       # INT8 cache: the per-head scales file (kv_int8.py)
+    pp_size: int = 1
+    nnodes: int = 1                 # rank r runs on node r // ranks_per_node
+    # The rendezvous store rank 0 serves (port 0: the OS picks, every rank on this machine).
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    join_timeout_s: float = 600.0
+    node_health_timeout_s: float = 10.0
+
+    @property
+    def tp_size(self) -> int:
+        return self.size // self.pp_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.size // self.nnodes
 
     def device(self) -> torch.device:
-        return torch.device("cuda", self.rank) if self.device_type == "cuda" else torch.device("cpu")
+        if self.device_type != "cuda":
+            return torch.device("cpu")
+        return torch.device("cuda", self.rank % self.ranks_per_node)
+
+    def client_store(self) -> dist.TCPStore:
+        """A connection to rank 0's rendezvous store (retried until join_timeout_s)."""
+        return dist.TCPStore(self.master_addr, self.master_port, None, False,
+                             datetime.timedelta(seconds=self.join_timeout_s))
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -150,52 +95,84 @@ def kv_bytes(kv_caches) -> int:
     return sum(c.key.nbytes + c.value.nbytes for c in kv_caches)
 
 
-class TensorParallelWorkers:
-    """Rank 0's handle on the other ranks."""
+def arrived_key(rank: int) -> str:
+    """Set by each rank in the store before it joins the process group."""
+    return f"paged_llm/rank{rank}/arrived"
 
-    def __init__(self, spec: WorkerSpec, start_timeout_s: float = 600.0) -> None:
+
+def start_ranks(spec: WorkerSpec, ranks: range) -> list:
+    """Spawn these ranks on this machine (daemons: they go when their parent goes)."""
+    from backend.parallel.rank import worker_main
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=worker_main, args=(dataclasses.replace(spec, rank=r),),
+                         name=f"paged_llm-rank{r}", daemon=True) for r in ranks]
+    for p in procs:
+        p.start()
+    return procs
+
+
+class TensorParallelWorkers:
+    """Rank 0's handle on the other ranks (tensor and pipeline parallel, on this machine
+    and on worker nodes)."""
+
+    def __init__(self, spec: WorkerSpec, num_layers: int) -> None:
+        from backend.parallel.nodes import WorkerNodes
         self.size = spec.size
-        self._dir = tempfile.mkdtemp(prefix="paged_llm_tp_")
-        spec = dataclasses.replace(spec, init_method="file://" + os.path.join(self._dir, "rendezvous"))
-        ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=worker_main, args=(dataclasses.replace(spec, rank=r),),
-                                  name=f"paged_llm-tp-rank{r}", daemon=True)
-                      for r in range(1, spec.size)]
+        self.procs: list = []
+        self.nodes: Optional[WorkerNodes] = None
         self._closed = False
+        self._threads = torch.get_num_threads()
+        # Rank 0 serves the rendezvous; on one machine, on loopback and a free port.
+        self.store = dist.TCPStore(spec.master_addr, spec.master_port, None, True,
+                                   datetime.timedelta(seconds=spec.join_timeout_s), wait_for_workers=False)
+        spec = dataclasses.replace(spec, master_port=self.store.port)
+        if spec.nnodes > 1:
+            self.nodes = WorkerNodes(spec)
+        self.procs = start_ranks(spec, range(1, spec.ranks_per_node))
         # On CPU the ranks share the machine's cores: each takes its share (the workers
         # do the same), or they would oversubscribe it. Given back at shutdown.
-        self._threads = torch.get_num_threads()
         if spec.device_type == "cpu":
-            torch.set_num_threads(cpu_share(spec.size))
-        for p in self.procs:
-            p.start()
-        self.tp: TensorParallel = self._join(spec, start_timeout_s)
+            torch.set_num_threads(cpu_share(spec.ranks_per_node))
+        self.tp: TensorParallel = self._join(spec, spec.join_timeout_s)
+        self.stage = PipelineStage.of(0, spec.tp_size, spec.pp_size, num_layers) if spec.pp_size > 1 else None
         self.ctrl = control_group()
 
     def _join(self, spec: WorkerSpec, timeout_s: float) -> TensorParallel:
         """Rendezvous with the workers, failing fast (not after the store's timeout) when
-        one of them dies while starting."""
+        one of them dies while starting. The process group is made only once every rank
+        has arrived at the store: a rank that never comes leaves no rendezvous waiting."""
+        deadline = time.monotonic() + timeout_s
+        missing = list(range(1, spec.size))
+        while missing:
+            dead = self._dead()
+            if dead or time.monotonic() > deadline:
+                self._startup_failed(dead, f"ranks {missing} did not arrive in {timeout_s:g} s", timeout_s)
+            missing = [r for r in missing if not self.store.check([arrived_key(r)])]
+            time.sleep(0.05 if missing else 0.0)
         result: list = []
 
         def join() -> None:
             try:
-                result.append(init_group(0, spec.size, spec.init_method, spec.device(), COLLECTIVE_TIMEOUT_S))
+                result.append(init_group(0, spec.size, self.store, spec.device(), COLLECTIVE_TIMEOUT_S,
+                                         spec.tp_size))
             except Exception as e:  # reported below
                 result.append(e)
 
-        thread = threading.Thread(target=join, name="tp-rendezvous", daemon=True)
+        thread = threading.Thread(target=join, name="rendezvous", daemon=True)
         thread.start()
-        deadline = time.monotonic() + timeout_s
         while thread.is_alive():
             thread.join(0.1)
             dead = self._dead()
             if dead or time.monotonic() > deadline:
-                self.shutdown()
-                raise EngineDeadError(f"tensor parallel startup failed: {dead or 'the ranks did not meet in time'}")
-        if isinstance(result[0], Exception):
-            self.shutdown()
-            raise EngineDeadError(f"tensor parallel startup failed: {result[0]}")
+                self._startup_failed(dead, "the ranks did not meet in time", timeout_s)
+        if isinstance(result[0], Exception):    # (the store's own wait ends with the join timeout too)
+            self._startup_failed("", str(result[0]), timeout_s)
         return result[0]
+
+    def _startup_failed(self, dead: str, otherwise: str, timeout_s: float) -> NoReturn:
+        late = self.nodes.not_joined(timeout_s) if self.nodes is not None else ""
+        self.shutdown()
+        raise EngineDeadError(f"parallel startup failed: {dead or late or otherwise}")
 
     def setup(self, num_kv_blocks: int, block_size: int, input_sizes: tuple[int, int, int],
               weight_bytes: int, kv_cache_bytes: int) -> list[tuple[int, int]]:
@@ -233,8 +210,10 @@ class TensorParallelWorkers:
         dist.broadcast(encode(message), 0, group=self.ctrl)
 
     def _dead(self) -> str:
-        return "; ".join(f"tensor parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}"
-                         for r, p in enumerate(self.procs, start=1) if not p.is_alive())
+        local = [f"tensor parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+                 for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        remote = self.nodes.dead() if self.nodes is not None else ""
+        return "; ".join(local + ([remote] if remote else []))
 
     def check_health(self) -> None:
         dead = self._dead()
@@ -243,7 +222,10 @@ class TensorParallelWorkers:
 
     def raise_if_dead(self, wait_s: float, cause: BaseException) -> None:
         """After a failed collective: a rank that died is the likely cause, and its exit
-        can trail its closed connections by a moment."""
+        can trail its closed connections by a moment (a worker node's, until its
+        heartbeats are overdue)."""
+        if self.nodes is not None:
+            wait_s = max(wait_s, self.nodes.health_timeout_s + 1.0)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             dead = self._dead()
@@ -267,7 +249,6 @@ class TensorParallelWorkers:
                 p.kill()
                 p.join()
         destroy_group()
-        shutil.rmtree(self._dir, ignore_errors=True)
         torch.set_num_threads(self._threads)
 
 
@@ -282,79 +263,35 @@ def agree(ok: bool, group) -> bool:
     return bool(flag.item())
 
 
-def worker_main(spec: WorkerSpec) -> None:
-    """Entry point of ranks 1..N-1 (a spawned process)."""
-    # Imported here: the engine imports this module, and a spawned child imports only what it runs.
-    from backend.attention import make_attention_factory
-    from backend.config import EngineArgs
-    from backend.engine.model_runner import ModelRunner, allocate_kv_cache
-    from backend.lora import make_lora_manager
-    from backend.models.config import load_model_config
-    from backend.models.loader import load_model
-    from backend.ops import make_layer_ops
-    from backend.parallel.sharding import local_config
-    from backend.parallel.moe_sharding import with_expert_parallel
+def check_world(cfg, args, device: torch.device) -> None:
+    """pipeline_parallel_size against the checkpoint, and each node's ranks against its
+    visible GPUs (tensor_parallel_size alone: sizing.check_tensor_parallel_size)."""
+    from backend.config import ConfigError
+    from backend.parallel.pipeline import check_pipeline_parallel
+    problem = check_pipeline_parallel(cfg, args.pipeline_parallel_size)
+    if problem:
+        raise ConfigError(f"invalid engine argument 'pipeline_parallel_size': {args.pipeline_parallel_size} "
+                          f"({problem})")
+    per_node = args.world_size // args.nnodes
+    if device.type == "cuda" and args.pipeline_parallel_size > 1 and torch.cuda.device_count() < per_node:
+        raise ConfigError(f"invalid engine argument 'pipeline_parallel_size': {args.pipeline_parallel_size} "
+                          f"({per_node} ranks on this node, {torch.cuda.device_count()} CUDA devices visible)")
 
-    logging.basicConfig(level=logging.INFO, format=f"[paged_llm tp rank {spec.rank}] %(message)s")
-    device = spec.device()
-    if device.type == "cpu":
-        torch.set_num_threads(cpu_share(spec.size))
-    else:
-        torch.cuda.set_device(device)
-    tp = init_group(spec.rank, spec.size, spec.init_method, device, COLLECTIVE_TIMEOUT_S)
-    ctrl = control_group()
-    try:
-        cfg = with_expert_parallel(load_model_config(spec.model), spec.enable_expert_parallel)
-        model = load_model(spec.model, cfg, getattr(torch, spec.dtype), device,
-                           make_attention_factory(spec.attention_backend), spec.max_position,
-                           make_layer_ops(spec.attention_backend), tp)
-        lora = None
-        if spec.lora_engine_args is not None:
-            lora = make_lora_manager(EngineArgs(**spec.lora_engine_args), cfg, model, device,
-                                     getattr(torch, spec.dtype), spec.attention_backend, spec.rank, spec.size)
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        dist.broadcast(header, 0, group=ctrl)
-        setup = decode(header)
-        if not isinstance(setup, SetupMessage):
-            return
-        kv_caches = allocate_kv_cache(local_config(cfg, spec.size), setup.num_kv_blocks, setup.block_size,
-                                      getattr(torch, spec.kv_dtype), device)
-        if spec.kv_cache_scales:
-            from backend.engine.kv_int8 import load_kv_cache_scales, set_kv_cache_scales
-            from backend.parallel.sharding import kv_head_range
-            set_kv_cache_scales(kv_caches, load_kv_cache_scales(spec.kv_cache_scales, cfg,
-                                                                kv_head_range(cfg, spec.rank, spec.size)))
-        inputs = StepInputBuilder(setup.max_tokens, setup.max_seqs, setup.max_blocks_per_seq, setup.block_size,
-                                  device)
-        # The runner rank 0 runs, for its forward path (graph replay or eager); this rank
-        # never samples, so it has no sampler and no block tables of its own.
-        runner = ModelRunner(model, kv_caches, setup.block_size, device, None, None, inputs, cfg.vocab_size,
-                             lora=lora)
-        dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
-                    dst=0, group=ctrl)
-        with torch.inference_mode():
-            while True:
-                dist.broadcast(header, 0, group=ctrl)
-                message = decode(header)
-                if isinstance(message, CaptureMessage):
-                    graphs = capture_decode_graphs(runner, message.max_num_seqs, message.max_model_len,
-                                                   message.verify_query_len)
-                    runner.graphs = graphs if agree(graphs is not None, ctrl) else None
-                    continue
-                if not isinstance(message, StepMessage):
-                    return
-                inputs.buffer.writable()
-                dist.broadcast(inputs.host_prefix(message.plan[0]), 0, group=ctrl)
-                step = inputs.rebuild(list(message.plan))
-                if message.with_lora:
-                    ids = torch.empty(step.num_seqs, dtype=torch.int64)
-                    dist.broadcast(ids, 0, group=ctrl)
-                    lora.prepare(lora.names_of(ids.tolist()), step.meta.query_lens_cpu[:step.num_seqs],
-                                 message.graph.num_seqs if message.graph is not None else None)
-                runner.run_forward(step, message.graph)
-    except Exception:
-        # Rank 0 sees the closed connections at once; the reason goes to the log.
-        logging.getLogger(__name__).exception("tensor parallel rank %d failed", spec.rank)
-        raise SystemExit(1)
-    finally:
-        destroy_group()
+
+def worker_spec(args, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, attention_backend: str,
+                max_position: int) -> WorkerSpec:
+    """What every rank builds, from the engine arguments. On one machine the rendezvous
+    is on loopback at a port the OS picks; with worker nodes at master_addr:master_port
+    (MASTER_ADDR / MASTER_PORT, else 29500), which the head serves."""
+    multi = args.nnodes > 1
+    return WorkerSpec(
+        model=args.model, size=args.world_size, device_type=device.type,
+        dtype=str(dtype).replace("torch.", ""), kv_dtype=str(kv_dtype).replace("torch.", ""),
+        attention_backend=attention_backend, max_position=max_position,
+        enable_expert_parallel=args.enable_expert_parallel,
+        lora_engine_args=args.model_dump() if args.enable_lora else None,
+        pp_size=args.pipeline_parallel_size, nnodes=args.nnodes,
+        master_addr=(args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1") if multi else "127.0.0.1",
+        master_port=(args.master_port or int(os.environ.get("MASTER_PORT") or 29500)) if multi else 0,
+        join_timeout_s=args.node_join_timeout_s, node_health_timeout_s=args.node_health_timeout_s,
+        kv_cache_scales=args.kv_cache_scales)

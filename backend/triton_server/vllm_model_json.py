@@ -19,18 +19,12 @@ from backend.triton_server.serving_config import parameter_text
 # Applied as they are: the same name and meaning here.
 SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
         "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
-        "max_queue_size", "tensor_parallel_size", "speculative_config", "enable_lora", "max_loras",
-        "max_lora_rank", "max_cpu_loras", "max_logprobs", "async_scheduling", "enable_expert_parallel", "runner",
-        "pooler_config"}
+        "max_queue_size", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config", "enable_lora",
+        "max_loras", "max_lora_rank", "max_cpu_loras", "max_logprobs", "async_scheduling", "enable_expert_parallel",
+        "runner", "pooler_config"}
 RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
 DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = {"fp8_e4m3": "fp8"}
-
-
-def _pipeline_parallel_size(value: Any) -> None:
-    if str(value) != "1":
-        raise ConfigError(f"invalid model.json key 'pipeline_parallel_size': {value!r}; pipeline parallelism is "
-                          "not supported (tensor_parallel_size is)")
 
 
 # vLLM's `quantization` values -> the quant_methods the checkpoint may say it has.
@@ -68,8 +62,7 @@ def read_model_json(model_dir: str, version: str = "1") -> tuple[dict[str, str],
     if not os.path.isfile(path):
         return {}, []
     raw = _json_object(path, "of engine arguments")
-    checks = {"pipeline_parallel_size": _pipeline_parallel_size,
-              "quantization": _quantization(model_dir, str(raw.get("model", "")))}
+    checks = {"quantization": _quantization(model_dir, str(raw.get("model", "")))}
     params: dict[str, str] = {}
     warnings = []
     for key, value in raw.items():

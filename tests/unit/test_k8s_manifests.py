@@ -31,7 +31,9 @@ WRITABLE_ENV = ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR", "CUDA_C
 
 
 def manifests() -> dict[str, dict]:
-    return {d["kind"]: d for f in FILES for d in yaml.safe_load_all(open(f))}
+    """The one-pod deployment's manifests by kind (the multi-node group has its own file
+    and checks: test_k8s_leaderworkerset.py)."""
+    return {d["kind"]: d for f in FILES if not f.endswith("leaderworkerset.yaml") for d in yaml.safe_load_all(open(f))}
 
 
 def container() -> dict:

@@ -86,3 +86,31 @@ def test_cli_table_and_json(tmp_path, capsys, llama_ckpt):
     assert main(["plan", "--checkpoint", llama_ckpt, "--gpu-memory-gb", "1", "--gpu-price-per-hour", "1",
                  "--weights", "float32", "--kv-cache", "float32", "--tp", "1"]) == 0
     assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "TPU"]) != 0
+
+
+def test_pipeline_rows_per_stage_and_bubble(tmp_path, capsys):
+    """--pp: each stage's layers (80 over 2 stages of 8 GPUs for Llama 3.1 70B), the
+    embedding on stage 0 and the head on the last, the fullest stage in the row, and the
+    bubble: half of each GPU's time idle with one batch in flight over two stages."""
+    cfg = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-70b"])
+    first, last = plan.stages(cfg, 8, 2)
+    assert (first.start_layer, first.end_layer, last.start_layer, last.end_layer) == (0, 40, 40, 80)
+    whole = plan.weight_bytes(cfg, "bf16", 8)
+    # Untied: the stages partition the weights (tied ones: the last stage's head is a copy).
+    assert plan.weight_bytes(cfg, "bf16", 8, first) + plan.weight_bytes(cfg, "bf16", 8, last) == whole
+    assert plan.kv_bytes_per_token(cfg, "bf16", 8, first) * 2 == plan.kv_bytes_per_token(cfg, "bf16", 8)
+    assert [plan.pipeline_bubble(p, m) for p, m in [(1, 1), (2, 1), (4, 1), (4, 2), (4, 4), (2, 8)]] == [
+        0.0, 0.5, 0.75, 0.5, 0.0, 0.0]
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpu", "H100-80GB", "--tp", "8", "--pp", "1", "2",
+                 "--weights", "bf16", "--micro-batches", "1", "--workload-tp", "8", "--workload-pp", "2",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bubble" in text and "16 GPU(s)" in text
+    rows = {r["pp"]: r for r in json.loads(out.read_text())["memory"]}
+    assert rows[2]["pipeline_bubble"] == 0.5 and [s["layers"] for s in rows[2]["stages"]] == [[0, 40], [40, 80]]
+    assert rows[2]["weight_bytes_per_rank"] == max(s["weight_bytes_per_rank"] for s in rows[2]["stages"])
+    assert rows[2]["weight_bytes_per_rank"] < 0.6 * rows[1]["weight_bytes_per_rank"]
+    assert rows[2]["kv_blocks"] > rows[1]["kv_blocks"]
+    big = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-405b"])
+    assert plan.count_params(big).total == 405_853_388_800       # Llama 3.1 405B's published count

@@ -1,11 +1,11 @@
-"""The control messages rank 0 sends the tensor-parallel ranks (backend/parallel/workers.py):
+"""The control messages rank 0 sends the tensor-parallel ranks (backend/parallel/messages.py):
 typed, and encoded to and from the fixed-width header without loss."""
 
 import pytest
 
 from backend.engine.step_inputs import GraphShape, StepInputBuilder
-from backend.parallel.workers import (HEADER_LEN, CaptureMessage, SetupMessage, StepMessage, StopMessage, decode,
-                                      encode)
+from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StepMessage, StopMessage, decode,
+                                       encode)
 
 PLAN = tuple(range(10, 10 + StepInputBuilder.PLAN_LEN))
 

@@ -31,7 +31,6 @@ def test_no_file_is_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("obj,expected", [
-    ({"pipeline_parallel_size": 2}, "'pipeline_parallel_size'"),
     ({"quantization": "bitsandbytes"}, "'quantization'"),
     ({"quantization": "fp8", "model": "."}, "says None; make one with"),
     ("{not json", "not valid JSON"),
@@ -44,10 +43,11 @@ def test_bad_values_name_the_key(tmp_path, obj, expected):
 
 
 def test_tensor_parallel_size_carries_over(tmp_path, tiny_ckpt):
-    write(tmp_path, {"model": tiny_ckpt, "tensor_parallel_size": 2, "enable_expert_parallel": True})
+    write(tmp_path, {"model": tiny_ckpt, "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+                     "enable_expert_parallel": True})
     params, warnings = read_model_json(str(tmp_path))
     args, _ = load_settings(params, str(tmp_path))
-    assert args.tensor_parallel_size == 2
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 2)
     assert args.enable_expert_parallel and not warnings
 
 
