@@ -46,6 +46,7 @@ from backend.engine.step_inputs import StepInputBuilder
 from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
+from backend.models.cpu_packed_linear import pack_cpu_linears
 from backend.models.loader import load_model, load_tokenizer
 from backend.models.rotary import long_rope
 from backend.attention import make_attention_factory, resolve_attention_backend
@@ -113,6 +114,10 @@ class LLMEngine(RequestIntake):
                                     stage=stage)
         self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend,
                                       tp_size=tp_size)
+        if (self.model is not None and self.device.type == "cpu" and self.dtype == torch.float32
+                and self.workers is None and self.lora is None):
+            # oneDNN's pre-packed weights for the fp32 projections (backend/models/cpu_packed_linear.py).
+            pack_cpu_linears(self.model, args.max_num_seqs)
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None

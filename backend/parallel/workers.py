@@ -88,7 +88,8 @@ class WorkerSpec:
 
 
 def model_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    from backend.models.cpu_packed_linear import packed_bytes
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + packed_bytes(model)
 
 
 def kv_bytes(kv_caches) -> int:

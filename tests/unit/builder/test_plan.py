@@ -13,12 +13,9 @@ from tests.helpers.checkpoints import make_checkpoint
 
 
 def engine_weight_bytes(llm) -> int:
-    seen, total = set(), 0
-    for p in llm.engine.model.parameters():
-        if p.data_ptr() not in seen:  # tied embeddings count once
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
+    """The engine's own figure: its parameters (tied embeddings once) and what its CPU
+    linears' weights occupied before oneDNN packed them."""
+    return llm.engine.bytes_per_rank[0][0]
 
 
 @pytest.mark.parametrize("arch,kv_dtype,block_size", [("llama", "auto", 16), ("qwen2", "auto", 8),

@@ -1,0 +1,64 @@
+"""oneDNN pre-packed fp32 linears on the CPU (backend/models/cpu_packed_linear.py): the
+engine packs the dense projections and the LM head, outputs stay transformers' greedy
+tokens, the engine's weight bytes are unchanged, and engines that read the weights later
+(LoRA) keep torch's linears."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from backend import LLM, SamplingParams
+from backend.models import cpu_packed_linear
+from backend.models.cpu_packed_linear import PackedLinear, pack_cpu_linears
+from backend.parallel.workers import model_bytes
+from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+
+pytestmark = pytest.mark.skipif(not cpu_packed_linear.available(), reason="torch built without oneDNN")
+
+
+def test_a_packed_linear_computes_the_linear():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96, bias=True)
+    packed = PackedLinear(lin, 8)
+    for rows in (1, 5, 33):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])        # qwen2: q/k/v bias, tied embeddings
+def test_engine_packs_its_projections_and_keeps_transformers_tokens(ckpt_dir, arch):
+    path = make_checkpoint(str(ckpt_dir / arch), arch)
+    prompts = random_prompts(4, [3, 17, 9, 30], seed=2)
+    expected = hf_greedy(path, prompts, 8)
+    llm = LLM(path, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_batched_tokens=16)
+    model = llm.engine.model
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 4 * model.config.num_layers + 1 and isinstance(model.lm_head, PackedLinear)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
+    assert [o.token_ids for o in outs] == expected
+    assert_pool_free(llm)
+
+
+def test_weight_bytes_are_counted_as_before(ckpt_dir):
+    from backend.models.config import load_model_config
+    from backend.models.loader import load_model
+    from backend.attention import make_attention_factory
+    from backend.ops import make_layer_ops
+    for arch in ("llama", "qwen2"):
+        path = make_checkpoint(str(ckpt_dir / arch), arch)
+        cfg = load_model_config(path)
+        model = load_model(path, cfg, torch.float32, torch.device("cpu"), make_attention_factory("torch"), 64,
+                           make_layer_ops("torch"))
+        before = model_bytes(model)
+        assert pack_cpu_linears(model, 8) > 0
+        assert model_bytes(model) == before
+
+
+def test_lora_engines_keep_torch_linears(ckpt_dir, tmp_path):
+    from tests.helpers.adapters import make_adapter
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    adapter = make_adapter(path, str(tmp_path / "a"))
+    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=32, lora_modules={"a": adapter})
+    assert not any(isinstance(m, PackedLinear) for m in llm.engine.model.modules())
