@@ -1,7 +1,7 @@
 """Held-out perplexity computed by the engine itself: each window of tokens is a prompt
-with `prompt_logprobs=0` (vLLM's: the logprob of each actual prompt token given those
-before it, from the batched step), so what is measured is what the entry serves: its
-quantized weights, kernels and KV cache format.
+with `prompt_logprobs` (vLLM's: the logprob of each actual prompt token given those
+before it, from the batched step, and here the most likely token's too), so what is
+measured is what the entry serves: its quantized weights, kernels and KV cache format.
 
 Used by `builder build` (source vs the built entry, in the manifest's quality report)
 and by `python -m clients.quality` (any built entries, on any text).
@@ -48,13 +48,15 @@ def text_windows(encode: Callable[[str], list[int]], bos_token_id: Optional[int]
 
 
 def checkpoint_windows(checkpoint: str, texts: Sequence[str], window: int = WINDOW) -> list[list[int]]:
-    """text_windows with a checkpoint's tokenizer and BOS (builder.quality.text_encoder)."""
+    """text_windows with a checkpoint's tokenizer and BOS (builder.quality.text_encoder),
+    the window within the model's context (one position left for the generated token)."""
     import json
 
     from builder.quality import text_encoder
     with open(os.path.join(checkpoint, "config.json")) as f:
         cfg = json.load(f)
     cfg = cfg.get("text_config", cfg)
+    window = min(window, cfg.get("max_position_embeddings", window + 1) - 1)
     return text_windows(text_encoder(checkpoint, cfg["vocab_size"]), cfg.get("bos_token_id"), texts, window)
 
 
@@ -86,15 +88,13 @@ def entry_engine_args(entry: str) -> dict[str, Any]:
     return args.model_dump(exclude_defaults=True)
 
 
-def perplexity_of(model: str, windows: list[list[int]], entry: bool = False,
-                  overrides: Optional[dict[str, Any]] = None) -> PerplexityReport:
+def perplexity_of(model: str, windows: list[list[int]], entry: bool = False) -> PerplexityReport:
     """Engine perplexity of a checkpoint folder, or of a built entry (`entry=True`, with
-    its own settings), on token windows; `overrides` sets engine arguments (sizes)."""
+    its own settings), on token windows."""
     from backend import LLM
     args = entry_engine_args(model) if entry else {"model": model}
     # Every window is scored once: no cache hits wanted (prompt logprobs bypass them anyway).
-    args.update({"enable_prefix_caching": False, "max_model_len": max(map(len, windows)) + 1},
-                **(overrides or {}))
+    args.update(enable_prefix_caching=False, max_model_len=max(map(len, windows)) + 1)
     # The format is measured, not the serving layout: one rank, no draft (scoring a
     # prompt proposes nothing), no adapters (the base model is scored).
     for key in ("speculative_config", "lora_modules", "tensor_parallel_size"):
