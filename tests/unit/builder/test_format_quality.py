@@ -49,7 +49,9 @@ def test_format_perplexity_on_the_trained_model(trained_ckpt, tmp_path, monkeypa
     from builder.fp8 import default_texts
     text = tmp_path / "held.txt"
     text.write_text("\n\n".join(default_texts()[1]))
-    rows = quality.compare([str(tmp_path / REFERENCE), str(tmp_path / "int4")], quality.read_paragraphs(str(text)))
+    assert quality.main(["--entry", str(tmp_path / REFERENCE), "--entry", str(tmp_path / "int4"),
+                         "--text", str(text), "--json", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["perplexity"] for r in rows] == pytest.approx([measured[REFERENCE], measured["int4"]], rel=1e-9)
     assert [r["format"] for r in rows] == ["bfloat16/auto", "int4/auto"]
     assert rows[1]["delta_vs_first"] == pytest.approx(measured["int4"] / measured[REFERENCE] - 1, rel=1e-6)
