@@ -18,8 +18,6 @@ class QualityReport:
 
 def load_source(src: str, dtype="auto"):
     """(the source model, a function from texts to token-id tensors of at most 256)."""
-    import os
-
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
     encode_one = text_encoder(src, model.config.vocab_size)
