@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.conftest import assert_pool_free
 from tests.helpers.format_quality import FORMAT_ROWS, REFERENCE, build_and_measure, check_format_rows
 
 
@@ -26,12 +27,16 @@ def test_format_perplexity_on_the_trained_model(trained_ckpt, tmp_path, monkeypa
     """The trained model's held-out perplexity as documented; bf16 lowest, FP8 and INT8
     within their stated tolerance, INT4 above those and within its bound; a quantizer whose scales are off by 2x fails the check; and
     `python -m clients.quality` computes the same figures from the entries."""
-    from builder.perplexity import checkpoint_windows, perplexity_of
+    from backend import LLM
+    from builder.perplexity import checkpoint_windows, engine_perplexity
     from builder.train_tiny import corpus_split
     from clients import quality
-    # The figure docs/quantization.md and the README state: the whole held-out split.
-    held_out = perplexity_of(trained_ckpt, checkpoint_windows(trained_ckpt, corpus_split()[1]))
+    # The figure docs/quantization.md and the README state: the whole held-out split, in
+    # one engine with a pool smaller than the windows (they queue).
+    llm = LLM(trained_ckpt, block_size=16, num_kv_blocks=128, max_model_len=257)
+    held_out = engine_perplexity(llm, checkpoint_windows(trained_ckpt, corpus_split()[1]))
     assert held_out.tokens == 10435 and held_out.perplexity == pytest.approx(92.254, rel=1e-3)
+    assert_pool_free(llm)
     reports = {row.name: build_and_measure(trained_ckpt, str(tmp_path / row.name), row) for row in FORMAT_ROWS}
     source = reports[REFERENCE]["perplexity"]["source_perplexity"]
     assert source < 150                           # far below the 4096-token vocabulary
