@@ -13,6 +13,7 @@ from builder.trtllm_models import write_fronts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CHECKPOINT = os.path.join(ROOT, "models", "tiny-llama")
+TRAINED_CHECKPOINT = os.path.join(ROOT, "models", "tiny-llama-trained")
 
 
 def _plan(args) -> int:
@@ -40,11 +41,36 @@ def _plan(args) -> int:
     return 0
 
 
+def _tiny(args) -> None:
+    if not args.trained:
+        if args.draft or args.train or args.ship:
+            raise BuildError("--draft, --train and --ship go with --trained")
+        build_tiny(args.output)
+        return
+    from builder import train_tiny
+    spec = train_tiny.DRAFT if args.draft else train_tiny.TARGET
+    if not args.train:
+        if args.ship:
+            raise BuildError("--ship stores a run: it goes with --train")
+        train_tiny.build_trained(args.output, spec.name)
+        return
+    train_tiny.train(spec, args.output, eval_every=train_tiny.EVAL_EVERY)
+    if args.ship:
+        train_tiny.write_shipped(args.output, spec.name)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m builder")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tiny", help="create the embedded default checkpoint (offline, deterministic)")
     t.add_argument("--output", required=True)
+    t.add_argument("--trained", action="store_true", help="the trained reference model (default architecture, "
+                   "trained on the bundled corpus; shipped weights: builder/train_tiny.py) instead of random weights")
+    t.add_argument("--draft", action="store_true", help="with --trained: its 2-layer draft sibling")
+    t.add_argument("--train", action="store_true", help="with --trained: train it again from the seed (CPU, "
+                   "about 6 minutes of a quiet core) instead of unpacking the shipped weights")
+    t.add_argument("--ship", action="store_true", help="with --train: store the result as the shipped weights "
+                   "(builder/data/trained/)")
 
     b = sub.add_parser("build", help="checkpoint -> model-repository entry")
     b.add_argument("--checkpoint", required=True)
@@ -69,6 +95,9 @@ def main(argv=None) -> int:
                       ("--pipeline-parallel-size", int), ("--nnodes", int)):
         b.add_argument(flag, type=typ)
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    b.add_argument("--no-perplexity", dest="perplexity", action="store_false", default=True,
+                   help="skip the held-out perplexity of source and entry (computed by the engine for any "
+                   "--weights other than auto)")
     for flag, typ in (("--max-n", int), ("--max-logprobs", int), ("--max-stop-strings", int),
                       ("--max-stop-string-len", int), ("--max-stop-token-ids", int), ("--max-guided-spec-bytes", int),
                       ("--guided-compile-timeout-s", float), ("--request-timeout-s", float)):
@@ -119,6 +148,8 @@ def main(argv=None) -> int:
                                         "TensorRT-LLM's ensemble, tensorrt_llm_bls and tensorrt_llm in front of it")
     d.add_argument("--repository", default="model_repository")
     d.add_argument("--force", action="store_true")
+    d.add_argument("--trained", action="store_true", help="the trained reference model (models/tiny-llama-trained) "
+                   "instead of the random-weight default")
 
     f = sub.add_parser("trtllm-models", help="add TensorRT-LLM's ensemble, tensorrt_llm_bls and tensorrt_llm "
                                              "entries in front of a model of a repository")
@@ -131,7 +162,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "tiny":
-            build_tiny(args.output)
+            _tiny(args)
             print(f"wrote {args.output}")
         elif args.cmd == "plan":
             return _plan(args)
@@ -147,9 +178,14 @@ def main(argv=None) -> int:
             if os.path.isfile(os.path.join(target, "config.pbtxt")) and not args.force:
                 print(f"{target} exists")
                 return 0
-            if not os.path.isfile(os.path.join(DEFAULT_CHECKPOINT, "config.json")):
-                build_tiny(DEFAULT_CHECKPOINT)
-            build(BuildOptions.create(checkpoint=DEFAULT_CHECKPOINT, output=target, name="llm",
+            checkpoint = TRAINED_CHECKPOINT if args.trained else DEFAULT_CHECKPOINT
+            if not os.path.isfile(os.path.join(checkpoint, "config.json")):
+                if args.trained:
+                    from builder.train_tiny import build_trained
+                    build_trained(checkpoint)
+                else:
+                    build_tiny(checkpoint)
+            build(BuildOptions.create(checkpoint=checkpoint, output=target, name="llm",
                                       num_kv_blocks=1024, max_num_seqs=64, max_num_batched_tokens=512,
                                       max_queue_size=256))
     except BuildError as e:

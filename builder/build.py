@@ -93,6 +93,11 @@ class BuildOptions(BaseModel):
     guided_compile_timeout_s: Optional[float] = None
     request_timeout_s: Optional[float] = None
     grace_period_s: float = Field(10.0, ge=0)
+    # Held-out perplexity of the source and of the built entry, both computed by the
+    # engine (builder/perplexity.py), for a build that sets the weights' format. On by
+    # default from the command line (`--no-perplexity`); off by default here, so that
+    # callers that build many entries (tests) do not pay two engine runs per build.
+    perplexity: bool = False
     calibration_data: Optional[str] = None
     # Memory plan: device memory and sequence length to size for.
     gpu_memory_gb: float = Field(80.0, gt=0)
@@ -265,8 +270,7 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     os.makedirs(os.path.join(out, "1"), exist_ok=True)
     ckpt_dst = os.path.join(out, "checkpoint")
     quality = None
-    if opts.weights in QUANTIZED_WEIGHTS:
-        calib, held = _calibration_texts(opts)
+    calib, held = _calibration_texts(opts)
     if opts.weights == "fp8":
         from builder.fp8 import quantize_checkpoint
         state, qcfg, quality = quantize_checkpoint(opts.checkpoint, calib, held, stages, opts.activation_scheme)
@@ -326,6 +330,12 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     params["grace_period_s"] = opts.grace_period_s
     with open(os.path.join(out, "config.pbtxt"), "w") as f:
         f.write(render_config(name, params))
+    perplexity = None
+    if opts.perplexity and opts.weights != "auto" and opts.engine == "torch" and opts.runner == "generate":
+        from builder.perplexity import build_perplexity
+        advance()                         # written but for the manifest, which gets the figures
+        advance = stages("perplexity", 1)
+        perplexity = build_perplexity(opts.checkpoint, out, held)
     manifest = {
         "format_version": FORMAT_VERSION,
         "backend_version": BACKEND_VERSION,
@@ -340,9 +350,11 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         "memory_plan": plan,
         "speculative_config": params.get("speculative_config"),
         "lora_modules": params.get("lora_modules"),
-        "quality": None if quality is None else {
-            "held_out_tokens": quality.held_out_tokens, "relative_logit_error": quality.relative_logit_error,
-            "top1_agreement": quality.top1_agreement},
+        "quality": None if quality is None and perplexity is None else {
+            **({} if quality is None else {
+                "held_out_tokens": quality.held_out_tokens, "relative_logit_error": quality.relative_logit_error,
+                "top1_agreement": quality.top1_agreement}),
+            **({} if perplexity is None else {"perplexity": perplexity})},
     }
     with open(os.path.join(out, MANIFEST_NAME), "w") as f:
         json.dump(manifest, f, indent=2)
@@ -352,6 +364,9 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if quality is not None:
         log(f"{opts.weights.upper()} quality on {quality.held_out_tokens} held-out tokens: relative logit error "
             f"{quality.relative_logit_error:.4f}, top-1 agreement {quality.top1_agreement:.4f}")
+    if perplexity is not None:
+        log(f"held-out perplexity (engine, {perplexity['held_out_tokens']} tokens): source "
+            f"{perplexity['source_perplexity']:.3f}, {opts.weights} {perplexity['perplexity']:.3f}")
     log(f"wrote {out} ({cfg.architecture}, backend '{BACKEND_NAME}', weights {opts.weights}, "
         f"kv cache {opts.kv_cache}) in {time.time() - t0:.1f}s")
     return out

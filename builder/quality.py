@@ -18,19 +18,24 @@ class QualityReport:
 
 def load_source(src: str, dtype="auto"):
     """(the source model, a function from texts to token-id tensors of at most 256)."""
-    import os
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
-    tok = AutoTokenizer.from_pretrained(src) if any(
-        os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "tokenizer.model")) else None
+    encode_one = text_encoder(src, model.config.vocab_size)
 
     def encode(texts: list[str]) -> list[torch.Tensor]:
-        if tok is None:  # token-id-only checkpoints: bytes of the text as ids, in range
-            vocab = model.config.vocab_size
-            return [torch.tensor([b % vocab for b in t.encode()][:256]) for t in texts]
-        return [torch.tensor(tok.encode(t)[:256]) for t in texts]
+        return [torch.tensor(encode_one(t)[:256]) for t in texts]
     return model, encode
+
+
+def text_encoder(src: str, vocab_size: int) -> Callable[[str], list[int]]:
+    """Text -> token ids with the checkpoint's tokenizer; token-id-only checkpoints (no
+    tokenizer files): the bytes of the text as ids, in range."""
+    import os
+
+    from transformers import AutoTokenizer
+    if not any(os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "tokenizer.model")):
+        return lambda t: [b % vocab_size for b in t.encode()]
+    return AutoTokenizer.from_pretrained(src).encode
 
 
 @torch.no_grad()

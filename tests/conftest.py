@@ -40,6 +40,13 @@ def fp8_build(tiny_ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_ckpt(ckpt_dir):
+    """The trained reference model (default architecture), from the shipped weights."""
+    from builder.train_tiny import build_trained
+    return build_trained(str(ckpt_dir / "trained"))
+
+
+@pytest.fixture(scope="session")
 def tiny_ckpt(ckpt_dir):
     """The default model (real BPE tokenizer)."""
     from builder.tiny import build_tiny

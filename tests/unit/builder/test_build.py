@@ -235,7 +235,8 @@ def test_int_build_writes_compressed_tensors_with_a_quality_report(tiny_ckpt, tm
     from builder.__main__ import main
     out = tmp_path / weights
     assert main(["build", "--checkpoint", tiny_ckpt, "--output", str(out), "--weights", weights,
-                 "--group-size", str(group), "--num-kv-blocks", "64"]) == 0
+                 "--group-size", str(group), "--num-kv-blocks", "64", *(["--no-perplexity"] if weights == "int8"
+                                                                        else [])]) == 0
     manifest = json.load(open(out / "build_manifest.json"))
     quant = json.load(open(out / "checkpoint" / "config.json"))["quantization_config"]
     assert quant["quant_method"] == "compressed-tensors" and quant["format"] == "pack-quantized"
@@ -249,6 +250,9 @@ def test_int_build_writes_compressed_tensors_with_a_quality_report(tiny_ckpt, tm
     # per channel measures 0.057 / 0.875; INT4's 0.72 / 0.12 is reported, not bounded.
     if weights == "int8":
         assert q["relative_logit_error"] < 0.08 and q["top1_agreement"] > 0.85, q
+        assert "perplexity" not in q
+    else:   # the command line reports the engine's held-out perplexity of source and entry
+        assert q["perplexity"]["held_out_tokens"] > 500 and q["perplexity"]["perplexity"] > 0, q
     assert_engine_greedy_equals_reference(tiny_ckpt, str(out / "checkpoint"))
     with pytest.raises(BuildError, match=r"invalid build option 'group_size': group_size 100 does not divide"):
         build(opts(tiny_ckpt, tmp_path / "x", weights="int4", group_size=100), log=lambda *_: None, progress=False)

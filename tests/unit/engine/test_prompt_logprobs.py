@@ -105,3 +105,29 @@ def test_n_children_share_one_prompt_logprobs_and_the_limit(tiny_ckpt):
     with pytest.raises(InvalidRequestError, match="'prompt_logprobs' is 5, more than max_logprobs=4"):
         llm.generate("x", SamplingParams(prompt_logprobs=5))
     assert_pool_free(llm)
+
+
+def test_prefix_hits_and_prompt_logprobs_in_one_chunked_batch(path):
+    """One batch, chunked: a request without prompt logprobs takes prefix-cache hits on a
+    cached prefix while two with prompt logprobs (one on the same prefix) compute their
+    whole prompts next to it; the cached prompt tokens still get their logprobs, equal to
+    transformers' (1e-4), and every request decodes as it would alone."""
+    prefix = random_prompts(1, [24], seed=21)[0]
+    tails = random_prompts(3, [7, 9, 5], seed=22)
+    prompts = [prefix + tails[0], prefix + tails[1], tails[2] + prefix[:10]]
+    params = [SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=0, ignore_eos=True)]
+    llm = LLM(path, block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=12)
+    llm.generate(prefix, SamplingParams(max_tokens=1, temperature=0))          # caches the prefix
+    before = llm.stats()["num_chunked_prefills"]
+    outs = llm.generate(prompts, params)
+    assert llm.stats()["num_chunked_prefills"] > before
+    assert outs[0].num_cached_tokens >= 20 and outs[1].num_cached_tokens == 0
+    assert outs[0].prompt_logprobs is None
+    for out, prompt, p in zip(outs[1:], prompts[1:], params[1:]):
+        check_against_transformers(path, prompt, out.prompt_logprobs, p.prompt_logprobs)
+    plain = LLM(path, block_size=4, num_kv_blocks=64, enable_prefix_caching=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(
+        prompts, [p.model_copy(update={"prompt_logprobs": None}) for p in params])]
+    assert_pool_free(llm)
