@@ -42,6 +42,11 @@ FORMAT_ROWS: list[FormatRow] = [
     FormatRow("fp8", {"weights": "fp8"}, max_increase=0.01, min_top1=0.93),
     FormatRow("int8", {"weights": "int8"}, max_increase=0.002, min_top1=0.99),
     FormatRow("int4", {"weights": "int4"}, max_increase=0.01, above=(REFERENCE, "fp8", "int8"), min_top1=0.9),
+    # Measured 2026-11-25 on the builder's held-out texts: -0.07% (top-1 0.971) and +0.01%.
+    FormatRow("fp8-dynamic", {"weights": "fp8", "activation_scheme": "dynamic"}, max_increase=0.01, min_top1=0.93),
+    FormatRow("int8-kv", {"weights": "bfloat16", "kv_cache": "int8"}, max_increase=0.002),
+    # W8A8 (-0.04%, top-1 0.982 there) is left out of CI: its exact CPU reference takes
+    # ~18 s a build on the CI machine (docs/quantization.md).
 ]
 
 
