@@ -35,6 +35,8 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> Optional[str]:
         return None
     if cfg.family == "phi3":
         return "Phi-3's fused qkv_proj / gate_up_proj checkpoint tensors are not split across ranks yet"
+    if cfg.family == "gpt_oss":
+        return "gpt-oss's attention sinks and interleaved (or MXFP4) expert tensors are not split across ranks yet"
     if cfg.num_heads % tp:
         return f"{cfg.num_heads} attention heads do not divide over {tp} ranks"
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
