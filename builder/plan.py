@@ -73,7 +73,7 @@ def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
     # Output channels (one scale each): o_proj's and down_proj's are whole on every rank.
     rows_per_layer = (q + 2 * kv) + h + 2 * inter + h
     other_per_layer = (2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.o_bias else 0)
-                       + (2 * hd if cfg.qk_norm else 0))
+                       + (2 * hd if cfg.qk_norm else 0) + (local.num_heads if cfg.attention_sinks else 0))
     embed = local_vocab_size(cfg, tp) * h
     other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
     counts = ParamCounts(linear=layers * linear_per_layer, linear_rows=layers * rows_per_layer, other=other)
@@ -83,19 +83,22 @@ def count_params(cfg: ModelConfig, tp: int = 1) -> ParamCounts:
 def _with_experts(p: ParamCounts, local: ModelConfig) -> ParamCounts:
     """Sparse layers hold E experts of [2I, H] + [H, I], a router [E, H] and Qwen2-MoE's
     shared expert and its [1, H] gate instead of the dense MLP (one rank's share: its
-    experts' channels, or with expert parallelism its whole experts)."""
+    experts' channels, or with expert parallelism its whole experts); gpt-oss adds a
+    router bias [E] and expert biases [E, 2I] + [E, H]."""
     moe, h = local.moe, local.hidden_size
     sparse = sum(moe.sparse_layers)
     E, i, s = moe.num_local_experts, moe.intermediate_size, moe.shared_expert_intermediate_size
     dense_linear, dense_rows = 3 * h * local.intermediate_size, 2 * local.intermediate_size + h
     linear = E * 3 * h * i + 3 * h * s
     rows = E * (2 * i + h) + (2 * s + h if s else 0)
-    router = moe.num_experts * h + (h if s else 0)
+    router = moe.num_experts * h + (h if s else 0) + (moe.num_experts if moe.router_bias else 0)
+    biases = E * (2 * i + h) if moe.expert_bias else 0
     # Expected per rank: the top_k of all num_experts are spread over the ranks' experts.
     unused = E - moe.top_k * E / moe.num_experts
     return ParamCounts(linear=p.linear + sparse * (linear - dense_linear),
-                       linear_rows=p.linear_rows + sparse * (rows - dense_rows), other=p.other + sparse * router,
-                       inactive=int(sparse * unused * 3 * h * i))
+                       linear_rows=p.linear_rows + sparse * (rows - dense_rows),
+                       other=p.other + sparse * (router + biases),
+                       inactive=int(sparse * unused * (3 * h * i + (2 * i + h if moe.expert_bias else 0))))
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
@@ -229,6 +232,10 @@ NAMED_CONFIGS = {
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
     "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,
                            num_experts_per_tok=2, rope_theta=1e6),
+    "gpt-oss-20b": _llama(201088, 2880, 2880, 24, 64, 8, arch="GptOssForCausalLM", head_dim=64,
+                          num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0),
+    "gpt-oss-120b": _llama(201088, 2880, 2880, 36, 64, 8, arch="GptOssForCausalLM", head_dim=64,
+                           num_local_experts=128, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0),
     "qwen3-30b-a3b": _llama(151936, 2048, 6144, 48, 32, 4, arch="Qwen3MoeForCausalLM", head_dim=128, num_experts=128,
                             num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }

@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers.checkpoints import COMMON
 
-MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 # top-k > 1 everywhere; Mixtral with a window shorter than the longer prompts; Qwen2-MoE
 # with its shared expert; Qwen3-MoE renormalizing, with a dense layer among the sparse
@@ -23,6 +23,7 @@ OVERRIDES = {
     # gpt-oss: sliding (window 12 < prompts) then full layer, YaRN over a 64-token original
     # context, a SwiGLU limit that binds at these activations' scale.
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=16,
+                    max_position_embeddings=512,
                     sliding_window=12, layer_types=["sliding_attention", "full_attention"], swiglu_limit=2.0,
                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                      "truncate": False, "original_max_position_embeddings": 64,
