@@ -79,15 +79,25 @@ def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
             "partial_rotary_factor": partial}
 
 
-def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """LongRoPE as transformers computes it: Phi-3's top-level original_max_position_embeddings
-    wins; factor defaults to max / original; attention_factor to sqrt(1 + ln f / ln orig)."""
-    original = cfg.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+def _context_extension(params: dict[str, Any], cfg: dict[str, Any], rope_type: str) -> tuple[int, float]:
+    """(original_max_position_embeddings, factor) of LongRoPE / YaRN: Phi-3's top-level
+    original wins for LongRoPE, the RoPE parameters' own for YaRN (as transformers reads
+    each); factor defaults to max_position_embeddings / original."""
+    key = "original_max_position_embeddings"
+    first, second = (cfg, params) if rope_type == "longrope" else (params, cfg)
+    original = first.get(key) or second.get(key)
     if not original:
-        raise ArchConfigError("rope_type 'longrope' needs original_max_position_embeddings")
+        raise ArchConfigError(f"rope_type '{rope_type}' needs original_max_position_embeddings")
     factor = params.get("factor")
     if factor is None:
         factor = cfg.get("max_position_embeddings", 2048) / original
+    return int(original), float(factor)
+
+
+def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE as transformers computes it: attention_factor defaults to
+    sqrt(1 + ln f / ln orig)."""
+    original, factor = _context_extension(params, cfg, "longrope")
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
@@ -101,12 +111,7 @@ def _yarn(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     max / original; attention_factor (cos and sin are scaled by it) to
     0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio when both are given;
     beta_fast 32, beta_slow 1; the correction range is truncated unless truncate is false."""
-    original = params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-    if not original:
-        raise ArchConfigError("rope_type 'yarn' needs original_max_position_embeddings")
-    factor = params.get("factor")
-    if factor is None:
-        factor = cfg.get("max_position_embeddings", 2048) / original
+    original, factor = _context_extension(params, cfg, "yarn")
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -117,7 +122,7 @@ def _yarn(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
             attention_factor = mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
         else:
             attention_factor = mscale(factor)
-    return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original),
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
             "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
             "truncate": bool(params.get("truncate", True)), "attention_factor": float(attention_factor)}
 
