@@ -116,6 +116,13 @@ def test_forced_calls_named_and_required():
     ("qwen3", "assistant:<think>", "still thinking", "still thinking", None),
     ("deepseek_r1", "assistant:", "weighing it</think>It is 4.", "weighing it", "It is 4."),
     ("deepseek_r1", "assistant:", "never closes", "never closes", None),
+    # gpt-oss's harmony channels (the markers are special tokens, kept in the text).
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>It is 4.", "User asks 2+2.", "It is 4."),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
+     "<|message|>b<|end|><|start|>assistant<|channel|>final <|message|>c<|d", "a\nb", "c<|d"),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>still thinking", "still thinking", None),
+    ("openai_gptoss", "", "It is 4.", None, "It is 4."),
 ])
 def test_reasoning_split_streamed_and_not(name, prompt, text, reasoning, content):
     make = lambda: ChoiceOutput(REASONING_PARSERS[name](prompt))  # noqa: E731
@@ -125,6 +132,14 @@ def test_reasoning_split_streamed_and_not(name, prompt, text, reasoning, content
     for seed in range(10):
         got = stream(make, text, seed)
         assert (got["reasoning"], got["content"]) == (reasoning or "", content or "")
+
+
+def test_harmony_keeps_special_tokens_in_the_reply():
+    from frontend.openai_api.reasoning import reasoning_sampling
+    for name, expect in [("openai_gptoss", {"skip_special_tokens": False}), ("qwen3", {})]:
+        sampling: dict = {}
+        reasoning_sampling(REASONING_PARSERS[name](""), sampling, None)
+        assert sampling == expect
 
 
 def test_tool_calls_are_read_after_the_reasoning():
