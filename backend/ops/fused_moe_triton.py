@@ -28,20 +28,24 @@ import triton
 import triton.language as tl
 
 from backend.ops import moe_reference
+from backend.ops.mxfp4_triton import load_weight_tile
 
 
 @triton.jit
 def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, topk_w_ptr,
-                         bias_ptr, N, K, num_slots, stride_am, stride_we, stride_wn, stride_om, stride_be,
+                         bias_ptr, w_scale_ptr, N, K, num_slots, stride_am, stride_we, stride_wn, stride_om,
+                         stride_be, stride_se, stride_sn,
                          A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
                          HAS_BIAS: tl.constexpr = False, SWIGLU_OAI: tl.constexpr = False,
-                         ALPHA: tl.constexpr = 1.702, LIMIT: tl.constexpr = 7.0):
+                         ALPHA: tl.constexpr = 1.702, LIMIT: tl.constexpr = 7.0, MXFP4: tl.constexpr = False):
     """out[slot, n] for the slots of block program_id(0): A's row is slot // A_ROW_DIV
     (the token for gate_up, the slot itself for down). GATED: W's rows [0, N) are the
     gate and [N, 2N) the up projection; the output is SiLU(gate) * up, or with
     SWIGLU_OAI gpt-oss's (clamp(up) + 1) * g * sigmoid(ALPHA * g), g = min(gate, LIMIT).
-    HAS_BIAS: the expert's bias row (stride_be per expert) is added to the GEMM output."""
+    HAS_BIAS: the expert's bias row (stride_be per expert) is added to the GEMM output.
+    MXFP4: W is packed bytes [E, rows, K / 2] with scales [E, rows, K / 32] (stride_se,
+    stride_sn), decoded tile by tile (mxfp4_triton.py)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -55,6 +59,8 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = cols < N
     w_base = w_ptr + expert * stride_we
+    s_base = w_scale_ptr + expert * stride_se
+    wdtype = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -63,13 +69,13 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :], mask=valid[:, None] & mask_k[None, :],
                     other=0.0)
         wmask = mask_k[:, None] & mask_n[None, :]
-        w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=wmask, other=0.0)   # [BLOCK_K, BLOCK_N]
+        w = load_weight_tile(w_base, s_base, cols, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4)  # [BLOCK_K, BLOCK_N]
         if IEEE:
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w)
         if GATED:
-            wu = tl.load(w_base + (cols[None, :] + N) * stride_wn + ks[:, None], mask=wmask, other=0.0)
+            wu = load_weight_tile(w_base, s_base, cols + N, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4)
             if IEEE:
                 acc_up += tl.dot(a, wu, input_precision="ieee")
             else:
@@ -183,14 +189,21 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int,
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, act: str = "silu", b13: Optional[torch.Tensor] = None,
-              b2: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    """Same arguments and result as moe_reference.fused_moe."""
+              b2: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0,
+              w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Same arguments and result as moe_reference.fused_moe (MXFP4 weights decoded in the
+    GEMMs' tiles)."""
     if act not in ("silu", "swigluoai"):
-        return moe_reference.fused_moe(x, w13, w2, topk_weights, topk_ids, act, b13, b2)
+        return moe_reference.fused_moe(x, w13, w2, topk_weights, topk_ids, act, b13, b2, alpha, limit,
+                                       w13_scale, w2_scale)
     x = x.contiguous()
     T, H = x.shape
     K = topk_ids.shape[1]
     E, I = w13.shape[0], w13.shape[1] // 2
+    mxfp4 = w13_scale is not None
+    if mxfp4:
+        assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape[2] * 2 == I
+        assert w13_scale.stride(2) == 1 and w2_scale.stride(2) == 1
     if T == 0:
         return torch.zeros_like(x)
     assert w13.stride(2) == 1 and w2.stride(2) == 1
@@ -199,22 +212,25 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     block_m = 16 if n <= 16 * E else 64
     sorted_ids, block_expert, num_padded = align_by_expert(topk_ids, E, block_m)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None)
+    consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None, MXFP4=mxfp4)
     if b13 is not None:
         assert b13.stride(1) == 1 and b2.stride(1) == 1
     bias13 = b13 if b13 is not None else weights     # unread without HAS_BIAS
     bias2 = b2 if b2 is not None else weights
+    s13 = w13_scale if mxfp4 else w13                   # unread without MXFP4
+    s2 = w2_scale if mxfp4 else w2
     num_blocks = block_expert.numel()
     inter = torch.empty(n, I, dtype=x.dtype, device=x.device)
     block_n = 64
     _grouped_gemm_kernel[(num_blocks, triton.cdiv(I, block_n))](
-        x, w13, inter, sorted_ids, block_expert, num_padded, weights, bias13, I, H, n, x.stride(0), w13.stride(0),
-        w13.stride(1), inter.stride(0), bias13.stride(0), A_ROW_DIV=K, GATED=True, MUL_WEIGHT=False,
+        x, w13, inter, sorted_ids, block_expert, num_padded, weights, bias13, s13, I, H, n, x.stride(0), w13.stride(0),
+        w13.stride(1), inter.stride(0), bias13.stride(0), s13.stride(0), s13.stride(1), A_ROW_DIV=K, GATED=True,
+        MUL_WEIGHT=False,
         BLOCK_N=block_n, SWIGLU_OAI=act == "swigluoai", ALPHA=float(alpha), LIMIT=float(limit), **consts)
     # Zeros: the slots of experts this rank does not hold are never written.
     out = torch.zeros(n, H, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(num_blocks, triton.cdiv(H, block_n))](
-        inter, w2, out, sorted_ids, block_expert, num_padded, weights, bias2, H, I, n, inter.stride(0), w2.stride(0),
-        w2.stride(1), out.stride(0), bias2.stride(0), A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, BLOCK_N=block_n,
-        **consts)
+        inter, w2, out, sorted_ids, block_expert, num_padded, weights, bias2, s2, H, I, n, inter.stride(0),
+        w2.stride(0), w2.stride(1), out.stride(0), bias2.stride(0), s2.stride(0), s2.stride(1), A_ROW_DIV=1,
+        GATED=False, MUL_WEIGHT=True, BLOCK_N=block_n, **consts)
     return out.view(T, K, H).sum(dim=1)

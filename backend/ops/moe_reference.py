@@ -48,12 +48,17 @@ def swiglu_oai(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, act: str = "silu", b13: Optional[torch.Tensor] = None,
-              b2: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+              b2: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0,
+              w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, k]; ids outside [0, E) (another rank's experts under
     expert parallelism) contribute nothing. Optional biases b13 [E, 2I] and b2 [E, H]
     are added after each GEMM (as transformers' grouped path adds them); act "swigluoai"
-    is gpt-oss's clamped SwiGLU with alpha / limit. Returns [T, H] in x's dtype."""
+    is gpt-oss's clamped SwiGLU with alpha / limit. With w13_scale / w2_scale the weights
+    are MXFP4 (packed bytes [E, rows, in / 2], E8M0 scales [E, rows, in / 32]),
+    dequantized here. Returns [T, H] in x's dtype."""
+    if w13_scale is not None:
+        w13, w2 = unpack_mxfp4(w13, w13_scale, x.dtype), unpack_mxfp4(w2, w2_scale, x.dtype)
     T, K = topk_ids.shape
     slots = torch.zeros(T, K, x.shape[1], dtype=x.dtype, device=x.device)
     for e in torch.unique(topk_ids).tolist():
@@ -67,3 +72,9 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         down = F.linear(h, w2[e])
         slots[tok, k] = down if b2 is None else down + b2[e]
     return (slots * topk_weights[..., None].to(x.dtype)).sum(dim=1)
+
+
+def unpack_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[E, rows, in / 2] bytes and [E, rows, in / 32] scales -> [E, rows, in] in dtype."""
+    from backend.models import mxfp4
+    return mxfp4.dequantize(packed.view(*scales.shape, 16), scales, dtype)

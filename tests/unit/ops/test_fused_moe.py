@@ -140,3 +140,26 @@ def test_gpt_oss_experts_and_routing_match_reference():
         assert torch.equal(ids_ref, hf_ids) and torch.allclose(w_ref, hf_weights, rtol=1e-6, atol=1e-7)
         hf = experts(x, ids, weights)
     assert rel_err(ref, hf) < 1e-5
+
+
+def test_mxfp4_weights_decoded_in_the_kernel_tiles():
+    """gpt-oss's experts kept 4-bit: the kernel decodes packed bytes and E8M0 scales in
+    its tiles; equal to the reference on the dequantized weights (fp32, <= 1e-5), with
+    a K not a multiple of the 64-wide K tile."""
+    from tests.helpers.mxfp4_pack import pack_mxfp4, unpack_mxfp4
+    g = torch.Generator().manual_seed(11)
+    T, E, K, H, I = 21, 4, 2, 96, 32
+    x = torch.randn(T, H, generator=g)
+    packed13, s13 = pack_mxfp4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5)
+    packed2, s2 = pack_mxfp4(torch.randn(E, H, I, generator=g) / I ** 0.5)
+    b13, b2 = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    ids = skewed_ids(T, E, K, g)
+    weights = torch.rand(T, K, generator=g)
+    w13, w2 = packed13.flatten(-2), packed2.flatten(-2)              # [E, rows, in / 2]
+    kw = dict(b13=b13, b2=b2, limit=2.0)
+    ref = moe_reference.fused_moe(x, unpack_mxfp4(packed13, s13), unpack_mxfp4(packed2, s2), weights, ids,
+                                  "swigluoai", **kw)
+    assert torch.equal(moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2,
+                                               **kw), ref)
+    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2, **kw)
+    assert rel_err(out, ref) < 1e-5
