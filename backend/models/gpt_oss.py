@@ -13,16 +13,24 @@ The checkpoint stores each layer's experts stacked and transposed
 `down_proj` [E, I, H], biases [E, 2I] and [E, H]), or as published in MXFP4
 (`*_blocks` / `*_scales` in [E, out, in] orientation, backend/models/mxfp4.py).
 adapt_checkpoint turns either into the engine's [E, 2I, H] (gate rows, then up rows)
-and [E, H, I], and renames `mlp.router` to `mlp.gate`.
+and [E, H, I], and renames `mlp.router` to `mlp.gate`. MXFP4 experts are dequantized
+there, unless the Triton fused MoE kernel runs (attention_backend="triton"): then they
+stay packed (`[E, rows, in / 2]` bytes and `[E, rows, in / 32]` scales, rows reordered
+the same way) and the kernel decodes them in its tiles, a quarter of the bytes.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
 
 import torch
 
 from backend.models import mxfp4
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
+from backend.ops import LayerOps
+from backend.parallel.group import SINGLE, TensorParallel
 
 
 def _deinterleave(t: torch.Tensor) -> torch.Tensor:
@@ -30,9 +38,22 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1).contiguous()
 
 
+def _keep_packed(state: dict[str, torch.Tensor], experts: str) -> None:
+    """MXFP4 tensors as the kernel reads them: bytes [E, rows, in / 2] and scales."""
+    for proj in ("gate_up_proj", "down_proj"):
+        blocks, scales = state.pop(f"{experts}.{proj}_blocks"), state.pop(f"{experts}.{proj}_scales")
+        state[f"{experts}.{proj}"], state[f"{experts}.{proj}_scale"] = blocks.flatten(-2), scales
+
+
 class GptOssCausalLM(CausalLM):
-    @staticmethod
-    def adapt_checkpoint(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object], max_position: Optional[int] = None,
+                 ops: Optional[LayerOps] = None, tp: TensorParallel = SINGLE) -> None:
+        if cfg.mxfp4_experts and ops is not None and ops.backend == "triton":
+            cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, packed_mxfp4=True))
+        super().__init__(cfg, attn_factory, max_position, ops, tp)
+
+    def adapt_checkpoint(self, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        keep_packed = self.config.moe.packed_mxfp4
         for i in range(cfg.num_layers):
             mlp = f"model.layers.{i}.mlp"
             experts = f"{mlp}.experts"
@@ -40,16 +61,19 @@ class GptOssCausalLM(CausalLM):
             if packed != cfg.mxfp4_experts and (packed or f"{experts}.gate_up_proj" in state):
                 raise ValueError(f"{experts}: the checkpoint's tensors are {'MXFP4' if packed else 'not MXFP4'} "
                                  f"but quantization_config says {'mxfp4' if cfg.mxfp4_experts else 'none'}")
-            if packed:
+            if packed and keep_packed:
+                _keep_packed(state, experts)
+            elif packed:
                 # Already [E, out, in]: the orientation the engine keeps.
                 mxfp4.dequantize_experts(state, experts)
             elif f"{experts}.gate_up_proj" in state:
                 for proj in ("gate_up_proj", "down_proj"):
-                    state[f"{experts}.{proj}"] = state[f"{experts}.{proj}"].transpose(1, 2)
-            if f"{experts}.gate_up_proj" in state:
-                state[f"{experts}.gate_up_proj"] = _deinterleave(state[f"{experts}.gate_up_proj"])
-                state[f"{experts}.gate_up_proj_bias"] = _deinterleave(state[f"{experts}.gate_up_proj_bias"])
-                state[f"{experts}.down_proj"] = state[f"{experts}.down_proj"].contiguous()
+                    state[f"{experts}.{proj}"] = state[f"{experts}.{proj}"].transpose(1, 2).contiguous()
+            if f"{experts}.gate_up_proj_bias" in state:
+                # A row is an output channel: bytes, scales, floats and biases reorder alike.
+                for name in ("gate_up_proj", "gate_up_proj_scale", "gate_up_proj_bias"):
+                    if f"{experts}.{name}" in state:
+                        state[f"{experts}.{name}"] = _deinterleave(state[f"{experts}.{name}"])
             for suffix in ("weight", "bias"):
                 if f"{mlp}.router.{suffix}" in state:
                     state[f"{mlp}.gate.{suffix}"] = state.pop(f"{mlp}.router.{suffix}")

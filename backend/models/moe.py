@@ -30,8 +30,16 @@ class StackedExperts(nn.Module):
     def __init__(self, moe: MoEConfig, hidden: int) -> None:
         super().__init__()
         E, inter = moe.num_local_experts, moe.intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
+        self.gate_up_proj_scale = self.down_proj_scale = None
+        if moe.packed_mxfp4:
+            # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/models/mxfp4.py).
+            def packed(rows: int, cols: int, div: int) -> nn.Parameter:
+                return nn.Parameter(torch.empty(E, rows, cols // div, dtype=torch.uint8), requires_grad=False)
+            self.gate_up_proj, self.gate_up_proj_scale = packed(2 * inter, hidden, 2), packed(2 * inter, hidden, 32)
+            self.down_proj, self.down_proj_scale = packed(hidden, inter, 2), packed(hidden, inter, 32)
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
+            self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
         # gpt-oss: per-expert biases of gate_up ([gate | up], like the rows) and down.
         self.gate_up_proj_bias = self.down_proj_bias = None
         if moe.expert_bias:
@@ -75,6 +83,8 @@ class SparseMoeBlock(nn.Module):
             extra = dict(b13=e.gate_up_proj_bias, b2=e.down_proj_bias)
         if self.act == "swigluoai":
             extra.update(alpha=self.moe.swiglu_alpha, limit=self.moe.swiglu_limit)
+        if e.gate_up_proj_scale is not None:
+            extra.update(w13_scale=e.gate_up_proj_scale, w2_scale=e.down_proj_scale)
         out = self.ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, self.act, **extra)
         if self.has_shared:
             s = self.shared_expert

@@ -43,6 +43,9 @@ class MoEConfig:
     activation: str = ""                # "" : the model's hidden_act (SwiGLU / GeGLU)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # gpt-oss's MXFP4 experts kept packed on the device: the Triton fused MoE kernel
+    # decodes them in its tiles (set by the model when that kernel runs).
+    packed_mxfp4: bool = False
 
     @property
     def num_local_experts(self) -> int:

@@ -18,6 +18,7 @@ class LayerOps:
     # (x, w13 [E, 2I, H], w2 [E, H, I], topk_weights, topk_ids, act) -> [T, H] (moe_reference.py)
     fused_moe: Callable
     moe_route: Callable         # ([T, E] router logits, top_k, renormalize) -> (weights fp32, ids) [T, k]
+    backend: str = "torch"      # which set: a model keeps weights a kernel of this set can read
 
 
 def make_layer_ops(backend: str) -> LayerOps:
@@ -27,4 +28,5 @@ def make_layer_ops(backend: str) -> LayerOps:
     else:
         from backend.ops import reference as k
         from backend.ops.moe_reference import fused_moe, route
-    return LayerOps(k.add_rms_norm, k.rotary, k.act_and_mul, fused_moe=fused_moe, moe_route=route)
+    return LayerOps(k.add_rms_norm, k.rotary, k.act_and_mul, fused_moe=fused_moe, moe_route=route,
+                    backend="triton" if backend == "triton" else "torch")

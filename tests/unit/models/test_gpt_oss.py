@@ -74,15 +74,18 @@ def test_yarn_tables_equal_transformers(params):
 
 
 def test_triton_kernels_match_transformers(ckpt_dir):
-    """attention_backend="triton" under the interpreter: both attention kernels with sinks
-    and the window (12 < the 20-token prompt), the routing and fused MoE kernels with biases and the
-    clamped SwiGLU; chunked prefill and preemption."""
-    path = make_moe_checkpoint(str(ckpt_dir / "gpt_oss"), "gpt_oss")
+    """attention_backend="triton" under the interpreter on the MXFP4 checkpoint: both
+    attention kernels with sinks and the window (12 < the 20-token prompt), the routing
+    kernel, the fused MoE kernel with biases and the clamped SwiGLU reading the experts
+    still packed (decoded in its tiles); chunked prefill and preemption."""
+    grid, packed = make_mxfp4_pair(str(ckpt_dir))
     prompts = random_prompts(3, [1, 20, 9], seed=5)
-    expected = hf_greedy(path, prompts, 4)
+    expected = hf_greedy(grid, prompts, 4)
     # Three blocks of 8 hold the longest sequence alone: the others are preempted.
-    llm = LLM(path, block_size=8, num_kv_blocks=3, max_num_seqs=8, max_num_batched_tokens=16,
+    llm = LLM(packed, block_size=8, num_kv_blocks=3, max_num_seqs=8, max_num_batched_tokens=16,
               attention_backend="triton")
+    experts = llm.engine.model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == torch.uint8 and experts.gate_up_proj_scale is not None
     outs = llm.generate(prompts, SamplingParams(max_tokens=4, min_tokens=4, temperature=0))
     assert [o.token_ids for o in outs] == expected
     stats = llm.stats()
