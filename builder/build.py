@@ -19,7 +19,7 @@ from backend.parallel.sharding import check_tensor_parallel
 from backend.triton_server.serving_config import render_parameters
 from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
                                  write_fp8_checkpoint)
-from builder.plan import format_plan, memory_plan, weight_bytes
+from builder.plan import format_plan, memory_plan
 
 BACKEND_NAME = "paged_llm"
 # Engine arguments passed through as they are (checked by EngineArgs).
@@ -257,10 +257,6 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     import torch
     served = os.path.join(out, model_path) if not os.path.isabs(model_path) else model_path
     wbytes = sum(os.path.getsize(os.path.join(served, f)) for f in os.listdir(served) if f.endswith(".safetensors"))
-    if cfg.mxfp4_experts:
-        # gpt-oss's MXFP4 experts are dequantized at load: the GPU holds them at the compute
-        # dtype, about 4x the files' 4.25 bits per weight.
-        wbytes = weight_bytes(cfg, "float32" if opts.weights == "float32" else "bf16")
     source_dtype = opts.weights in ("auto", "int8", "int4")      # weight-only INT computes in the source's dtype
     kv_elem = 1 if opts.kv_cache == "fp8" else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
