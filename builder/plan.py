@@ -41,7 +41,10 @@ GPUS = {"H100-80GB": (80, 4.50), "H200-141GB": (141, 5.50), "A100-80GB": (80, 3.
         "A100-40GB": (40, 2.50), "L40S-48GB": (48, 1.80), "L4-24GB": (24, 0.80)}
 # Bytes per weight of the linear layers; embeddings, lm_head and norms stay 16-bit.
 # Scales: FP8 and INT8 one fp32 per output channel, INT4 one bf16 per group of 128.
-WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "mxfp4": 2.0}
+# gpt-oss's MXFP4 experts as published, kept packed on the GPU (the Triton fused MoE
+# decodes them): 4 bits a weight plus one E8M0 byte per 32; the other weights stay bf16.
+MXFP4_BYTES = 17 / 32
 KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1}
 
 
@@ -107,6 +110,12 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
     if dtype == "float32":
         return p.total * 4
     linear = p.linear * WEIGHT_DTYPES[dtype]
+    if dtype == "mxfp4":
+        if not cfg.mxfp4_experts:
+            raise ValueError(f"weights 'mxfp4' are gpt-oss's published experts; {cfg.architecture} has none")
+        moe = local_config(cfg, tp).moe
+        experts = sum(moe.sparse_layers) * moe.num_local_experts * 3 * cfg.hidden_size * moe.intermediate_size
+        linear -= experts * (WEIGHT_DTYPES["bf16"] - MXFP4_BYTES)
     if dtype in ("fp8", "int8"):
         linear += p.linear_rows * 4
     elif dtype == "int4":
@@ -233,9 +242,11 @@ NAMED_CONFIGS = {
     "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,
                            num_experts_per_tok=2, rope_theta=1e6),
     "gpt-oss-20b": _llama(201088, 2880, 2880, 24, 64, 8, arch="GptOssForCausalLM", head_dim=64,
-                          num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0),
+                          num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0,
+                          quantization_config={"quant_method": "mxfp4"}),
     "gpt-oss-120b": _llama(201088, 2880, 2880, 36, 64, 8, arch="GptOssForCausalLM", head_dim=64,
-                           num_local_experts=128, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0),
+                           num_local_experts=128, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0,
+                           quantization_config={"quant_method": "mxfp4"}),
     "qwen3-30b-a3b": _llama(151936, 2048, 6144, 48, 32, 4, arch="Qwen3MoeForCausalLM", head_dim=128, num_experts=128,
                             num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }

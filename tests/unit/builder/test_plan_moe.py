@@ -51,5 +51,10 @@ def test_published_moe_counts_and_cli(capsys):
     for name, total, active in [("gpt-oss-20b", 20.91, 3.61), ("gpt-oss-120b", 116.83, 5.13)]:
         counts = plan.count_params(model_config_from_dict(plan.NAMED_CONFIGS[name]))
         assert round(counts.total / 1e9, 2) == total and round((counts.active - embedding) / 1e9, 2) == active
+    # Published MXFP4, kept packed: gpt-oss-120b fits one 80 GB GPU (as its card says), bf16 does not.
+    big = model_config_from_dict(plan.NAMED_CONFIGS["gpt-oss-120b"])
+    rows = {r.weights: r for r in plan.memory_rows(big, 80, 0.9, ["bf16", "mxfp4"], "bf16", [1], [8192], 16, 64)}
+    assert rows["mxfp4"].fits and not rows["bf16"].fits
+    assert 60 < rows["mxfp4"].weight_bytes_per_rank / 2**30 < 62
     assert main(["plan", "--model", "mixtral-8x7b", "--gpu", "H100-80GB"]) == 0
     assert "parameters: 46,702,792,704 total, 12,879,925,248 active per token" in capsys.readouterr().out
