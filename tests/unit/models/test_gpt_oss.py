@@ -44,7 +44,8 @@ def test_config_as_published():
     moe = cfg.moe
     assert (moe.num_experts, moe.top_k, moe.activation, moe.swiglu_limit) == (8, 4, "swigluoai", 7.0)
     assert moe.router_bias and moe.expert_bias and moe.softmax_after_topk and all(moe.sparse_layers)
-    assert "not split" in check_tensor_parallel(cfg, 2)
+    assert check_tensor_parallel(cfg, 2) is None                      # 32 channels a rank: whole scale groups
+    assert "enable_expert_parallel" in check_tensor_parallel(cfg, 4)   # 16 would cut one
     llama = {**PUBLISHED, "architectures": ["LlamaForCausalLM"]}
     with pytest.raises(UnsupportedModelError, match="mxfp4"):
         model_config_from_dict(llama)
