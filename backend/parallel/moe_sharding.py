@@ -27,6 +27,7 @@ import re
 from typing import Optional, Union
 
 from backend.models.config import ModelConfig
+from backend.models.moe_config import MoEConfig
 
 _EXPERT = re.compile(r"^model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.(weight|weight_scale)$")
 _STACKED = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
@@ -80,7 +81,7 @@ def expert_rule(name: str, cfg: ModelConfig, rank: int, tp: int) -> Union[None, 
     return None
 
 
-def _stacked_slice(proj: str, suffix: str, moe, rank: int, tp: int) -> Union[None, str, tuple[int, int, int]]:
+def _stacked_slice(proj: str, suffix: str, moe: MoEConfig, rank: int, tp: int) -> Union[str, tuple[int, int, int]]:
     """gpt-oss's stacked experts: (dim, start, stop), or ROW_BIAS for the down bias."""
     if moe.expert_parallel:
         n = moe.num_experts // tp
