@@ -13,13 +13,11 @@ weights.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import torch
 
-from clients.attention_bench import _time_ms
+from clients.attention_bench import _time_ms, gpu_main
 
 # (name, experts, top_k, hidden, expert channels, gpt-oss (biases + clamped SwiGLU), MXFP4 experts)
 SHAPES = [("mixtral-8x7b", 8, 2, 4096, 14336, False, False), ("gpt-oss-20b", 32, 4, 2880, 2880, True, False),
@@ -90,19 +88,7 @@ def render(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clients.moe_kernel_bench")
-    ap.add_argument("--json")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("moe_kernel_bench needs an NVIDIA GPU")
-        return 2
-    from clients.gpu_check import copy_bandwidth_gbs
-    rows = run(copy_bandwidth_gbs(), torch.device("cuda"))
-    print(render(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
-    return 0
+    return gpu_main("moe_kernel_bench", run, render, argv)
 
 
 if __name__ == "__main__":
