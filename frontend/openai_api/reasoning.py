@@ -82,6 +82,8 @@ class Qwen3(ReasoningParser):
 
 
 CHANNEL, MESSAGE, MESSAGE_END, NEXT = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
+# The reply's own last marker, should the stop token's text reach the reply.
+HARMONY_STOPS = ("<|return|>", "<|call|>")
 
 
 class Harmony(ReasoningParser):
@@ -118,9 +120,13 @@ class Harmony(ReasoningParser):
             header, opened, body = message.partition(MESSAGE)
             if not opened:
                 continue                        # its header is still being written
-            body, ended, _ = body.partition(MESSAGE_END)
+            for end in (MESSAGE_END, *HARMONY_STOPS):
+                body, ended, _ = body.partition(end)
+                if ended:
+                    break
             if not ended and not final:
-                body = held_back(held_back(body, MESSAGE_END), NEXT)
+                for end in (MESSAGE_END, NEXT, *HARMONY_STOPS):
+                    body = held_back(body, end)
             if header.partition(CHANNEL)[2].strip().startswith("final"):
                 content = body
             else:

@@ -122,6 +122,8 @@ def test_forced_calls_named_and_required():
     ("openai_gptoss", "", "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
      "<|message|>b<|end|><|start|>assistant<|channel|>final <|message|>c<|d", "a\nb", "c<|d"),
     ("openai_gptoss", "", "<|channel|>analysis<|message|>still thinking", "still thinking", None),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+     "ok", "4"),
     ("openai_gptoss", "", "It is 4.", None, "It is 4."),
 ])
 def test_reasoning_split_streamed_and_not(name, prompt, text, reasoning, content):
