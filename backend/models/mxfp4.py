@@ -41,28 +41,44 @@ def e8m0_scales(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(s == 255, torch.full_like(out, float("nan")), out)
 
 
+# Rows of 32 values decoded at once: bounds the transient index tensors (a published
+# gpt-oss-120b layer has 1.2e8 such rows).
+CHUNK_ROWS = 1 << 20
+
+
 def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[.., out, in / 32, 16] packed bytes and [.., out, in / 32] scales -> [.., out, in]."""
+    """[.., out, in / 32, 16] packed bytes and [.., out, in / 32] scales -> [.., out, in]
+    in dtype (float32 or bfloat16: both hold every MXFP4 value exactly, as their
+    exponent range is E8M0's)."""
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise MXFP4Error(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
     if blocks.shape[-1] != BLOCK // 2 or blocks.shape[:-1] != scales.shape:
         raise MXFP4Error(f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)} "
                          f"(expected blocks [.., G, {BLOCK // 2}] and scales [.., G])")
-    lo, hi = e2m1_values(blocks & 0x0F), e2m1_values(blocks >> 4)
-    # Element 2j is the low nibble of byte j, element 2j + 1 the high one.
-    elems = torch.stack([lo, hi], dim=-1).flatten(-2)                 # [.., G, 32]
-    values = elems * e8m0_scales(scales)[..., None]
-    return values.flatten(-2).to(dtype)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise MXFP4Error(f"MXFP4 dequantizes exactly to float32 or bfloat16, not {dtype}")
+    table = e2m1_values(torch.arange(16, device=blocks.device)).to(dtype)
+    flat, flat_scales = blocks.reshape(-1, BLOCK // 2), scales.reshape(-1)
+    out = torch.empty(flat.shape[0], BLOCK, dtype=dtype, device=blocks.device)
+    for r0 in range(0, flat.shape[0], CHUNK_ROWS):
+        rows = slice(r0, r0 + CHUNK_ROWS)
+        codes = flat[rows].long()
+        # Element 2j is the low nibble of byte j, element 2j + 1 the high one.
+        out[rows, 0::2] = table[codes & 0x0F]
+        out[rows, 1::2] = table[codes >> 4]
+        out[rows] *= e8m0_scales(flat_scales[rows]).to(dtype)[:, None]   # a power of two: exact
+    return out.view(*scales.shape[:-1], -1)
 
 
 def dequantize_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """Replace `<prefix>.<proj>_blocks` / `_scales` with the dequantized `<prefix>.<proj>`
-    in fp32, in the checkpoint's [E, out, in] orientation (in place)."""
+    in bf16 (exact; the loader casts to the compute dtype, exactly too), in the
+    checkpoint's [E, out, in] orientation (in place)."""
     for proj in ("gate_up_proj", "down_proj"):
         blocks, scales = state.pop(f"{prefix}.{proj}_blocks", None), state.pop(f"{prefix}.{proj}_scales", None)
         if blocks is None and scales is None:
             continue
         if blocks is None or scales is None:
             raise MXFP4Error(f"{prefix}.{proj}: MXFP4 needs both _blocks and _scales")
-        state[f"{prefix}.{proj}"] = dequantize(blocks, scales)
+        state[f"{prefix}.{proj}"] = dequantize(blocks, scales, torch.bfloat16)
     return state

@@ -92,17 +92,21 @@ def test_triton_kernels_match_transformers(ckpt_dir):
     assert_pool_free(llm)
 
 
-def test_mxfp4_decoding_is_exact():
+def test_mxfp4_decoding_is_exact(monkeypatch):
     """Every byte (both nibbles) under scales from 2^-127 to 2^127 against the spec's table
-    transcription; 255 is NaN; shapes checked."""
+    transcription, in fp32 and bf16; 255 is NaN; shapes checked; decoding in chunks of
+    rows gives the same."""
     blocks = torch.arange(256, dtype=torch.uint8).view(1, 16, 16)
     scales = torch.tensor([[0, 1, 100, 126, 127, 128, 200, 254, 3, 50, 120, 125, 129, 130, 131, 253]],
                           dtype=torch.uint8)
     got = mxfp4.dequantize(blocks, scales)
     assert got.shape == (1, 512) and torch.equal(got, unpack_mxfp4(blocks, scales))
+    assert torch.equal(mxfp4.dequantize(blocks, scales, torch.bfloat16).float(), got)    # exact in bf16 too
     assert torch.equal(mxfp4.dequantize(blocks[:, :1], torch.tensor([[127]], dtype=torch.uint8))[0, :4],
                        torch.tensor([0.0, 0.0, 0.5, 0.0]))       # byte 0x00, 0x01: low nibble first
     assert torch.isnan(mxfp4.dequantize(blocks[:, :1], torch.tensor([[255]], dtype=torch.uint8))).all()
+    monkeypatch.setattr(mxfp4, "CHUNK_ROWS", 5)
+    assert torch.equal(mxfp4.dequantize(blocks, scales), got)
     with pytest.raises(mxfp4.MXFP4Error, match="do not match"):
         mxfp4.dequantize(blocks, scales[:, :3])
 
