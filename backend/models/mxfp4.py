@@ -57,15 +57,15 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
                          f"(expected blocks [.., G, {BLOCK // 2}] and scales [.., G])")
     if dtype not in (torch.float32, torch.bfloat16):
         raise MXFP4Error(f"MXFP4 dequantizes exactly to float32 or bfloat16, not {dtype}")
-    table = e2m1_values(torch.arange(16, device=blocks.device)).to(dtype)
+    # Each byte value -> its two elements: element 2j is the low nibble of byte j,
+    # element 2j + 1 the high one.
+    byte = torch.arange(256, device=blocks.device)
+    pairs = torch.stack([e2m1_values(byte & 0x0F), e2m1_values(byte >> 4)], dim=-1).to(dtype)   # [256, 2]
     flat, flat_scales = blocks.reshape(-1, BLOCK // 2), scales.reshape(-1)
     out = torch.empty(flat.shape[0], BLOCK, dtype=dtype, device=blocks.device)
     for r0 in range(0, flat.shape[0], CHUNK_ROWS):
         rows = slice(r0, r0 + CHUNK_ROWS)
-        codes = flat[rows].long()
-        # Element 2j is the low nibble of byte j, element 2j + 1 the high one.
-        out[rows, 0::2] = table[codes & 0x0F]
-        out[rows, 1::2] = table[codes >> 4]
+        out[rows] = pairs[flat[rows].long()].view(-1, BLOCK)
         out[rows] *= e8m0_scales(flat_scales[rows]).to(dtype)[:, None]   # a power of two: exact
     return out.view(*scales.shape[:-1], -1)
 
