@@ -46,6 +46,9 @@ def _keep_packed(state: dict[str, torch.Tensor], experts: str) -> None:
 
 
 class GptOssCausalLM(CausalLM):
+    # transformers' _keep_in_fp32_modules: the norms multiply in fp32, then round.
+    fp32_params = ("layernorm.weight", "model.norm.weight")
+
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object], max_position: Optional[int] = None,
                  ops: Optional[LayerOps] = None, tp: TensorParallel = SINGLE) -> None:
         if cfg.mxfp4_experts and ops is not None and ops.backend == "triton":

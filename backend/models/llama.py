@@ -143,6 +143,8 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     layer_cls: type = DecoderLayer
+    # Parameters (by name suffix) the loader leaves in fp32 whatever the compute dtype.
+    fp32_params: tuple[str, ...] = ()
 
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
                  max_position: Optional[int] = None, ops: Optional[LayerOps] = None,

@@ -39,8 +39,14 @@ def layer_ops(dtype: str) -> list:
     norm = compile_kernel(k._add_rms_norm_kernel,
                           {"x_ptr": act, "res_ptr": act, "w_ptr": act, "out_ptr": act, "res_out_ptr": act,
                            "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_ro": "i32", "N": "i32",
-                           "eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK=4096))
-    out = [norm]
+                           "eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK=4096, WEIGHT_FIRST=False))
+    # gpt-oss: fp32 norm weights on bf16 activations, multiplied before rounding.
+    norm_fp32_weight = compile_kernel(k._add_rms_norm_kernel,
+                                      {"x_ptr": act, "res_ptr": act, "w_ptr": "*fp32", "out_ptr": act,
+                                       "res_out_ptr": act, "stride_x": "i32", "stride_r": "i32", "stride_o": "i32",
+                                       "stride_ro": "i32", "N": "i32", "eps": "fp32"},
+                                      dict(HAS_RESIDUAL=True, BLOCK=4096, WEIGHT_FIRST=True))
+    out = [norm, norm_fp32_weight]
     for qk_norm in (False, True):
         out.append(compile_kernel(k._rotary_kernel,
                                   {"q_ptr": act, "k_ptr": act, "pos_ptr": "*i32", "cos_ptr": act, "sin_ptr": act,
