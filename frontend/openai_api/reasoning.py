@@ -8,6 +8,8 @@ the reasoning, and the text after the block once the block has ended (None befor
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,15 +86,20 @@ class Qwen3(ReasoningParser):
 CHANNEL, MESSAGE, MESSAGE_END, NEXT = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 # The reply's own last marker, should the stop token's text reach the reply.
 HARMONY_STOPS = ("<|return|>", "<|call|>")
+# A message to a function (a tool call): its recipient, in the header before the channel
+# or after it (`<|channel|>commentary to=functions.get_weather <|constrain|>json`).
+RECIPIENT = re.compile(r"to=functions\.([\w.\-]+)")
 
 
 class Harmony(ReasoningParser):
     """gpt-oss's harmony format: the reply is messages `<|channel|>NAME<|message|>BODY`,
     ended by `<|end|>` (then `<|start|>assistant` opens the next) or by the stop token.
-    Bodies of the `final` channel are the content; the others (`analysis`, and
-    `commentary`, whose tool calls are not parsed) the reasoning, joined by newlines. A
-    reply not in the format is all content. The markers are special tokens, so the reply
-    is detokenized with them. (vLLM parses harmony at the token level with openai-harmony;
+    Bodies of the `final` channel are the content; a message to `functions.NAME` is a
+    tool call, handed on after the content as `<tool_call>{"name": NAME, "arguments":
+    BODY}</tool_call>` for the `openai` tool parser (tools/parsers.py); the others
+    (`analysis`, commentary preambles) are the reasoning, joined by newlines. A reply not
+    in the format is all content. The markers are special tokens, so the reply is
+    detokenized with them. (vLLM parses harmony at the token level with openai-harmony;
     this reads the same text.) Structured output is not started after the analysis: a
     guided gpt-oss reply is shaped from its first token."""
     name = "openai_gptoss"
@@ -104,9 +111,9 @@ class Harmony(ReasoningParser):
 
     def thinks(self, text: str, final: bool) -> Optional[bool]:
         head = text.lstrip()
-        if head.startswith(CHANNEL):
+        if head.startswith((CHANNEL, "to=")):       # a first message, or one with a recipient
             return True
-        if not final and CHANNEL.startswith(head):
+        if not final and (CHANNEL.startswith(head) or "to=".startswith(head)):
             return None
         return False
 
@@ -116,6 +123,7 @@ class Harmony(ReasoningParser):
             return Split("", None if thinks is None else text)
         reasoning: list[str] = []
         content: Optional[str] = None
+        calls = ""
         for message in text.split(NEXT):
             header, opened, body = message.partition(MESSAGE)
             if not opened:
@@ -127,10 +135,16 @@ class Harmony(ReasoningParser):
             if not ended and not final:
                 for end in (MESSAGE_END, NEXT, *HARMONY_STOPS):
                     body = held_back(body, end)
-            if header.partition(CHANNEL)[2].strip().startswith("final"):
+            recipient = RECIPIENT.search(header)
+            if recipient is not None:
+                calls += (f'<tool_call>{{"name": {json.dumps(recipient.group(1))}, "arguments": {body}'
+                          + ("}</tool_call>" if ended or final else ""))
+            elif header.partition(CHANNEL)[2].strip().startswith("final"):
                 content = body
             else:
                 reasoning.append(body)
+        if calls:
+            content = (content or "") + calls
         return Split("\n".join(reasoning), content)
 
 

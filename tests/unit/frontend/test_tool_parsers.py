@@ -144,6 +144,26 @@ def test_harmony_keeps_special_tokens_in_the_reply():
         assert sampling == expect
 
 
+@pytest.mark.parametrize("text", [
+    '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary '
+    'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}',
+    '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather'
+    '<|channel|>commentary json<|message|>{"city": "Paris", "days": 2}<|call|>',
+])
+def test_harmony_tool_call(text):
+    """gpt-oss's call: a commentary message to functions.NAME (the recipient before or after
+    the channel; <|call|> is the stop token, in the text or not)."""
+    make = lambda: ChoiceOutput(REASONING_PARSERS["openai_gptoss"](""), PARSERS["openai"]())  # noqa: E731
+    message = make().message(text)
+    assert message["reasoning_content"] == "Need the weather." and message["content"] is None
+    call = message["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris", "days": 2})
+    for seed in range(5):
+        got = stream(make, text, seed)
+        assert (got["reasoning"], got["content"]) == ("Need the weather.", "")
+        assert [(c[1], json.loads(c[2])) for c in got["calls"]] == [("get_weather", {"city": "Paris", "days": 2})]
+
+
 def test_tool_calls_are_read_after_the_reasoning():
     text = '<think>call <tool_call>? no</think>Checking.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
     make = lambda: ChoiceOutput(REASONING_PARSERS["qwen3"]("assistant:"), PARSERS["hermes"]())  # noqa: E731
