@@ -187,3 +187,21 @@ def test_bf16_norms_round_as_transformers(ckpt_dir):
     assert model.model.norm.weight.dtype == torch.float32
     assert model.model.layers[1].post_attention_layernorm.weight.dtype == torch.float32
     assert model.model.layers[1].self_attn.qkv_proj.weight.dtype == torch.bfloat16
+
+
+def test_mxfp4_build_serves(ckpt_dir, tmp_path):
+    """`builder build` of the MXFP4 checkpoint (torch engine, float32): the entry serves
+    transformers' tokens on the dequantized weights; graph engines are refused (MoE)."""
+    from builder.build import BuildError, BuildOptions, build
+    from tests.unit.builder.test_build_moe import served
+    grid, packed = make_mxfp4_pair(str(ckpt_dir))
+    out = build(BuildOptions.create(checkpoint=packed, output=str(tmp_path / "e"), weights="float32",
+                                    num_kv_blocks=32, block_size=8), log=lambda *_: None, progress=False)
+    llm = served(out)
+    prompts = [[5, 9, 13, 2, 7, 40, 41], [11, 3]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, min_tokens=6, temperature=0))
+    assert [o.token_ids for o in outs] == hf_greedy(grid, prompts, 6)
+    assert_pool_free(llm)
+    with pytest.raises(BuildError, match="mixture-of-experts"):
+        build(BuildOptions.create(checkpoint=packed, output=str(tmp_path / "o"), engine="onnxruntime"),
+              log=lambda *_: None, progress=False)
