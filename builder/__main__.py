@@ -28,7 +28,11 @@ def _plan(args) -> int:
     if memory_gb is None or price is None:
         raise BuildError(f"unknown --gpu '{args.gpu}': name one of {', '.join(GPUS)} or give "
                          "--gpu-memory-gb and --gpu-price-per-hour")
-    rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, args.weights, args.kv_cache, args.tp,
+    weights = args.weights or (["bf16", "mxfp4"] if cfg.mxfp4_experts else ["bf16", "fp8", "int8", "int4"])
+    if "mxfp4" in weights and not cfg.mxfp4_experts:
+        raise BuildError(f"invalid plan option 'weights': mxfp4 is for gpt-oss's MXFP4 checkpoints, "
+                         f"not {cfg.architecture}")
+    rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, weights, args.kv_cache, args.tp,
                             args.context_lens, args.block_size, args.max_num_seqs, args.pp, args.micro_batches)
     cost = plan.cost_plan(price, args.workload_tp * args.workload_pp, args.requests_per_day, args.input_tokens,
                           args.output_tokens, args.throughput, args.api_price_per_million)
@@ -126,7 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-memory-gb", type=float, help="instead of the named GPU's")
     p.add_argument("--gpu-price-per-hour", type=float, help="instead of the named GPU's on-demand price")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--weights", nargs="+", default=["bf16", "fp8", "int8", "int4"], choices=list(WEIGHT_DTYPES))
+    p.add_argument("--weights", nargs="+", choices=list(WEIGHT_DTYPES),
+                   help="default: bf16 fp8 int8 int4 (gpt-oss's MXFP4 checkpoints: bf16 mxfp4)")
     p.add_argument("--kv-cache", default="bf16", choices=list(KV_DTYPES))
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--pp", type=int, nargs="+", default=[1], help="pipeline stages (each of --tp GPUs)")

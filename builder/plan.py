@@ -46,7 +46,10 @@ GPUS = {"H100-80GB": (80, 4.50), "H200-141GB": (141, 5.50), "A100-80GB": (80, 3.
         "A100-40GB": (40, 2.50), "L40S-48GB": (48, 1.80), "L4-24GB": (24, 0.80)}
 # Bytes per weight of the linear layers; embeddings, lm_head and norms stay 16-bit.
 # Scales: FP8 and INT8 one fp32 per output channel, INT4 one bf16 per group of 128.
-WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5}
+WEIGHT_DTYPES = {"float32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5, "mxfp4": 2.0}
+# gpt-oss's MXFP4 experts as published, kept packed on the GPU (the Triton fused MoE
+# decodes them): 4 bits a weight plus one E8M0 byte per 32; the other weights stay bf16.
+MXFP4_BYTES = 17 / 32
 KV_DTYPES = {"float32": 4, "bf16": 2, "fp8": 1, "int8": 1}
 
 
@@ -87,7 +90,7 @@ def count_params(cfg: ModelConfig, tp: int = 1, stage: Optional[PipelineStage] =
     # Output channels (one scale each): o_proj's and down_proj's are whole on every rank.
     rows_per_layer = (q + 2 * kv) + h + 2 * inter + h
     other_per_layer = (2 * h + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.o_bias else 0)
-                       + (2 * hd if cfg.qk_norm else 0))
+                       + (2 * hd if cfg.qk_norm else 0) + (local.num_heads if cfg.attention_sinks else 0))
     embed = local_vocab_size(cfg, tp) * h
     if stage is None:
         other = embed * (1 if cfg.tie_word_embeddings else 2) + layers * other_per_layer + h
@@ -100,19 +103,22 @@ def count_params(cfg: ModelConfig, tp: int = 1, stage: Optional[PipelineStage] =
 def _with_experts(p: ParamCounts, local: ModelConfig, first: int, last: int) -> ParamCounts:
     """Sparse layers hold E experts of [2I, H] + [H, I], a router [E, H] and Qwen2-MoE's
     shared expert and its [1, H] gate instead of the dense MLP (one rank's share: its
-    experts' channels, or with expert parallelism its whole experts)."""
+    experts' channels, or with expert parallelism its whole experts); gpt-oss adds a
+    router bias [E] and expert biases [E, 2I] + [E, H]."""
     moe, h = local.moe, local.hidden_size
     sparse = sum(moe.sparse_layers[first:last])
     E, i, s = moe.num_local_experts, moe.intermediate_size, moe.shared_expert_intermediate_size
     dense_linear, dense_rows = 3 * h * local.intermediate_size, 2 * local.intermediate_size + h
     linear = E * 3 * h * i + 3 * h * s
     rows = E * (2 * i + h) + (2 * s + h if s else 0)
-    router = moe.num_experts * h + (h if s else 0)
+    router = moe.num_experts * h + (h if s else 0) + (moe.num_experts if moe.router_bias else 0)
+    biases = E * (2 * i + h) if moe.expert_bias else 0
     # Expected per rank: the top_k of all num_experts are spread over the ranks' experts.
     unused = E - moe.top_k * E / moe.num_experts
     return ParamCounts(linear=p.linear + sparse * (linear - dense_linear),
-                       linear_rows=p.linear_rows + sparse * (rows - dense_rows), other=p.other + sparse * router,
-                       inactive=int(sparse * unused * 3 * h * i))
+                       linear_rows=p.linear_rows + sparse * (rows - dense_rows),
+                       other=p.other + sparse * (router + biases),
+                       inactive=int(sparse * unused * (3 * h * i + (2 * i + h if moe.expert_bias else 0))))
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1, stage: Optional[PipelineStage] = None) -> int:
@@ -121,6 +127,12 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1, stage: Optional[Pipe
     if dtype == "float32":
         return p.total * 4
     linear = p.linear * WEIGHT_DTYPES[dtype]
+    if dtype == "mxfp4":
+        if not cfg.mxfp4_experts:
+            raise ValueError(f"weights 'mxfp4' are gpt-oss's published experts; {cfg.architecture} has none")
+        moe = local_config(cfg, tp).moe
+        experts = sum(moe.sparse_layers) * moe.num_local_experts * 3 * cfg.hidden_size * moe.intermediate_size
+        linear -= experts * (WEIGHT_DTYPES["bf16"] - MXFP4_BYTES)
     if dtype in ("fp8", "int8", "w8a8"):
         linear += p.linear_rows * 4
     elif dtype == "int4":
@@ -288,6 +300,12 @@ NAMED_CONFIGS = {
     "qwen2.5-7b": _llama(152064, 3584, 18944, 28, 28, 4, arch="Qwen2ForCausalLM"),
     "mixtral-8x7b": _llama(32000, 4096, 14336, 32, 32, 8, arch="MixtralForCausalLM", num_local_experts=8,
                            num_experts_per_tok=2, rope_theta=1e6),
+    "gpt-oss-20b": _llama(201088, 2880, 2880, 24, 64, 8, arch="GptOssForCausalLM", head_dim=64,
+                          num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0,
+                          quantization_config={"quant_method": "mxfp4"}),
+    "gpt-oss-120b": _llama(201088, 2880, 2880, 36, 64, 8, arch="GptOssForCausalLM", head_dim=64,
+                           num_local_experts=128, num_experts_per_tok=4, sliding_window=128, rope_theta=150000.0,
+                           quantization_config={"quant_method": "mxfp4"}),
     "qwen3-30b-a3b": _llama(151936, 2048, 6144, 48, 32, 4, arch="Qwen3MoeForCausalLM", head_dim=128, num_experts=128,
                             num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }

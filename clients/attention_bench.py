@@ -98,20 +98,26 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clients.attention_bench")
+def gpu_main(prog: str, run_rows: Callable, render_rows: Callable, argv=None) -> int:
+    """A kernel benchmark's command line: run on the GPU against the measured copy
+    bandwidth, print the table, optionally write the rows as JSON."""
+    ap = argparse.ArgumentParser(prog=f"python -m clients.{prog}")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("attention_bench needs an NVIDIA GPU")
+        print(f"{prog} needs an NVIDIA GPU")
         return 2
     from clients.gpu_check import copy_bandwidth_gbs
-    rows = run(copy_bandwidth_gbs(), torch.device("cuda"))
-    print(render(rows))
+    rows = run_rows(copy_bandwidth_gbs(), torch.device("cuda"))
+    print(render_rows(rows))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
     return 0
+
+
+def main(argv=None) -> int:
+    return gpu_main("attention_bench", run, render, argv)
 
 
 if __name__ == "__main__":

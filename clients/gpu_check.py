@@ -15,12 +15,16 @@ finish inside 10 minutes on an H100.
    temperature 0.6, ignore_eos, Llama-3.2-1B configuration, one generate call
    (target: >= 20,000 output tok/s).
 5. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
-   the one-token and the tiled kernel on decode and prefill shapes.
+   the one-token and the tiled kernel on decode and prefill shapes. The fused MoE
+   kernel alone against its weight-read floor (clients/moe_kernel_bench.py): a
+   Mixtral-8x7B layer, a gpt-oss-20b layer in bf16 and with MXFP4 experts.
 6. LoRA decode-step overhead with 1, 4, 16 adapters (clients/bench_lora.py) and INT4
    decode at batch 1 vs bf16 (clients/bench_int.py) on the last model.
 6b. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
    against the weight-read floor (weight bytes / measured copy bandwidth; target at
-   batch 1 for Llama-3.1-8B: <= 1.25x).
+   batch 1 for Llama-3.1-8B: <= 1.25x); also a Mixtral-8x7B-shaped MoE model of two
+   layers (tokens/s; its floor counts every expert's bytes, which a batch-1 step does
+   not read: the kernel stage has the per-step floor).
 7. Unit tests natively on CUDA (pytest, if installed): kernels, fused ops, sampler,
    CUDA graphs vs eager, engine exactness. Results are written after every stage.
 """
@@ -49,6 +53,11 @@ ARCHS = {
                          tie_word_embeddings=False, rope_theta=500000.0,
                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Mixtral-8x7B's layer shape, two layers: the MoE stage (fused MoE kernel in a model).
+    "mixtral-8x7b-2l": dict(arch="MixtralForCausalLM", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                            num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                            num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+                            rope_theta=1000000.0),
     "qwen3-0.6b": dict(arch="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        tie_word_embeddings=True, rope_theta=1000000.0),
@@ -63,7 +72,7 @@ def make_checkpoint(name: str, root: str) -> str:
     import transformers as tf
     spec = dict(ARCHS[name])
     arch = spec.pop("arch")
-    cfg_cls = tf.Qwen3Config if arch.startswith("Qwen3") else tf.LlamaConfig
+    cfg_cls = {"Qwen3ForCausalLM": tf.Qwen3Config, "MixtralForCausalLM": tf.MixtralConfig}.get(arch, tf.LlamaConfig)
     cfg = cfg_cls(max_position_embeddings=8192, initializer_range=0.02, dtype="bfloat16", **spec)
     path = os.path.join(root, name)
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -289,7 +298,8 @@ def lora_and_int(root: str, model_path: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.gpu_check")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_results"))
-    ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b"])
+    # The last model also runs the LoRA / INT4 stage (a dense one).
+    ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "mixtral-8x7b-2l", "llama-3.1-8b"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--skip-tests", action="store_true")
     a = ap.parse_args(argv)
@@ -315,6 +325,10 @@ def main(argv=None) -> int:
     report["attention"] = attention_bench.run(bw, torch.device("cuda"))
     print(attention_bench.render(report["attention"]), flush=True)
     save()
+    from clients import moe_kernel_bench
+    report["moe_kernel"] = moe_kernel_bench.run(bw, torch.device("cuda"))
+    print(moe_kernel_bench.render(report["moe_kernel"]), flush=True)
+    save()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
         report["structured_output"] = structured_requests(root)
         print("structured output:", report["structured_output"], flush=True)
@@ -330,7 +344,13 @@ def main(argv=None) -> int:
                 entry["nano_vllm_workload"] = nano_vllm_workload(path)
                 print(name, json.dumps(entry), flush=True)
                 save()
-            rows = [r for eager in (False, True) for r in decode_benchmarks(path, a.batches, eager)]
+            try:
+                rows = [r for eager in (False, True) for r in decode_benchmarks(path, a.batches, eager)]
+            except Exception as e:            # a failing model must not cost the later stages
+                entry["error"] = f"{type(e).__name__}: {e}"
+                print(name, entry["error"], flush=True)
+                save()
+                continue
             for r in rows:
                 r["weight_read_floor_ms"] = r["weight_bytes"] / (bw * 1e9) * 1e3
                 r["x_of_floor"] = r["ms_per_step"] / r["weight_read_floor_ms"]
@@ -369,10 +389,16 @@ def render(report: dict) -> str:
         from clients.attention_bench import render as render_attention
         lines += ["", "Attention kernels (Llama-3.2-1B shapes, bf16) vs the K/V read floor:", "",
                   render_attention(report["attention"])]
+    if report.get("moe_kernel"):
+        from clients.moe_kernel_bench import render as render_moe
+        lines += ["", "Fused MoE kernel (one layer's experts) vs the weight-read floor:", "",
+                  render_moe(report["moe_kernel"])]
     lines += ["", "| model | batch | CUDA graphs | ms/step | tok/s | weight-read floor ms | x floor |",
               "|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():
-        for r in entry["decode"]:
+        if "error" in entry:
+            lines.append(f"| {name} | failed: {entry['error'][:200]} | | | | | |")
+        for r in entry.get("decode", []):
             lines.append(f"| {name} | {r['batch']} | {r['cuda_graphs']} | {r['ms_per_step']:.2f} | "
                          f"{r['tokens_per_s']:.0f} | {r['weight_read_floor_ms']:.2f} | {r['x_of_floor']:.2f} |")
     return "\n".join(lines) + "\n"

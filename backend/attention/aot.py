@@ -54,7 +54,9 @@ def plugin_signature(dtype: str, fp8: bool) -> dict[str, str]:
     scalars = {name: "i32" for name in SCALAR_ARGS}
     outs = {"out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool,
             # Split-KV partials are not used by a single-split launch: compiled away.
-            "part_acc_ptr": "constexpr", "part_ml_ptr": "constexpr"}
+            "part_acc_ptr": "constexpr", "part_ml_ptr": "constexpr",
+            # No attention sinks in the PagedAttention node (gpt-oss is not exported).
+            "sinks_ptr": "constexpr"}
     return {**ptrs, **scalars, **outs}
 
 
@@ -72,7 +74,7 @@ def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, 
     consts = ta.attention_constexprs(num_heads, num_kv_heads, head_dim, block_size,
                                      head_dim ** -0.5 if scale is None else scale, sliding_window, fp8,
                                      logits_soft_cap=logits_soft_cap)
-    consts.update(part_acc_ptr=None, part_ml_ptr=None)
+    consts.update(part_acc_ptr=None, part_ml_ptr=None, sinks_ptr=None)
     sig = {**plugin_signature(dtype, fp8), **{k: "constexpr" for k in consts}}
     compiled = triton.compile(ASTSource(fn=ta._paged_attention_kernel, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", arch, 32))

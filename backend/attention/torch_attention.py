@@ -10,6 +10,9 @@ A sliding window (per layer) masks keys more than `window - 1` positions before 
 query (transformers' `kv_idx > q_idx - window`). A soft-cap (Gemma 2) bounds each
 score as cap * tanh(score / cap) before the mask and softmax; SDPA cannot do that, so
 those layers compute the scores explicitly, in the order transformers' eager path does.
+Attention sinks (gpt-oss) are a learned logit per head appended to every row of scores
+before the softmax and dropped after it (weight in the denominator, no value): also
+computed explicitly, as transformers' GptOssAttention does.
 """
 
 from __future__ import annotations
@@ -123,19 +126,27 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale, dtype: torch.dt
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
-           logits_soft_cap: Optional[float]) -> torch.Tensor:
+           logits_soft_cap: Optional[float], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(mask(cap(q k^T * scale))) v over [..., H, n, D] queries and [..., KVH, L, D]
-    keys/values (GQA: H a multiple of KVH); allowed broadcasts to [..., H, n, L]."""
+    keys/values (GQA: H a multiple of KVH); allowed broadcasts to [..., H, n, L]. sinks
+    ([H]): one more logit per head in each softmax, whose probability is dropped."""
     gqa = q.shape[-3] != k.shape[-3]
-    if logits_soft_cap is None:
+    if logits_soft_cap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
     if gqa:
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 class TorchPagedAttention:
@@ -148,29 +159,29 @@ class TorchPagedAttention:
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H, D]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
+                meta: AttentionMetadata, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode_seqs:
             idx = torch.tensor([qsl[i] for i in decode_seqs], dtype=torch.long, device=q.device)
-            out[idx] = self._decode(q[idx], cache, meta, decode_seqs)
+            out[idx] = self._decode(q[idx], cache, meta, decode_seqs, sinks)
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
                 s = qsl[i]
-                out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i])
+                out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks)
         return out
 
     def _decode(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
-                seq_ids: list[int]) -> torch.Tensor:
+                seq_ids: list[int], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Decode rows by groups of DECODE_BUCKET_ROWS of similar length (sorted on the
         host's copy of the lengths): each group is gathered and padded only to its own
         longest, where one batch would pad every row to the step's longest."""
         if len(seq_ids) <= DECODE_BUCKET_ROWS:
-            return self._decode_group(q, cache, meta, seq_ids)
+            return self._decode_group(q, cache, meta, seq_ids, sinks)
         lens = meta.seq_lens_cpu
         order = sorted(range(len(seq_ids)), key=lambda r: lens[seq_ids[r]])
         out = torch.empty_like(q)
@@ -178,11 +189,11 @@ class TorchPagedAttention:
             rows = order[a:a + DECODE_BUCKET_ROWS]
             idx = torch.tensor(rows, dtype=torch.long, device=q.device)
             out.index_copy_(0, idx, self._decode_group(q.index_select(0, idx), cache, meta,
-                                                       [seq_ids[r] for r in rows]))
+                                                       [seq_ids[r] for r in rows], sinks))
         return out
 
     def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
-                      seq_ids: list[int]) -> torch.Tensor:
+                      seq_ids: list[int], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         bs = cache.block_size
         seq_lens = [meta.seq_lens_cpu[i] for i in seq_ids]
         nblk = -(-max(seq_lens) // bs)
@@ -198,11 +209,11 @@ class TorchPagedAttention:
         allowed = pos[None, :] < lens[:, None]
         if self.sliding_window is not None:
             allowed &= pos[None, :] > (lens[:, None] - 1 - self.sliding_window)
-        o = attend(q[:, :, None, :], k, v, allowed[:, None, None, :], self.scale, self.logits_soft_cap)
+        o = attend(q[:, :, None, :], k, v, allowed[:, None, None, :], self.scale, self.logits_soft_cap, sinks)
         return o[:, :, 0, :]
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
-                 seq_len: int) -> torch.Tensor:
+                 seq_len: int, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         n = q.shape[0]
         nblk = -(-seq_len // cache.block_size)
         blocks = block_table[:nblk].long()
@@ -215,5 +226,5 @@ class TorchPagedAttention:
         if self.sliding_window is not None:
             allowed &= k_pos[None, :] > (q_pos[:, None] - self.sliding_window)
         o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed, self.scale,
-                   self.logits_soft_cap)
+                   self.logits_soft_cap, sinks)
         return o.transpose(0, 1)

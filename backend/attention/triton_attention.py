@@ -12,6 +12,9 @@ exported `PagedAttention` node, which is why the same kernel is the TensorRT plu
 the KV range is split across a third grid axis (split-KV, for long contexts at small
 batch) and a second kernel merges the partial results.
 
+Attention sinks (gpt-oss, `sinks_ptr` with HAS_SINKS) start each head's online softmax
+at (m, l) = (sink, 1): the sink's weight is in the denominator and nothing in the sum.
+
 FP8 (E4M3) caches are stored as raw bytes (uint8 views) and dequantized with the
 layer's scale inside the kernel; INT8 caches (int8 tensors) with the KV head's scale
 (k_scale / v_scale then point at [num_kv_heads] fp32). With TRITON_INTERPRET=1
@@ -28,7 +31,7 @@ import triton
 import triton.language as tl
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _store_kv
+from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _softmax_start, _store_kv
 
 
 @triton.jit
@@ -37,11 +40,11 @@ def _paged_attention_kernel(
         query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
         num_seqs, stride_bt, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh,
-        out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr,
+        out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SOFTCAP: tl.constexpr = 0.0, INT8: tl.constexpr = False):
+        SOFTCAP: tl.constexpr = 0.0, INT8: tl.constexpr = False, HAS_SINKS: tl.constexpr = False):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,8 +84,8 @@ def _paged_attention_kernel(
     b_lo = first_block + split * per_split
     b_hi = tl.minimum(b_lo + per_split, first_block + num_blocks)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
+    # The sink (if any) joins split 0's partial only, so the merge counts it once.
+    m_i, l_i = _softmax_start(sinks_ptr, heads, gmask & (g * 0 + split == 0), BLOCK_G, HAS_SINKS)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     offs = tl.arange(0, BLOCK_SIZE)
     for b in range(b_lo, b_hi):
@@ -160,23 +163,25 @@ def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, bloc
 
 def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, scale: float,
                          sliding_window: Optional[int], fp8: bool, num_splits: int = 1,
-                         logits_soft_cap: Optional[float] = None, int8: bool = False) -> dict:
+                         logits_soft_cap: Optional[float] = None, int8: bool = False, sinks: bool = False) -> dict:
     """The kernel's compile-time parameters (shared by the launch here and the AOT build)."""
     group = num_heads // num_kv_heads
     return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
                 HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
                 SM_SCALE=float(scale), SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8),
-                NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0), INT8=bool(int8))
+                NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0), INT8=bool(int8),
+                HAS_SINKS=bool(sinks))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
                     meta: AttentionMetadata, scale: float, sliding_window: Optional[int] = None,
                     num_splits: Optional[int] = None, tiled: Optional[bool] = None,
-                    logits_soft_cap: Optional[float] = None) -> torch.Tensor:
+                    logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
     returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]. Steps with
     prompt tokens (max_query_len > 1) take the tensor-core tiled kernel
-    (triton_tiled.py), decode-only steps this file's one-token kernel with split-KV."""
+    (triton_tiled.py), decode-only steps this file's one-token kernel with split-KV.
+    sinks: [H] attention-sink logits (gpt-oss) or None."""
     T, H, D = q.shape
     scales = cache.scale_tensor()
     if tiled is None:
@@ -189,7 +194,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         out = (torch.zeros if padded else torch.empty)((T, H, D), dtype=q.dtype, device=q.device)
         launch_tiled_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                                meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window,
-                               logits_soft_cap=logits_soft_cap)
+                               logits_soft_cap=logits_soft_cap, sinks=sinks)
         return out
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     if num_splits is None:
@@ -198,7 +203,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                            meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits,
-                           logits_soft_cap)
+                           logits_soft_cap, sinks)
     return out
 
 
@@ -207,7 +212,7 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
                            sliding_window: Optional[int] = None, num_splits: int = 1,
-                           logits_soft_cap: Optional[float] = None) -> None:
+                           logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> None:
     """The kernel over the PagedAttention node's tensors, in the node's order (what the
     TensorRT plugin's JIT form calls; its AOT form launches the same kernel itself)."""
     T, H, D = q.shape
@@ -225,9 +230,9 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         seq_lens.shape[0], block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        out, k_pool, v_pool, part_acc, part_ml,
+        out, k_pool, v_pool, part_acc, part_ml, sinks,
         **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits,
-                               logits_soft_cap, int8=k_pool.dtype == torch.int8))
+                               logits_soft_cap, int8=k_pool.dtype == torch.int8, sinks=sinks is not None))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
@@ -244,7 +249,7 @@ class TritonPagedAttention:
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
+                meta: AttentionMetadata, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         return paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window,
-                               logits_soft_cap=self.logits_soft_cap)
+                               logits_soft_cap=self.logits_soft_cap, sinks=sinks)

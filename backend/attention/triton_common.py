@@ -72,6 +72,20 @@ def _soft_cap(qk, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _softmax_start(sinks_ptr, heads, valid, N: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(running max, running sum) [N] that an online softmax starts from: (-inf, 0), or
+    with attention sinks (gpt-oss) the head's sink logit counted once, exp(sink - sink) = 1,
+    so it weighs in every denominator and adds nothing to the output."""
+    if HAS_SINKS:
+        m = tl.load(sinks_ptr + heads, mask=valid, other=float("-inf")).to(tl.float32)
+        l = tl.where(valid, 1.0, 0.0)
+    else:
+        m = tl.full([N], float("-inf"), tl.float32)
+        l = tl.zeros([N], tl.float32)
+    return m, l
+
+
+@triton.jit
 def _find_seq(query_start_loc_ptr, t, num_seqs, TILE: tl.constexpr = 0):
     """The sequence that owns packed token t: the last s with query_start_loc[s] <= t
     (binary search, so the kernel needs no token->sequence input). With TILE > 0, the

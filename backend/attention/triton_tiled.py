@@ -11,7 +11,8 @@ Which sequence a program serves needs no extra input (vLLM's unified-attention t
 with c[s] = query_start_loc[s] // BLOCK_M + s, sequence s owns programs c[s] up to
 c[s] + ceil(q_len[s] / BLOCK_M) - 1 < c[s + 1], so program p belongs to the last s with
 c[s] <= p, and T // BLOCK_M + B programs always suffice (a host-side count, no sync).
-Programs that land past their sequence's last tile do nothing.
+Programs that land past their sequence's last tile do nothing. Attention sinks: as in
+the one-token kernel, each row's online softmax starts at (sink, 1).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 
 from backend.attention.triton_attention import _as_storage
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _store_kv
+from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _softmax_start, _store_kv
 
 
 @triton.jit
@@ -32,12 +33,12 @@ def _tiled_attention_kernel(
         query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
         num_seqs, stride_bt, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh,
-        out_ptr, k_cache_out_ptr, v_cache_out_ptr,
+        out_ptr, k_cache_out_ptr, v_cache_out_ptr, sinks_ptr,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr = 0.0,
-        INT8: tl.constexpr = False):
+        INT8: tl.constexpr = False, HAS_SINKS: tl.constexpr = False):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -80,8 +81,7 @@ def _tiled_attention_kernel(
         kv_lo = tl.maximum(first_pos - SLIDING_WINDOW + 1, 0)
     kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
 
-    m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
+    m_i, l_i = _softmax_start(sinks_ptr, heads, rg < GROUP, BLOCK_M * BLOCK_G, HAS_SINKS)
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     for kstart in range(kv_lo, kv_hi, BLOCK_N):
@@ -132,7 +132,7 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, k_scale: torch.Tensor,
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
                            sliding_window: Optional[int] = None, block_m: int = BLOCK_M,
-                           logits_soft_cap: Optional[float] = None) -> None:
+                           logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> None:
     """Same tensors and contract as launch_paged_attention; rows of padding tokens (past
     the last sequence) are left as they are. block_m: query tokens per tile (a power of
     two); decode rows are one token per sequence, so 16 // GQA group fills a 16-row tile."""
@@ -151,8 +151,9 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         num_seqs, block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        out, k_pool, v_pool,
+        out, k_pool, v_pool, sinks,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=block_g,
         HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_SIZE=block_size, SM_SCALE=float(scale),
         SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0), INT8=k_pool.dtype == torch.int8)
+        IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0), INT8=k_pool.dtype == torch.int8,
+        HAS_SINKS=sinks is not None)

@@ -1,5 +1,5 @@
 """Per-family parts of config.json that differ from Llama's: RoPE (Llama 3, linear,
-LongRoPE, Gemma 3's two bases), which layers slide, and Gemma's attention extras.
+LongRoPE, YaRN, Gemma 3's two bases), which layers slide, and Gemma's attention extras.
 
 Kept apart from config.py so that a family's reading stays in one place; each rule
 follows the transformers config class of that family (its defaults included, since
@@ -11,6 +11,13 @@ import math
 from typing import Any, Optional
 
 GEMMA_FAMILIES = ("gemma2", "gemma3")
+
+# Families whose layer_types default to alternating sliding / full, sliding first.
+ALTERNATING_FAMILIES = ("gemma2", "gpt_oss")
+
+# gpt-oss's defaults when config.json names no RoPE (transformers' GptOssConfig).
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
 
 # Families whose transformers config class ties the embeddings unless told otherwise.
 TIED_BY_DEFAULT = GEMMA_FAMILIES
@@ -31,9 +38,10 @@ def _split_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], Optio
     else:
         full = params
         local = None
-    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0 if family == "gemma3" else 10000.0))
+    default_theta = {"gemma3": 1_000_000.0, "gpt_oss": 150_000.0}.get(family, 10000.0)
+    full.setdefault("rope_theta", cfg.get("rope_theta", default_theta))
     if len(full) == 1:      # only the theta: the older fields hold the scaling
-        full.update(cfg.get("rope_scaling") or {})
+        full.update(cfg.get("rope_scaling") or (GPT_OSS_ROPE if family == "gpt_oss" else {}))
     if family == "gemma3" and local is None:
         local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
     return full, local
@@ -57,8 +65,11 @@ def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
         scaling = {"rope_type": "linear", "factor": float(full["factor"])}
     elif rope_type == "longrope":
         scaling = _longrope(full, cfg)
+    elif rope_type == "yarn":
+        scaling = _yarn(full, cfg)
     else:
-        raise ArchConfigError(f"unsupported rope_type '{rope_type}' (supported: default, llama3, linear, longrope)")
+        raise ArchConfigError(f"unsupported rope_type '{rope_type}' (supported: default, llama3, linear, "
+                              "longrope, yarn)")
     local_theta = None
     if local is not None:
         if local.get("rope_type", local.get("type", "default")) != "default":
@@ -68,21 +79,52 @@ def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
             "partial_rotary_factor": partial}
 
 
-def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """LongRoPE as transformers computes it: Phi-3's top-level original_max_position_embeddings
-    wins; factor defaults to max / original; attention_factor to sqrt(1 + ln f / ln orig)."""
-    original = cfg.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+def _context_extension(params: dict[str, Any], cfg: dict[str, Any], rope_type: str) -> tuple[int, float]:
+    """(original_max_position_embeddings, factor) of LongRoPE / YaRN: Phi-3's top-level
+    original wins for LongRoPE, the RoPE parameters' own for YaRN (as transformers reads
+    each); factor defaults to max_position_embeddings / original."""
+    key = "original_max_position_embeddings"
+    first, second = (cfg, params) if rope_type == "longrope" else (params, cfg)
+    original = first.get(key) or second.get(key)
     if not original:
-        raise ArchConfigError("rope_type 'longrope' needs original_max_position_embeddings")
+        raise ArchConfigError(f"rope_type '{rope_type}' needs original_max_position_embeddings")
     factor = params.get("factor")
     if factor is None:
         factor = cfg.get("max_position_embeddings", 2048) / original
+    return int(original), float(factor)
+
+
+def _longrope(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE as transformers computes it: attention_factor defaults to
+    sqrt(1 + ln f / ln orig)."""
+    original, factor = _context_extension(params, cfg, "longrope")
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return {"rope_type": "longrope", "short_factor": [float(x) for x in params["short_factor"]],
             "long_factor": [float(x) for x in params["long_factor"]],
             "original_max_position_embeddings": int(original), "attention_factor": float(attention_factor)}
+
+
+def _yarn(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """YaRN as transformers' _compute_yarn_parameters reads it: factor defaults to
+    max / original; attention_factor (cos and sin are scaled by it) to
+    0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio when both are given;
+    beta_fast 32, beta_slow 1; the correction range is truncated unless truncate is false."""
+    original, factor = _context_extension(params, cfg, "yarn")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        if params.get("mscale") and params.get("mscale_all_dim"):
+            attention_factor = mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+            "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
+            "truncate": bool(params.get("truncate", True)), "attention_factor": float(attention_factor)}
 
 
 def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[Optional[int], ...]:
@@ -102,11 +144,11 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
         return tuple(window if i >= first else None for i in range(num_layers))
     if family in ("mistral", "mixtral", "phi3"):
         return tuple(window for _ in range(num_layers))
-    if family in GEMMA_FAMILIES:
+    if family in GEMMA_FAMILIES or family in ALTERNATING_FAMILIES:
         if not layer_types:
-            # Gemma 2 alternates from layer 0; Gemma 3 has one full layer in every
+            # Gemma 2 and gpt-oss alternate from layer 0; Gemma 3 has one full layer in every
             # sliding_window_pattern (6), the last of each group.
-            pattern = 2 if family == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+            pattern = 2 if family in ALTERNATING_FAMILIES else int(cfg.get("sliding_window_pattern", 6))
             layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
         if len(layer_types) != num_layers:
             raise ArchConfigError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")

@@ -23,6 +23,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 
@@ -69,6 +70,12 @@ class ModelConfig:
     local_rope_theta: Optional[float] = None
     # Channels of each head that RoPE rotates (partial_rotary_factor); None: all.
     rotary_dim: Optional[int] = None
+    # gpt-oss: a learned logit per attention head in every softmax's denominator
+    # (`self_attn.sinks`, [num_heads]).
+    attention_sinks: bool = False
+    # The checkpoint's expert weights are MXFP4 (`quant_method: mxfp4`, gpt-oss as
+    # published): dequantized exactly at load (backend/models/mxfp4.py).
+    mxfp4_experts: bool = False
 
     @property
     def rope_dim(self) -> int:
@@ -136,6 +143,11 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     eos = generation_eos or _as_list(cfg.get("eos_token_id"))
 
     quant = cfg.get("quantization_config")
+    mxfp4 = quant is not None and quant.get("quant_method") == "mxfp4"
+    if mxfp4:
+        if family != "gpt_oss":
+            raise UnsupportedModelError(f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
+        quant = None        # dequantized at load: the model runs in the compute dtype
     if quant is not None and quant.get("quant_method") not in ("paged_llm_fp8", "fp8", *INT_METHODS):
         raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
                                     "made by `python -m builder build --weights fp8`, fp8 (per-tensor or "
@@ -150,6 +162,8 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         except ValueError as e:             # IntFormatError, FP8FormatError: they name the field
             raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
+    # GptOssConfig defaults attention_bias to true (every projection has one).
+    attention_bias = bool(cfg.get("attention_bias", family == "gpt_oss"))
     hidden_act = arch_config.hidden_act(cfg, family)
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
@@ -169,7 +183,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         rope_scaling=rope["rope_scaling"],
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in arch_config.TIED_BY_DEFAULT)),
         qkv_bias=(family == "qwen2" or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
-                  or bool(cfg.get("attention_bias", False))),
+                  or attention_bias),
         qk_norm=qk_norm,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         hidden_act=hidden_act,
@@ -177,9 +191,11 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         sliding_windows=windows,
         eos_token_ids=tuple(eos),
         quantization=quant,
-        o_bias=bool(cfg.get("attention_bias", False)),
+        o_bias=attention_bias,
         moe=moe_config_from_dict(cfg, family, num_layers),
         local_rope_theta=rope["local_rope_theta"],
         rotary_dim=rotary_dim if rotary_dim < head_dim else None,
+        attention_sinks=family == "gpt_oss",
+        mxfp4_experts=mxfp4,
         **gemma,
     )

@@ -52,6 +52,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.ops = ops
+        # gpt-oss: a learned logit per head in the softmax denominator (this rank's heads).
+        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False) if cfg.attention_sinks else None
         # Gemma scales scores by query_pre_attn_scalar**-0.5 and may soft-cap them
         # (passed only when set, so backends without the option serve the others).
         extra = {"logits_soft_cap": cfg.attn_logit_softcap} if cfg.attn_logit_softcap else {}
@@ -70,7 +72,8 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         q, k = self.ops.rotary(positions, q, k, rotary.cos_cache, rotary.sin_cache, *norms)
-        o = self.attn.forward(q, k, v, cache, meta)
+        o = self.attn.forward(q, k, v, cache, meta) if self.sinks is None else \
+            self.attn.forward(q, k, v, cache, meta, sinks=self.sinks)
         return self.tp.all_reduce(self.o_proj(o.reshape(T, self.q_size)))
 
 
@@ -140,6 +143,8 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     layer_cls: type = DecoderLayer
+    # Parameters (by name suffix) the loader leaves in fp32 whatever the compute dtype.
+    fp32_params: tuple[str, ...] = ()
 
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
                  max_position: Optional[int] = None, ops: Optional[LayerOps] = None,

@@ -108,10 +108,12 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     model = model.to(device=device)
     # Cast to the compute dtype everything except the quantized layers (their weights stay
     # FP8 / INT8 / packed, their scales as the checkpoint has them).
-    for module in model.modules():
+    for module_name, module in model.named_modules():
         if isinstance(module, QUANTIZED_LINEARS):
             continue
         for name, p in list(module.named_parameters(recurse=False)):
+            if f"{module_name}.{name}".endswith(model.fp32_params):
+                continue                            # kept in fp32, as transformers keeps them
             if p.is_floating_point() and p.dtype != dtype:
                 setattr(module, name, torch.nn.Parameter(p.data.to(dtype), requires_grad=False))
         for name, b in list(module.named_buffers(recurse=False)):

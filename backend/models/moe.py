@@ -5,7 +5,8 @@ A router (`gate`, [E, H]) scores the experts; LayerOps.moe_route takes softmax, 
 and the optional renormalization in one function; LayerOps.fused_moe runs the k experts
 of every token (the torch reference on CPU, the Triton kernel with
 attention_backend="triton"). Qwen2-MoE adds an always-on shared expert scaled by
-sigmoid(shared_expert_gate(x)).
+sigmoid(shared_expert_gate(x)). gpt-oss (MoEConfig.router_bias and the rest): a biased
+router, softmax over the top-k logits, biased experts and the clamped SwiGLU.
 
 Weights: the checkpoint's per-expert gate/up/down (Mixtral's w1/w3/w2) are stacked at
 load into `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I], the
@@ -29,8 +30,21 @@ class StackedExperts(nn.Module):
     def __init__(self, moe: MoEConfig, hidden: int) -> None:
         super().__init__()
         E, inter = moe.num_local_experts, moe.intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
+        self.gate_up_proj_scale = self.down_proj_scale = None
+        if moe.packed_mxfp4:
+            # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/models/mxfp4.py).
+            def packed(rows: int, cols: int, div: int) -> nn.Parameter:
+                return nn.Parameter(torch.empty(E, rows, cols // div, dtype=torch.uint8), requires_grad=False)
+            self.gate_up_proj, self.gate_up_proj_scale = packed(2 * inter, hidden, 2), packed(2 * inter, hidden, 32)
+            self.down_proj, self.down_proj_scale = packed(hidden, inter, 2), packed(hidden, inter, 32)
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
+            self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
+        # gpt-oss: per-expert biases of gate_up ([gate | up], like the rows) and down.
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if moe.expert_bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * inter), requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.empty(E, hidden), requires_grad=False)
 
 
 class SharedExpert(nn.Module):
@@ -47,8 +61,8 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         moe = cfg.moe
         assert moe is not None
-        self.moe, self.ops, self.tp, self.act = moe, ops, tp, cfg.hidden_act
-        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)
+        self.moe, self.ops, self.tp, self.act = moe, ops, tp, moe.activation or cfg.hidden_act
+        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=moe.router_bias)
         self.experts = StackedExperts(moe, cfg.hidden_size)
         self.has_shared = moe.shared_expert_intermediate_size > 0
         if self.has_shared:
@@ -56,13 +70,22 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.ops.moe_route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
+        weights, ids = self.ops.moe_route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob,
+                                          softmax_after_topk=self.moe.softmax_after_topk)
         if self.moe.expert_parallel and self.tp.size > 1:
             # This rank's experts get local ids; the others' slots become -1 (no contribution).
             n = self.moe.num_local_experts
             ids = ids - self.tp.rank * n
             ids = ids.masked_fill((ids < 0) | (ids >= n), -1)
-        out = self.ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.act)
+        e = self.experts
+        extra = {}
+        if e.gate_up_proj_bias is not None:
+            extra = dict(b13=e.gate_up_proj_bias, b2=e.down_proj_bias)
+        if self.act == "swigluoai":
+            extra.update(alpha=self.moe.swiglu_alpha, limit=self.moe.swiglu_limit)
+        if e.gate_up_proj_scale is not None:
+            extra.update(w13_scale=e.gate_up_proj_scale, w2_scale=e.down_proj_scale)
+        out = self.ops.fused_moe(x, e.gate_up_proj, e.down_proj, weights, ids, self.act, **extra)
         if self.has_shared:
             s = self.shared_expert
             shared = s.down_proj(self.ops.act_and_mul(s.gate_up_proj(x), self.act))

@@ -1,9 +1,12 @@
-"""Mixture-of-experts facts of a checkpoint's config.json (Mixtral, Qwen2-MoE, Qwen3-MoE).
+"""Mixture-of-experts facts of a checkpoint's config.json (Mixtral, Qwen2-MoE, Qwen3-MoE,
+gpt-oss).
 
 Which layers are sparse follows Hugging Face's Qwen2-MoE / Qwen3-MoE rule: layer i has
 experts unless it is in `mlp_only_layers`, and only when (i + 1) is a multiple of
 `decoder_sparse_step`; the other layers keep a dense MLP of `intermediate_size`.
 Mixtral's layers are all sparse, with experts of `intermediate_size` channels.
+gpt-oss's too, with a router bias, softmax over the k selected logits (not over all E),
+expert biases and the clamped SwiGLU (transformers' GptOssExperts._apply_gate).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,18 @@ class MoEConfig:
     expert_parallel: bool = False
     # Experts one rank holds under expert parallelism (local config); 0: all of them.
     experts_per_rank: int = 0
+    # gpt-oss: the router has a bias; top-k is taken on the logits and the softmax runs
+    # over the k chosen ones; experts have biases; activation "swigluoai" with
+    # swiglu_alpha / swiglu_limit ((up + 1) * g * sigmoid(alpha * g), both clamped).
+    router_bias: bool = False
+    softmax_after_topk: bool = False
+    expert_bias: bool = False
+    activation: str = ""                # "" : the model's hidden_act (SwiGLU / GeGLU)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    # gpt-oss's MXFP4 experts kept packed on the device: the Triton fused MoE kernel
+    # decodes them in its tiles (set by the model when that kernel runs).
+    packed_mxfp4: bool = False
 
     @property
     def num_local_experts(self) -> int:
@@ -56,6 +71,13 @@ def moe_config_from_dict(cfg: dict[str, Any], family: str, num_layers: int) -> O
                          intermediate_size=cfg["intermediate_size"], norm_topk_prob=True,
                          sparse_layers=tuple(True for _ in range(num_layers)),
                          checkpoint_block="block_sparse_moe", checkpoint_projections=("w1", "w3", "w2"))
+    if family == "gpt_oss":
+        return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                         intermediate_size=cfg["intermediate_size"], norm_topk_prob=False,
+                         sparse_layers=tuple(True for _ in range(num_layers)), router_bias=True,
+                         softmax_after_topk=True, expert_bias=True, activation="swigluoai",
+                         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+                         swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
     # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the published
     # checkpoints as num_experts.
     num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))

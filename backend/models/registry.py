@@ -11,4 +11,7 @@ def model_class(cfg: ModelConfig) -> type[CausalLM]:
     if cfg.family in ("gemma2", "gemma3"):
         from backend.models.gemma import GemmaCausalLM
         return GemmaCausalLM
+    if cfg.family == "gpt_oss":
+        from backend.models.gpt_oss import GptOssCausalLM
+        return GptOssCausalLM
     return CausalLM

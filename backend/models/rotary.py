@@ -29,6 +29,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "yarn":
+        return yarn_frequencies(head_dim, theta, scaling)
     # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
     factor = scaling["factor"]
     low_freq_factor = scaling["low_freq_factor"]
@@ -42,6 +44,29 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
     smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def yarn_frequencies(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN (gpt-oss, DeepSeek, Qwen long context): frequencies that turn fewer than
+    beta_slow times over the original context are interpolated (divided by factor),
+    those turning more than beta_fast times kept, a linear ramp between; as transformers'
+    _compute_yarn_parameters computes it (attention_factor scales cos/sin, below)."""
+    base, factor, original = theta, scaling["factor"], scaling["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001       # transformers' guard against a zero-width ramp
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def longrope_frequencies(head_dim: int, theta: float, factors: list[float]) -> torch.Tensor:

@@ -16,9 +16,14 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's order: normalize in fp32, round, multiply by the weight. An fp32 weight on
+    narrower activations (gpt-oss keeps its norms in fp32, as transformers does)
+    multiplies first and rounds once."""
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32 and dtype != torch.float32:
+        return (weight * xf).to(dtype)
     return weight * xf.to(dtype)
 
 

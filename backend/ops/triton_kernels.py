@@ -25,7 +25,7 @@ from backend.ops import reference
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o, stride_ro,
-                         N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, WEIGHT_FIRST: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -37,7 +37,9 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, 
         tl.store(res_out_ptr + row * stride_ro + cols, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / N
-    y = (xf * tl.math.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
+    y = xf * tl.math.rsqrt(var + eps)
+    if not WEIGHT_FIRST:        # (fp32 weights on narrower activations multiply unrounded)
+        y = y.to(out_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty),
              mask=mask)
@@ -54,7 +56,8 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
     if T:
         _add_rms_norm_kernel[(T,)](x, res_in, weight, out, res_out, x.stride(0), res_in.stride(0), out.stride(0),
                                    res_out.stride(0), N, eps, HAS_RESIDUAL=residual is not None,
-                                   BLOCK=triton.next_power_of_2(N))
+                                   BLOCK=triton.next_power_of_2(N),
+                                   WEIGHT_FIRST=weight.dtype == torch.float32 and x.dtype != torch.float32)
     return out, res_out
 
 

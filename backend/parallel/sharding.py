@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 
 from backend.models.config import ModelConfig
-from backend.parallel.moe_sharding import SKIP, check_moe_parallel, expert_rule
+from backend.parallel.moe_sharding import ROW_BIAS, SKIP, check_moe_parallel, expert_rule
 
 _LAYER = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias|weight_scale|input_scale)$")
 
@@ -71,6 +71,9 @@ def _rule(name: str, cfg: ModelConfig, rank: int, tp: int) -> Optional[tuple[int
     expert = expert_rule(name, cfg, rank, tp)
     if expert is not None:
         return expert                               # a (dim, start, stop) or SKIP
+    if name.endswith("self_attn.sinks"):            # gpt-oss: one per query head
+        n = cfg.num_heads // tp
+        return 0, rank * n, (rank + 1) * n
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         n = local_vocab_size(cfg, tp)
         return 0, rank * n, (rank + 1) * n
@@ -119,9 +122,9 @@ def load_shard(path: str, cfg: ModelConfig, rank: int, tp: int,
                 rule = _rule(name, cfg, rank, tp)
                 if rule == SKIP:
                     continue                        # another rank's expert
-                if rule is None:
+                if rule is None or rule == ROW_BIAS:
                     tensor = f.get_tensor(name)
-                    if rank > 0 and _is_row_parallel_bias(name):
+                    if rank > 0 and (rule == ROW_BIAS or _is_row_parallel_bias(name)):
                         tensor = torch.zeros_like(tensor)   # added once, by rank 0
                     state[name] = tensor
                 else:
@@ -134,11 +137,11 @@ def _is_row_parallel_bias(name: str) -> bool:
 
 
 def _read_slice(sl, dim: int, start: int, stop: int) -> torch.Tensor:
-    """Rows or columns [start, stop) of a lazily opened tensor; rows past its end (vocab
-    padding) are zeros."""
+    """Indices [start, stop) along `dim` of a lazily opened tensor; rows past its end
+    (vocab padding) are zeros."""
     shape = sl.get_shape()
     end = max(start, min(stop, shape[dim]))
-    part = sl[start:end] if dim == 0 else sl[:, start:end]
+    part = sl[(slice(None),) * dim + (slice(start, end),)]
     if end == stop:
         return part
     pad_shape = list(part.shape)

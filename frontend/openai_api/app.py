@@ -29,7 +29,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
-from frontend.openai_api.reasoning import REASONING_PARSERS, grammar_after_reasoning
+from frontend.openai_api.reasoning import REASONING_PARSERS, reasoning_sampling
 from frontend.openai_api.responses import register_responses
 from frontend.openai_api.schemas import openapi
 from frontend.openai_api.startup import preload_tokenizers
@@ -149,7 +149,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                                             tool_plan.tools, req.chat_template_kwargs, served.max_model_len)
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
-            grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
+            reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         shape = ChatCompletion(req, lambda: ChoiceOutput(reasoning(text) if reasoning else None,
                                                          tool_plan.parser(app.state.tool_config)), tool_plan)
         gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)

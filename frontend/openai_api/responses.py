@@ -25,7 +25,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import parse, read_json
-from frontend.openai_api.reasoning import grammar_after_reasoning
+from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
 from frontend.openai_api.triton_client import ClientDisconnected, cancel_on_disconnect
@@ -205,7 +205,7 @@ def register_responses(app: FastAPI) -> None:
                                             req.chat_template_kwargs, served.max_model_len)
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
-            grammar_after_reasoning(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
+            reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         output = ChoiceOutput(reasoning(text) if reasoning else None, tool_plan.parser(app.state.tool_config))
         builder = ResponseBuilder(req, tool_plan)
         gen = app.state.llm.generate(req.model, ids, sampling, req.stream, False)

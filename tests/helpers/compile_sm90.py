@@ -17,7 +17,7 @@ def compile_kernel(fn, types: dict, consts: dict, arch: int = 90):
 
 
 def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0,
-                    int8: bool = False) -> dict:
+                    int8: bool = False, sinks: bool = False) -> dict:
     from backend.attention import triton_tiled as tt
     act, pool = f"*{dtype}", ("*u8" if fp8 else "*i8" if int8 else f"*{dtype}")
     types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": pool, "v_cache_ptr": pool,
@@ -25,10 +25,12 @@ def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_c
              "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
              **{n: "i32" for n in ("num_seqs", "stride_bt", "stride_qt", "stride_qh", "stride_kt", "stride_kh",
                                    "stride_vt", "stride_vh", "stride_ot", "stride_oh")},
-             "out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool}
+             "out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool,
+             **({"sinks_ptr": act} if sinks else {})}
     consts = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, SM_SCALE=128 ** -0.5,
                   SLIDING_WINDOW=window, FP8=fp8, BLOCK_M=block_m or tt.BLOCK_M, BLOCK_N=tt.BLOCK_N,
-                  IEEE=dtype == "fp32", SOFTCAP=soft_cap, INT8=int8)
+                  IEEE=dtype == "fp32", SOFTCAP=soft_cap, INT8=int8, HAS_SINKS=sinks,
+                  **({} if sinks else {"sinks_ptr": None}))
     return compile_kernel(tt._tiled_attention_kernel, types, consts)
 
 
@@ -39,7 +41,8 @@ def int8_kv_attention(dtype: str) -> list:
     types = {**aot.plugin_signature(dtype, False), "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"}
     types.update({k: "*i8" for k in ("k_cache_ptr", "v_cache_ptr", "k_cache_out_ptr", "v_cache_out_ptr")})
     decode = compile_kernel(ta._paged_attention_kernel, types,
-                            ta.attention_constexprs(32, 8, 128, 16, 128 ** -0.5, None, False, 4, int8=True))
+                            {**ta.attention_constexprs(32, 8, 128, 16, 128 ** -0.5, None, False, 4, int8=True),
+                             "sinks_ptr": None})
     return [tiled_attention(dtype, False, 0, int8=True), tiled_attention(dtype, False, 4096, int8=True), decode]
 
 
@@ -49,8 +52,14 @@ def layer_ops(dtype: str) -> list:
     norm = compile_kernel(k._add_rms_norm_kernel,
                           {"x_ptr": act, "res_ptr": act, "w_ptr": act, "out_ptr": act, "res_out_ptr": act,
                            "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_ro": "i32", "N": "i32",
-                           "eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK=4096))
-    out = [norm]
+                           "eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK=4096, WEIGHT_FIRST=False))
+    # gpt-oss: fp32 norm weights on bf16 activations, multiplied before rounding.
+    norm_fp32_weight = compile_kernel(k._add_rms_norm_kernel,
+                                      {"x_ptr": act, "res_ptr": act, "w_ptr": "*fp32", "out_ptr": act,
+                                       "res_out_ptr": act, "stride_x": "i32", "stride_r": "i32", "stride_o": "i32",
+                                       "stride_ro": "i32", "N": "i32", "eps": "fp32"},
+                                      dict(HAS_RESIDUAL=True, BLOCK=4096, WEIGHT_FIRST=True))
+    out = [norm, norm_fp32_weight]
     for qk_norm in (False, True):
         out.append(compile_kernel(k._rotary_kernel,
                                   {"q_ptr": act, "k_ptr": act, "pos_ptr": "*i32", "cos_ptr": act, "sin_ptr": act,
@@ -102,21 +111,43 @@ def fp8_block_gemm(dtype: str) -> list:
             for bias, bm in ((False, 16), (True, 64))]
 
 
-def fused_moe(dtype: str) -> list:
+def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False) -> list:
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
-    weights) and the routing kernel."""
+    weights) and the routing kernel; gpt_oss: with expert biases and the clamped
+    SwiGLU, and routing by top-k logits then softmax; mxfp4: weights decoded from
+    packed bytes and E8M0 scales in the tiles."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
-    types = {"a_ptr": act, "w_ptr": act, "out_ptr": act, "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-             "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32",
-             **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn", "stride_om")}}
+    types = {"a_ptr": act, "w_ptr": "*u8" if mxfp4 else act, "out_ptr": act, "sorted_ids_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32",
+             "bias_ptr": act if gpt_oss else "*fp32", "w_scale_ptr": "*u8",
+             **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn", "stride_om",
+                                   "stride_be", "stride_se", "stride_sn")}}
     return [compile_kernel(m._grouped_gemm_kernel, types,
                            dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
-                                IEEE=dtype == "fp32"))
+                                IEEE=dtype == "fp32", HAS_BIAS=gpt_oss, SWIGLU_OAI=gpt_oss and gated, ALPHA=1.702,
+                                LIMIT=7.0, MXFP4=mxfp4))
             for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
         compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
                                          "stride_l": "i32"},
-                       dict(TOP_K=8, BLOCK_K=8, RENORMALIZE=True, BLOCK_E=128))]
+                       dict(TOP_K=8 if not gpt_oss else 4, BLOCK_K=8 if not gpt_oss else 4, RENORMALIZE=not gpt_oss,
+                            BLOCK_E=128, SOFTMAX_AFTER_TOPK=gpt_oss))]
+
+
+def decode_attention_with_sinks(dtype: str):
+    """The one-token kernel with gpt-oss's sinks and window, split-KV (not the TensorRT
+    plugin's entry: the PagedAttention node has no sinks input)."""
+    from backend.attention import triton_attention as ta
+    act = f"*{dtype}"
+    types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": act, "v_cache_ptr": act,
+             "slot_ptr": "*i64", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
+             "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+             **{n: "i32" for n in ("num_seqs", "stride_bt", "stride_qt", "stride_qh", "stride_kt", "stride_kh",
+                                   "stride_vt", "stride_vh", "stride_ot", "stride_oh")},
+             "out_ptr": act, "k_cache_out_ptr": act, "v_cache_out_ptr": act, "part_acc_ptr": "*fp32",
+             "part_ml_ptr": "*fp32", "sinks_ptr": act}
+    consts = ta.attention_constexprs(64, 8, 64, 16, 0.125, 128, False, num_splits=4, sinks=True)
+    return compile_kernel(ta._paged_attention_kernel, types, consts)
 
 
 def main() -> int:
@@ -127,7 +158,7 @@ def main() -> int:
     # The 4-token tile (16 rows with GQA 4) is the decode candidate clients/attention_bench.py times.
     # Gemma 2: a window and the attention soft-cap.
     variants = [("bf16", False, 0), ("bf16", True, 4096), ("fp32", False, 0), ("bf16", False, 0, 4),
-                ("bf16", False, 4096, 0, 50.0)]
+                ("bf16", False, 4096, 0, 50.0), ("bf16", False, 128, 0, 0.0, True)]
     ptx = {v: tiled_attention(*v).asm["ptx"] for v in variants}
     assert all(".target sm_90" in p for p in ptx.values())
     assert all(".target sm_90" in c.asm["ptx"] for c in layer_ops("bf16"))
@@ -156,16 +187,19 @@ def main() -> int:
     if not all(".target sm_90" in c.asm["ptx"] for c in block) or ".e4m3.e4m3" not in block[1].asm["ptx"]:
         print("the block FP8 GEMM's 64-row tiles do not reach the FP8 tensor-core MMA")
         return 1
-    moe = fused_moe("bf16")
+    # gpt-oss: sinks in the one-token kernel (the tiled one is among the variants above).
+    assert ".target sm_90" in decode_attention_with_sinks("bf16").asm["ptx"]
+    moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True)
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
-    if not all("mma" in c.asm["ptx"] for c in moe[:2]):
+    if not all("mma" in c.asm["ptx"] for c in moe[:2] + moe[3:5] + moe[6:8]):
         print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
         return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
-    mma = "mma" in ptx[("bf16", False, 0)] and "mma" in ptx[("bf16", False, 4096, 0, 50.0)]
+    mma = all("mma" in ptx[v] for v in [("bf16", False, 0), ("bf16", False, 4096, 0, 50.0),
+                                        ("bf16", False, 128, 0, 0.0, True)])
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
           "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM, W8A8 INT8 GEMM (int8 MMA), block FP8 "
-          "GEMM (e4m3 wgmma) and fused MoE (bf16)",
+          "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 tiles too)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

@@ -1,5 +1,5 @@
 """Tool-call parsers: a model's text -> content and function calls, one parser per model
-family, chosen as vLLM does (`--tool-call-parser hermes|llama3_json|mistral|pythonic`).
+family, chosen as vLLM does (`--tool-call-parser hermes|llama3_json|mistral|pythonic|openai`).
 
 Every parser reads the whole text so far (`final=False` while it is still streaming) and
 returns what is certain: content that no later token can turn into a call, and each call
@@ -219,4 +219,11 @@ def _dotted(node: ast.AST) -> str:
     raise ValueError("not a function name")
 
 
-PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (Hermes, Llama3Json, Mistral, Pythonic)}
+class OpenAI(Hermes):
+    """gpt-oss (vLLM's `openai`): its calls are harmony messages to `functions.NAME`,
+    which the harmony reasoning parser (`--reasoning-parser openai_gptoss`) hands on as
+    <tool_call>{"name": NAME, "arguments": ...}</tool_call>: read as Hermes reads them."""
+    name = "openai"
+
+
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (Hermes, Llama3Json, Mistral, Pythonic, OpenAI)}

@@ -1,7 +1,7 @@
 """The Triton kernels against the torch reference on randomized shapes (through the
 interpreter on CPU, natively on CUDA): block sizes 8/16, GQA 1/4/8, head dims 64/128,
 decode, prefill, chunked prefill after a cached prefix, ragged lengths including 1 and
-block boundaries +-1, split-KV, sliding window, soft-capping, FP8 cache."""
+block boundaries +-1, split-KV, sliding window, soft-capping, attention sinks, FP8 cache."""
 
 import random
 
@@ -20,18 +20,20 @@ KERNELS = [pytest.param(False, id="one-token"), pytest.param(True, id="tiled")]
 
 
 def run_both(seqs, block_size, kvh, group, head_dim, seed, fp8=False, window=None, num_splits=None,
-             fp8_scales=(0.05, 0.04), tiled=None, soft_cap=None, int8_scales=None):
+             fp8_scales=(0.05, 0.04), tiled=None, soft_cap=None, int8_scales=None, sinks=None):
     q, k, v, cache, meta = build(seqs, block_size, kvh, group, head_dim, seed, fp8, fp8_scales=fp8_scales,
                                  int8_scales=int8_scales)
     scale = head_dim ** -0.5
     ref_args = to("cpu", q, k, v, cache, meta)
-    ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(*ref_args)
+    ref = TorchPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(*ref_args, sinks=sinks)
     q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    sinks2 = None if sinks is None else sinks.to(DEVICE)
     if num_splits is None and tiled is None:
-        out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(q2, k2, v2, c2, m2)
+        out = TritonPagedAttention(kvh * group, kvh, head_dim, scale, window, soft_cap).forward(
+            q2, k2, v2, c2, m2, sinks=sinks2)
     else:
         out = paged_attention(q2, k2, v2, c2, m2, scale, window, num_splits=num_splits, tiled=tiled,
-                              logits_soft_cap=soft_cap)
+                              logits_soft_cap=soft_cap, sinks=sinks2)
     # The kernel wrote exactly what the reference wrote, FP8 bytes included.
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
     assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))
@@ -94,6 +96,23 @@ def test_soft_cap_matches(tiled):
 def test_soft_cap_with_split_kv():
     out, ref = run_both([(70, 1), (33, 1), (5, 1)], 8, 2, 4, 64, seed=11, num_splits=4, soft_cap=0.7, window=40)
     assert rel_err(out, ref) < 1e-5
+
+
+def test_attention_sinks_match():
+    """gpt-oss's per-head sink logit in the denominator: the one-token kernel (GQA 4),
+    the tiled one with a window and a padded head group (GQA 3 in 4 rows), split-KV
+    (the sink counted once over the splits). Sinks of +-2 around scores of ~N(0, 1):
+    the output without them differs."""
+    seqs = [(20, 1), (9, 4), (0, 12), (5, 1)]
+    for group, tiled, window, splits in [(4, False, None, None), (3, True, 9, None), (4, None, 30, 2)]:
+        sinks = torch.linspace(-2.0, 2.0, 2 * group)
+        seq = [s for s in seqs if s[1] == 1] if splits else seqs
+        out, ref = run_both(seq, 8, 2, group, 64, seed=12, window=window, tiled=tiled, num_splits=splits,
+                            sinks=sinks)
+        assert rel_err(out, ref) < 1e-5, (group, tiled, window, splits)
+        if splits:
+            plain, _ = run_both(seq, 8, 2, group, 64, seed=12, window=window, num_splits=splits)
+            assert rel_err(plain, ref) > 1e-2
 
 
 FP8_BOUND = 1e-5  # same stored bytes, same dequantization: kernel vs torch path

@@ -37,7 +37,7 @@ def test_kernel_launched_as_the_aot_plugin_matches_reference(fp8):
     assert len(scalars) == len(SCALAR_ARGS)
     out = torch.empty_like(q2)
     consts = attention_constexprs(kvh * group, kvh, d, bs, scale, None, fp8)
-    _paged_attention_kernel[(q2.shape[0], kvh, 1)](*node_inputs, *scalars, out, k_pool, v_pool, None, None,
+    _paged_attention_kernel[(q2.shape[0], kvh, 1)](*node_inputs, *scalars, out, k_pool, v_pool, None, None, None,
                                                    **consts)
     assert rel_err(out.cpu(), ref) < 1e-5
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))

@@ -23,7 +23,10 @@ def test_moe_weight_bytes_equal_the_engines(ckpt_dir, arch):
     counts = plan.count_params(cfg)
     moe = cfg.moe
     unused_experts = (moe.num_experts - moe.top_k) * sum(moe.sparse_layers)
-    assert counts.total - counts.active == unused_experts * 3 * cfg.hidden_size * moe.intermediate_size
+    per_expert = 3 * cfg.hidden_size * moe.intermediate_size
+    if moe.expert_bias:      # gpt-oss: an idle expert's biases are idle too
+        per_expert += 2 * moe.intermediate_size + cfg.hidden_size
+    assert counts.total - counts.active == unused_experts * per_expert
 
 
 def test_expert_parallel_rank_bytes(ckpt_dir):
@@ -42,5 +45,16 @@ def test_published_moe_counts_and_cli(capsys):
     assert round(mixtral.active / 1e9, 1) == 12.9      # "12.9B active parameters"
     qwen = plan.count_params(model_config_from_dict(plan.NAMED_CONFIGS["qwen3-30b-a3b"]))
     assert round(qwen.total / 1e9, 1) == 30.5 and 3.3e9 < qwen.active < 3.4e9   # "30.5B, 3.3B activated"
+    # gpt-oss's model card: 20.91B / 116.83B total, 3.61B / 5.13B active, which excludes
+    # the 0.58B embedding table (a lookup); our active count includes it.
+    embedding = 201088 * 2880
+    for name, total, active in [("gpt-oss-20b", 20.91, 3.61), ("gpt-oss-120b", 116.83, 5.13)]:
+        counts = plan.count_params(model_config_from_dict(plan.NAMED_CONFIGS[name]))
+        assert round(counts.total / 1e9, 2) == total and round((counts.active - embedding) / 1e9, 2) == active
+    # Published MXFP4, kept packed: gpt-oss-120b fits one 80 GB GPU (as its card says), bf16 does not.
+    big = model_config_from_dict(plan.NAMED_CONFIGS["gpt-oss-120b"])
+    rows = {r.weights: r for r in plan.memory_rows(big, 80, 0.9, ["bf16", "mxfp4"], "bf16", [1], [8192], 16, 64)}
+    assert rows["mxfp4"].fits and not rows["bf16"].fits
+    assert 60 < rows["mxfp4"].weight_bytes_per_rank / 2**30 < 62
     assert main(["plan", "--model", "mixtral-8x7b", "--gpu", "H100-80GB"]) == 0
     assert "parameters: 46,702,792,704 total, 12,879,925,248 active per token" in capsys.readouterr().out

@@ -50,3 +50,20 @@ def test_attention_bench_runs_and_kernels_agree():
     assert [r["shape"] for r in rows] == ["decode"] * 3 + ["prefill"] * 2
     assert all(r["max_abs_diff_vs_first"] < 1e-4 and r["ms"] > 0 and r["floor_ms"] > 0 for r in rows)
     assert "x floor" in attention_bench.render(rows)
+
+
+def test_moe_kernel_bench_runs_and_mxfp4_agrees():
+    """The fused MoE benchmark's code path on tiny shapes (interpreter): Mixtral- and
+    gpt-oss-style layers and MXFP4 experts, whose output in fp32 equals the kernel's on
+    the same dequantized weights; the report's table and a failed model's row."""
+    from clients import moe_kernel_bench
+    shapes = [("mixtral", 4, 2, 64, 64, False, False), ("gpt-oss mxfp4", 4, 2, 64, 64, True, True)]
+    rows = moe_kernel_bench.run(100.0, torch.device("cpu"), shapes=shapes, batches=[1, 8], dtype=torch.float32,
+                                iters=1)
+    assert [(r["shape"], r["batch"]) for r in rows] == [(s[0], b) for s in shapes for b in (1, 8)]
+    assert all(r["ms"] > 0 and r["floor_ms"] > 0 and 1 <= r["experts_read"] <= 4 for r in rows)
+    assert [r["max_abs_diff_vs_bf16"] for r in rows[2:]] == [0.0, 0.0]
+    report = {"gpu": "cpu", "torch": "t", "date": "d", "command": "x", "unit_tests": "skipped",
+              "copy_bandwidth_gbs": 1.0, "moe_kernel": rows, "models": {"mixtral-8x7b-2l": {"error": "boom"}}}
+    text = gpu_check.render(report)
+    assert "| gpt-oss mxfp4 | 8 |" in text and "| mixtral-8x7b-2l | failed: boom |" in text

@@ -116,6 +116,15 @@ def test_forced_calls_named_and_required():
     ("qwen3", "assistant:<think>", "still thinking", "still thinking", None),
     ("deepseek_r1", "assistant:", "weighing it</think>It is 4.", "weighing it", "It is 4."),
     ("deepseek_r1", "assistant:", "never closes", "never closes", None),
+    # gpt-oss's harmony channels (the markers are special tokens, kept in the text).
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>It is 4.", "User asks 2+2.", "It is 4."),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
+     "<|message|>b<|end|><|start|>assistant<|channel|>final <|message|>c<|d", "a\nb", "c<|d"),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>still thinking", "still thinking", None),
+    ("openai_gptoss", "", "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+     "ok", "4"),
+    ("openai_gptoss", "", "It is 4.", None, "It is 4."),
 ])
 def test_reasoning_split_streamed_and_not(name, prompt, text, reasoning, content):
     make = lambda: ChoiceOutput(REASONING_PARSERS[name](prompt))  # noqa: E731
@@ -125,6 +134,34 @@ def test_reasoning_split_streamed_and_not(name, prompt, text, reasoning, content
     for seed in range(10):
         got = stream(make, text, seed)
         assert (got["reasoning"], got["content"]) == (reasoning or "", content or "")
+
+
+def test_harmony_keeps_special_tokens_in_the_reply():
+    from frontend.openai_api.reasoning import reasoning_sampling
+    for name, expect in [("openai_gptoss", {"skip_special_tokens": False}), ("qwen3", {})]:
+        sampling: dict = {}
+        reasoning_sampling(REASONING_PARSERS[name](""), sampling, None)
+        assert sampling == expect
+
+
+@pytest.mark.parametrize("text", [
+    '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary '
+    'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}',
+    '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather'
+    '<|channel|>commentary json<|message|>{"city": "Paris", "days": 2}<|call|>',
+])
+def test_harmony_tool_call(text):
+    """gpt-oss's call: a commentary message to functions.NAME (the recipient before or after
+    the channel; <|call|> is the stop token, in the text or not)."""
+    make = lambda: ChoiceOutput(REASONING_PARSERS["openai_gptoss"](""), PARSERS["openai"]())  # noqa: E731
+    message = make().message(text)
+    assert message["reasoning_content"] == "Need the weather." and message["content"] is None
+    call = message["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris", "days": 2})
+    for seed in range(5):
+        got = stream(make, text, seed)
+        assert (got["reasoning"], got["content"]) == ("Need the weather.", "")
+        assert [(c[1], json.loads(c[2])) for c in got["calls"]] == [("get_weather", {"city": "Paris", "days": 2})]
 
 
 def test_tool_calls_are_read_after_the_reasoning():

@@ -98,3 +98,68 @@ def test_triton_route_matches_reference(T, E, K, renormalize):
     ref_w, ref_ids = moe_reference.route(logits, K, renormalize)
     assert torch.equal(ids, ref_ids)
     assert torch.allclose(w, ref_w, rtol=1e-6, atol=1e-7)
+
+
+def test_gpt_oss_experts_and_routing_match_reference():
+    """gpt-oss: expert biases after both GEMMs and the clamped SwiGLU (limit 1.0 binds
+    most gate/up values here) in the kernel; top-k of the logits then a softmax over
+    those k, in the routing kernel. The reference itself against transformers'
+    GptOssExperts / GptOssTopKRouter (interleaved gate/up columns, [E, in, out] weights)."""
+    import transformers as tf
+    g = torch.Generator().manual_seed(5)
+    T, E, K, H, I = 19, 6, 2, 48, 40
+    x = torch.randn(T, H, generator=g)
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    b13, b2 = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    logits = torch.randn(T, E, generator=g) * 3
+    logits[:, E - 1] -= 100.0                                   # one idle expert
+    weights, ids = moe_reference.route(logits, K, False, softmax_after_topk=True)
+    tw, tids = fused_moe_triton.route(logits, K, False, softmax_after_topk=True)
+    assert torch.equal(tids, ids) and torch.allclose(tw, weights, rtol=1e-6, atol=1e-7)
+    kw = dict(b13=b13, b2=b2, alpha=1.702, limit=1.0)
+    ref = moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", **kw)
+    assert rel_err(fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", **kw), ref) < 1e-5
+    assert rel_err(moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", **{**kw, "limit": 7.0}), ref) > 1e-2
+
+    cfg = tf.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K,
+                          swiglu_limit=1.0)
+    experts, router = tf.models.gpt_oss.modeling_gpt_oss.GptOssExperts(cfg), \
+        tf.models.gpt_oss.modeling_gpt_oss.GptOssTopKRouter(cfg)
+    gate, up = w13[:, :I], w13[:, I:]
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.stack([gate, up], dim=2).reshape(E, 2 * I, H).transpose(1, 2))
+        experts.gate_up_proj_bias.copy_(torch.stack([b13[:, :I], b13[:, I:]], dim=2).reshape(E, 2 * I))
+        experts.down_proj.copy_(w2.transpose(1, 2))
+        experts.down_proj_bias.copy_(b2)
+        router.weight.copy_(torch.randn(E, H, generator=g))
+        router.bias.copy_(torch.randn(E, generator=g))
+        _, hf_weights, hf_ids = router(x)
+        w_ref, ids_ref = moe_reference.route(torch.nn.functional.linear(x, router.weight, router.bias), K, False,
+                                             softmax_after_topk=True)
+        assert torch.equal(ids_ref, hf_ids) and torch.allclose(w_ref, hf_weights, rtol=1e-6, atol=1e-7)
+        hf = experts(x, ids, weights)
+    assert rel_err(ref, hf) < 1e-5
+
+
+def test_mxfp4_weights_decoded_in_the_kernel_tiles():
+    """gpt-oss's experts kept 4-bit: the kernel decodes packed bytes and E8M0 scales in
+    its tiles; equal to the reference on the dequantized weights (fp32, <= 1e-5), with
+    a K not a multiple of the 64-wide K tile."""
+    from tests.helpers.mxfp4_pack import pack_mxfp4, unpack_mxfp4
+    g = torch.Generator().manual_seed(11)
+    T, E, K, H, I = 21, 4, 2, 96, 32
+    x = torch.randn(T, H, generator=g)
+    packed13, s13 = pack_mxfp4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5)
+    packed2, s2 = pack_mxfp4(torch.randn(E, H, I, generator=g) / I ** 0.5)
+    b13, b2 = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    ids = skewed_ids(T, E, K, g)
+    weights = torch.rand(T, K, generator=g)
+    w13, w2 = packed13.flatten(-2), packed2.flatten(-2)              # [E, rows, in / 2]
+    kw = dict(b13=b13, b2=b2, limit=2.0)
+    ref = moe_reference.fused_moe(x, unpack_mxfp4(packed13, s13), unpack_mxfp4(packed2, s2), weights, ids,
+                                  "swigluoai", **kw)
+    assert torch.equal(moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2,
+                                               **kw), ref)
+    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2, **kw)
+    assert rel_err(out, ref) < 1e-5
