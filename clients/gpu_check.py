@@ -17,7 +17,8 @@ finish inside 10 minutes on an H100.
 5. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
    the one-token and the tiled kernel on decode and prefill shapes. The fused MoE
    kernel alone against its weight-read floor (clients/moe_kernel_bench.py): a
-   Mixtral-8x7B layer, a gpt-oss-20b layer in bf16 and with MXFP4 experts.
+   Mixtral-8x7B layer, a gpt-oss-20b layer in bf16 and with MXFP4 experts. The W8A8 INT8
+   GEMM and the INT8 KV cache's attention against bf16 (clients/quant_kernel_bench.py).
 6. LoRA decode-step overhead with 1, 4, 16 adapters (clients/bench_lora.py) and INT4
    decode at batch 1 vs bf16 (clients/bench_int.py) on the last model.
 6b. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
@@ -329,6 +330,10 @@ def main(argv=None) -> int:
     report["moe_kernel"] = moe_kernel_bench.run(bw, torch.device("cuda"))
     print(moe_kernel_bench.render(report["moe_kernel"]), flush=True)
     save()
+    from clients import quant_kernel_bench
+    report["quant_kernels"] = quant_kernel_bench.run(bw, torch.device("cuda"))
+    print(quant_kernel_bench.render(report["quant_kernels"]), flush=True)
+    save()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
         report["structured_output"] = structured_requests(root)
         print("structured output:", report["structured_output"], flush=True)
@@ -393,6 +398,10 @@ def render(report: dict) -> str:
         from clients.moe_kernel_bench import render as render_moe
         lines += ["", "Fused MoE kernel (one layer's experts) vs the weight-read floor:", "",
                   render_moe(report["moe_kernel"])]
+    if report.get("quant_kernels"):
+        from clients.quant_kernel_bench import render as render_quant
+        lines += ["", "W8A8 INT8 GEMM and INT8 KV attention against bf16 (Llama-3.1-8B shapes):", "",
+                  render_quant(report["quant_kernels"])]
     lines += ["", "| model | batch | CUDA graphs | ms/step | tok/s | weight-read floor ms | x floor |",
               "|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():

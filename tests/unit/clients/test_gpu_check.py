@@ -67,3 +67,18 @@ def test_moe_kernel_bench_runs_and_mxfp4_agrees():
               "copy_bandwidth_gbs": 1.0, "moe_kernel": rows, "models": {"mixtral-8x7b-2l": {"error": "boom"}}}
     text = gpu_check.render(report)
     assert "| gpt-oss mxfp4 | 8 |" in text and "| mixtral-8x7b-2l | failed: boom |" in text
+
+
+def test_quant_kernel_bench_runs_and_agrees():
+    """Issue 33's GPU stage (W8A8 GEMM and INT8 KV attention against bf16) on tiny shapes
+    through the interpreter: the W8A8 kernel equals the exact integer reference, the INT8
+    pool's attention is close to the bf16 pool's, and the report renders both tables."""
+    from clients import quant_kernel_bench
+    report = quant_kernel_bench.run(100.0, torch.device("cpu"), gemm_shapes=[("tiny", 3, 64, 32)],
+                                    kv_shapes=[("tiny", 2, 40)], dtype=torch.float32, iters=1)
+    (gemm,), (kv,) = report["w8a8"], report["int8_kv"]
+    assert gemm["max_abs_diff_vs_exact"] < 1e-5 and gemm["bf16_ms"] > 0 and gemm["w8a8_ms"] > 0
+    assert kv["max_abs_diff_vs_bf16"] < 0.05 and kv["int8_floor_ms"] == kv["bf16_floor_ms"] / 2
+    text = gpu_check.render({"gpu": "cpu", "torch": "t", "date": "d", "command": "x", "unit_tests": "skipped",
+                             "copy_bandwidth_gbs": 1.0, "quant_kernels": report, "models": {}})
+    assert "| tiny | " in text and "INT8 KV attention" in text
