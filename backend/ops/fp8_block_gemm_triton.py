@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.ops.gemm_tiles import load_rows, load_transposed, output_tile, store_tile
+
 from backend.models.fp8_formats import quantize_per_group
 
 
@@ -26,28 +28,20 @@ from backend.models.fp8_formats import quantize_per_group
 def _fp8_block_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_xs,
                            stride_ws, stride_om, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = rows < M
-    mask_n = cols < N
+    rows, cols, mask_m, mask_n = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
-        xt = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        wt = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
-                     mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        xt = load_rows(x_ptr, rows, ks, mask_m, mask_k, stride_xm)
+        wt = load_transposed(w_ptr, cols, ks, mask_n, mask_k, stride_wn)
         g = k0 // GROUP_K
         xs = tl.load(xs_ptr + rows * stride_xs + g, mask=mask_m, other=0.0)
         ws = tl.load(ws_ptr + cols * stride_ws + g, mask=mask_n, other=0.0)
         acc += tl.dot(xt, wt) * xs[:, None] * ws[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om)
 
 
 def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_k: int,

@@ -18,24 +18,20 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.ops.gemm_tiles import load_rows, output_tile, store_tile
+
 
 @triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg,
                      stride_om, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, lut_ptr=None, LUT: tl.constexpr = False):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     PER: tl.constexpr = 32 // BITS
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = rows < M
-    mask_n = cols < N
+    rows, cols, mask_m, mask_n = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
-        xt = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        xt = load_rows(x_ptr, rows, ks, mask_m, mask_k, stride_xm)
         wmask = mask_k[:, None] & mask_n[None, :]
         words = tl.load(qw_ptr + (ks // PER)[:, None] * stride_qk + cols[None, :], mask=wmask, other=0)
         q = (words >> ((ks % PER) * BITS)[:, None]) & ((1 << BITS) - 1)
@@ -47,8 +43,7 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, strid
             zero = tl.load(z_ptr + g[:, None] * stride_sg + cols[None, :], mask=wmask, other=0.0).to(tl.float32)
             w = ((q.to(tl.float32) - zero) * scale).to(xt.dtype)
         acc += tl.dot(xt, w)
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om)
 
 
 def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],

@@ -17,32 +17,26 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.ops.gemm_tiles import load_rows, load_transposed, output_tile, store_tile
+
 
 @triton.jit
 def _w8a8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = rows < M
-    mask_n = cols < N
+    rows, cols, mask_m, mask_n = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
-        xt = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0)
-        wt = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
-                     mask=mask_k[:, None] & mask_n[None, :], other=0)
+        xt = load_rows(x_ptr, rows, ks, mask_m, mask_k, stride_xm)
+        wt = load_transposed(w_ptr, cols, ks, mask_n, mask_k, stride_wn)
         acc += tl.dot(xt, wt, out_dtype=tl.int32)
     xs = tl.load(xs_ptr + rows, mask=mask_m, other=0.0)
     ws = tl.load(ws_ptr + cols, mask=mask_n, other=0.0)
     out = acc.to(tl.float32) * xs[:, None] * ws[None, :]
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(out_ptr, out, rows, cols, mask_m, mask_n, stride_om)
 
 
 def w8a8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
