@@ -114,10 +114,9 @@ class LLMEngine(RequestIntake):
                                     stage=stage)
         self.lora = make_lora_manager(args, cfg, self.model, self.device, self.dtype, self.attention_backend,
                                       tp_size=tp_size)
-        if (self.model is not None and self.device.type == "cpu" and self.dtype == torch.float32
-                and self.workers is None and self.lora is None):
+        if self.model is not None and self.device.type == "cpu" and self.dtype == torch.float32 and not self.workers:
             # oneDNN's pre-packed weights for the fp32 projections (backend/models/cpu_packed_linear.py).
-            pack_cpu_linears(self.model, args.max_num_seqs)
+            pack_cpu_linears(self.model)
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None

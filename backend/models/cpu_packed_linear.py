@@ -8,8 +8,10 @@ fp32), 1.1x at the default model's shapes (128 x 256 x 1536) and 1.6-1.9x at hid
 fp32 rounding (another summation order), as MKL's own do between batch sizes.
 
 Only the dense decoder's projections (q/k/v, o, gate/up, down) and the LM head are
-packed, on a single-rank fp32 CPU engine without LoRA: those are plain `nn.Linear`
-modules that nothing reads the weight of after load. The packed weight is an opaque
+packed, on a single-rank fp32 CPU engine: plain `nn.Linear` modules that nothing reads
+the weight of after load. Under LoRA a projection is a wrapper that calls its `base`
+layer (backend/lora/layers.py): that base is packed, so an engine with adapters and one
+without compute the base model alike. The packed weight is an opaque
 oneDNN tensor; `packed_nbytes` keeps what the weight occupied, for the engine's figures.
 """
 
@@ -22,10 +24,15 @@ import torch.nn as nn
 logger = logging.getLogger(__name__)
 
 PACKED_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+# The row count oneDNN lays the weight out for. One value for every engine: the blocked
+# layout (and so the summation order) follows it, and an engine's results must not
+# depend on its max_num_seqs (an offline engine and a server gave logprobs 1e-4 apart
+# at one row with hints 256 and 64). 64 was as fast as 256 at 32 and 128 rows here.
+PACK_BATCH_HINT = 64
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, batch_hint: int) -> None:
+    def __init__(self, linear: nn.Linear, batch_hint: int = PACK_BATCH_HINT) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
@@ -43,19 +50,20 @@ def available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def pack_cpu_linears(model: nn.Module, batch_hint: int) -> int:
+def pack_cpu_linears(model: nn.Module) -> int:
     """Replaces the model's fp32 CPU projections and LM head by PackedLinear; returns how
     many (0 where oneDNN is not in this torch build)."""
     if not available():
         logger.info("oneDNN is not available in this torch build: CPU linears stay on torch's GEMM")
         return 0
-    targets = [(parent, name, child) for parent in model.modules()
+    targets = [(parent, name, child) for parent_name, parent in model.named_modules()
                for name, child in parent.named_children()
-               if name in PACKED_NAMES and type(child) is nn.Linear
-               and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32]
+               if (name in PACKED_NAMES or (name == "base" and parent_name.rsplit(".", 1)[-1] in PACKED_NAMES))
+               and type(child) is nn.Linear and child.weight.device.type == "cpu"
+               and child.weight.dtype == torch.float32]
     with torch.no_grad():
         for parent, name, child in targets:
-            setattr(parent, name, PackedLinear(child, batch_hint))
+            setattr(parent, name, PackedLinear(child))
     # A weight still held by a parameter (an LM head tied to the embedding) is counted there.
     kept = {p.data_ptr() for p in model.parameters()}
     for parent, name, child in targets:

@@ -1,7 +1,7 @@
 """oneDNN pre-packed fp32 linears on the CPU (backend/models/cpu_packed_linear.py): the
-engine packs the dense projections and the LM head, outputs stay transformers' greedy
-tokens, the engine's weight bytes are unchanged, and engines that read the weights later
-(LoRA) keep torch's linears."""
+engine packs the dense projections and the LM head (the base layers under LoRA), outputs
+stay transformers' (and PEFT's) greedy tokens, and the engine's weight bytes are
+unchanged."""
 
 import pytest
 import torch
@@ -21,10 +21,22 @@ pytestmark = pytest.mark.skipif(not cpu_packed_linear.available(), reason="torch
 def test_a_packed_linear_computes_the_linear():
     torch.manual_seed(0)
     lin = nn.Linear(64, 96, bias=True)
-    packed = PackedLinear(lin, 8)
+    packed = PackedLinear(lin)
     for rows in (1, 5, 33):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_results_do_not_depend_on_max_num_seqs(llama_ckpt):
+    """Engines of different max_num_seqs pack the same layout, so one request's logprobs
+    are equal to the bit (an offline engine and the server must agree)."""
+    outs = []
+    for seqs in (4, 256):
+        llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=seqs)
+        outs.append(llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0])
+    assert outs[0].token_ids == outs[1].token_ids
+    assert [{t: lp.logprob for t, lp in e.items()} for e in outs[0].logprobs] == \
+        [{t: lp.logprob for t, lp in e.items()} for e in outs[1].logprobs]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])        # qwen2: q/k/v bias, tied embeddings
@@ -52,13 +64,20 @@ def test_weight_bytes_are_counted_as_before(ckpt_dir):
         model = load_model(path, cfg, torch.float32, torch.device("cpu"), make_attention_factory("torch"), 64,
                            make_layer_ops("torch"))
         before = model_bytes(model)
-        assert pack_cpu_linears(model, 8) > 0
+        assert pack_cpu_linears(model) > 0
         assert model_bytes(model) == before
 
 
-def test_lora_engines_keep_torch_linears(ckpt_dir, tmp_path):
-    from tests.helpers.adapters import make_adapter
+def test_lora_engines_pack_the_base_layers(ckpt_dir, tmp_path):
+    """Under LoRA the wrapped projections' base layers are packed (an engine with adapters
+    computes the base model as one without), and adapter rows still equal PEFT."""
+    from tests.helpers.adapters import make_adapter, peft_greedy
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     adapter = make_adapter(path, str(tmp_path / "a"))
     llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=32, lora_modules={"a": adapter})
-    assert not any(isinstance(m, PackedLinear) for m in llm.engine.model.modules())
+    layer = llm.engine.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj.base, PackedLinear)
+    prompts = random_prompts(2, [5, 11], seed=1)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, min_tokens=6, temperature=0, lora_name="a"))
+    assert [o.token_ids for o in outs] == peft_greedy(path, adapter, prompts, 6)
+    assert_pool_free(llm)
