@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 from backend.models.moe import stack_experts
+from backend.models.moe_fp8 import dequantize_fp8_experts, is_fp8_moe
 from backend.models.quant_linears import (QUANTIZED_LINEARS, quantized_state_dict, single_rank_only,
                                           swap_in_quantized_linears)
 from backend.models.registry import model_class
@@ -77,6 +78,8 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     one_rank = single_rank_only(cfg.quantization)
     if one_rank is not None and tp.size > 1:
         raise ValueError(f"{one_rank} checkpoints run on one rank: use tensor_parallel_size=1")
+    if is_fp8_moe(cfg.quantization, cfg.moe) and tp.size > 1:
+        raise ValueError("FP8 mixture-of-experts builds run on one rank: use tensor_parallel_size=1")
     local = local_config(cfg, tp.size)
     with torch.device("meta"):
         model = model_class(cfg)(local, attn_factory, max_position, ops, tp)
@@ -92,7 +95,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     tied = cfg.tie_word_embeddings or (pooling and "lm_head.weight" not in weights)
     if stage is not None:
         tied = stage_weights(weights, stage, tied)
-    weights = quantized_state_dict(weights, cfg.num_layers, cfg.quantization)
+    weights = dequantize_fp8_experts(quantized_state_dict(weights, cfg.num_layers, cfg.quantization))
     state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
     if tied:
         state.pop("lm_head.weight", None)

@@ -115,7 +115,8 @@ def stack_experts(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int = 
             state[f"{dst}.experts.gate_up_proj"] = torch.stack(gate_up)
             state[f"{dst}.experts.down_proj"] = torch.stack(
                 [state.pop(f"{src}.experts.{e}.{down_name}.weight") for e in experts])
-        if src != dst:
+        # An FP8 build holds transformers' own names: experts stacked, the router under mlp.
+        if src != dst and f"{src}.gate.weight" in state:
             state[f"{dst}.gate.weight"] = state.pop(f"{src}.gate.weight")
         shared = f"{dst}.shared_expert"
         if f"{shared}.gate_proj.weight" in state:
