@@ -31,6 +31,7 @@ class StackedExperts(nn.Module):
         super().__init__()
         E, inter = moe.num_local_experts, moe.intermediate_size
         self.gate_up_proj_scale = self.down_proj_scale = None
+        self.quantized = False          # FP8 builds: swapped in by moe_fp8.swap_in_fp8_experts
         if moe.packed_mxfp4:
             # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/models/mxfp4.py).
             def packed(rows: int, cols: int, div: int) -> nn.Parameter:

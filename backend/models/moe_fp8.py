@@ -14,11 +14,12 @@ source dtype (they are small, and the router's top-k decides which experts run).
 attention projections and the dense MLPs (Qwen3-MoE's mlp_only_layers) are FP8Linear as
 in dense FP8 builds.
 
-At load the experts are dequantized exactly (fp32 multiply, then the compute dtype): on
-CPU this is the reference path; on CUDA the fused MoE Triton kernel then reads bf16
-experts, so GPU memory holds the experts in the compute dtype (the checkpoint is what is
-halved). Tensor parallelism of FP8 MoE builds is refused: the shard reader slices
-the per-expert checkpoint tensors, not these stacked ones.
+The experts stay FP8 in memory ([E, 2I, H] and [E, H, I] float8_e4m3fn with their fp32
+scales): on CUDA the fused MoE Triton kernel dequantizes each weight tile in registers
+(fp8 * scale, rounded to the compute dtype); the torch reference (CPU) dequantizes the
+stacks the same way on each call, exactly. Tensor parallelism of FP8 MoE builds is
+refused: the shard reader slices the per-expert checkpoint tensors, not these stacked
+ones.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from backend.models.fp8 import FP8_MAX, QUANT_METHOD
 
@@ -49,16 +51,33 @@ def is_fp8_moe(quant: Optional[dict[str, Any]], moe: object) -> bool:
     return moe is not None and bool(quant) and quant.get("quant_method") == QUANT_METHOD
 
 
-def dequantize_fp8_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Replace every FP8 expert stack of a state dict and its scale by the fp32
-    dequantized stack (in place); the loader casts it to the compute dtype."""
+def swap_in_fp8_experts(model: nn.Module) -> None:
+    """Every StackedExperts of the (meta) model holds FP8 stacks and fp32 scales
+    (`gate_up_proj_scale` [E, 2I], `down_proj_scale` [E, H]), which SparseMoeBlock hands
+    to LayerOps.fused_moe; `quantized` keeps the loader from casting them."""
+    from backend.models.moe import StackedExperts
+    for module in model.modules():
+        if not isinstance(module, StackedExperts):
+            continue
+        for name in ("gate_up_proj", "down_proj"):
+            w = getattr(module, name)
+            setattr(module, name, nn.Parameter(torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device),
+                                               requires_grad=False))
+            setattr(module, f"{name}_scale", nn.Parameter(torch.empty(w.shape[:2], device=w.device),
+                                                          requires_grad=False))
+        module.quantized = True
+
+
+def fp8_experts_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's FP8 expert stacks' scales under the engine's names (in place),
+    their shapes checked."""
     for name in [k for k in state if k.endswith(EXPERT_WEIGHTS)]:
         w = state[name]
         if w.dtype != torch.float8_e4m3fn:
-            continue
+            raise ValueError(f"FP8 mixture-of-experts checkpoint: '{name}' is {w.dtype}, not float8_e4m3fn")
         scale = state.pop(name + SCALE_SUFFIX, None)
         if scale is None or tuple(scale.shape) != tuple(w.shape[:2]):
             raise ValueError(f"FP8 mixture-of-experts checkpoint: '{name}{SCALE_SUFFIX}' should be "
                              f"{list(w.shape[:2])}, got {None if scale is None else list(scale.shape)}")
-        state[name] = dequantize_experts(w, scale)
+        state[name + "_scale"] = scale.float()
     return state

@@ -1,6 +1,7 @@
 """`builder build --weights fp8` of mixture-of-experts checkpoints: FP8 experts with
 per-expert, per-channel scales (weight-only), FP8Linear attention and dense MLPs, the
-router and shared expert in the source dtype. The engine's greedy tokens equal
+router and shared expert in the source dtype; the experts stay FP8 in the engine. The
+engine's greedy tokens equal
 transformers' on the same dequantized weights with the same activation rounding."""
 
 import os
@@ -61,9 +62,24 @@ def test_fp8_moe_build_equals_transformers_on_dequantized_weights(ckpt_dir, tmp_
         assert state["model.layers.1.mlp.gate_proj.weight"].dtype == torch.float8_e4m3fn
     # Activation rounding is discontinuous (see test_fp8_formats._agrees): one prompt may
     # land an input on the other E4M3 neighbour; the others agree to 1e-4.
-    _, gaps = qc.assert_engine_matches(path, fp8_moe_reference(base, path), PROMPTS, tol=0.05)
+    tokens, gaps = qc.assert_engine_matches(path, fp8_moe_reference(base, path), PROMPTS, tol=0.05)
     assert min(gaps) < 1e-4, gaps
+    if arch == "qwen2_moe":
+        # The fused MoE Triton kernel (interpreter) dequantizing the FP8 tiles: the same tokens.
+        from backend import LLM, SamplingParams
+        llm = LLM(path, block_size=4, num_kv_blocks=64, attention_backend="triton")
+        assert llm.generate(PROMPTS[1:2], SamplingParams(max_tokens=4, temperature=0))[0].token_ids == tokens[1][:4]
     if arch == "mixtral":
+        # bf16 serving: the experts stay FP8 with fp32 scales (dequantized per call on CPU).
+        from backend import LLM, SamplingParams
+        from tests.conftest import assert_pool_free
+        llm = LLM(path, dtype="bfloat16", block_size=4, num_kv_blocks=32)
+        experts = llm.engine.model.model.layers[0].mlp.experts
+        assert experts.gate_up_proj.dtype == experts.down_proj.dtype == torch.float8_e4m3fn
+        assert experts.gate_up_proj_scale.dtype == torch.float32
+        out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, min_tokens=3, temperature=0))
+        assert len(out[0].token_ids) == 3
+        assert_pool_free(llm)
         with pytest.raises(BuildError, match="'tensor_parallel_size': 2 \\(FP8 mixture-of-experts builds run on "
                                              "one rank\\)"):
             build(BuildOptions.create(checkpoint=base, output=str(tmp_path / "tp"), weights="fp8",
