@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from backend.models.config import load_model_config
 from backend.models.fp8 import fake_quantize
 from backend.models.moe_fp8 import SCALE_SUFFIX, dequantize_experts
 from builder.build import BuildError, BuildOptions, build
@@ -69,17 +70,23 @@ def test_fp8_moe_build_equals_transformers_on_dequantized_weights(ckpt_dir, tmp_
         from backend import LLM, SamplingParams
         llm = LLM(path, block_size=4, num_kv_blocks=64, attention_backend="triton")
         assert llm.generate(PROMPTS[1:2], SamplingParams(max_tokens=4, temperature=0))[0].token_ids == tokens[1][:4]
-    if arch == "mixtral":
-        # bf16 serving: the experts stay FP8 with fp32 scales (dequantized per call on CPU).
+    if arch == "qwen2_moe":
+        # bf16 serving: the experts stay FP8 with fp32 scales (dequantized per call on CPU),
+        # the shared expert bf16: the planner's FP8 bytes follow (within the input scales
+        # and the fp32 q/k/v biases of the FP8 linears, which it does not count).
         from backend import LLM, SamplingParams
+        from builder import plan
         from tests.conftest import assert_pool_free
         llm = LLM(path, dtype="bfloat16", block_size=4, num_kv_blocks=32)
         experts = llm.engine.model.model.layers[0].mlp.experts
         assert experts.gate_up_proj.dtype == experts.down_proj.dtype == torch.float8_e4m3fn
         assert experts.gate_up_proj_scale.dtype == torch.float32
+        engine_bytes = llm.engine.bytes_per_rank[0][0]
+        assert abs(plan.weight_bytes(load_model_config(path), "fp8") - engine_bytes) < 0.01 * engine_bytes
         out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, min_tokens=3, temperature=0))
         assert len(out[0].token_ids) == 3
         assert_pool_free(llm)
+    if arch == "mixtral":
         with pytest.raises(BuildError, match="'tensor_parallel_size': 2 \\(FP8 mixture-of-experts builds run on "
                                              "one rank\\)"):
             build(BuildOptions.create(checkpoint=base, output=str(tmp_path / "tp"), weights="fp8",
