@@ -119,7 +119,8 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool 
     per-channel fp32 scales in the tiles (FP8 MoE builds)."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
-    types = {"a_ptr": act, "w_ptr": "*u8" if mxfp4 else "*fp8e4nv" if fp8 else act, "out_ptr": act, "sorted_ids_ptr": "*i32",
+    types = {"a_ptr": act, "w_ptr": "*u8" if mxfp4 else "*fp8e4nv" if fp8 else act, "out_ptr": act,
+             "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32",
              "bias_ptr": act if gpt_oss else "*fp32", "w_scale_ptr": "*fp32" if fp8 else "*u8",
              **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn", "stride_om",
@@ -137,7 +138,7 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool 
 
 def decode_attention_with_sinks(dtype: str):
     """The one-token kernel with gpt-oss's sinks and window, split-KV (not the TensorRT
-    plugin's entry: the PagedAttention node has no sinks input)."""
+    plugin's entry, compiled with sinks by backend/attention/aot.py: tests/unit/attention/test_aot_ptx.py)."""
     from backend.attention import triton_attention as ta
     act = f"*{dtype}"
     types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": act, "v_cache_ptr": act,
@@ -166,7 +167,10 @@ def main() -> int:
     # The one-token (decode) kernel with Gemma 2's window and soft-cap, as the plugin's entry.
     from backend.attention.aot import compile_attention
     capped = compile_attention(fp8=False, sliding_window=4096, logits_soft_cap=50.0)
-    assert ".target sm_90" in capped.ptx and capped.num_params == 24
+    assert ".target sm_90" in capped.ptx and capped.num_params == 25
+    # Without sinks the node's sinks input (entry parameter 11) is never read.
+    from backend.attention.aot import entry_params
+    assert f"[{entry_params(capped.ptx, capped.name)[11]}]" not in capped.ptx
     int8_kv = int8_kv_attention("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in int8_kv)
     if "mma" not in int8_kv[0].asm["ptx"]:
