@@ -253,9 +253,15 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if cfg.moe is not None and opts.engine != "torch":
         raise BuildError(f"invalid build option 'engine': {opts.engine} graphs of mixture-of-experts checkpoints "
                          f"({cfg.architecture}) are not supported yet; use engine 'torch'")
-    if cfg.moe is not None and opts.weights in QUANTIZED_WEIGHTS:
+    # FP8 experts: Mixtral, Qwen2-MoE, Qwen3-MoE (gpt-oss ships MXFP4 and has biased experts).
+    moe_fp8 = opts.weights == "fp8" and cfg.moe is not None and cfg.architecture != "GptOssForCausalLM"
+    if cfg.moe is not None and opts.weights in QUANTIZED_WEIGHTS and not moe_fp8:
         raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for mixture-of-experts "
-                         f"checkpoints ({cfg.architecture}) yet; build float32, bfloat16 or float16")
+                         f"checkpoints ({cfg.architecture}) yet; build float32, bfloat16 or float16"
+                         + ("" if cfg.architecture == "GptOssForCausalLM" else " (or fp8)"))
+    if moe_fp8 and opts.tensor_parallel_size > 1:
+        raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} (FP8 "
+                         "mixture-of-experts builds run on one rank)")
     quant = cfg.quantization or {}
     if opts.engine != "torch" and quant and (quant.get("quant_method") != "paged_llm_fp8"
                                              or quant.get("activation_scheme") == "dynamic"):

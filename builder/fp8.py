@@ -4,6 +4,9 @@
 - Activations: one static scale per linear input, from the max |x| seen on calibration
   prompts; or (activation_scheme "dynamic") none stored: each token's scale is computed
   at run time.
+- Mixture-of-experts (Mixtral, Qwen2-MoE, Qwen3-MoE): the stacked experts get per-expert,
+  per-output-channel scales and run weight-only (backend/models/moe_fp8.py); the router
+  and the shared expert stay in the source dtype.
 - KV cache: one K and one V scale per layer from the same pass. K is observed before
   RoPE (after q/k norm where the model has one); a 2-D rotation can raise one element's
   magnitude by at most sqrt(2), so that bound is applied.
@@ -23,6 +26,7 @@ import torch
 
 from backend.models.fp8 import (FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, per_token_scale,
                                 quantize_per_channel)
+from backend.models.moe_fp8 import EXPERT_WEIGHTS, SCALE_SUFFIX, dequantize_experts, quantize_experts
 from builder.quality import QualityReport, load_source, logit_quality, run_with_hooks
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
@@ -36,11 +40,19 @@ def default_texts() -> tuple[list[str], list[str]]:
 
 
 def _linears(model) -> dict[str, torch.nn.Linear]:
+    # Qwen2-MoE's shared expert stays in the source dtype (backend/models/moe_fp8.py).
     out = {}
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in QUANTIZED_LINEARS:
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in QUANTIZED_LINEARS \
+                and ".shared_expert." not in name:
             out[name] = mod
     return out
+
+
+def _expert_stacks(model) -> dict[str, torch.Tensor]:
+    """transformers' stacked expert parameters ([E, 2I, H] gate_up, [E, H, I] down) by
+    state-dict name; empty for dense models."""
+    return {n: p for n, p in model.named_parameters() if n.endswith(EXPERT_WEIGHTS) and p.dim() == 3}
 
 
 @torch.no_grad()
@@ -74,13 +86,22 @@ def quality(model, fp8_state: dict[str, torch.Tensor], input_scales: Optional[di
     activations rounded through FP8 with their static scales (None: per-token scales)."""
     weights = {name: fp8_state[f"{name}.weight"].float() * fp8_state[f"{name}.weight_scale"][:, None]
                for name in _linears(model)}
+    experts = _expert_stacks(model)
 
     def round_input(name: str):
         if input_scales is None:
             return lambda mod, args: (fake_quantize(args[0], per_token_scale(args[0])),)
         scale = torch.tensor(input_scales[name])
         return lambda mod, args: (fake_quantize(args[0], scale),)
-    return logit_quality(model, texts, weights, round_input)
+    # The experts run weight-only FP8: their dequantized stacks swapped in, inputs unrounded.
+    saved = {n: p.data for n, p in experts.items()}
+    try:
+        for n, p in experts.items():
+            p.data = dequantize_experts(fp8_state[n], fp8_state[n + SCALE_SUFFIX]).to(p.dtype)
+        return logit_quality(model, texts, weights, round_input)
+    finally:
+        for n, p in experts.items():
+            p.data = saved[n]
 
 
 def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: list[str],
@@ -108,6 +129,8 @@ def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: 
         if activation_scheme == "static":
             state[f"{name}.input_scale"] = torch.tensor(input_scales[name], dtype=torch.float32)
         advance()
+    for name, w in _expert_stacks(model).items():
+        state[name], state[name + SCALE_SUFFIX] = quantize_experts(w.data)
     advance = stage("evaluate", 1)
     report = quality(model, state, input_scales if activation_scheme == "static" else None, held)
     advance()
@@ -115,6 +138,7 @@ def quantize_checkpoint(src: str, calibration_texts: list[str], held_out_texts: 
         state.pop("lm_head.weight", None)
     activations = "static_per_tensor" if activation_scheme == "static" else "dynamic_per_token"
     qcfg = {"quant_method": QUANT_METHOD, "weights": "fp8_e4m3_per_channel", "activation_scheme": activation_scheme,
+            **({"experts": "fp8_e4m3_per_expert_per_channel_weight_only"} if _expert_stacks(model) else {}),
             "activations": f"fp8_e4m3_{activations}", "kv_cache_scales": [list(s) for s in kv_scales],
             "quality": asdict(report)}
     return state, qcfg, report

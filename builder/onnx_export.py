@@ -54,25 +54,31 @@ class ExportPagedAttention:
         self.sliding_window = sliding_window
         self.updated: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
-    def forward(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata,
+                sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """sinks: [num_heads] attention-sink logits (gpt-oss), or None."""
         if self.variant == "plugin":
+            # The node always has its sinks input (the plugin's arity is fixed): zeros, unread,
+            # without sinks.
+            node_sinks = sinks if sinks is not None else torch.zeros(self.num_heads, dtype=q.dtype)
             out, _, _ = torch.onnx.ops.symbolic_multi_out(
                 f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}",
                 (q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                 meta.query_start_loc, cache.k_scale, cache.v_scale),
-                attrs=self.plugin_attributes(int(cache.key.shape[1])),
+                 meta.query_start_loc, cache.k_scale, cache.v_scale, node_sinks),
+                attrs=self.plugin_attributes(int(cache.key.shape[1]), sinks is not None),
                 dtypes=(q.dtype, cache.key.dtype, cache.value.dtype),
                 shapes=(q.shape, cache.key.shape, cache.value.shape), version=1)
             return out
-        return self._reference(q, k, v, cache, meta)
+        return self._reference(q, k, v, cache, meta, sinks)
 
-    def plugin_attributes(self, block_size: int) -> dict:
+    def plugin_attributes(self, block_size: int, has_sinks: bool = False) -> dict:
         return {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
                 "block_size": block_size, "scale": float(self.scale),
-                "sliding_window": int(self.sliding_window or 0),
+                "sliding_window": int(self.sliding_window or 0), "has_sinks": int(has_sinks),
                 "plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION, "aot": 1}
 
-    def _reference(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def _reference(self, q, k, v, cache: KVCacheLayer, meta: AttentionMetadata,
+                   sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = q.shape[0]
         kvh, d, bs = self.num_kv_heads, self.head_dim, cache.key.shape[1]
         group = self.num_heads // kvh
@@ -96,7 +102,12 @@ class ExportPagedAttention:
         qg = q.reshape(T, kvh, group, d)
         scores = torch.einsum("tkgd,tlkd->tkgl", qg, keys) * self.scale
         scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            # gpt-oss: each head's sink logit joins the softmax's normalization, then is dropped.
+            sink = sinks.to(scores.dtype).reshape(1, kvh, group, 1).expand(T, kvh, group, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         return torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(T, self.num_heads, d)
 
 

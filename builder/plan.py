@@ -135,6 +135,11 @@ def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1, stage: Optional[Pipe
         linear -= experts * (WEIGHT_DTYPES["bf16"] - MXFP4_BYTES)
     if dtype in ("fp8", "int8", "w8a8"):
         linear += p.linear_rows * 4
+    if dtype == "fp8" and cfg.moe is not None and cfg.moe.shared_expert_intermediate_size:
+        # FP8 builds keep Qwen2-MoE's shared expert in the source dtype (backend/models/moe_fp8.py).
+        first, last = (0, cfg.num_layers) if stage is None else (stage.start_layer, stage.end_layer)
+        s, h = local_config(cfg, tp).moe.shared_expert_intermediate_size, cfg.hidden_size
+        linear += sum(cfg.moe.sparse_layers[first:last]) * (3 * h * s * (WEIGHT_DTYPES["bf16"] - 1) - (2 * s + h) * 4)
     elif dtype == "int4":
         linear += p.linear / 128 * 2
     return int(linear + p.other * 2)

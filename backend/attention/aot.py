@@ -21,8 +21,10 @@ from typing import Optional
 PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 
 # The PagedAttention node's inputs, in order, and the kernel parameter each one feeds.
+# `sinks` [num_heads] (gpt-oss's attention-sink logits; zeros, unread, for other models)
+# comes last: the kernel takes it after its outputs, so the AOT entry moves it here.
 NODE_INPUTS = ("q", "k", "v", "k_pool", "v_pool", "slot_mapping", "block_tables", "seq_lens",
-               "query_start_loc", "k_scale", "v_scale")
+               "query_start_loc", "k_scale", "v_scale", "sinks")
 # int32 scalars after the inputs: the number of sequences and the row strides.
 SCALAR_ARGS = ("num_seqs", "stride_bt", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
                "stride_vh", "stride_ot", "stride_oh")
@@ -55,15 +57,17 @@ def plugin_signature(dtype: str, fp8: bool) -> dict[str, str]:
     outs = {"out_ptr": act, "k_cache_out_ptr": pool, "v_cache_out_ptr": pool,
             # Split-KV partials are not used by a single-split launch: compiled away.
             "part_acc_ptr": "constexpr", "part_ml_ptr": "constexpr",
-            # No attention sinks in the PagedAttention node (gpt-oss is not exported).
-            "sinks_ptr": "constexpr"}
+            # The node's last input, moved there in the PTX entry (compile_attention).
+            "sinks_ptr": act}
     return {**ptrs, **scalars, **outs}
 
 
 def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, num_kv_heads: int = 8,
                       head_dim: int = 128, block_size: int = 16, scale: Optional[float] = None,
                       sliding_window: Optional[int] = None, fp8: bool = True,
-                      logits_soft_cap: Optional[float] = None) -> CompiledKernel:
+                      logits_soft_cap: Optional[float] = None, sinks: bool = False) -> CompiledKernel:
+    """sinks: the kernel reads the node's `sinks` input (HAS_SINKS); without, that input
+    is in the entry but never read."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile kernels ahead of time")
     import triton
@@ -73,8 +77,8 @@ def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, 
     from backend.attention import triton_attention as ta
     consts = ta.attention_constexprs(num_heads, num_kv_heads, head_dim, block_size,
                                      head_dim ** -0.5 if scale is None else scale, sliding_window, fp8,
-                                     logits_soft_cap=logits_soft_cap)
-    consts.update(part_acc_ptr=None, part_ml_ptr=None, sinks_ptr=None)
+                                     logits_soft_cap=logits_soft_cap, sinks=sinks)
+    consts.update(part_acc_ptr=None, part_ml_ptr=None)
     sig = {**plugin_signature(dtype, fp8), **{k: "constexpr" for k in consts}}
     compiled = triton.compile(ASTSource(fn=ta._paged_attention_kernel, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", arch, 32))
@@ -83,6 +87,8 @@ def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, 
         raise RuntimeError("the kernel needs Triton scratch memory, which a TensorRT plugin cannot provide")
     visible = len(NODE_INPUTS) + len(SCALAR_ARGS) + len(NODE_OUTPUTS)
     ptx = drop_unused_params(compiled.asm["ptx"], md.name, keep=visible)
+    # The kernel's sinks_ptr follows its outputs; TensorRT passes it with the inputs.
+    ptx = move_param(ptx, md.name, visible - 1, len(NODE_INPUTS) - 1)
     return CompiledKernel(name=md.name, ptx=ptx, num_warps=md.num_warps, shared=md.shared,
                           num_params=len(entry_params(ptx, md.name)))
 
@@ -109,6 +115,16 @@ def drop_unused_params(ptx: str, name: str, keep: int) -> str:
     m = re.search(r"(\.entry\s+" + re.escape(name) + r"\s*\()(.*?)(\))", ptx, re.S)
     lines = [ln for ln in m.group(2).split("\n") if not any(re.search(r"\b" + p + r"\b", ln) for p in extra)]
     body = "\n".join(lines).rstrip().rstrip(",") + "\n"
+    return ptx[:m.start(2)] + body + ptx[m.end(2):]
+
+
+def move_param(ptx: str, name: str, src: int, dst: int) -> str:
+    """The entry's parameter declared at position src declared at dst instead. The body
+    reads parameters by name, so this only changes which launch argument feeds it."""
+    m = re.search(r"(\.entry\s+" + re.escape(name) + r"\s*\()(.*?)(\))", ptx, re.S)
+    decls = [d.strip() for d in m.group(2).split(",")]
+    decls.insert(dst, decls.pop(src))
+    body = "\n" + ",\n".join("\t" + d for d in decls) + "\n"
     return ptx[:m.start(2)] + body + ptx[m.end(2):]
 
 
@@ -139,10 +155,11 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--no-fp8", action="store_true")
+    ap.add_argument("--sinks", action="store_true", help="read the node's sinks input (gpt-oss)")
     ap.add_argument("--out", default="build/ptx")
     a = ap.parse_args(argv)
     k = compile_attention(a.arch, a.dtype, a.num_heads, a.num_kv_heads, a.head_dim, a.block_size,
-                          fp8=not a.no_fp8)
+                          fp8=not a.no_fp8, sinks=a.sinks)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"paged_attention.sm_{a.arch}.ptx")
     with open(path, "w") as f:

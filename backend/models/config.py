@@ -153,9 +153,12 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
                                     "made by `python -m builder build --weights fp8`, fp8 (per-tensor or "
                                     "block-wise); weight-only INT4/INT8 and compressed-tensors W8A8 checkpoints: "
                                     f"{', '.join(INT_METHODS)})")
-    if quant is not None and family in MOE_FAMILIES:
+    # MoE: only our FP8 builds of Mixtral / Qwen-MoE (backend/models/moe_fp8.py).
+    fp8_moe_build = family != "gpt_oss" and quant is not None and quant.get("quant_method") == "paged_llm_fp8"
+    if quant is not None and family in MOE_FAMILIES and not fp8_moe_build:
         raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
-                                    f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights")
+                                    f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights, or "
+                                    "build FP8 ones with `python -m builder build --weights fp8`")
     if quant is not None:
         try:
             describe_quantization(quant)

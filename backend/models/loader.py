@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 from backend.models.moe import stack_experts
+from backend.models.moe_fp8 import fp8_experts_state_dict, is_fp8_moe, swap_in_fp8_experts
 from backend.models.quant_linears import (QUANTIZED_LINEARS, quantized_state_dict, single_rank_only,
                                           swap_in_quantized_linears)
 from backend.models.registry import model_class
@@ -77,10 +78,15 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     one_rank = single_rank_only(cfg.quantization)
     if one_rank is not None and tp.size > 1:
         raise ValueError(f"{one_rank} checkpoints run on one rank: use tensor_parallel_size=1")
+    if is_fp8_moe(cfg.quantization, cfg.moe) and tp.size > 1:
+        raise ValueError("FP8 mixture-of-experts builds run on one rank: use tensor_parallel_size=1")
     local = local_config(cfg, tp.size)
     with torch.device("meta"):
         model = model_class(cfg)(local, attn_factory, max_position, ops, tp)
         swap_in_quantized_linears(model, cfg.quantization, int_kernel)
+        fp8_moe = is_fp8_moe(cfg.quantization, cfg.moe)
+        if fp8_moe:
+            swap_in_fp8_experts(model)
         if stage is not None:
             keep_stage(model, stage)
     if stage is not None:
@@ -93,6 +99,8 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     if stage is not None:
         tied = stage_weights(weights, stage, tied)
     weights = quantized_state_dict(weights, cfg.num_layers, cfg.quantization)
+    if fp8_moe:
+        weights = fp8_experts_state_dict(weights)
     state = model.adapt_checkpoint(cfg, fuse_projections(stack_experts(weights, local, tp.rank), cfg.num_layers))
     if tied:
         state.pop("lm_head.weight", None)
@@ -109,7 +117,7 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     # Cast to the compute dtype everything except the quantized layers (their weights stay
     # FP8 / INT8 / packed, their scales as the checkpoint has them).
     for module_name, module in model.named_modules():
-        if isinstance(module, QUANTIZED_LINEARS):
+        if isinstance(module, QUANTIZED_LINEARS) or getattr(module, "quantized", False):
             continue
         for name, p in list(module.named_parameters(recurse=False)):
             if f"{module_name}.{name}".endswith(model.fp32_params):

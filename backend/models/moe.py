@@ -31,6 +31,7 @@ class StackedExperts(nn.Module):
         super().__init__()
         E, inter = moe.num_local_experts, moe.intermediate_size
         self.gate_up_proj_scale = self.down_proj_scale = None
+        self.quantized = False          # FP8 builds: swapped in by moe_fp8.swap_in_fp8_experts
         if moe.packed_mxfp4:
             # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/models/mxfp4.py).
             def packed(rows: int, cols: int, div: int) -> nn.Parameter:
@@ -115,7 +116,8 @@ def stack_experts(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int = 
             state[f"{dst}.experts.gate_up_proj"] = torch.stack(gate_up)
             state[f"{dst}.experts.down_proj"] = torch.stack(
                 [state.pop(f"{src}.experts.{e}.{down_name}.weight") for e in experts])
-        if src != dst:
+        # An FP8 build holds transformers' own names: experts stacked, the router under mlp.
+        if src != dst and f"{src}.gate.weight" in state:
             state[f"{dst}.gate.weight"] = state.pop(f"{src}.gate.weight")
         shared = f"{dst}.shared_expert"
         if f"{shared}.gate_proj.weight" in state:

@@ -38,14 +38,16 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
                          A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
                          HAS_BIAS: tl.constexpr = False, SWIGLU_OAI: tl.constexpr = False,
-                         ALPHA: tl.constexpr = 1.702, LIMIT: tl.constexpr = 7.0, MXFP4: tl.constexpr = False):
+                         ALPHA: tl.constexpr = 1.702, LIMIT: tl.constexpr = 7.0, MXFP4: tl.constexpr = False,
+                         FP8: tl.constexpr = False):
     """out[slot, n] for the slots of block program_id(0): A's row is slot // A_ROW_DIV
     (the token for gate_up, the slot itself for down). GATED: W's rows [0, N) are the
     gate and [N, 2N) the up projection; the output is SiLU(gate) * up, or with
     SWIGLU_OAI gpt-oss's (clamp(up) + 1) * g * sigmoid(ALPHA * g), g = min(gate, LIMIT).
     HAS_BIAS: the expert's bias row (stride_be per expert) is added to the GEMM output.
     MXFP4: W is packed bytes [E, rows, K / 2] with scales [E, rows, K / 32] (stride_se,
-    stride_sn), decoded tile by tile (mxfp4_triton.py)."""
+    stride_sn), decoded tile by tile (mxfp4_triton.py). FP8: W is float8_e4m3fn with an
+    fp32 scale per expert and row ([E, rows]: stride_se, stride_sn), dequantized in the tile."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -69,13 +71,14 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :], mask=valid[:, None] & mask_k[None, :],
                     other=0.0)
         wmask = mask_k[:, None] & mask_n[None, :]
-        w = load_weight_tile(w_base, s_base, cols, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4)  # [BLOCK_K, BLOCK_N]
+        w = load_weight_tile(w_base, s_base, cols, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4,
+                             FP8)  # [BLOCK_K, BLOCK_N]
         if IEEE:
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w)
         if GATED:
-            wu = load_weight_tile(w_base, s_base, cols + N, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4)
+            wu = load_weight_tile(w_base, s_base, cols + N, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4, FP8)
             if IEEE:
                 acc_up += tl.dot(a, wu, input_precision="ieee")
             else:
@@ -191,8 +194,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
               topk_ids: torch.Tensor, act: str = "silu", b13: Optional[torch.Tensor] = None,
               b2: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0,
               w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Same arguments and result as moe_reference.fused_moe (MXFP4 weights decoded in the
-    GEMMs' tiles)."""
+    """Same arguments and result as moe_reference.fused_moe (MXFP4 or FP8 weights
+    dequantized in the GEMMs' tiles)."""
     if act not in ("silu", "swigluoai"):
         return moe_reference.fused_moe(x, w13, w2, topk_weights, topk_ids, act, b13, b2, alpha, limit,
                                        w13_scale, w2_scale)
@@ -200,7 +203,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     T, H = x.shape
     K = topk_ids.shape[1]
     E, I = w13.shape[0], w13.shape[1] // 2
-    mxfp4 = w13_scale is not None
+    fp8 = w13.dtype == torch.float8_e4m3fn
+    mxfp4 = w13_scale is not None and not fp8
+    if fp8:
+        assert w13_scale.shape == w13.shape[:2] and w2_scale.shape == w2.shape[:2]
+        assert w13_scale.dtype == w2_scale.dtype == torch.float32
     if mxfp4:
         assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape[2] * 2 == I
         assert w13_scale.stride(2) == 1 and w2_scale.stride(2) == 1
@@ -212,13 +219,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     block_m = 16 if n <= 16 * E else 64
     sorted_ids, block_expert, num_padded = align_by_expert(topk_ids, E, block_m)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None, MXFP4=mxfp4)
+    consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None, MXFP4=mxfp4,
+                  FP8=fp8)
     if b13 is not None:
         assert b13.stride(1) == 1 and b2.stride(1) == 1
     bias13 = b13 if b13 is not None else weights     # unread without HAS_BIAS
     bias2 = b2 if b2 is not None else weights
-    s13 = w13_scale if mxfp4 else w13                   # unread without MXFP4
-    s2 = w2_scale if mxfp4 else w2
+    s13 = w13_scale if w13_scale is not None else w13      # unread without MXFP4 / FP8
+    s2 = w2_scale if w2_scale is not None else w2
     num_blocks = block_expert.numel()
     inter = torch.empty(n, I, dtype=x.dtype, device=x.device)
     block_n = 64

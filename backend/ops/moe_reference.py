@@ -55,9 +55,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     expert parallelism) contribute nothing. Optional biases b13 [E, 2I] and b2 [E, H]
     are added after each GEMM (as transformers' grouped path adds them); act "swigluoai"
     is gpt-oss's clamped SwiGLU with alpha / limit. With w13_scale / w2_scale the weights
-    are MXFP4 (packed bytes [E, rows, in / 2], E8M0 scales [E, rows, in / 32]),
+    are MXFP4 (packed bytes [E, rows, in / 2], E8M0 scales [E, rows, in / 32]), or FP8
+    E4M3 (w13 / w2 float8_e4m3fn, fp32 scales [E, rows] per expert and output channel),
     dequantized here. Returns [T, H] in x's dtype."""
-    if w13_scale is not None:
+    if w13.dtype == torch.float8_e4m3fn:
+        from backend.models.moe_fp8 import dequantize_experts
+        w13, w2 = dequantize_experts(w13, w13_scale).to(x.dtype), dequantize_experts(w2, w2_scale).to(x.dtype)
+    elif w13_scale is not None:
         w13, w2 = unpack_mxfp4(w13, w13_scale, x.dtype), unpack_mxfp4(w2, w2_scale, x.dtype)
     T, K = topk_ids.shape
     slots = torch.zeros(T, K, x.shape[1], dtype=x.dtype, device=x.device)

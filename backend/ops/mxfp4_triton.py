@@ -25,11 +25,17 @@ def _e2m1_times_scale(code, scale_byte):
 
 
 @triton.jit
-def load_weight_tile(w_base, s_base, rows, ks, mask, stride_wn, stride_sn, dtype, MXFP4: tl.constexpr):
+def load_weight_tile(w_base, s_base, rows, ks, mask, stride_wn, stride_sn, dtype, MXFP4: tl.constexpr,
+                     FP8: tl.constexpr = False):
     """W[rows, ks] as a [BLOCK_K, BLOCK_N] tile (ks down, rows across) in `dtype`: loaded,
     or with MXFP4 decoded from the packed bytes (stride_wn per row) and scales
-    (stride_sn per row)."""
-    if MXFP4:
+    (stride_sn per row), or with FP8 E4M3 times its row's fp32 scale (stride_sn per row),
+    rounded to `dtype` as the torch reference's dequantization is."""
+    if FP8:
+        q = tl.load(w_base + rows[None, :] * stride_wn + ks[:, None], mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(s_base + rows[None, :] * stride_sn + ks[:, None] * 0, mask=mask, other=0.0)
+        w = (q * scale).to(dtype)
+    elif MXFP4:
         byte = tl.load(w_base + rows[None, :] * stride_wn + ks[:, None] // 2, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((ks[:, None] % 2) * 4)) & 0xF
         scale = tl.load(s_base + rows[None, :] * stride_sn + ks[:, None] // 32, mask=mask, other=127).to(tl.int32)

@@ -111,22 +111,24 @@ def fp8_block_gemm(dtype: str) -> list:
             for bias, bm in ((False, 16), (True, 64))]
 
 
-def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False) -> list:
+def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool = False) -> list:
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
     weights) and the routing kernel; gpt_oss: with expert biases and the clamped
     SwiGLU, and routing by top-k logits then softmax; mxfp4: weights decoded from
-    packed bytes and E8M0 scales in the tiles."""
+    packed bytes and E8M0 scales in the tiles; fp8: E4M3 weights times their per-expert,
+    per-channel fp32 scales in the tiles (FP8 MoE builds)."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
-    types = {"a_ptr": act, "w_ptr": "*u8" if mxfp4 else act, "out_ptr": act, "sorted_ids_ptr": "*i32",
+    types = {"a_ptr": act, "w_ptr": "*u8" if mxfp4 else "*fp8e4nv" if fp8 else act, "out_ptr": act,
+             "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32",
-             "bias_ptr": act if gpt_oss else "*fp32", "w_scale_ptr": "*u8",
+             "bias_ptr": act if gpt_oss else "*fp32", "w_scale_ptr": "*fp32" if fp8 else "*u8",
              **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn", "stride_om",
                                    "stride_be", "stride_se", "stride_sn")}}
     return [compile_kernel(m._grouped_gemm_kernel, types,
                            dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
                                 IEEE=dtype == "fp32", HAS_BIAS=gpt_oss, SWIGLU_OAI=gpt_oss and gated, ALPHA=1.702,
-                                LIMIT=7.0, MXFP4=mxfp4))
+                                LIMIT=7.0, MXFP4=mxfp4, FP8=fp8))
             for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
         compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
                                          "stride_l": "i32"},
@@ -136,7 +138,7 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False) -> list:
 
 def decode_attention_with_sinks(dtype: str):
     """The one-token kernel with gpt-oss's sinks and window, split-KV (not the TensorRT
-    plugin's entry: the PagedAttention node has no sinks input)."""
+    plugin's entry, compiled with sinks by backend/attention/aot.py: tests/unit/attention/test_aot_ptx.py)."""
     from backend.attention import triton_attention as ta
     act = f"*{dtype}"
     types = {"q_ptr": act, "k_ptr": act, "v_ptr": act, "k_cache_ptr": act, "v_cache_ptr": act,
@@ -165,7 +167,10 @@ def main() -> int:
     # The one-token (decode) kernel with Gemma 2's window and soft-cap, as the plugin's entry.
     from backend.attention.aot import compile_attention
     capped = compile_attention(fp8=False, sliding_window=4096, logits_soft_cap=50.0)
-    assert ".target sm_90" in capped.ptx and capped.num_params == 24
+    assert ".target sm_90" in capped.ptx and capped.num_params == 25
+    # Without sinks the node's sinks input (entry parameter 11) is never read.
+    from backend.attention.aot import entry_params
+    assert f"[{entry_params(capped.ptx, capped.name)[11]}]" not in capped.ptx
     int8_kv = int8_kv_attention("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in int8_kv)
     if "mma" not in int8_kv[0].asm["ptx"]:
@@ -189,9 +194,10 @@ def main() -> int:
         return 1
     # gpt-oss: sinks in the one-token kernel (the tiled one is among the variants above).
     assert ".target sm_90" in decode_attention_with_sinks("bf16").asm["ptx"]
-    moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True)
+    moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True) + \
+        fused_moe("bf16", fp8=True)
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
-    if not all("mma" in c.asm["ptx"] for c in moe[:2] + moe[3:5] + moe[6:8]):
+    if not all("mma" in c.asm["ptx"] for c in moe[:2] + moe[3:5] + moe[6:8] + moe[9:11]):
         print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
         return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
@@ -199,7 +205,7 @@ def main() -> int:
                                         ("bf16", False, 128, 0, 0.0, True)])
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
           "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM, W8A8 INT8 GEMM (int8 MMA), block FP8 "
-          "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 tiles too)",
+          "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 and FP8 tiles too)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

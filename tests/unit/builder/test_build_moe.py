@@ -1,7 +1,7 @@
 """builder build of mixture-of-experts checkpoints: a float32 entry served as the backend
 loads it gives transformers' greedy tokens, a bfloat16 entry serves with bf16 experts,
-the memory plan names total and active parameters, and quantized weights are refused
-with a clear error (not supported for MoE yet)."""
+the memory plan names total and active parameters, and quantized weights other than FP8
+(test_build_moe_fp8.py) are refused with a clear error."""
 
 import os
 import re
@@ -46,8 +46,8 @@ def test_moe_build_serves(ckpt_dir, tmp_path, weights):
 
 def test_quantized_or_graph_moe_build_is_refused(ckpt_dir, tmp_path):
     path = make_moe_checkpoint(str(ckpt_dir / "mixtral"), "mixtral")
-    with pytest.raises(BuildError, match="'weights': fp8 is not supported for mixture-of-experts"):
-        build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "q"), weights="fp8"),
+    with pytest.raises(BuildError, match="'weights': int8 is not supported for mixture-of-experts .* \\(or fp8\\)"):
+        build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "q"), weights="int8"),
               log=lambda *_: None, progress=False)
     with pytest.raises(BuildError, match="'engine': onnxruntime graphs of mixture-of-experts"):
         build(BuildOptions.create(checkpoint=path, output=str(tmp_path / "o"), engine="onnxruntime"),

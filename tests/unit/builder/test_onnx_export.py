@@ -50,7 +50,8 @@ def test_plugin_variant_has_one_paged_attention_node_per_layer(ckpt, tmp_path):
         assert n.domain == PLUGIN_NAMESPACE
         assert attrs["plugin_namespace"] == b"paged_llm" and attrs["plugin_version"] == b"1" and attrs["aot"] == 1
         assert {"num_heads", "num_kv_heads", "head_dim", "block_size", "scale", "sliding_window"} <= set(attrs)
-        assert len(n.input) == 11 and len(n.output) == 3
+        # The last input is the sinks (zeros, unread: has_sinks 0 without gpt-oss's sinks).
+        assert len(n.input) == 12 and len(n.output) == 3 and attrs["has_sinks"] == 0
         # Each layer's own pools feed its node directly (no slice in between), so the
         # plugin's aliased outputs are those network inputs, written in place.
         assert n.input[3] == f"k_pool_{i}" and n.input[4] == f"v_pool_{i}"

@@ -163,3 +163,25 @@ def test_mxfp4_weights_decoded_in_the_kernel_tiles():
                                                **kw), ref)
     out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2, **kw)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-2)])
+def test_fp8_experts_dequantized_in_the_tiles_match_the_reference(dtype, tol):
+    """FP8 E4M3 experts with per-expert, per-channel fp32 scales (FP8 MoE builds): the
+    kernel dequantizes each tile as the reference dequantizes the stack (fp8 * scale,
+    rounded to the activation dtype); slots of another rank's experts still count nothing."""
+    from backend.models.moe_fp8 import dequantize_experts, quantize_experts
+    g = torch.Generator().manual_seed(11)
+    T, E, K, H, I = 37, 6, 2, 64, 40
+    x = torch.randn(T, H, generator=g).to(dtype)
+    w13, s13 = quantize_experts(torch.randn(E, 2 * I, H, generator=g) * torch.rand(E, 2 * I, 1, generator=g))
+    w2, s2 = quantize_experts(torch.randn(E, H, I, generator=g) / I ** 0.5)
+    ids = skewed_ids(T, E, K, g)
+    ids[0, 1] = -1
+    weights = torch.rand(T, K, generator=g)
+    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    ref = moe_reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    plain = moe_reference.fused_moe(x, dequantize_experts(w13, s13).to(dtype), dequantize_experts(w2, s2).to(dtype),
+                                    weights, ids)
+    assert w13.dtype == torch.float8_e4m3fn and out.dtype == dtype
+    assert torch.equal(ref, plain) and rel_err(out, ref) < tol
