@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 
 FP8_E4M3_MAX = 448.0
-# Decode rows attend in groups of this many, sorted by length (TorchPagedAttention._decode):
+# Decode rows attend in groups of this many, sorted by length (decode_groups):
 # at 128 rows of 64-512 tokens, 8 groups halved the attention's CPU time against one padded
 # batch (SDPA's cost follows the padded length); fewer rows than this stay one batch.
 DECODE_BUCKET_ROWS = 16
@@ -125,6 +125,20 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale, dtype: torch.dt
     return x.to(dtype)
 
 
+def decode_groups(meta: AttentionMetadata, device: torch.device) -> list[tuple[list[int], torch.Tensor]]:
+    """The step's decode sequences (one query token each) by groups of DECODE_BUCKET_ROWS
+    of similar length, sorted on the host's copy of the lengths: (sequence indices, their
+    query rows on `device`). Each group is gathered and padded only to its own longest,
+    where one batch would pad every row to the step's longest. Planned once per step (on
+    its metadata) for every layer."""
+    if meta.decode_plan is None:
+        qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))
+        seqs = sorted((i for i, n in enumerate(meta.query_lens_cpu) if n == 1), key=meta.seq_lens_cpu.__getitem__)
+        groups = [seqs[a:a + DECODE_BUCKET_ROWS] for a in range(0, len(seqs), DECODE_BUCKET_ROWS)]
+        meta.decode_plan = [(g, torch.tensor([qsl[i] for i in g], dtype=torch.long, device=device)) for g in groups]
+    return meta.decode_plan
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
            logits_soft_cap: Optional[float], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(mask(cap(q k^T * scale))) v over [..., H, n, D] queries and [..., KVH, L, D]
@@ -164,32 +178,13 @@ class TorchPagedAttention:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        for seq_ids, rows in decode_groups(meta, q.device):
+            out.index_copy_(0, rows, self._decode_group(q.index_select(0, rows), cache, meta, seq_ids, sinks))
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
-        decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        if decode_seqs:
-            idx = torch.tensor([qsl[i] for i in decode_seqs], dtype=torch.long, device=q.device)
-            out[idx] = self._decode(q[idx], cache, meta, decode_seqs, sinks)
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
                 s = qsl[i]
                 out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks)
-        return out
-
-    def _decode(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
-                seq_ids: list[int], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Decode rows by groups of DECODE_BUCKET_ROWS of similar length (sorted on the
-        host's copy of the lengths): each group is gathered and padded only to its own
-        longest, where one batch would pad every row to the step's longest."""
-        if len(seq_ids) <= DECODE_BUCKET_ROWS:
-            return self._decode_group(q, cache, meta, seq_ids, sinks)
-        lens = meta.seq_lens_cpu
-        order = sorted(range(len(seq_ids)), key=lambda r: lens[seq_ids[r]])
-        out = torch.empty_like(q)
-        for a in range(0, len(order), DECODE_BUCKET_ROWS):
-            rows = order[a:a + DECODE_BUCKET_ROWS]
-            idx = torch.tensor(rows, dtype=torch.long, device=q.device)
-            out.index_copy_(0, idx, self._decode_group(q.index_select(0, idx), cache, meta,
-                                                       [seq_ids[r] for r in rows], sinks))
         return out
 
     def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
