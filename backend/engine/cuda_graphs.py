@@ -121,6 +121,14 @@ class DecodeGraphs:
         return self.logits[shape]
 
 
+def verify_query_len(args) -> int:
+    """Tokens per row of the engine's verify graphs (EngineArgs): k + 1 under speculative
+    decoding, 0 (no verify ladder) without it or with LoRA (its row groups are static
+    per decode row)."""
+    spec = args.speculative_config
+    return spec.num_speculative_tokens + 1 if spec is not None and not args.enable_lora else 0
+
+
 def graph_ladders(max_num_seqs: int, verify_query_len: int, max_num_tokens: int) -> DecodeGraphs:
     """The (not yet captured) graphs an engine wants: the decode ladder, and with
     verify_query_len (k + 1 under speculative decoding, 0 without) the verify ladder."""
@@ -137,7 +145,7 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int,
     from backend.attention.triton_attention import choose_num_splits
     model, caches = runner.model, runner.kv_caches
     cfg = model.config
-    graphs = graph_ladders(max_num_seqs, 0 if runner.lora is not None else verify_query_len, runner.inputs.T)
+    graphs = graph_ladders(max_num_seqs, verify_query_len, runner.inputs.T)
     rng = np.random.default_rng(0)
     pool = None
     splits = {shape: choose_num_splits(shape.num_tokens, cfg.num_kv_heads, max_model_len, runner.block_size)

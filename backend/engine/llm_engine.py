@@ -28,7 +28,7 @@ from backend.config import ConfigError, EngineArgs
 from backend.engine import profile_run, sizing
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
-from backend.engine.cuda_graphs import capture_decode_graphs
+from backend.engine.cuda_graphs import capture_decode_graphs, verify_query_len
 from backend.engine.deadlines import Deadlines
 from backend.engine.gc_policy import freeze_heap
 from backend.engine.intake import Prompt, RequestIntake  # noqa: F401 (Prompt: part of this module's API)
@@ -169,7 +169,7 @@ class LLMEngine(RequestIntake):
                 self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
                 *self.bytes_per_rank[0])
         if self.use_cuda_graphs:
-            verify_len = spec.num_speculative_tokens + 1 if spec is not None else 0   # verify steps' ladder
+            verify_len = verify_query_len(args)     # the verify steps' ladder, if any
             capture = lambda: capture_decode_graphs(self.runner, args.max_num_seqs, self.max_model_len,  # noqa: E731
                                                     verify_len)
             self.runner.graphs = (capture() if self.workers is None else self.workers.capture_graphs(

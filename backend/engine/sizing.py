@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine.cuda_graphs import estimate_graph_bytes, graph_ladders
+from backend.engine.cuda_graphs import estimate_graph_bytes, graph_ladders, verify_query_len
 from backend.models.config import ModelConfig
 from backend.parallel.sharding import check_tensor_parallel
 
@@ -129,9 +129,7 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
 def graph_rows(args: EngineArgs) -> int:
     """Token rows of the largest CUDA graph the engine captures: max_num_seqs decode rows,
     or a verify graph's num_seqs x (k + 1) under speculative decoding (without LoRA)."""
-    spec = args.speculative_config
-    verify_len = spec.num_speculative_tokens + 1 if spec is not None and not args.enable_lora else 0
-    ladders = graph_ladders(args.max_num_seqs, verify_len, max(args.max_num_batched_tokens, args.max_num_seqs))
+    ladders = graph_ladders(args.max_num_seqs, verify_query_len(args), input_sizes(args, 0)[0])
     return max(shape.num_tokens for shape in ladders.shapes)
 
 
