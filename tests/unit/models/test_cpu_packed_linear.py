@@ -34,6 +34,7 @@ def test_results_do_not_depend_on_max_num_seqs(llama_ckpt):
     for seqs in (4, 256):
         llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=seqs)
         outs.append(llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0])
+        assert_pool_free(llm)
     assert outs[0].token_ids == outs[1].token_ids
     assert [{t: lp.logprob for t, lp in e.items()} for e in outs[0].logprobs] == \
         [{t: lp.logprob for t, lp in e.items()} for e in outs[1].logprobs]
