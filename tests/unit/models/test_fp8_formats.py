@@ -14,7 +14,7 @@ import torch
 from backend.models.config import UnsupportedModelError, load_model_config
 from backend.models.fp8_formats import (FP8FormatError, FP8Scheme, dequantize_block, fp8_state_dict,
                                         per_group_fake_quantize)
-from tests.conftest import random_prompts
+from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers import quant_checkpoints as qc
 from tests.helpers.checkpoints import make_checkpoint
 
@@ -44,6 +44,7 @@ def test_block_fp8_checkpoint_equals_transformers_finegrained_fp8(base, tmp_path
     from backend import LLM, SamplingParams
     llm = LLM(path, block_size=4, num_kv_blocks=64, attention_backend="triton")
     assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))[0].token_ids == tokens[0][:4]
+    assert_pool_free(llm)
     # The exported graphs have static FP8 Q/DQ only: refused before anything is written.
     from builder.build import BuildError, BuildOptions, build
     with pytest.raises(BuildError, match="'engine': onnxruntime exports static FP8 Q/DQ graphs only; the checkpoint "
