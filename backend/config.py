@@ -252,8 +252,7 @@ class EngineArgs(BaseModel):
             if bad:
                 raise ValueError(f"lora_modules: adapter {bad[0]!r} needs a name and a folder")
         if self.async_scheduling:
-            off = ("speculative_config is set" if self.speculative_config is not None else
-                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+            off = (f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
                    f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else None)
             if off:
                 raise ValueError(f"async_scheduling=true is not supported where {off}: leave it unset (off there)")
@@ -295,8 +294,7 @@ class EngineArgs(BaseModel):
     def use_async_scheduling(self) -> bool:
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return (self.runner == "generate" and self.speculative_config is None and self.world_size == 1
-                and self.model_runner == "torch")
+        return self.runner == "generate" and self.world_size == 1 and self.model_runner == "torch"
 
     @property
     def pooler(self) -> PoolerConfig:

@@ -43,6 +43,9 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
         self.output_text = ""
+        # The decoded window before the read offset, kept while the offsets stand: each
+        # step's logprob candidates (peek) and its token share it.
+        self._prefix_text: Optional[str] = None
         # Characters already handed out; stop strings may cut the text back only past it.
         self._num_sent = 0
         self._hold = max((len(s) for s in params.stop), default=1) - 1
@@ -56,7 +59,9 @@ class IncrementalDetokenizer:
     def _new_text(self, token_ids: list[int]) -> Optional[str]:
         """The text `token_ids` (the ids so far, plus new ones) add after the read offset;
         None while it is empty or ends in an incomplete UTF-8 sequence."""
-        prefix_text = self._decode(token_ids[self.prefix_offset:self.read_offset])
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self._decode(token_ids[self.prefix_offset:self.read_offset])
         full_text = self._decode(token_ids[self.prefix_offset:])
         if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
             return None
@@ -78,6 +83,7 @@ class IncrementalDetokenizer:
         if new_text is None:
             return None
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        self._prefix_text = None
         search_from = max(len(self.output_text) - self._hold, 0)
         self.output_text += new_text
         if not check_stop:

@@ -185,6 +185,7 @@ class LLMEngine(RequestIntake):
                 Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
+            self.scheduler.may_speculate = Speculator.can_speculate
         self.outputs = OutputProcessor(self.tokenizer)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test
@@ -281,7 +282,8 @@ class LLMEngine(RequestIntake):
                 return outputs + self._update(sched, self.runner.execute(sched))
             launched = None if sched.is_empty else self.runner.launch(sched, prev)
             if prev is not None:
-                outputs += self._update(prev.sched, self.runner.collect(prev))
+                outputs += self._update(prev.sched, self.runner.collect(prev),
+                                        launched.sched if launched is not None else None)
             if launched is not None:
                 self.runner.sample(launched)
                 self._in_flight = launched
@@ -291,7 +293,10 @@ class LLMEngine(RequestIntake):
             raise
         return outputs
 
-    def _update(self, sched, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def _update(self, sched, result: ModelRunnerOutput, in_flight=None) -> list[EngineCoreOutput]:
+        """Step `sched`'s result applied, then the next proposals. `in_flight`: the step
+        launched since (async scheduling), whose tokens the draft model must not take as
+        computed yet."""
         outputs = self.scheduler.update_from_output(sched, result)
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
@@ -299,7 +304,7 @@ class LLMEngine(RequestIntake):
             eligible = self.speculator.eligible(running)
             if self.speculator.needs_lookahead_slots:
                 eligible = self.scheduler.reserve_lookahead(eligible)
-            self.scheduler.set_proposals(self.speculator.propose(running, eligible))
+            self.scheduler.set_proposals(self.speculator.propose(running, eligible, in_flight))
         return outputs
 
     # ------------------------------------------------------------------ stats

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 
-@dataclass
+@dataclass(slots=True)       # (slots: hundreds are made a step; cheaper to create)
 class Logprob:
     logprob: float
     rank: int

@@ -179,8 +179,13 @@ class ModelRunner:
                 self.sampler, logits, batch, self.rejection_sampler.plan(sampling))
         else:
             sampled, accepted = self.sampler.sample(logits, batch), None
-            launched.sampled = sampled
-            launched.row_of = {s.request.request_id: i for i, s in enumerate(sampling)}
+        # What the next step's placeholders are filled from: the row of each request that
+        # verifies nothing (a verifying one sits that step out: Scheduler.may_speculate).
+        launched.sampled, row = sampled, 0
+        for s in sampling:
+            if not s.spec_token_ids:
+                launched.row_of[s.request.request_id] = row
+            row += len(s.spec_token_ids) + 1
         # The step's one device-to-host copy: the ids with the logprobs asked for, the
         # prompt logprobs of its prompt chunks, and whether each proposal stands.
         packed = logprobs.pack(logits, sampled, batch.logprobs)

@@ -21,7 +21,7 @@ the same tokens whatever shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import Collection, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -241,15 +241,18 @@ class Sampler:
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         return logits, probs
 
-    def noise(self, like: torch.Tensor, batch: SamplingBatch, kind: str = "exponential") -> torch.Tensor:
+    def noise(self, like: torch.Tensor, batch: SamplingBatch, kind: str = "exponential",
+              skip_seeded: Collection[int] = ()) -> torch.Tensor:
         """Per-row random numbers shaped like `like` ([B, N]): Exp(1) or U[0, 1), from the
-        sampler's generator except on seeded rows, which use their request's."""
+        sampler's generator except on seeded rows, which use their request's (but not the
+        rows in `skip_seeded`, whose numbers go unused: their generators stay put)."""
         out = torch.empty_like(like, dtype=torch.float32)
         fill = (lambda t, g: t.exponential_(generator=g)) if kind == "exponential" else \
             (lambda t, g: t.uniform_(generator=g))
         fill(out, self.generator)
         for row, gen in batch.seeded:
-            fill(out[row], gen)
+            if row not in skip_seeded:
+                fill(out[row], gen)
         return out
 
     def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -10,7 +10,11 @@ its blocks are freed and it recomputes later (its generated tokens are kept).
 
 Speculative decoding adds a decoding request's proposed tokens to its step (they are
 verified in the same forward): budgeted like any token, dropped first when the budget
-or the pool is short, and rolled back after the step when rejected.
+or the pool is short, and rolled back after the step when rejected. With async
+scheduling, a request that may speculate sits out the step scheduled while its own is in
+flight: its positions (how many proposals stand) and its next proposals (looked up in
+its tokens) are known only when that step's result is in, so it runs every other step,
+each verifying its proposals, while the others run every step.
 
 With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
 waiting request under another adapter waits, and the requests behind it may go first.
@@ -22,7 +26,7 @@ shares them, so `n` > 1 children compute their prompt once.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
@@ -55,6 +59,9 @@ class Scheduler:
         # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
         self.long_rope_original: Optional[int] = None
         self.num_long_rope_restarts = 0
+        # Speculative decoding with async scheduling (llm_engine.py): whether a request may
+        # propose tokens, so that it is not scheduled while its step is in flight.
+        self.may_speculate: Optional[Callable[[Request], bool]] = None
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -126,6 +133,9 @@ class Scheduler:
             if request.num_output_placeholders and (
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
                 idx += 1                    # its step in flight brings its last token
+                continue
+            if request.num_output_placeholders and self.may_speculate is not None and self.may_speculate(request):
+                idx += 1                    # its next step needs its step in flight's result
                 continue
             if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
                 # Its next token lies past LongRoPE's original context: like transformers,

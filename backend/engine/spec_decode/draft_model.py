@@ -67,10 +67,13 @@ class DraftModelProposer:
     writes_kv = True        # the newest token's and proposals 1..k-1: slots reserved by the scheduler
 
     @torch.inference_mode()
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> Proposals:
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]],
+                ahead: Optional[dict[str, int]] = None) -> Proposals:
+        """`ahead`: by request id, tokens scheduled in the step in flight (async
+        scheduling): the draft catches up to where the target's collected steps reach."""
         ks = {request.request_id: k for request, k in eligible}
         proposing = [r for r in running if r.request_id in ks]
-        first, computed = self._catch_up(running, ks)
+        first, computed = self._catch_up(running, ks, ahead or {})
         if first is None:
             return Proposals(num_draft_computed=computed)
         tokens, probs = [first[0]], [first[1]]
@@ -91,13 +94,13 @@ class DraftModelProposer:
             probs.append(p)
         return Proposals(self._hand_over(proposing, ks, tokens, probs), computed)
 
-    def _catch_up(self, running: list[Request], ks: dict[str, int]):
+    def _catch_up(self, running: list[Request], ks: dict[str, int], ahead: dict[str, int]):
         """The forward over what the draft lacks: (proposal 1 per proposing request and its
         distributions, or None when no request proposes; how far the draft's K/V reaches
         after it, by request id)."""
         segments = []
         for r in running:
-            end = r.num_tokens if r.request_id in ks else r.num_computed_tokens
+            end = r.num_tokens if r.request_id in ks else r.num_computed_tokens - ahead.get(r.request_id, 0)
             if end > r.num_draft_computed:
                 segments.append((r, r.num_draft_computed, end))
         if not segments:

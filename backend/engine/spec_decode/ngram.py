@@ -100,8 +100,9 @@ class NgramProposer:
     def propose(self, running: list, eligible: list[tuple[object, int]]) -> Proposals:
         proposals = Proposals({request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
                                for request, k in eligible})
-        # Arrays of requests no longer running go (a preempted one's is rebuilt on return).
+        # Arrays of requests that finished go (a preempted one's is rebuilt on return). Not
+        # by `running`: with async scheduling a speculating request sits out every other step.
         if len(self._tokens) > len(running):
-            keep = {r.request_id for r in running}
-            self._tokens = {rid: t for rid, t in self._tokens.items() if rid in keep}
+            self._tokens = {rid: t for rid, t in self._tokens.items()
+                            if (r := t.ref()) is not None and not r.is_finished}
         return proposals

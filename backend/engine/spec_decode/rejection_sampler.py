@@ -27,8 +27,10 @@ import torch
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
 
-# Row kinds in the verification plan.
-BONUS, POINT, DRAWN = 0, 1, 2
+# Row kinds in the verification plan. PLAIN: the one row of a request that verifies
+# nothing, drawn exactly as the plain sampler draws it (the same random numbers from a
+# seeded request's generator), so its tokens do not depend on who else speculates.
+BONUS, POINT, DRAWN, PLAIN = 0, 1, 2, 3
 
 
 class VerifyRow:
@@ -76,9 +78,10 @@ def verify_rows(scheduled: Sequence) -> list:
 @dataclass
 class VerifyPlan:
     proposals: torch.Tensor         # int64 [R]: the row's proposal, -1 on bonus rows
-    kinds: torch.Tensor             # int64 [R]: BONUS, POINT or DRAWN
+    kinds: torch.Tensor             # int64 [R]: BONUS, POINT, DRAWN or PLAIN
     drawn_rows: torch.Tensor        # int64 [N]: rows whose proposal was drawn from a draft distribution
     draft_probs: list[torch.Tensor]  # those distributions, [k_i, V] per request, rows in order
+    plain_rows: frozenset[int] = frozenset()    # host side: the PLAIN rows
 
 
 class RejectionSampler:
@@ -87,18 +90,20 @@ class RejectionSampler:
 
     def plan(self, scheduled: Sequence) -> VerifyPlan:
         """Host side: each row's proposal and kind, in one upload."""
-        proposals, kinds, drawn, probs = [], [], [], []
+        proposals, kinds, drawn, probs, plain = [], [], [], [], []
         for s in scheduled:
             spec = s.spec_token_ids
             drawn_from_draft = s.draft_probs is not None
             if drawn_from_draft:
                 drawn.extend(range(len(proposals), len(proposals) + len(spec)))
                 probs.append(s.draft_probs)
+            if not spec:
+                plain.append(len(proposals))
             proposals += spec + [-1]
-            kinds += [DRAWN if drawn_from_draft else POINT] * len(spec) + [BONUS]
+            kinds += [DRAWN if drawn_from_draft else POINT] * len(spec) + [BONUS if spec else PLAIN]
         R = len(proposals)
         dev = self._plan.upload(np.asarray(proposals + kinds + drawn, dtype=np.int64))
-        return VerifyPlan(dev[:R], dev[R:2 * R], dev[2 * R:], probs)
+        return VerifyPlan(dev[:R], dev[R:2 * R], dev[2 * R:], probs, frozenset(plain))
 
     def sample(self, sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, plan: VerifyPlan
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +118,7 @@ class RejectionSampler:
         greedy_accept = (target == proposals) & is_proposal
         if probs is None:                       # every row greedy
             return target, greedy_accept
+        raw = probs
         probs = probs / probs.sum(dim=-1, keepdim=True)     # top-p / min-p leave it unnormalised
         q = torch.zeros_like(probs)
         if plan.draft_probs:
@@ -121,13 +127,13 @@ class RejectionSampler:
         q.scatter_(1, safe, torch.where(point[:, None], 1.0, q.gather(1, safe)))
         p_d = probs.gather(1, safe)[:, 0]
         q_d = q.gather(1, safe)[:, 0]
-        u = sampler.noise(p_d[:, None], batch, "uniform")[:, 0]
+        u = sampler.noise(p_d[:, None], batch, "uniform", skip_seeded=plan.plain_rows)[:, 0]
         # u < p/q, written without the division (q(d) > 0 for every drawn proposal).
         sampled_accept = (u * q_d < p_d) & is_proposal
         residual = (probs - q).clamp(min=0.0)
         # p == q leaves nothing: then rejection was impossible, and p is as good a choice.
         empty = residual.sum(dim=-1, keepdim=True) <= 0.0
-        recovered = sampler.draw(torch.where(empty, probs, residual), batch)
+        recovered = sampler.draw(torch.where(empty | (plan.kinds == PLAIN)[:, None], raw, residual), batch)
         greedy = batch.params[:, TEMPERATURE] == 0.0
         return (torch.where(greedy, target, recovered), torch.where(greedy, greedy_accept, sampled_accept))
 

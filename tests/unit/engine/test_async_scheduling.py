@@ -1,8 +1,9 @@
 """Async scheduling (EngineArgs.async_scheduling) changes when the host works, never what
 a request gets: with it on and off, the same requests give the same tokens, text,
 finish reasons and logprobs (greedy and seeded; penalties, min_tokens, stop ids, stop
-strings, max_tokens, a grammar; with chunked prefill and preemption), and a cancelled
-request ends the same way. Every run ends with the block pool free."""
+strings, max_tokens, a grammar; with chunked prefill and preemption; with n-gram and
+draft-model speculation), and a cancelled request ends the same way. Every run ends with
+the block pool free."""
 
 import pytest
 
@@ -78,9 +79,64 @@ def test_cancellation_mid_stream_is_the_same(tiny_ckpt):
     assert results[0] == results[1]
 
 
-def test_async_scheduling_is_off_where_it_would_not_be_exact(tiny_ckpt):
-    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
-    assert LLM(tiny_ckpt, num_kv_blocks=16).engine.async_scheduling
-    assert not LLM(tiny_ckpt, num_kv_blocks=16, speculative_config=spec).engine.async_scheduling
-    with pytest.raises(ConfigError, match="async_scheduling=true is not supported where speculative_config"):
-        LLM(tiny_ckpt, num_kv_blocks=16, speculative_config=spec, async_scheduling=True)
+def _speculation_mix(tok_ids: list[int]) -> list[SamplingParams]:
+    """Requests that speculate (greedy, seeded, with stops and max_tokens) beside requests
+    that cannot (logprobs, or speculation switched off), greedy and seeded."""
+    return [
+        SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=25, temperature=0.8, seed=7, repetition_penalty=1.2),
+        SamplingParams(max_tokens=20, temperature=0, logprobs=2),
+        SamplingParams(max_tokens=28, temperature=0.9, seed=11, speculative_decoding=False, frequency_penalty=0.3),
+        SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[tok_ids[2]], min_tokens=5),
+        SamplingParams(max_tokens=1, temperature=0),
+        SamplingParams(max_tokens=22, temperature=0, stop=["e t"]),
+    ]
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "draft_same",
+], ids=["ngram", "draft_model"])
+def test_speculation_with_async_scheduling_is_identical_to_in_series(tiny_ckpt, spec):
+    """With speculation, async scheduling is on by default: a request that may speculate
+    sits out the step launched while its own is in flight, the others run every step.
+    Tokens, text, finish reasons, logprobs and the proposals verified equal the engine
+    in series, greedy and seeded, and steps really overlap with verifications."""
+    if spec == "draft_same":
+        spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 3}
+    prompts = ["the cat sat on the mat. the cat sat on the mat. the cat", "a b a b a b a b",
+               "1, 2, 3, 1, 2, 3, 1,", "Hello hello hello", "the end. the end. the", "x", "once upon a time"]
+    results, stats = [], []
+    for mode in (None, False):          # the default (on) and in series
+        llm = LLM(tiny_ckpt, speculative_config=spec, async_scheduling=mode, block_size=8, num_kv_blocks=256,
+                  max_num_batched_tokens=48)
+        engine = llm.engine
+        assert engine.async_scheduling is (mode is None)
+        overlapped = []
+        launch = engine.runner.launch
+
+        def recording(sched, prev=None):
+            if prev is not None:       # a step launched while another is in flight
+                overlapped.append(any(s.spec_token_ids for s in (*sched.scheduled, *prev.sched.scheduled)))
+            return launch(sched, prev)
+        engine.runner.launch = recording
+        outs = llm.generate(prompts, _speculation_mix(llm.tokenizer.encode("a b c d")))
+        assert_pool_free(engine)
+        results.append([(o.token_ids, o.text, o.finish_reason,
+                         [{t: pytest.approx(lp.logprob, abs=1e-4) for t, lp in e.items()} for e in o.logprobs]
+                         if o.logprobs else None) for o in outs])
+        stats.append({k: v for k, v in llm.stats().items() if k.startswith("spec_decode")})
+        assert any(overlapped) is (mode is None)
+    assert results[0] == results[1]
+    assert stats[0] == stats[1] and stats[0]["spec_decode_num_drafts"] > 0
+    if spec["method"] == "draft_model":     # (the tiny model's text defeats lookup: n-gram proposals are rejected)
+        assert stats[0]["spec_decode_num_accepted_tokens"] > 0
+    assert {f for _, _, f, _ in results[0]} >= {"stop", "length"}
+
+
+def test_async_scheduling_is_refused_where_it_would_not_be_exact():
+    from backend.config import EngineArgs
+    assert EngineArgs.create(model="m").use_async_scheduling
+    assert not EngineArgs.create(model="m", tensor_parallel_size=2).use_async_scheduling
+    with pytest.raises(ConfigError, match="async_scheduling=true is not supported where tensor_parallel_size=2"):
+        EngineArgs.create(model="m", tensor_parallel_size=2, async_scheduling=True)
