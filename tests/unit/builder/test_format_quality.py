@@ -24,8 +24,10 @@ def test_the_training_script_reproduces_the_shipped_run(tmp_path):
 
 
 def test_format_perplexity_on_the_trained_model(trained_ckpt, tmp_path, monkeypatch):
-    """The trained model's held-out perplexity as documented; bf16 lowest, FP8 and INT8
-    within their stated tolerance, INT4 above those and within its bound; a quantizer whose scales are off by 2x fails the check; and
+    """The trained model's held-out perplexity as documented; bf16 lowest, FP8 (static,
+    dynamic, block-wise), INT8, W8A8 and the INT8 KV cache within their stated tolerance,
+    INT4 and bitsandbytes NF4/FP4 above those and within their bounds; quantizers whose
+    scales are off by 2x (FP8 built, NF4 written) fail the check; and
     `python -m clients.quality` computes the same figures from the entries."""
     from backend import LLM
     from builder.perplexity import checkpoint_windows, engine_perplexity
@@ -49,6 +51,18 @@ def test_format_perplexity_on_the_trained_model(trained_ckpt, tmp_path, monkeypa
     broken = build_and_measure(trained_ckpt, str(tmp_path / "broken"), FORMAT_ROWS[1])
     with pytest.raises(AssertionError, match=r"fp8 \S+ is \+\S+% over bfloat16(.|\n)*fp8 top-1 agreement"):
         check_format_rows({**reports, "fp8": broken})
+    # A written NF4 checkpoint (no double quant) whose block absmax is 2x.
+    import dataclasses
+
+    import tests.helpers.bnb_checkpoints as bnb
+    good4 = bnb.quantize_4bit
+    monkeypatch.setattr(bnb, "quantize_4bit", lambda *a, **k: {
+        key: t * 2 if key == ".absmax" else t for key, t in good4(*a, **k).items()})
+    nf4 = dataclasses.replace(next(row for row in FORMAT_ROWS if row.name == "nf4"),
+                              write=lambda src, out: bnb.write_bnb(src, out, "nf4", double_quant=False))
+    broken = build_and_measure(trained_ckpt, str(tmp_path / "broken-nf4"), nf4)
+    with pytest.raises(AssertionError, match=r"nf4 \S+ is \+\S+% over bfloat16(.|\n)*nf4 top-1 agreement"):
+        check_format_rows({**reports, "nf4": broken})
     measured = {name: r["perplexity"]["perplexity"] for name, r in reports.items()}
     # clients.quality on the build's own held-out texts gives the build's figures.
     from builder.fp8 import default_texts

@@ -107,6 +107,15 @@ def test_triton_w8a8_gemm_equals_the_exact_reference():
         # The reference is the integer product: against a float64 dot of the dequantized values.
         exact = (xq.double() * xs.double()[:, None]) @ (wq.double() * ws.double()[:, None]).t()
         torch.testing.assert_close(want.double(), exact + (0 if b is None else b.double()), rtol=1e-5, atol=1e-5)
+    # The integer accumulator itself is exact where fp32 sums are not (K * 2^14 > 2^24):
+    # every int32 sum equals Python's integer dot, the extremes included.
+    from backend.models.w8a8 import int8_matmul_exact
+    xq = torch.randint(-128, 128, (3, 4096), generator=g, dtype=torch.int8)
+    wq = torch.randint(-128, 128, (5, 4096), generator=g, dtype=torch.int8)
+    xq[0], wq[0], xq[1], wq[1, ::3] = -128, -128, 127, 127     # sums near 2^26, odd steps: fp32 rounds them
+    got = int8_matmul_exact(xq, wq)
+    assert got.dtype == torch.int32 and int(got[0, 0]) == 4096 * 128 * 128
+    assert got.tolist() == [[sum(a * b for a, b in zip(r, c)) for c in wq.tolist()] for r in xq.tolist()]
 
 
 def test_unsupported_w8a8_variants_and_options_name_the_field(outlier_base, tmp_path):
