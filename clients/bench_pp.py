@@ -13,6 +13,11 @@ sampler) waits for the last stage's logits; rank 1 (stage 1) waits for the next 
 plan and for stage 0's hidden state. The configurations alternate, `repeats` times;
 medians are shown, and the greedy tokens of both must agree. On CPU the two ranks share
 the machine's cores (cores / 2 threads each: one each on a 2-core machine).
+
+Overlap can only pay if the machine runs the two ranks at once at full speed, so the
+run ends with what it does: a stage-sized matmul loop (one thread) timed alone and in two
+processes at once (`parallel speed-up`: 2.0 on two free cores, 1.0 when the two
+processes only take turns, e.g. cores shared with other work).
 """
 
 from __future__ import annotations
@@ -48,6 +53,35 @@ def decode_run(llm, batch: int, tokens: int, prompt_len: int = 32, seed: int = 0
     times = engine.workers.stage_times(engine.model)
     generated = batch * (tokens + 1) - start_tokens
     return generated / elapsed, times, [r.output_token_ids for r in requests]
+
+
+def _matmul_loop(hidden: int, rows: int, seconds: float, out) -> None:
+    import torch
+    torch.set_num_threads(1)
+    weights = [torch.randn(hidden, hidden * 11 // 4) for _ in range(12)]
+    x = torch.randn(rows, hidden)
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for w in weights:
+            x @ w
+        n += 1
+    out.put(n / (time.perf_counter() - t0))
+
+
+def parallel_speedup(hidden: int, rows: int, seconds: float = 4.0) -> float:
+    """Passes per second of two one-thread processes at once over one alone."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    rates = []
+    for n in (1, 2):
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_matmul_loop, args=(hidden, rows, seconds, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        rates.append(sum(out.get(timeout=120) for _ in procs))
+        for p in procs:
+            p.join()
+    return rates[1] / rates[0]
 
 
 def main(argv=None) -> None:
@@ -86,6 +120,9 @@ def main(argv=None) -> None:
         tps = statistics.median(t for t, _ in runs)
         waits = [statistics.median(times[r][0] / times[r][1] for _, times in runs) for r in range(2)]
         print(f"{batches:>9} {tps:>13.1f} {tps / one:>6.2f} {waits[0]:>14.0%} {waits[1]:>14.0%}")
+    print(f"parallel speed-up of this machine for two one-thread processes (matmuls of a stage's shape, "
+          f"{args.batch // 2} rows): {parallel_speedup(args.hidden, args.batch // 2):.2f}; load average "
+          f"{os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
