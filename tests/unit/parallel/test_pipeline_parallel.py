@@ -89,4 +89,7 @@ def test_pipeline_stages_give_the_single_rank_greedy_tokens(ckpt_dir):
             assert stats["num_total_blocks"] == blocks
             assert stats["bytes_per_rank"] == _expected_bytes(cfg, tp, pp, blocks)
             print(f"tp={tp} pp={pp}: (weight, KV) bytes per rank {stats['bytes_per_rank']}")
+            # Each rank's bubble timers (seconds waiting on other ranks, seconds since reset).
+            times = llm.engine.workers.stage_times(llm.engine.model)
+            assert len(times) == tp * pp and all(0 <= w <= t for w, t in times), times
             assert_pool_free(llm)
