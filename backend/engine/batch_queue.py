@@ -68,13 +68,18 @@ class BatchQueue:
                     launched = True
             if not self.queue or (launched and len(self.queue) < self.max_concurrent_batches):
                 return []
-            return self._collect(self.queue.popleft())
+            return self._collect()
         except Exception as e:
             self.workers.raise_if_dead(wait_s=1.0, cause=e)     # name the rank whose death broke it
             raise
 
-    def _collect(self, launched: LaunchedStep) -> list[EngineCoreOutput]:
-        self.stage_model.wait_logits()
+    def _collect(self) -> list[EngineCoreOutput]:
+        """The oldest batch: its logits awaited (none when no row samples: a prompt chunk
+        alone), sampled, and its result applied; it stays in the queue until then."""
+        launched = self.queue[0]
+        if launched.logits is not None:
+            self.stage_model.wait_logits()
+        self.queue.popleft()
         self.runner.sample(launched)
         return self._update(launched.sched, self.runner.collect(launched))
 

@@ -7,6 +7,11 @@ prefix hits, P micro-batches in flight by default (batch_queue.py: they overlap,
 request is preempted while its batch is in flight) and one when asked; each rank's
 weight and KV bytes equal the planner's."""
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from backend import LLM, EngineArgs, SamplingParams
@@ -56,6 +61,28 @@ def _expected_bytes(cfg, tp: int, pp: int, blocks: int) -> list[tuple[int, int]]
             for stage in plan.stages(cfg, tp, pp) for _ in range(tp)]
 
 
+def _launches_past_a_busy_stage(llm, prompts, expected) -> None:
+    """Rank 0 launches two batches while stage 1 cannot take anything (its process
+    stopped): no send of rank 0's waits for a busy stage (gloo's would: its send and
+    broadcast root wait for the receiver). Then the tokens are still transformers'."""
+    engine, worker = llm.engine, llm.engine.workers.procs[0]
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        stepping = threading.Thread(target=lambda: [engine.step() for _ in range(2)], daemon=True)
+        stepping.start()        # launch B0; launch B1, then wait for B0's logits
+        deadline = time.monotonic() + 30
+        while len(engine.batch_queue.queue) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.batch_queue.queue) == 2, "rank 0 waited for the stopped stage"
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    stepping.join(60)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [r.output_token_ids for r in requests] == expected
+
+
 def test_pipeline_stages_give_the_single_rank_greedy_tokens(ckpt_dir):
     # Qwen2: tied embeddings, qkv bias; 3 layers: an uneven split.
     path = make_checkpoint(str(ckpt_dir / "pp_qwen2_3l"), "qwen2", num_hidden_layers=3)
@@ -82,6 +109,8 @@ def test_pipeline_stages_give_the_single_rank_greedy_tokens(ckpt_dir):
                 assert stats["max_concurrent_batches"] == pp
                 assert stats["num_overlapped_batches"] > stats["num_batches"] // 2, stats
                 assert any(in_flight_preempted), in_flight_preempted
+                if tp == 1:
+                    _launches_past_a_busy_stage(llm, prompts[:2], expected[:2])
             else:
                 assert "num_overlapped_batches" not in stats
             assert stats["prefix_cache_hit_tokens"] >= 60
