@@ -141,8 +141,12 @@ class EngineArgs(BaseModel):
     # each on CUDA, gloo between processes on CPU.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     # vLLM's name: the layers split into this many stages of tensor_parallel_size ranks
-    # each (backend/parallel/pipeline.py); one batch in flight.
+    # each (backend/parallel/pipeline.py).
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    # vLLM's name (its config's): micro-batches in flight at once under pipeline
+    # parallelism (backend/engine/batch_queue.py), each a disjoint set of requests. None:
+    # pipeline_parallel_size, as vLLM; 1: one batch at a time (P-1 stages idle).
+    max_concurrent_batches: Optional[int] = Field(None, ge=1, le=64)
     # vLLM's names: the ranks spread over nnodes machines. This process is the head
     # (node 0); the others run `python -m backend.parallel.node` and meet it through the
     # TCP store it serves at master_addr:master_port (default: MASTER_ADDR, MASTER_PORT,
@@ -273,6 +277,9 @@ class EngineArgs(BaseModel):
 
     def _check_pipeline(self) -> None:
         pp = self.pipeline_parallel_size
+        if self.max_concurrent_batches is not None and self.max_concurrent_batches > pp:
+            raise ValueError(f"max_concurrent_batches={self.max_concurrent_batches} must be at most "
+                             f"pipeline_parallel_size ({pp}): one batch per stage")
         if pp > 1:
             off = (f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else
                    "speculative_config is set" if self.speculative_config is not None else
@@ -285,6 +292,10 @@ class EngineArgs(BaseModel):
         if self.nnodes > 1 and world % self.nnodes:
             raise ValueError(f"nnodes={self.nnodes}: tensor_parallel_size x pipeline_parallel_size = {world} ranks "
                              "must divide evenly over the nodes")
+
+    @property
+    def num_batches_in_flight(self) -> int:
+        return self.max_concurrent_batches or self.pipeline_parallel_size
 
     @property
     def world_size(self) -> int:

@@ -135,8 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--kv-cache", default="bf16", choices=list(KV_DTYPES))
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--pp", type=int, nargs="+", default=[1], help="pipeline stages (each of --tp GPUs)")
-    p.add_argument("--micro-batches", type=int, default=1, help="batches in flight, for the pipeline bubble "
-                   "(the engine runs 1)")
+    p.add_argument("--micro-batches", type=int, help="batches in flight, for the pipeline bubble (default: each "
+                   "row's P, as the engine's max_concurrent_batches)")
     p.add_argument("--context-lens", type=int, nargs="+", default=[2048, 8192, 32768])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)

@@ -22,7 +22,8 @@ KV heads than ranks. With pipeline parallelism (--pp) each stage holds its layer
 (backend/parallel/pipeline.py's split), stage 0 the embedding, the last stage the final
 norm and the LM head (its own copy of a tied embedding); the rows give the fullest stage's
 GPU, and the pipeline bubble: with M micro-batches in flight over P stages each GPU idles
-1 - min(M, P) / P of a decode step's time (the engine keeps M = 1 for now).
+1 - min(M, P) / P of a decode step's time (the engine's default M = P:
+max_concurrent_batches, backend/engine/batch_queue.py).
 """
 
 from __future__ import annotations
@@ -198,14 +199,14 @@ class MemoryRow:
 
 def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: float, weights: list[str],
                 kv_dtype: str, tps: list[int], context_lens: list[int], block_size: int,
-                max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: int = 1) -> list[MemoryRow]:
+                max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: Optional[int] = None) -> list[MemoryRow]:
     rows = []
     act_bytes = 4 if kv_dtype == "float32" else 2
     for pp in pps:
         for tp in tps:
             for w in weights:
                 rows.append(_memory_row(cfg, gpu_memory_gb * 2**30 * gpu_memory_utilization, w, kv_dtype, tp, pp,
-                                        context_lens, block_size, max_num_seqs, act_bytes, micro_batches))
+                                        context_lens, block_size, max_num_seqs, act_bytes, micro_batches or pp))
     return rows
 
 
@@ -267,9 +268,10 @@ def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[Cos
         out.append(f"{par} {r.weights:>8} {r.weight_bytes_per_rank / gib:>9.2f} "
                    f"{r.kv_bytes_per_token_per_rank / 1024:>13.1f} {r.kv_budget_bytes_per_rank / gib:>12.2f} {seqs}")
     if pipeline:
-        m = rows[0].micro_batches
+        ms = sorted({r.micro_batches for r in rows if r.pp > 1}) or [1]
+        m = str(ms[0]) if len(ms) == 1 else "P"
         out.append(f"GiB/GPU and KV: the fullest pipeline stage's GPU; bubble: the share of a decode step each GPU "
-                   f"idles with {m} micro-batch{'es' if m > 1 else ''} in flight")
+                   f"idles with {m} micro-batch{'' if m == '1' else 'es'} in flight")
     if cost:
         out.append(f"workload: {cost.replicas} replica(s) x {cost.gpus_per_replica} GPU(s) at "
                    f"${cost.gpu_price_per_hour:.2f}/h = ${cost.monthly_cost:,.0f}/month")

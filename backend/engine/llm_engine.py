@@ -26,6 +26,7 @@ import torch
 
 from backend.config import ConfigError, EngineArgs
 from backend.engine import profile_run, sizing
+from backend.engine.batch_queue import BatchQueue
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
 from backend.engine.cuda_graphs import capture_decode_graphs, verify_query_len
@@ -198,6 +199,9 @@ class LLMEngine(RequestIntake):
         # result the next core_step collects.
         self.async_scheduling = args.use_async_scheduling
         self._in_flight: Optional[LaunchedStep] = None
+        # Pipeline parallelism: micro-batches in flight (batch_queue.py).
+        self.batch_queue = (BatchQueue(args.num_batches_in_flight, self.scheduler, self.runner, self._update)
+                            if args.num_batches_in_flight > 1 else None)
         freeze_heap()
 
     def _profile_memory(self, kv_dtype: torch.dtype) -> sizing.MemoryProfile:
@@ -250,7 +254,8 @@ class LLMEngine(RequestIntake):
         return self.scheduler.num_generation_tokens_total
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
+        return (self.scheduler.num_unfinished > 0 or self._in_flight is not None
+                or (self.batch_queue is not None and self.batch_queue.busy))
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -273,6 +278,8 @@ class LLMEngine(RequestIntake):
         # (a moment's wait for a grammar when nothing else could run)
         outputs = self._expire_deadlines(self.clock()) + self.scheduler.update_grammars(
             wait_s=0.01 if not self.scheduler.running and self._in_flight is None else 0.0)
+        if self.batch_queue is not None:
+            return outputs + self.batch_queue.step()
         sched = self.scheduler.schedule()
         prev, self._in_flight = self._in_flight, None
         if sched.is_empty and prev is None:
@@ -337,4 +344,5 @@ class LLMEngine(RequestIntake):
             "max_model_len": self.max_model_len,
             **(self.speculator.stats() if self.speculator is not None else {}),
             **(self.scheduler.lora_stats() if self.lora is not None else {}),
+            **(self.batch_queue.stats() if self.batch_queue is not None else {}),
         }

@@ -62,6 +62,10 @@ class Scheduler:
         # Speculative decoding with async scheduling (llm_engine.py): whether a request may
         # propose tokens, so that it is not scheduled while its step is in flight.
         self.may_speculate: Optional[Callable[[Request], bool]] = None
+        # Pipeline micro-batches (backend/engine/batch_queue.py): when set, the requests of
+        # steps scheduled but not yet updated are in flight and left out of later steps.
+        self.exclude_in_flight = False
+        self.in_flight: set[str] = set()
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -123,13 +127,18 @@ class Scheduler:
                 "waiting_lora_adapters": names(list(self.waiting)), "max_loras": self.max_loras}
 
     # -------------------------------------------------------------- scheduling
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_batch_seqs: Optional[int] = None) -> SchedulerOutput:
+        """max_batch_seqs: at most this many requests in the step (a micro-batch's share)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        max_batch_seqs = max_batch_seqs or self.max_num_seqs
 
         idx = 0
-        while idx < len(self.running) and budget > 0:
+        while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
             request = self.running[idx]
+            if request.request_id in self.in_flight:
+                idx += 1                    # in another micro-batch still in flight
+                continue
             if request.num_output_placeholders and (
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
                 idx += 1                    # its step in flight brings its last token
@@ -168,8 +177,12 @@ class Scheduler:
         can_admit = not out.preempted
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         skipped: list[Request] = []
-        while can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(out.scheduled) < max_batch_seqs):
             request = self.waiting[0]
+            if request.request_id in self.in_flight:
+                skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
+                continue
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
                 skipped.append(self.waiting.popleft())      # admitted once its grammar is ready
                 continue
@@ -206,6 +219,8 @@ class Scheduler:
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        if self.exclude_in_flight:
+            self.in_flight.update(s.request.request_id for s in out.scheduled)
         return out
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
@@ -281,6 +296,7 @@ class Scheduler:
         its pooled vector. Returns one EngineCoreOutput per request that got tokens or
         finished."""
         outputs = []
+        self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
             if request.is_finished:

@@ -49,6 +49,14 @@ class CaptureMessage(_IntFields):
 
 
 @dataclasses.dataclass(frozen=True)
+class StageTimesMessage(_IntFields):
+    """Pipeline parallelism: every rank answers (gather) with the nanoseconds it waited on
+    other ranks and the nanoseconds since its timers were last reset; then resets them
+    if `reset`."""
+    reset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class StepMessage:
     """Run one step. The uploaded buffer prefix follows (plan[0] elements), then, with
     LoRA, each scheduled request's adapter index."""
@@ -72,8 +80,8 @@ class StepMessage:
         return cls(tuple(values[:n]), graph, bool(values[n + 2]))
 
 
-Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage]
-_KINDS: tuple[type, ...] = (StopMessage, SetupMessage, StepMessage, CaptureMessage)
+Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage, StageTimesMessage]
+_KINDS: tuple[type, ...] = (StopMessage, SetupMessage, StepMessage, CaptureMessage, StageTimesMessage)
 HEADER_LEN = 1 + max(StepMessage.WIDTH, *(len(dataclasses.fields(k)) for k in _KINDS if k is not StepMessage))
 
 

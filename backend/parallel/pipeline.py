@@ -11,14 +11,19 @@ over the same block ids, decided by the one scheduler; a stage's KV cache has it
 layers only. Between stages the hidden state and the residual stream (vLLM's
 IntermediateTensors) move by point-to-point send/recv from each rank to its peer (same
 tp_rank) in the next stage; the last stage's logits go back to rank 0, where the
-sampler runs. Stages run one after another for a step: one batch in flight (vLLM's
-micro-batches, which keep every stage busy, are not done here).
+sampler runs. Each stage runs the steps in the order rank 0 launched them, so with
+several micro-batches in flight (backend/engine/batch_queue.py) a block one batch
+writes and a later batch reuses is written by the later one last, on every stage.
+Sends are asynchronous (a stage never waits for a busy next stage to take its hidden
+state); rank 0 may defer the wait for a batch's logits (`defer_logits`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.models.config import ModelConfig
+from backend.parallel.pending import PendingWorks
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -97,9 +103,11 @@ class PipelineStage:
         return True
 
     # ------------------------------------------------------------ point to point
-    def send_intermediate(self, hidden: torch.Tensor, residual: torch.Tensor) -> None:
-        """To the next stage: the hidden state and the residual stream, as one tensor."""
-        dist.send(torch.stack([hidden, residual]).contiguous(), self.peer(self.rank + 1))
+    def send_intermediate(self, hidden: torch.Tensor, residual: torch.Tensor, pending: PendingWorks) -> None:
+        """To the next stage: the hidden state and the residual stream, as one tensor
+        (asynchronously: the next stage may still be busy with an earlier batch)."""
+        both = torch.stack([hidden, residual]).contiguous()
+        pending.add(dist.isend(both, self.peer(self.rank + 1)), both)
 
     def recv_intermediate(self, num_tokens: int, hidden_size: int, dtype: torch.dtype,
                           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +161,11 @@ class PipelineStageModel(nn.Module):
       empty [T, 0] tensor (the runner's row selection applies to it at no cost); the
       last returns the normed hidden state.
     - compute_logits: the last stage computes them (gathered over its tensor-parallel
-      ranks) and sends them to rank 0, which receives them; other ranks return None."""
+      ranks) and sends them to rank 0, which receives them; other ranks return None.
+      With `defer_logits` (micro-batches in flight) rank 0 only posts the receive and
+      returns the tensor it fills; `wait_logits` waits for the oldest one.
+    `wait_s`: seconds this rank has spent waiting on another stage (for a hidden state,
+    or rank 0 for logits): its share of the pipeline bubble."""
 
     def __init__(self, lm: nn.Module, stage: PipelineStage, dtype: torch.dtype) -> None:
         super().__init__()
@@ -161,6 +173,10 @@ class PipelineStageModel(nn.Module):
         self.stage = stage
         self.config = lm.config
         self.dtype = dtype
+        self.defer_logits = False
+        self.wait_s = 0.0
+        self._sends = PendingWorks()
+        self._logits_recvs: deque = deque()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         lm, stage = self.lm, self.stage
@@ -168,12 +184,14 @@ class PipelineStageModel(nn.Module):
         if stage.is_first:
             x, residual = lm.embed(input_ids), None
         else:
+            start = time.perf_counter()
             x, residual = stage.recv_intermediate(T, self.config.hidden_size, self.dtype, input_ids.device)
+            self.wait_s += time.perf_counter() - start
         for i in range(stage.start_layer, stage.end_layer):
             x, residual = lm.model.layers[i](x, residual, positions, lm.rotary_for(i),
                                              kv_caches[i - stage.start_layer], meta)
         if not stage.is_last:
-            stage.send_intermediate(x, residual)
+            stage.send_intermediate(x, residual, self._sends)
             return x.new_empty(T, 0)
         norm = lm.model.norm
         return lm.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
@@ -189,8 +207,17 @@ class PipelineStageModel(nn.Module):
         if stage.world_rank != 0:
             return None
         logits = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=self.dtype, device=hidden.device)
-        dist.recv(logits, self.peer_with_logits)
+        self._logits_recvs.append(dist.irecv(logits, self.peer_with_logits))
+        if not self.defer_logits:
+            self.wait_logits()
         return logits
+
+    def wait_logits(self) -> None:
+        """Rank 0: wait until the oldest launched step's logits have arrived (the last
+        stage sends them in launch order)."""
+        start = time.perf_counter()
+        self._logits_recvs.popleft().wait()
+        self.wait_s += time.perf_counter() - start
 
     @property
     def peer_with_logits(self) -> int:

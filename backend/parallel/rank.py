@@ -5,6 +5,7 @@ runs each step rank 0 plans, until told to stop or rank 0 goes away."""
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -13,7 +14,8 @@ from backend.engine.cuda_graphs import capture_decode_graphs
 from backend.engine.step_inputs import StepInputBuilder
 from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
-from backend.parallel.messages import HEADER_LEN, CaptureMessage, SetupMessage, StepMessage, decode
+from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StageTimesMessage, StepMessage,
+                                       decode)
 from backend.parallel.workers import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share, kv_bytes,
                                       model_bytes)
 
@@ -72,10 +74,25 @@ def worker_main(spec: WorkerSpec) -> None:
                              lora=lora)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
                     dst=0, group=ctrl)
+        # Pipeline bubble timers (StageTimesMessage): time spent waiting for the next plan
+        # (idle) and, in the stage's forward, for the previous stage's hidden state.
+        idle_s, since = 0.0, time.perf_counter()
         with torch.inference_mode():
             while True:
+                start = time.perf_counter()
                 dist.broadcast(header, 0, group=ctrl)
+                idle_s += time.perf_counter() - start
                 message = decode(header)
+                if isinstance(message, StageTimesMessage):
+                    now = time.perf_counter()
+                    waited = idle_s + getattr(model, "wait_s", 0.0)
+                    dist.gather(torch.tensor([int(waited * 1e9), int((now - since) * 1e9)], dtype=torch.int64),
+                                None, dst=0, group=ctrl)
+                    if message.reset:
+                        idle_s, since = 0.0, now
+                        if stage is not None:
+                            model.wait_s = 0.0
+                    continue
                 if isinstance(message, CaptureMessage):
                     graphs = capture_decode_graphs(runner, message.max_num_seqs, message.max_model_len,
                                                    message.verify_query_len)

@@ -35,7 +35,9 @@ from backend.engine.cuda_graphs import DecodeGraphs
 from backend.engine.errors import EngineDeadError
 from backend.engine.step_inputs import GraphShape
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
-from backend.parallel.messages import CaptureMessage, Message, SetupMessage, StepMessage, StopMessage, encode
+from backend.parallel.messages import (CaptureMessage, Message, SetupMessage, StageTimesMessage, StepMessage,
+                                       StopMessage, encode)
+from backend.parallel.pending import PendingWorks
 from backend.parallel.pipeline import PipelineStage
 
 logger = logging.getLogger(__name__)
@@ -137,6 +139,13 @@ class TensorParallelWorkers:
         self.tp: TensorParallel = self._join(spec, spec.join_timeout_s)
         self.stage = PipelineStage.of(0, spec.tp_size, spec.pp_size, num_layers) if spec.pp_size > 1 else None
         self.ctrl = control_group()
+        # Micro-batches in flight (backend/engine/batch_queue.py): the step messages go
+        # out asynchronously, so rank 0 never waits for a stage still busy with an
+        # earlier batch to take the next plan (gloo's broadcast root waits for every
+        # receiver). The ranks receive them in issue order, as if sent one by one.
+        self.nonblocking = False
+        self._pending = PendingWorks()
+        self._times_since = time.perf_counter()
 
     def _join(self, spec: WorkerSpec, timeout_s: float) -> TensorParallel:
         """Rendezvous with the workers, failing fast (not after the store's timeout) when
@@ -192,9 +201,23 @@ class TensorParallelWorkers:
         lora_modules (-1: base); the ranks make the same slot choices from them."""
         self.check_health()
         self._send(StepMessage(tuple(plan), graph, lora_ids is not None))
-        dist.broadcast(host_prefix(plan[0]), 0, group=self.ctrl)
+        self._broadcast(host_prefix(plan[0]))
         if lora_ids is not None:
-            dist.broadcast(torch.tensor(lora_ids, dtype=torch.int64), 0, group=self.ctrl)
+            self._broadcast(torch.tensor(lora_ids, dtype=torch.int64))
+
+    def stage_times(self, model, reset: bool = False) -> list[tuple[float, float]]:
+        """Pipeline parallelism: every rank's (seconds spent waiting on other ranks,
+        seconds since the timers were reset), rank 0 first (`model`: its stage's
+        PipelineStageModel). Call from the engine thread between steps."""
+        self._pending.wait_all()
+        self._send(StageTimesMessage(int(reset)))
+        now = time.perf_counter()
+        mine = torch.tensor([int(model.wait_s * 1e9), int((now - self._times_since) * 1e9)], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.gather(mine, parts, dst=0, group=self.ctrl)
+        if reset:
+            model.wait_s, self._times_since = 0.0, now
+        return [(int(p[0]) / 1e9, int(p[1]) / 1e9) for p in parts]
 
     def capture_graphs(self, capture: Callable[[], Optional[DecodeGraphs]], max_num_seqs: int,
                        max_model_len: int, verify_query_len: int = 0) -> Optional[DecodeGraphs]:
@@ -208,7 +231,14 @@ class TensorParallelWorkers:
         return graphs
 
     def _send(self, message: Message) -> None:
-        dist.broadcast(encode(message), 0, group=self.ctrl)
+        self._broadcast(encode(message))
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        if not self.nonblocking:
+            dist.broadcast(tensor, 0, group=self.ctrl)
+            return
+        tensor = tensor.clone()         # (the step buffer it views is rebuilt by the next step)
+        self._pending.add(dist.broadcast(tensor, 0, group=self.ctrl, async_op=True), tensor)
 
     def _dead(self) -> str:
         local = [f"tensor parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}"
@@ -241,6 +271,8 @@ class TensorParallelWorkers:
         self._closed = True
         if dist.is_initialized() and not self._dead():
             try:
+                self.nonblocking = False
+                self._pending.wait_all()
                 self._send(StopMessage())
             except Exception:       # a rank died meanwhile; the kill below covers it
                 pass

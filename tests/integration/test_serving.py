@@ -2,9 +2,11 @@
 streaming and non-streaming, HTTP, cancellation, errors. Each test ends with the block
 pool fully free (checked on the metrics endpoint).
 
-Every test runs twice: against the session's server (one rank), and against a server of
-its own whose model is split over two ranks (tensor_parallel_size=2, gloo on CPU), with
-the same expectations: the single-rank offline engine's tokens."""
+Every test runs three times: against the session's server (one rank), against a server
+of its own whose model is split over two ranks (tensor_parallel_size=2, gloo on CPU),
+and against one whose layers are split into two pipeline stages (pipeline_parallel_size=2,
+two micro-batches in flight), with the same expectations: the single-rank offline
+engine's tokens."""
 
 import os
 
@@ -27,12 +29,13 @@ PROMPTS = [f"The {w} statement" for w in ("assert", "pass", "del", "return", "yi
 GREEDY = {"max_tokens": 20, "min_tokens": 20, "temperature": 0}
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[None, "tensor_parallel_size", "pipeline_parallel_size"],
+                ids=["tp1", "tp2", "pp2"])
 def server(request, server, tmp_path_factory, tiny_ckpt):
-    if request.param == 1:
+    if request.param is None:
         yield server
         return
-    repo = build_repo(tmp_path_factory.mktemp("repo_tp2"), tiny_ckpt, tensor_parallel_size=2)
+    repo = build_repo(tmp_path_factory.mktemp("repo_" + request.param), tiny_ckpt, **{request.param: 2})
     with TritonServer(repo, log_path=os.path.join(repo, "..", "server.log"), supervised=True) as srv:
         yield srv
 
