@@ -14,6 +14,7 @@ from backend.engine.bad_words import resolve as resolve_bad_words
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError, check_token_ids
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
+from backend.engine.sampling_row import SamplingRow
 from backend.lora import cache_salt
 from backend.sampling_params import SamplingParams
 
@@ -79,6 +80,7 @@ class RequestIntake:
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
             cache_salt=cache_salt(params.lora_name), pooling=pooling,
+            sampling_row=SamplingRow.of(params, eos, self.model_config.vocab_size),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))
         self.scheduler.add_request(request)     # a guided one waits there for its grammar

@@ -12,6 +12,7 @@ from backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from backend.engine.bad_words import BadWords
+    from backend.engine.sampling_row import SamplingRow
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +52,9 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     generator: Optional[torch.Generator] = None
+    # The sampling settings as the sampler reads them each step, worked out at intake
+    # (backend/engine/sampling_row.py); None: the sampler works them out itself.
+    sampling_row: Optional["SamplingRow"] = None
     # The request's bad words as token sequences (backend/engine/bad_words.py), resolved
     # once at intake; None: none.
     bad_words: Optional["BadWords"] = None

@@ -30,13 +30,11 @@ from backend.engine.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.logprobs import LogprobRows
 from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
+from backend.engine.sampling_row import SamplingRow
 
 # Columns of the per-row parameter tensor.
 TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(7)
 NUM_COLUMNS = 7
-# top_p at or above 1 keeps everything; stored as 2 so that rounding in the cumulative
-# sum can never drop a tail token of a row that asked for no top-p.
-_NO_TOP_P = 2.0
 
 
 class PenaltyRows(NamedTuple):
@@ -98,20 +96,20 @@ class Sampler:
         slots: list[Optional[list[int]]] = [None, None]       # per row: repetition, counted
         any_counted = False
         for i, r in enumerate(requests):
-            p = r.sampling_params
-            top_k = p.top_k if 0 < p.top_k < vocab_size else 0
-            params_rows.append((p.temperature, top_k, p.top_p if p.top_p < 1.0 else _NO_TOP_P, p.min_p,
-                                p.repetition_penalty, p.presence_penalty, p.frequency_penalty))
-            if p.greedy:
+            row = r.sampling_row            # (worked out at intake: sampling_row.py)
+            if row is None or row.vocab_size != vocab_size:
+                row = SamplingRow.of(r.sampling_params, r.eos_token_ids, vocab_size)
+            params_rows.append(row.params)
+            if row.greedy:
                 n_greedy += 1
             else:
-                max_top_k = max(max_top_k, top_k)
-                any_top_p |= p.top_p < 1.0
-                any_min_p |= p.min_p > 0.0
+                if row.top_k > max_top_k:
+                    max_top_k = row.top_k
+                any_top_p |= row.any_top_p
+                any_min_p |= row.any_min_p
                 if r.generator is not None:
                     seeded.append((i, r.generator))
-            repetition = p.repetition_penalty != 1.0
-            counted = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            repetition, counted = row.repetition, row.counted
             if repetition or counted:
                 request = getattr(r, "verified_request", None)
                 proposed = r.proposed if request is not None else ()
@@ -129,19 +127,16 @@ class Sampler:
                 ids = r.bad_words.banned(r)
                 banned[0].extend([i] * len(ids))
                 banned[1].extend(ids)
-            if r.num_output_tokens < p.min_tokens:
-                stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
-                ids = sorted(t for t in stop if 0 <= t < vocab_size)
-                banned[0].extend([i] * len(ids))
-                banned[1].extend(ids)
-            if p.logprobs is not None:
+            if row.min_tokens and r.num_output_tokens < row.min_tokens:
+                banned[0].extend([i] * len(row.min_tokens_banned))
+                banned[1].extend(row.min_tokens_banned)
+            if row.logprobs is not None:
                 want_logprobs[0].append(i)
-                want_logprobs[1].append(p.logprobs)
-            if p.logit_bias:
-                ids = [t for t in p.logit_bias if 0 <= t < vocab_size]
-                biased[0].extend([i] * len(ids))
-                biased[1].extend(ids)
-                bias_values += [p.logit_bias[t] for t in ids]
+                want_logprobs[1].append(row.logprobs)
+            if row.bias_ids:
+                biased[0].extend([i] * len(row.bias_ids))
+                biased[1].extend(row.bias_ids)
+                bias_values += row.bias_values
         rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
         rows[:] = params_rows
         if not any_counted:

@@ -37,11 +37,19 @@ class VerifyRow:
     """A request as its logits row after `proposed` tokens sees it: those tokens count as
     output, as they would when decoding one token at a time. The sampler reads the
     request's own penalty state plus `proposed` (nothing is copied per row)."""
-    __slots__ = ("verified_request", "proposed")
+    __slots__ = ("verified_request", "proposed", "sampling_params", "sampling_row", "generator", "bad_words",
+                 "eos_token_ids")
 
     def __init__(self, request, proposed: list[int]) -> None:
         self.verified_request = request
         self.proposed = proposed
+        # What the sampler reads of every row, copied (fixed for the request's life):
+        # read through __getattr__ they would cost a failed lookup each.
+        self.sampling_params = request.sampling_params
+        self.sampling_row = request.sampling_row
+        self.generator = request.generator
+        self.bad_words = request.bad_words
+        self.eos_token_ids = request.eos_token_ids
 
     def __getattr__(self, name: str):
         return getattr(self.verified_request, name)
