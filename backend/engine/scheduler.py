@@ -10,11 +10,8 @@ its blocks are freed and it recomputes later (its generated tokens are kept).
 
 Speculative decoding adds a decoding request's proposed tokens to its step (they are
 verified in the same forward): budgeted like any token, dropped first when the budget
-or the pool is short, and rolled back after the step when rejected. With async
-scheduling, a request that may speculate sits out the step scheduled while its own is in
-flight: its positions (how many proposals stand) and its next proposals (looked up in
-its tokens) are known only when that step's result is in, so it runs every other step,
-each verifying its proposals, while the others run every step.
+or the pool is short, and rolled back after the step when rejected. The proposals' own
+share of the scheduler's state is in spec_decode/proposal_slots.py.
 
 With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
 waiting request under another adapter waits, and the requests behind it may go first.
@@ -26,20 +23,20 @@ shares them, so `n` > 1 children compute their prompt once.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Optional
+from typing import Optional
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
-from backend.engine.spec_decode.speculator import Proposals
+from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.stop_checker import check_stop
 from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.models.rotary import long_rope_salt
 
 
-class Scheduler:
+class Scheduler(ProposalSlots):
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None) -> None:
         self.kv_cache = kv_cache
@@ -59,9 +56,6 @@ class Scheduler:
         # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
         self.long_rope_original: Optional[int] = None
         self.num_long_rope_restarts = 0
-        # Speculative decoding with async scheduling (llm_engine.py): whether a request may
-        # propose tokens, so that it is not scheduled while its step is in flight.
-        self.may_speculate: Optional[Callable[[Request], bool]] = None
         # Pipeline micro-batches (backend/engine/batch_queue.py): when set, the requests of
         # steps scheduled but not yet updated are in flight and left out of later steps.
         self.exclude_in_flight = False
@@ -244,19 +238,6 @@ class Scheduler:
         if scheduled.completes_prompt and not request.pooling:     # (a pooling request samples nothing)
             request.num_output_placeholders += 1
 
-    def _reclaim_proposal_blocks(self, start: int) -> bool:
-        """Before anyone is preempted: the blocks that running requests not yet scheduled
-        in this step hold only for their proposals (the draft model writes its proposals'
-        K/V there) go back to the pool, and those proposals are dropped. True when a block
-        came back."""
-        freed = False
-        for r in self.running[start:]:
-            if self.kv_cache.num_blocks_beyond(r, r.num_computed_tokens + 1):
-                r.spec_token_ids, r.draft_probs = [], None
-                self.kv_cache.trim(r, r.num_computed_tokens + 1)
-                freed = True
-        return freed
-
     def _preempt(self, request: Request, long_rope_restart: bool = False) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
@@ -349,27 +330,3 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is not None:
             self.finish_request(request, FinishReason.STOP)
-
-    def reserve_lookahead(self, eligible: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
-        """Slots for what a draft model writes before the next step, the newest token's K/V
-        and proposals 1..k-1 (vLLM's num_lookahead_tokens): k where the pool has room, else
-        1 (the newest token alone, one proposal), else none for that request."""
-        reserved = []
-        for request, k in eligible:
-            if self.kv_cache.allocate_slots(request, k):
-                reserved.append((request, k))
-            elif self.kv_cache.allocate_slots(request, 1):
-                reserved.append((request, 1))
-        return reserved
-
-    def set_proposals(self, proposals: Proposals) -> None:
-        """The speculator's result: each request's proposals for the next step (tokens, the
-        draft's distributions or None), and how far the draft model's K/V now reaches."""
-        for request_id, num in proposals.num_draft_computed.items():
-            request = self.requests.get(request_id)
-            if request is not None:
-                request.num_draft_computed = num
-        for request_id, (tokens, probs) in proposals.tokens.items():
-            request = self.requests.get(request_id)
-            if request is not None and request.status == RequestStatus.RUNNING:
-                request.spec_token_ids, request.draft_probs = tokens, probs
