@@ -309,6 +309,11 @@ class LLMEngine(RequestIntake):
             self.speculator.record(sched.scheduled)
             running = [s.request for s in sched.scheduled if not s.request.is_finished]
             eligible = self.speculator.eligible(running)
+            if in_flight is not None:
+                # A request in the step in flight (its next prompt chunk) proposes after
+                # that step: its tokens there are not computed yet.
+                busy = {s.request.request_id for s in in_flight.scheduled}
+                eligible = [(r, k) for r, k in eligible if r.request_id not in busy]
             if self.speculator.needs_lookahead_slots:
                 eligible = self.scheduler.reserve_lookahead(eligible)
             self.scheduler.set_proposals(self.speculator.propose(running, eligible, in_flight))

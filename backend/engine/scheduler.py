@@ -280,13 +280,13 @@ class Scheduler(ProposalSlots):
         self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
+            if s.spec_token_ids and tokens:     # (counted even if it ended meanwhile: the metrics)
+                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
             if request.is_finished:
                 continue                    # finished or aborted since it was scheduled
             if s.completes_prompt:
                 request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
             if request.status == RequestStatus.RUNNING:     # (not preempted since: async scheduling)
-                if s.spec_token_ids and tokens:
-                    s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
                 if s.num_rejected:
                     request.num_computed_tokens -= s.num_rejected
                     # The accepted tokens plus the one sampled after them (no K/V yet).

@@ -72,10 +72,11 @@ class DraftModelProposer:
         """`ahead`: by request id, tokens scheduled in the step in flight (async
         scheduling): the draft catches up to where the target's collected steps reach."""
         ks = {request.request_id: k for request, k in eligible}
-        proposing = [r for r in running if r.request_id in ks]
         first, computed = self._catch_up(running, ks, ahead or {})
         if first is None:
             return Proposals(num_draft_computed=computed)
+        # The catch-up's rows: the proposing requests it had tokens for (each then has one).
+        proposing = [r for r in running if r.request_id in ks and r.request_id in computed]
         tokens, probs = [first[0]], [first[1]]
         active = proposing
         for j in range(1, max(ks.values())):

@@ -98,20 +98,23 @@ def _speculation_mix(tok_ids: list[int]) -> list[SamplingParams]:
     "draft_same",
 ], ids=["ngram", "draft_model"])
 def test_speculation_with_async_scheduling_is_identical_to_in_series(tiny_ckpt, spec):
-    """With speculation, async scheduling is on by default: a request that may speculate
-    sits out the step launched while its own is in flight, the others run every step.
-    Tokens, text, finish reasons, logprobs and the proposals verified equal the engine
-    in series, greedy and seeded, and steps really overlap with verifications."""
+    """With speculation and async scheduling, a request that may speculate sits out the
+    step launched while its own is in flight, the others run every step. Tokens, text,
+    finish reasons, logprobs and the proposals verified equal the engine in series,
+    greedy and seeded (seeded: while the budget leaves every step its proposals, as here;
+    a schedule that cuts a seeded request's proposals differently draws its random
+    numbers differently, in either mode equally exact), and steps really overlap with
+    verifications."""
     if spec == "draft_same":
         spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 3}
     prompts = ["the cat sat on the mat. the cat sat on the mat. the cat", "a b a b a b a b",
                "1, 2, 3, 1, 2, 3, 1,", "Hello hello hello", "the end. the end. the", "x", "once upon a time"]
     results, stats = [], []
-    for mode in (None, False):          # the default (on) and in series
+    for mode in (True, False):
         llm = LLM(tiny_ckpt, speculative_config=spec, async_scheduling=mode, block_size=8, num_kv_blocks=256,
                   max_num_batched_tokens=48)
         engine = llm.engine
-        assert engine.async_scheduling is (mode is None)
+        assert engine.async_scheduling is mode
         overlapped = []
         launch = engine.runner.launch
 
@@ -126,7 +129,7 @@ def test_speculation_with_async_scheduling_is_identical_to_in_series(tiny_ckpt, 
                          [{t: pytest.approx(lp.logprob, abs=1e-4) for t, lp in e.items()} for e in o.logprobs]
                          if o.logprobs else None) for o in outs])
         stats.append({k: v for k, v in llm.stats().items() if k.startswith("spec_decode")})
-        assert any(overlapped) is (mode is None)
+        assert any(overlapped) is mode
     assert results[0] == results[1]
     assert stats[0] == stats[1] and stats[0]["spec_decode_num_drafts"] > 0
     if spec["method"] == "draft_model":     # (the tiny model's text defeats lookup: n-gram proposals are rejected)
@@ -137,6 +140,53 @@ def test_speculation_with_async_scheduling_is_identical_to_in_series(tiny_ckpt, 
 def test_async_scheduling_is_refused_where_it_would_not_be_exact():
     from backend.config import EngineArgs
     assert EngineArgs.create(model="m").use_async_scheduling
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1}
+    assert EngineArgs.create(model="m", speculative_config=ngram).use_async_scheduling
+    draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+    assert not EngineArgs.create(model="m", speculative_config=draft).use_async_scheduling
     assert not EngineArgs.create(model="m", tensor_parallel_size=2).use_async_scheduling
     with pytest.raises(ConfigError, match="async_scheduling=true is not supported where tensor_parallel_size=2"):
         EngineArgs.create(model="m", tensor_parallel_size=2, async_scheduling=True)
+
+
+def test_draft_catches_up_one_collected_step_at_a_time(tiny_ckpt):
+    """A prompt chunked under a small budget: when its first chunk is collected, its last
+    chunk is in flight and the request looks ready to propose. The draft waits for that
+    chunk (eligible requests leave out those in the step in flight) instead of catching up
+    on both at once, past its buffers; tokens equal the engine in series."""
+    spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 3}
+    outs = []
+    for mode in (True, False):
+        llm = LLM(tiny_ckpt, speculative_config=spec, async_scheduling=mode, block_size=4, num_kv_blocks=64,
+                  max_num_batched_tokens=10, max_num_seqs=8)
+        outs.append(llm.generate([list(range(10, 31)), list(range(40, 53))],
+                                 SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)))
+        assert_pool_free(llm.engine)
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+
+
+def test_a_verification_in_flight_when_its_request_is_aborted_still_counts_its_rejections(tiny_ckpt):
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    engine = LLM(tiny_ckpt, speculative_config=spec, block_size=8, num_kv_blocks=256).engine
+    r = engine.add_request("a b a b a b a b a b a b", SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+    engine.add_request("x", SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, speculative_decoding=False))
+    verifying = None
+    for _ in range(200):
+        engine.step()
+        if engine._in_flight is not None:
+            verifying = next((s for s in engine._in_flight.sched.scheduled
+                              if s.request is r and s.spec_token_ids), None)
+            if verifying is not None:
+                break
+    assert verifying is not None
+    before = engine.stats()["spec_decode_num_accepted_tokens"]
+    engine.abort_request(r.request_id)
+    engine.step()                                   # collects the aborted request's verification
+    accepted = engine.stats()["spec_decode_num_accepted_tokens"] - before
+    # (the tiny model's text defeats lookup: its proposals are rejected)
+    assert verifying.num_rejected > 0 and accepted == len(verifying.spec_token_ids) - verifying.num_rejected
+    for request_id in list(engine.scheduler.requests):
+        engine.abort_request(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_pool_free(engine)
