@@ -144,32 +144,55 @@ def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
     assert shm_regions() <= regions_before
 
 
+STALL_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def stall_server(tmp_path_factory, tiny_ckpt):
+    """One supervised server for both faults of test_stalled_engine_detected_and_recovered
+    (each test recovers it, and counts only its own failures): a server start and stop
+    less in CI than one each."""
+    repo, srv, load_time = started(tmp_path_factory.mktemp("stall"), tiny_ckpt,
+                                   engine_stall_timeout_s=STALL_TIMEOUT_S)
+    with running(srv):
+        yield repo, srv, load_time
+
+
+def counts_since(before: dict, after: dict) -> tuple[dict, int]:
+    """The failures by kind and the recoveries between two /status bodies."""
+    failures = {k: n - before["failures"].get(k, 0) for k, n in after["failures"].items()
+                if n != before["failures"].get(k, 0)}
+    return failures, after["recoveries"] - before["recoveries"]
+
+
 @pytest.mark.parametrize("fault,kind", [("stall", "engine_stalled"), ("hang_gil", "backend_unresponsive")])
-def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind):
+def test_stalled_engine_detected_and_recovered(stall_server, fault, kind):
     """stall: the in-process watchdog sees no step for engine_stall_timeout_s, fails the
     streams and unloads; the supervisor loads the model again. hang_gil: nothing in the
     process runs, its heartbeat goes stale, the supervisor kills it and restarts."""
-    stall_timeout = 2.0
-    repo, srv, load_time = started(tmp_path, tiny_ckpt, engine_stall_timeout_s=stall_timeout)
-    with running(srv):
-        reference = greedy(srv)
-        streams = Streams(srv, 4)
-        wait_until(lambda: metric(srv, "vllm:num_requests_running") == 4, 30)
-        t_fault = time.monotonic()
-        trigger(repo, fault)
-        unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
-        new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
-        assert new.error, "served while recovering"
-        streams.join(stall_timeout + 10)
-        assert len(streams.ended) == 4, "a stream hung"
-        assert all(r.error for r in streams.results.values())
-        if fault == "stall":
-            assert all("no engine step completed" in r.error for r in streams.results.values())
-        assert_recovered(srv, reference, load_time, t_fault + unhealthy)
-        status = supervisor_json(srv, "/status")[1]
-        assert status["failures"] == {kind: 1} and status["recoveries"] == 1, status
-        print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s; "
-              f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
+    stall_timeout = STALL_TIMEOUT_S
+    repo, srv, load_time = stall_server
+    # The server is serving (the fixture's first start, or the previous fault's recovery).
+    wait_until(lambda: srv.model_ready("llm") and supervisor_json(srv, "/ready")[0] == 200, load_time + 10)
+    before = supervisor_json(srv, "/status")[1]
+    reference = greedy(srv)
+    streams = Streams(srv, 4)
+    wait_until(lambda: metric(srv, "vllm:num_requests_running") == 4, 30)
+    t_fault = time.monotonic()
+    trigger(repo, fault)
+    unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
+    new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
+    assert new.error, "served while recovering"
+    streams.join(stall_timeout + 10)
+    assert len(streams.ended) == 4, "a stream hung"
+    assert all(r.error for r in streams.results.values())
+    if fault == "stall":
+        assert all("no engine step completed" in r.error for r in streams.results.values())
+    assert_recovered(srv, reference, load_time, t_fault + unhealthy)
+    status = supervisor_json(srv, "/status")[1]
+    assert counts_since(before, status) == ({kind: 1}, 1), (before, status)
+    print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s; "
+          f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
 
 
 def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path, tiny_ckpt):
