@@ -148,14 +148,21 @@ STALL_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def stall_server(tmp_path_factory, tiny_ckpt):
-    """One supervised server for both faults of test_stalled_engine_detected_and_recovered
-    (each test recovers it, and counts only its own failures): a server start and stop
-    less in CI than one each."""
-    repo, srv, load_time = started(tmp_path_factory.mktemp("stall"), tiny_ckpt,
-                                   engine_stall_timeout_s=STALL_TIMEOUT_S)
-    with running(srv):
-        yield repo, srv, load_time
+def shared_server(tmp_path_factory, tiny_ckpt):
+    """A supervised server shared by the tests below that need one serving, with a short
+    stall timeout: each test leaves it recovered and counts only its own failures, and a
+    test that stops it (the shutdown test, last) leaves the next caller a fresh one. Two
+    server starts and stops less in CI than one server per test."""
+    servers = []
+
+    def get():
+        if not servers or servers[-1][1].proc.poll() is not None:
+            servers.append(started(tmp_path_factory.mktemp("shared"), tiny_ckpt,
+                                   engine_stall_timeout_s=STALL_TIMEOUT_S))
+        return servers[-1]
+    yield get
+    for _, srv, _ in servers:
+        srv.stop()
 
 
 def counts_since(before: dict, after: dict) -> tuple[dict, int]:
@@ -166,12 +173,12 @@ def counts_since(before: dict, after: dict) -> tuple[dict, int]:
 
 
 @pytest.mark.parametrize("fault,kind", [("stall", "engine_stalled"), ("hang_gil", "backend_unresponsive")])
-def test_stalled_engine_detected_and_recovered(stall_server, fault, kind):
+def test_stalled_engine_detected_and_recovered(shared_server, fault, kind):
     """stall: the in-process watchdog sees no step for engine_stall_timeout_s, fails the
     streams and unloads; the supervisor loads the model again. hang_gil: nothing in the
     process runs, its heartbeat goes stale, the supervisor kills it and restarts."""
     stall_timeout = STALL_TIMEOUT_S
-    repo, srv, load_time = stall_server
+    repo, srv, load_time = shared_server()
     # The server is serving (the fixture's first start, or the previous fault's recovery).
     wait_until(lambda: srv.model_ready("llm") and supervisor_json(srv, "/ready")[0] == 200, load_time + 10)
     before = supervisor_json(srv, "/status")[1]
@@ -195,8 +202,8 @@ def test_stalled_engine_detected_and_recovered(stall_server, fault, kind):
           f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
 
 
-def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path, tiny_ckpt):
-    repo, srv, _ = started(tmp_path, tiny_ckpt)
+def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(shared_server):
+    repo, srv, _ = shared_server()
     streams = Streams(srv, 2)
     try:
         wait_until(lambda: metric(srv, "vllm:num_requests_running") == 2, 30)
