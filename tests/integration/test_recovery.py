@@ -16,6 +16,7 @@ import pytest
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
 from supervisor.triton_api import http_request
+from supervisor.processes import stubs_of
 from tests.helpers.faults import backend_pid, build_fault_repo, trigger
 from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
@@ -103,77 +104,121 @@ def shm_regions() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend_shm_region_")}
 
 
-def test_killed_backend_three_times_in_a_row(tmp_path, tiny_ckpt):
-    regions_before = shm_regions()
-    repo, srv, load_time = started(tmp_path, tiny_ckpt)
-    with running(srv):
-        reference = greedy(srv)
-        for round_ in range(1, 4):
-            streams = Streams(srv, 8)
-            wait_until(lambda: metric(srv, "vllm:num_requests_running") == 8, 30)
-            t_kill = time.monotonic()
-            os.kill(backend_pid(repo), signal.SIGKILL)
-            not_ready = wait_until(lambda: not srv.model_ready("llm"), 5)
-            code, ready = supervisor_json(srv, "/ready")
-            assert code == 503 and "backend_died" in ready["reason"], ready
-            assert supervisor_json(srv, "/live")[0] == 200  # live while recovering
-            t_new = time.monotonic()
-            new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
-            assert new.error and "UNAVAILABLE" in new.error and time.monotonic() - t_new < 5, new.error
-            streams.join(10)
-            assert len(streams.ended) == 8, "a stream hung"
-            assert all(streams.ended[i] - t_kill < 10 for i in range(8))
-            assert all(r.error and len(r.token_ids) < 1000 for r in streams.results.values())
-            assert_recovered(srv, reference, load_time, t_kill)
-            print(f"round {round_}: not ready after {not_ready:.2f}s, streams ended after "
-                  f"{max(streams.ended.values()) - t_kill:.2f}s, serving after {time.monotonic() - t_kill:.1f}s "
-                  f"(load time {load_time:.1f}s); a new request meanwhile got: {new.error}")
-        status = supervisor_json(srv, "/status")[1]
-        assert status["failures"] == {"backend_died": 3} and status["recoveries"] == 3
-        assert status["state"] == "serving" and status["last_recovery_s"] < load_time + 10
-        assert supervisor_metric(srv, 'llm_backend_failures_total{kind="backend_died"}') == 3
-        assert supervisor_metric(srv, "llm_backend_recoveries_total") == 3
-        assert 'llm_backend_last_failure_info{kind="backend_died"' in srv.supervisor("/metrics")[1]
-        # Each restarted server restricts its admin groups with the same key, model-config
-        # included (the default: the session's server opens it for perf_analyzer).
-        url = f"http://{srv.http_url}"
-        assert http_request(url + "/v2/models/llm/config")[0] == 403
-        assert http_request(url + "/v2/models/llm/config", headers=srv.admin_headers)[0] == 200
-        assert http_request(url + "/v2/repository/models/llm/unload", "POST")[0] == 403
+STALL_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory, tiny_ckpt):
+    """A supervised server shared by the tests below that need one serving (the three
+    kills, the stall faults, the shutdown after a kill), with a short stall timeout: each
+    test leaves it recovered and counts only its own failures, and a test that stops it
+    (the shutdown test, last) leaves the next caller a fresh one. Three server starts and
+    stops less in CI than one server per test."""
+    servers = []
+
+    def get():
+        """(repository, server, its load time, the shared-memory regions before it started)"""
+        if not servers or servers[-1][1].proc.poll() is not None:
+            regions = shm_regions()
+            servers.append((*started(tmp_path_factory.mktemp("shared"), tiny_ckpt,
+                                     engine_stall_timeout_s=STALL_TIMEOUT_S), regions))
+        return servers[-1]
+    yield get
+    for _, srv, _, _ in servers:
+        srv.stop()
+
+
+def counts_since(before: dict, after: dict) -> tuple[dict, int]:
+    """The failures by kind and the recoveries between two /status bodies."""
+    failures = {k: n - before["failures"].get(k, 0) for k, n in after["failures"].items()
+                if n != before["failures"].get(k, 0)}
+    return failures, after["recoveries"] - before["recoveries"]
+
+
+def live_regions(repo: str) -> set[str]:
+    return {stub.shm_region for stub in stubs_of() if stub.model_path.startswith(repo)}
+
+
+def test_killed_backend_three_times_in_a_row(shared_server):
+    repo, srv, load_time, regions_before = shared_server()
+    wait_until(lambda: srv.model_ready("llm") and supervisor_json(srv, "/ready")[0] == 200, load_time + 10)
+    before = supervisor_json(srv, "/status")[1]
+    failures_before = {kind: supervisor_metric(srv, f'llm_backend_failures_total{{kind="{kind}"}}')
+                       for kind in before["failures"]}
+    recoveries_before = supervisor_metric(srv, "llm_backend_recoveries_total")
+    reference = greedy(srv)
+    for round_ in range(1, 4):
+        streams = Streams(srv, 8)
+        wait_until(lambda: metric(srv, "vllm:num_requests_running") == 8, 30)
+        t_kill = time.monotonic()
+        os.kill(backend_pid(repo), signal.SIGKILL)
+        not_ready = wait_until(lambda: not srv.model_ready("llm"), 5)
+        code, ready = supervisor_json(srv, "/ready")
+        assert code == 503 and "backend_died" in ready["reason"], ready
+        assert supervisor_json(srv, "/live")[0] == 200  # live while recovering
+        t_new = time.monotonic()
+        new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
+        assert new.error and "UNAVAILABLE" in new.error and time.monotonic() - t_new < 5, new.error
+        streams.join(10)
+        assert len(streams.ended) == 8, "a stream hung"
+        assert all(streams.ended[i] - t_kill < 10 for i in range(8))
+        assert all(r.error and len(r.token_ids) < 1000 for r in streams.results.values())
+        assert_recovered(srv, reference, load_time, t_kill)
+        print(f"round {round_}: not ready after {not_ready:.2f}s, streams ended after "
+              f"{max(streams.ended.values()) - t_kill:.2f}s, serving after {time.monotonic() - t_kill:.1f}s "
+              f"(load time {load_time:.1f}s); a new request meanwhile got: {new.error}")
+    status = supervisor_json(srv, "/status")[1]
+    assert counts_since(before, status) == ({"backend_died": 3}, 3), (before, status)
+    assert status["state"] == "serving" and status["last_recovery_s"] < load_time + 10
+    assert supervisor_metric(srv, 'llm_backend_failures_total{kind="backend_died"}') == \
+        failures_before.get("backend_died", 0) + 3
+    assert supervisor_metric(srv, "llm_backend_recoveries_total") == recoveries_before + 3
+    assert 'llm_backend_last_failure_info{kind="backend_died"' in srv.supervisor("/metrics")[1]
+    # Each restarted server restricts its admin groups with the same key, model-config
+    # included (the default: the session's server opens it for perf_analyzer).
+    url = f"http://{srv.http_url}"
+    assert http_request(url + "/v2/models/llm/config")[0] == 403
+    assert http_request(url + "/v2/models/llm/config", headers=srv.admin_headers)[0] == 200
+    assert http_request(url + "/v2/repository/models/llm/unload", "POST")[0] == 403
     # Killed servers cannot unlink their backends' shared memory: the supervisor does.
-    assert shm_regions() <= regions_before
+    # Only the serving stub's region is new (the shutdown test, which stops this server,
+    # checks that none is left after the stop).
+    assert shm_regions() - regions_before <= live_regions(repo), (shm_regions() - regions_before,
+                                                                  live_regions(repo))
 
 
 @pytest.mark.parametrize("fault,kind", [("stall", "engine_stalled"), ("hang_gil", "backend_unresponsive")])
-def test_stalled_engine_detected_and_recovered(tmp_path, tiny_ckpt, fault, kind):
+def test_stalled_engine_detected_and_recovered(shared_server, fault, kind):
     """stall: the in-process watchdog sees no step for engine_stall_timeout_s, fails the
     streams and unloads; the supervisor loads the model again. hang_gil: nothing in the
     process runs, its heartbeat goes stale, the supervisor kills it and restarts."""
-    stall_timeout = 2.0
-    repo, srv, load_time = started(tmp_path, tiny_ckpt, engine_stall_timeout_s=stall_timeout)
-    with running(srv):
-        reference = greedy(srv)
-        streams = Streams(srv, 4)
-        wait_until(lambda: metric(srv, "vllm:num_requests_running") == 4, 30)
-        t_fault = time.monotonic()
-        trigger(repo, fault)
-        unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
-        new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
-        assert new.error, "served while recovering"
-        streams.join(stall_timeout + 10)
-        assert len(streams.ended) == 4, "a stream hung"
-        assert all(r.error for r in streams.results.values())
-        if fault == "stall":
-            assert all("no engine step completed" in r.error for r in streams.results.values())
-        assert_recovered(srv, reference, load_time, t_fault + unhealthy)
-        status = supervisor_json(srv, "/status")[1]
-        assert status["failures"] == {kind: 1} and status["recoveries"] == 1, status
-        print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s; "
-              f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
+    stall_timeout = STALL_TIMEOUT_S
+    repo, srv, load_time, _ = shared_server()
+    # The server is serving (the fixture's first start, or the previous fault's recovery).
+    wait_until(lambda: srv.model_ready("llm") and supervisor_json(srv, "/ready")[0] == 200, load_time + 10)
+    before = supervisor_json(srv, "/status")[1]
+    reference = greedy(srv)
+    streams = Streams(srv, 4)
+    wait_until(lambda: metric(srv, "vllm:num_requests_running") == 4, 30)
+    t_fault = time.monotonic()
+    trigger(repo, fault)
+    unhealthy = wait_until(lambda: supervisor_json(srv, "/ready")[0] == 503, stall_timeout + 5)
+    new = StreamingRequest(srv.grpc_url).run("A new request", GREEDY, timeout_s=30)
+    assert new.error, "served while recovering"
+    streams.join(stall_timeout + 10)
+    assert len(streams.ended) == 4, "a stream hung"
+    assert all(r.error for r in streams.results.values())
+    if fault == "stall":
+        assert all("no engine step completed" in r.error for r in streams.results.values())
+    assert_recovered(srv, reference, load_time, t_fault + unhealthy)
+    status = supervisor_json(srv, "/status")[1]
+    assert counts_since(before, status) == ({kind: 1}, 1), (before, status)
+    print(f"{fault}: unhealthy after {unhealthy:.2f}s, serving after {time.monotonic() - t_fault:.1f}s; "
+          f"streams got: {streams.results[0].error}; a new request meanwhile got: {new.error}")
 
 
-def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path, tiny_ckpt):
-    repo, srv, _ = started(tmp_path, tiny_ckpt)
+def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(shared_server):
+    repo, srv, _, regions_before = shared_server()
     streams = Streams(srv, 2)
     try:
         wait_until(lambda: metric(srv, "vllm:num_requests_running") == 2, 30)
@@ -187,6 +232,9 @@ def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(tmp_path
     streams.join(10)
     assert len(streams.ended) == 2 and all(r.error for r in streams.results.values())
     assert code == 0 and elapsed < 10, (code, elapsed)  # Triton's exit timeout is 30 s
+    # No shared memory is left of any stub this server had: the ones killed here and in
+    # the tests before (which shared it), and the one that served.
+    assert shm_regions() <= regions_before
     print(f"shutdown right after a kill: exited {code} after {elapsed:.1f}s")
 
 
