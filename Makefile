@@ -34,7 +34,7 @@ model: $(STAMP)
 	$(PY) -m builder default --repository model_repository
 
 test: $(STAMP) tritonserver
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
