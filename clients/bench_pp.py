@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 import numpy as np
 
-from clients.bench_tp import make_checkpoint
+from clients.bench_tp import add_model_args, checkpoint_from_args
 
 
 def decode_run(llm, batch: int, tokens: int, prompt_len: int = 32, seed: int = 0) -> tuple[float, list, list]:
@@ -89,17 +88,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--checkpoint", help="use this checkpoint instead of building one")
+    add_model_args(ap, vocab=8192)
     args = ap.parse_args(argv)
     from backend import LLM
-    path = args.checkpoint or make_checkpoint(
-        os.path.join(tempfile.gettempdir(), f"paged_llm_bench_pp_{args.hidden}x{args.layers}v{args.vocab}"),
-        args.hidden, args.layers, args.heads, args.kv_heads, args.vocab)
+    path = checkpoint_from_args(args, f"paged_llm_bench_pp_{args.hidden}x{args.layers}v{args.vocab}")
     results: dict[int, list[tuple[float, list]]] = {}
     tokens: dict[int, list] = {}
     for _ in range(args.repeats):

@@ -25,6 +25,22 @@ import time
 import numpy as np
 
 
+def add_model_args(ap: argparse.ArgumentParser, vocab: int) -> None:
+    """The random Llama's shape, as bench_tp and bench_pp take it."""
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=vocab)
+    ap.add_argument("--checkpoint", help="use this checkpoint instead of building one")
+
+
+def checkpoint_from_args(args: argparse.Namespace, name: str) -> str:
+    """--checkpoint, or the random Llama of the given shape (built once, kept in the temp dir)."""
+    return args.checkpoint or make_checkpoint(os.path.join(tempfile.gettempdir(), name), args.hidden, args.layers,
+                                              args.heads, args.kv_heads, args.vocab)
+
+
 def make_checkpoint(path: str, hidden: int, layers: int, heads: int, kv_heads: int, vocab: int) -> str:
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
@@ -126,17 +142,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--checkpoint", help="use this checkpoint instead of building one")
+    add_model_args(ap, vocab=32000)
     args = ap.parse_args(argv)
     from backend import LLM
-    path = args.checkpoint or make_checkpoint(
-        os.path.join(tempfile.gettempdir(), f"paged_llm_bench_tp_{args.hidden}x{args.layers}"),
-        args.hidden, args.layers, args.heads, args.kv_heads, args.vocab)
+    path = checkpoint_from_args(args, f"paged_llm_bench_tp_{args.hidden}x{args.layers}")
     results: dict[tuple[int, int], list[tuple[float, dict]]] = {}
     for _ in range(args.repeats):
         for tp in (1, 2):
