@@ -309,14 +309,15 @@ class LLMEngine(RequestIntake):
             self.speculator.record(sched.scheduled)
             running = [s.request for s in sched.scheduled if not s.request.is_finished]
             eligible = self.speculator.eligible(running)
-            if in_flight is not None:
-                # A request in the step in flight (its next prompt chunk) proposes after
-                # that step: its tokens there are not computed yet.
-                busy = {s.request.request_id for s in in_flight.scheduled}
-                eligible = [(r, k) for r, k in eligible if r.request_id not in busy]
+            # Tokens each request has in the step in flight (async scheduling): counted as
+            # computed, not computed yet. Such a request (its next prompt chunk) proposes
+            # after that step; the draft catches the others up to the collected steps.
+            ahead = {s.request.request_id: s.num_new_tokens for s in in_flight.scheduled} if in_flight else {}
+            if ahead:
+                eligible = [(r, k) for r, k in eligible if r.request_id not in ahead]
             if self.speculator.needs_lookahead_slots:
                 eligible = self.scheduler.reserve_lookahead(eligible)
-            self.scheduler.set_proposals(self.speculator.propose(running, eligible, in_flight))
+            self.scheduler.set_proposals(self.speculator.propose(running, eligible, ahead))
         return outputs
 
     # ------------------------------------------------------------------ stats

@@ -277,7 +277,8 @@ class Scheduler(ProposalSlots):
         its pooled vector. Returns one EngineCoreOutput per request that got tokens or
         finished."""
         outputs = []
-        self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
+        if self.in_flight:                  # (pipeline micro-batches only)
+            self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
             if s.spec_token_ids and tokens:     # (counted even if it ended meanwhile: the metrics)

@@ -87,6 +87,8 @@ class NgramProposer:
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max
         self._tokens: dict[str, _TokenArray] = {}
+        # Arrays are pruned when their number passes this (amortized: the mark doubles).
+        self._prune_at = 64
 
     def tokens(self, request) -> np.ndarray:
         """The request's tokens as an array, from its kept array plus its new tokens."""
@@ -100,9 +102,12 @@ class NgramProposer:
     def propose(self, running: list, eligible: list[tuple[object, int]]) -> Proposals:
         proposals = Proposals({request.request_id: (lookup(self.tokens(request), self.n_min, self.n_max, k), None)
                                for request, k in eligible})
-        # Arrays of requests that finished go (a preempted one's is rebuilt on return). Not
-        # by `running`: with async scheduling a speculating request sits out every other step.
-        if len(self._tokens) > len(running):
+        # Arrays of requests that finished go (a preempted one's stays while it still describes
+        # the request: sync checks). Not by `running`: with async scheduling a speculating
+        # request sits out every other step. Pruned only past a doubling mark, so a step
+        # does not walk every array.
+        if len(self._tokens) > self._prune_at:
             self._tokens = {rid: t for rid, t in self._tokens.items()
                             if (r := t.ref()) is not None and not r.is_finished}
+            self._prune_at = max(64, 2 * len(self._tokens))
         return proposals

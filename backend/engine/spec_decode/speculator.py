@@ -62,15 +62,15 @@ class Speculator:
                 eligible.append((r, k))
         return eligible
 
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]], in_flight=None) -> Proposals:
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]],
+                ahead: Optional[dict[str, int]] = None) -> Proposals:
         """Proposals for the next step of `eligible` (their slots reserved when the
         proposer writes K/V); `running` are the step's running requests (the draft catches
-        up on them). `in_flight` (a SchedulerOutput, with async scheduling): the step on the
-        device now, whose tokens count as computed but are not yet. Nothing here changes a
+        up on them). `ahead` (async scheduling): by request id, its tokens in the step on
+        the device now, which count as computed but are not yet. Nothing here changes a
         request: the scheduler applies the result."""
         if not self.proposer.writes_kv:
             return self.proposer.propose(running, eligible)
-        ahead = {s.request.request_id: s.num_new_tokens for s in in_flight.scheduled} if in_flight else {}
         return self.proposer.propose(running, eligible, ahead)
 
     def record(self, scheduled: Iterable) -> None:

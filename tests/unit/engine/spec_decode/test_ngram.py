@@ -66,3 +66,22 @@ def test_proposer_arrays_follow_the_requests():
             elif event < 0.8:
                 r.output_token_ids = r.output_token_ids + [rng.randrange(4)]
     assert len(proposer._tokens) <= len(requests)
+
+
+def test_arrays_of_finished_requests_are_pruned():
+    """Arrays of requests that finished go once their number passes a doubling mark (a step
+    never walks every array), and those of requests still unfinished stay."""
+    from backend.engine.request import Request, RequestStatus
+    from backend.engine.spec_decode.ngram import NgramProposer
+    from backend.sampling_params import SamplingParams
+    proposer = NgramProposer(1, 3)
+    live = Request(request_id="live", prompt_token_ids=[1, 2, 1, 2], sampling_params=SamplingParams(),
+                   arrival_time=0.0, max_tokens=8)
+    done = []
+    for i in range(100):
+        r = Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 1], sampling_params=SamplingParams(),
+                    arrival_time=0.0, max_tokens=8)
+        proposer.propose([r, live], [(r, 2), (live, 2)])
+        r.status = RequestStatus.FINISHED
+        done.append(r)                  # (kept alive: pruned for finishing, not for being collected)
+    assert "live" in proposer._tokens and len(proposer._tokens) <= 66
