@@ -169,6 +169,11 @@ class EngineArgs(BaseModel):
     # made from step N's tokens), tensor parallelism (the ranks would need step N's ids)
     # and the exported-graph runners.
     async_scheduling: Optional[bool] = None
+    # The CPU forward split by sequences into this many shards, each run on its own thread
+    # with the intra-op threads divided between them (backend/engine/cpu_shards.py): small
+    # models' ops are too small to share between intra-op threads. None: 2 on CPU with the
+    # torch model, one rank, no LoRA and at least 2 intra-op threads; 1: off.
+    cpu_forward_shards: Optional[int] = Field(None, ge=1, le=64)
     # vLLM's names: "pooling" serves an embedding model (`vllm serve --runner pooling`):
     # every request is a prompt whose pooled final hidden state is the result, computed
     # in prefill steps (chunked like any prompt) with no token sampled.

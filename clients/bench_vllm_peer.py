@@ -15,7 +15,8 @@ process tree (psutil) over that call.
         ours:OMP_WAIT_POLICY=PASSIVE vllm vllm:VLLM_CPU_OMP_THREADS_BIND=0-1
 
 A variant is `ours` or `vllm`, then optionally `:KEY=VAL,KEY=VAL` environment settings
-for its process; the pseudo-key `taskset=CPUS` pins that process (and its children).
+for its process; the pseudo-key `taskset=CPUS` pins that process (and its children), and
+for `ours` a lower-case key is an engine argument (`ours:cpu_forward_shards=1`).
 For `ours`, OMP_NUM_THREADS also sets torch.set_num_threads (default: all cores, as
 `clients.bench offline`). Since 0eedc80 importing `clients` or `backend` sets
 OMP_WAIT_POLICY=PASSIVE; `ours:GOMP_SPINCOUNT=300000` gives libgomp's old spinning
@@ -67,7 +68,8 @@ def worker_ours(job: dict) -> dict:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     from backend import LLM, SamplingParams
     llm = LLM(job["model"], block_size=job["block_size"], num_kv_blocks=job["num_kv_blocks"],
-              max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"])
+              max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
+              **json.loads(os.environ.get("BENCH_ENGINE_ARGS", "{}")))
     params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0, ignore_eos=True) for n in job["outs"]]
     llm.generate([job["prompts"][0][:8]], SamplingParams(max_tokens=2))        # warm-up
     return _timed(lambda: llm.generate(job["prompts"], params), lambda outs: [len(o.token_ids) for o in outs],
@@ -129,7 +131,9 @@ def load_avg() -> str:
 
 def run_one(variant: str, job_path: str, busy_cpu, timeout: float) -> dict:
     engine, env_over = parse_variant(variant)
-    env = {**os.environ, **{k: v for k, v in env_over.items() if k != "taskset"}}
+    engine_args = {k: json.loads(v) for k, v in env_over.items() if k.islower() and k != "taskset"}
+    env = {**os.environ, **{k: v for k, v in env_over.items() if not k.islower()},
+           "BENCH_ENGINE_ARGS": json.dumps(engine_args)}
     if engine == "vllm":
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
         cmd = [VLLM_PYTHON, os.path.abspath(__file__), "--worker", "vllm", job_path]

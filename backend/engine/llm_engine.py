@@ -27,6 +27,7 @@ import torch
 from backend.config import ConfigError, EngineArgs
 from backend.engine import profile_run, sizing
 from backend.engine.batch_queue import BatchQueue
+from backend.engine.cpu_shards import ShardedForward, sharded_forward
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
 from backend.engine.cuda_graphs import capture_decode_graphs, verify_query_len
@@ -163,6 +164,7 @@ class LLMEngine(RequestIntake):
             set_kv_cache_scales(kv_layers, kv_scales)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
+        self.runner.shards = self._cpu_shards()
         # (weight bytes, KV cache bytes) of each rank, rank 0 first.
         self.bytes_per_rank = [(model_bytes(self.model) if self.model is not None else 0, kv_bytes(kv_layers))]
         if self.workers is not None:
@@ -244,10 +246,26 @@ class LLMEngine(RequestIntake):
         if self.workers is not None:
             self.workers.check_health()
 
+    def _cpu_shards(self) -> Optional[ShardedForward]:
+        """The forward split by sequences over threads (cpu_shards.py): only the torch
+        model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
+        step's)."""
+        eligible = (type(self.runner) is ModelRunner and self.device.type == "cpu"
+                    and self.attention_backend == "torch" and self.workers is None and self.lora is None)
+        requested = self.args.cpu_forward_shards
+        if requested is not None and requested > 1 and not eligible:
+            raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
+                              "model on CPU with attention_backend 'torch', one rank and no LoRA; leave it unset")
+        return sharded_forward(requested, eligible, self.model_config.hidden_size, self.model_config.num_layers)
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel ranks, if any (the engine is unusable after)."""
+        """Stop the tensor-parallel ranks, if any, and the forward's shard threads (the
+        engine is unusable after)."""
         if self.workers is not None:
             self.workers.shutdown()
+        shards = getattr(getattr(self, "runner", None), "shards", None)     # (a load that failed early)
+        if shards is not None:
+            shards.close()
 
     @property
     def num_generation_tokens_total(self) -> int:

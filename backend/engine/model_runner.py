@@ -14,6 +14,7 @@ import torch
 from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs, prompt_logprobs
 from backend.engine.buffers import GrowingStagedBuffer
+from backend.engine.cpu_shards import ShardedForward
 from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
@@ -46,10 +47,14 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, kv_dty
     return layers
 
 
-def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs) -> Optional[torch.Tensor]:
+def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
+              shards: Optional[ShardedForward] = None) -> Optional[torch.Tensor]:
     """The decoder over a packed step (writing its K/V into the cache); the logits of the
     sampled rows ([R, V]), or None when R is 0 or on a tensor-parallel rank other than 0
-    (each rank runs this same function on the same step)."""
+    (each rank runs this same function on the same step). `shards`: the CPU forward split
+    by sequences over threads (cpu_shards.py)."""
+    if shards is not None:
+        return shards(model, kv_caches, step)
     hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
     if step.num_logits == 0:
         return None
@@ -72,6 +77,8 @@ class ModelRunner:
         self._block_table_of = block_table_of
         # Set by capture_cuda_graphs (backend/engine/cuda_graphs.py) when graphs are on.
         self.graphs = None
+        # Set by the engine on CPU: the forward split by sequences over threads.
+        self.shards: Optional[ShardedForward] = None
         # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
         # step's plan before this rank runs its shard of the same forward.
         self.workers = workers
@@ -88,7 +95,7 @@ class ModelRunner:
         self._copied: Optional[torch.cuda.Event] = None
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
-        return run_model(self.model, self.kv_caches, step)
+        return run_model(self.model, self.kv_caches, step, self.shards)
 
     def run_forward(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:
         """The step's forward on this rank: the CUDA graph of `graph`'s shape replayed, or

@@ -62,6 +62,9 @@ class StepInputs:
     all_rows_sampled: bool                  # logits_indices == arange(T): no gather needed
     num_tokens: int                         # T before padding
     num_seqs: int                           # B before padding
+    # Host copy of logits_indices[:num_logits], so the CPU's sharded forward
+    # (cpu_shards.py) can plan without reading the device's.
+    logits_indices_cpu: Optional[np.ndarray] = None
     # Async scheduling: (index into input_ids, request id) of each token sampled by the
     # step still in flight; its id is 0 here and comes from that step on the device.
     placeholders: list[tuple[int, str]] = field(default_factory=list)
@@ -243,7 +246,8 @@ class StepInputBuilder:
         return StepInputs(
             input_ids=self.device_view("input_ids", Tp), positions=self.device_view("positions", Tp), meta=meta,
             logits_indices=self.device_view("logits_indices", max(num_logits, 1)), num_logits=num_logits,
-            all_rows_sampled=all_rows, num_tokens=T, num_seqs=B)
+            all_rows_sampled=all_rows, num_tokens=T, num_seqs=B,
+            logits_indices_cpu=self.buffer.np[self.offsets["logits_indices"]:][:num_logits].copy())
 
     # Tensor parallelism: rank 0 builds each step; the other ranks receive the buffer
     # prefix it uploaded and rebuild the same views from it (backend/parallel/workers.py).

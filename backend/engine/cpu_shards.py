@@ -1,0 +1,172 @@
+"""The CPU forward split by sequences over threads (engine argument `cpu_forward_shards`).
+
+At the default model's size (hidden 256) a decode step is hundreds of small ops, too
+small for torch's intra-op threads to share: with two of them the forward kept about 1.4
+of 2 cores busy. Here the step's sequences are cut into contiguous shards of about equal
+work, and each shard's whole forward runs on its own thread with the intra-op threads
+divided between the shards (one each on 2 cores): no OpenMP barrier inside an op, and
+torch's ops release the GIL, so the shards run side by side. Each sequence's rows see
+the same math as in one forward (attention is per sequence, every other op per token),
+and each shard writes only its own sequences' K/V slots; a sequence never reads K/V that
+another writes in the same step (the prefix cache admits no hit on a block still pending,
+kv_cache_manager.py).
+
+Where a step runs (by its work, a flop proxy):
+- split over the shard threads, when it is worth at least two shards (MIN_SHARD_WORK
+  each) and has two sequences;
+- whole, on a thread with every shard's intra-op threads, when it is worth two shards
+  but is one sequence (a long prompt alone);
+- whole, on the calling thread, when it is small: its ops are dominated by Python's
+  dispatch, and handing it to another thread only adds latency.
+The calling thread (the engine's) is set to one shard's share of intra-op threads at its
+first split step, so that its own ops (the sampler, small steps) do not oversubscribe the
+cores the shards use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that
+loads torch before `backend`) this matters: its OpenMP worker held a core for ~3 ms after
+each of the caller's ops, and the second shard started 3.3 ms after the first (median;
+0.3 ms with one share). Under the default PASSIVE policy the gain was within noise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import numpy as np
+import torch
+
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+
+# A sequence costs its new tokens (the projections) and, per new token, the keys it
+# attends to. Per layer a token costs ~32 h^2 flops in the projections and a key ~4 h in
+# attention (h: hidden size), so a key weighs ~1 / (8 h) of a token by flops; the
+# attention's gather and small batched ops make it far dearer than that. Measured on the
+# default model (bench_vllm_peer, 2 interleaved runs each): 4 / h 2,729 tok/s, 16 / h
+# 2,823, 64 / h 2,835; the shards' imbalance changed little from 64 / h to 1024 / h.
+KEY_WEIGHT = 32.0         # x 1 / hidden_size
+# Work (the cost above x h^2 x layers, a flop proxy) each shard must have. Below it the
+# ops are so small that Python's dispatch dominates and two threads mostly contend for the
+# GIL. Default model (h 256, 4 layers), decode rows of 64 tokens, split / whole per step:
+# with libgomp spinning 8 rows 0.63x, 16 rows (38e6 in all) 0.84x, 32 rows (75e6) 1.10x;
+# under PASSIVE 0.8-1.25x at 2-16 rows, within the runs' noise. So steps of a few rows stay
+# whole, where splitting showed no clear gain.
+MIN_SHARD_WORK = 32e6
+
+# Per thread: the intra-op threads it had before this module lowered them, so that an
+# engine built later on the same thread (tests build many) decides as the first did.
+_threads_before: dict[int, int] = {}
+
+
+def intra_op_threads() -> int:
+    """This thread's intra-op threads as they were before any sharded forward ran on it."""
+    return _threads_before.get(threading.get_ident(), torch.get_num_threads())
+
+
+def sequence_costs(query_lens: list[int], seq_lens: list[int], hidden_size: int) -> list[float]:
+    """Each sequence's estimated work in the step, in tokens' worth."""
+    key_weight = KEY_WEIGHT / hidden_size
+    return [q * (1.0 + key_weight * s) for q, s in zip(query_lens, seq_lens)]
+
+
+def shard_bounds(cost: list[float], num_shards: int) -> list[int]:
+    """Sequence indices [0, b1, ..., B] cutting the sequences into at most num_shards
+    contiguous runs of about equal cost, none empty."""
+    total = sum(cost)
+    bounds, acc = [0], 0.0
+    for i, c in enumerate(cost):
+        # Cut before sequence i when more than half of it lies past the next share.
+        if len(bounds) < num_shards and i > bounds[-1] and acc + c / 2 > total * len(bounds) / num_shards:
+            bounds.append(i)
+        acc += c
+    bounds.append(len(cost))
+    return bounds
+
+
+def shard_meta(meta: AttentionMetadata, a: int, b: int, t0: int, t1: int) -> AttentionMetadata:
+    """Sequences a:b (packed tokens t0:t1) as a step of their own."""
+    return AttentionMetadata(
+        query_start_loc=meta.query_start_loc[a:b + 1] - t0, seq_lens=meta.seq_lens[a:b],
+        block_tables=meta.block_tables[a:b], slot_mapping=meta.slot_mapping[t0:t1],
+        query_lens_cpu=meta.query_lens_cpu[a:b], seq_lens_cpu=meta.seq_lens_cpu[a:b],
+        max_query_len=max(meta.query_lens_cpu[a:b]), max_seq_len=max(meta.seq_lens_cpu[a:b]))
+
+
+class ShardedForward:
+    """`num_shards` threads of `threads_per_shard` intra-op threads each, for a model of
+    `hidden_size` and `num_layers`; `min_shard_work` (tests) replaces MIN_SHARD_WORK."""
+
+    def __init__(self, num_shards: int, threads_per_shard: int, hidden_size: int, num_layers: int,
+                 min_shard_work: Optional[float] = None) -> None:
+        self.num_shards = num_shards
+        self.threads_per_shard = threads_per_shard
+        self.hidden_size = hidden_size
+        work = MIN_SHARD_WORK if min_shard_work is None else min_shard_work
+        self.min_cost = work / (hidden_size ** 2 * num_layers)             # in sequence_costs' units
+        self._pool = ThreadPoolExecutor(num_shards, thread_name_prefix="cpu-shard",
+                                        initializer=torch.set_num_threads, initargs=(threads_per_shard,))
+        self._whole = ThreadPoolExecutor(1, thread_name_prefix="cpu-whole", initializer=torch.set_num_threads,
+                                         initargs=(num_shards * threads_per_shard,))
+
+    def __call__(self, model, kv_caches: list[KVCacheLayer], step) -> Optional[torch.Tensor]:
+        """The logits of the step's sampled rows ([R, V]; run_model's result), None when
+        it samples none: each shard runs the decoder over its sequences and the LM head
+        over its rows, in parallel."""
+        meta = step.meta
+        cost = sequence_costs(meta.query_lens_cpu, meta.seq_lens_cpu, self.hidden_size)
+        # How many shards the step's work is worth.
+        worth = min(self.num_shards, int(sum(cost) // self.min_cost)) if self.min_cost > 0 else self.num_shards
+        qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))
+        rows = step.logits_indices_cpu         # which of the step's logits rows each shard computes
+
+        def run(a: int, b: int) -> tuple[np.ndarray, Optional[torch.Tensor]]:
+            t0, t1 = qsl[a], qsl[b]
+            with torch.inference_mode():        # (grad and inference modes are per thread)
+                hidden = model(step.input_ids[t0:t1], step.positions[t0:t1], kv_caches,
+                               shard_meta(meta, a, b, t0, t1))
+                mine = np.flatnonzero((rows >= t0) & (rows < t1))
+                if not len(mine):
+                    return mine, None
+                return mine, model.compute_logits(hidden.index_select(0, torch.from_numpy(rows[mine] - t0)))
+
+        if worth >= 2 and len(cost) >= 2:
+            self._lower_caller_threads()
+            bounds = shard_bounds(cost, worth)
+            parts = [f.result() for f in [self._pool.submit(run, a, b) for a, b in zip(bounds, bounds[1:])]]
+        elif worth >= 2:                        # one long prompt alone
+            parts = [self._whole.submit(run, 0, 1).result()]
+        else:
+            parts = [run(0, len(cost))]
+        if step.num_logits == 0:
+            return None
+        parts = [(mine, logits) for mine, logits in parts if logits is not None]
+        if np.array_equal(np.concatenate([mine for mine, _ in parts]), np.arange(step.num_logits)):
+            return torch.cat([logits for _, logits in parts]) if len(parts) > 1 else parts[0][1]
+        out = parts[0][1].new_empty(step.num_logits, parts[0][1].shape[1])
+        for mine, logits in parts:      # prompt-logprob rows follow every sampled row
+            out.index_copy_(0, torch.from_numpy(mine), logits)
+        return out
+
+    def _lower_caller_threads(self) -> None:
+        """The calling thread to one shard's share of intra-op threads, before its first
+        split step (see the module's docstring); once per thread."""
+        me = threading.get_ident()
+        if me not in _threads_before:
+            _threads_before[me] = torch.get_num_threads()
+            torch.set_num_threads(self.threads_per_shard)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._whole.shutdown(wait=False)
+
+
+def sharded_forward(requested: Optional[int], eligible: bool, hidden_size: int,
+                    num_layers: int) -> Optional[ShardedForward]:
+    """The engine's sharded forward: `requested` shards (1: none), or by default two
+    where the forward is eligible (the torch model on CPU, one rank, no LoRA) and the
+    engine's thread has at least two intra-op threads, which the shards then share."""
+    threads = intra_op_threads()
+    num_shards = requested if requested is not None else (2 if eligible and threads >= 2 else 1)
+    if num_shards == 1:
+        return None
+    return ShardedForward(num_shards, max(1, threads // num_shards), hidden_size, num_layers)

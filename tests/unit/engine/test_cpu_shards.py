@@ -1,0 +1,180 @@
+"""The CPU forward split by sequences over threads (backend/engine/cpu_shards.py): the
+cut, the tokens (transformers' greedy, and the same logprobs and prompt logprobs as one
+forward), and where it is refused."""
+
+import itertools
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.attention.metadata import AttentionMetadata
+from backend.config import ConfigError
+from backend.engine import cpu_shards
+from backend.engine.cpu_shards import ShardedForward, sequence_costs, shard_bounds
+from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+
+
+def test_shard_bounds_cut_contiguous_runs_of_equal_work():
+    costs = lambda q, s: sequence_costs(q, s, 256)                      # noqa: E731
+    assert shard_bounds(costs([1] * 8, [10] * 8), 2) == [0, 4, 8]
+    # One prefill chunk of 60 tokens weighs about as much as the 60 decode rows after it.
+    assert shard_bounds(costs([60] + [1] * 60, [60] + [10] * 60), 2) == [0, 1, 61]
+    assert shard_bounds(costs([5], [5]), 2) == [0, 1]                   # one sequence: no cut
+    assert shard_bounds(costs([1, 1], [10, 10]), 4) == [0, 1, 2]        # never an empty run
+    # Long contexts weigh more: the cut moves toward the long rows.
+    b = shard_bounds(costs([1] * 8, [2000] * 4 + [10] * 4), 2)
+    assert b[0] == 0 and b[-1] == 8 and b[1] < 4
+
+
+class _RowIds:
+    """A stand-in model whose hidden row t is the packed token index it was given (the
+    step's input ids are 0..T-1), recording which thread ran which sequences."""
+
+    def __init__(self):
+        self.config = SimpleNamespace(hidden_size=256)
+        self.calls = []
+
+    def __call__(self, input_ids, positions, kv_caches, meta):
+        self.calls.append((threading.current_thread().name, len(meta.query_lens_cpu)))
+        return input_ids.float()[:, None].repeat(1, 3)
+
+    def compute_logits(self, hidden):
+        return hidden
+
+
+def _step(query_lens, seq_lens, rows):
+    T, B = sum(query_lens), len(query_lens)
+    qsl = torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32)
+    meta = AttentionMetadata(
+        query_start_loc=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.zeros(B, 1, dtype=torch.int32), slot_mapping=torch.arange(T),
+        query_lens_cpu=list(query_lens), seq_lens_cpu=list(seq_lens),
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens))
+    return SimpleNamespace(meta=meta, input_ids=torch.arange(T), positions=torch.zeros(T, dtype=torch.int64),
+                           logits_indices_cpu=np.asarray(rows, dtype=np.int32), num_logits=len(rows))
+
+
+@pytest.mark.parametrize("case, where", [
+    ("8 decode rows", {"MainThread"}),          # too little work for two shards: inline
+    ("32 decode rows", {"cpu-shard"}),          # split
+    ("one long prompt", {"cpu-whole"}),         # worth two shards, one sequence: whole
+])
+def test_where_a_step_runs_and_its_rows_come_back_in_order(case, where):
+    """Default model's shape (hidden 256, 4 layers). Rows of every case come back in the
+    step's logits order, prompt-logprob rows (after the sampled ones) included."""
+    q, s = {"8 decode rows": ([1] * 8, [64] * 8), "32 decode rows": ([1] * 32, [64] * 32),
+            "one long prompt": ([200], [200])}[case]
+    last = list(itertools.accumulate(q))
+    rows = [t - 1 for t in last] + [0, 1] if case != "32 decode rows" else [t - 1 for t in last] + [0, 30]
+    shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
+    model = _RowIds()
+    out = threading_result(lambda: shards(model, [], _step(q, s, rows)))
+    shards.close()
+    assert {name.split("_")[0] for name, _ in model.calls} == where
+    assert len(model.calls) == (2 if where == {"cpu-shard"} else 1)
+    assert out[:, 0].tolist() == rows
+
+
+def threading_result(fn):
+    """fn() on a fresh thread (named as the inline path's check expects): a split step
+    lowers its caller's intra-op threads, which must not touch the test process's."""
+    box = {}
+    t = threading.Thread(target=lambda: box.update(out=fn()), name="MainThread")
+    t.start()
+    t.join()
+    return box["out"]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every step worth two shards (the test models are far below the default's minimum
+    work); counts the steps that ran split."""
+    monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
+    calls = {"split": 0}
+    real = cpu_shards.shard_bounds
+
+    def bounds(*a):
+        out = real(*a)
+        calls["split"] += len(out) > 2
+        return out
+
+    monkeypatch.setattr(cpu_shards, "shard_bounds", bounds)
+    return calls
+
+
+def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
+    """Greedy tokens equal transformers' with chunked prefill and preemption, and
+    logprobs and prompt logprobs (rows put back in order) equal those of one forward."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    lengths = [1, 90, 7, 40, 33, 60, 2, 25]
+    prompts = random_prompts(len(lengths), lengths, seed=3)
+    expected = hf_greedy(path, prompts, 16)
+    params = [SamplingParams(max_tokens=16, min_tokens=16, temperature=0, logprobs=3,
+                             prompt_logprobs=2 if i % 3 == 0 else None) for i in range(len(prompts))]
+    results = {}
+    for shards in (2, 1):
+        llm = LLM(path, block_size=4, num_kv_blocks=80, max_num_seqs=8, max_num_batched_tokens=40,
+                  cpu_forward_shards=shards)
+        assert (llm.engine.runner.shards is not None) == (shards == 2)
+        results[shards] = threading_result(lambda: llm.generate(prompts, params))
+        stats = llm.stats()
+        assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
+        assert_pool_free(llm)
+        llm.engine.shutdown()
+    assert counted["split"] > 10
+    for i, (split, whole, ref) in enumerate(zip(results[2], results[1], expected)):
+        assert split.token_ids == ref, f"prompt {i}"
+        assert split.token_ids == whole.token_ids
+        for a, b in zip(split.logprobs, whole.logprobs):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+        if params[i].prompt_logprobs:
+            assert len(split.prompt_logprobs) == len(prompts[i])
+            for a, b in zip(split.prompt_logprobs[1:], whole.prompt_logprobs[1:]):
+                assert a.keys() == b.keys()
+                assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
+def test_default_is_two_shards_on_cpu_with_two_threads(ckpt_dir, monkeypatch):
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 2)
+    llm = LLM(path, block_size=8, num_kv_blocks=16)
+    assert llm.engine.runner.shards.num_shards == 2 and llm.engine.runner.shards.threads_per_shard == 1
+    llm.engine.shutdown()
+    monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 1)
+    assert LLM(path, block_size=8, num_kv_blocks=16).engine.runner.shards is None
+
+
+def test_the_calling_thread_runs_its_share_and_remembers_its_count(ckpt_dir, monkeypatch):
+    """From its first split step on, the engine's thread runs its own ops (the sampler,
+    small steps) with one shard's share of intra-op threads; an engine built on it later
+    decides on the count it had before."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    seen = {}
+
+    def engine_thread():
+        torch.set_num_threads(2)
+        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
+        llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
+        seen.update(small_steps=torch.get_num_threads())       # too little work to split
+        monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
+        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
+        llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
+        seen.update(now=torch.get_num_threads(), before=cpu_shards.intra_op_threads())
+        llm.engine.shutdown()
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    assert seen == {"small_steps": 2, "now": 1, "before": 2}
+
+
+def test_refused_with_lora(ckpt_dir):
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    with pytest.raises(ConfigError, match="cpu_forward_shards"):
+        LLM(path, block_size=8, num_kv_blocks=16, enable_lora=True, cpu_forward_shards=2)
