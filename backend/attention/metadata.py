@@ -31,9 +31,9 @@ class AttentionMetadata:
     # Split-KV factor for the Triton kernel; None lets it choose from max_seq_len. A
     # captured CUDA graph fixes it, since its launch grid is baked in.
     num_splits: Optional[int] = None
-    # The torch path's decode groups (torch_attention.decode_groups), planned by the first
-    # layer of the step and read by the others.
-    decode_plan: Optional[list] = field(default=None, repr=False, compare=False)
+    # The torch path's decode groups by block size (torch_attention.decode_groups), planned
+    # by the first layer of the step and read by the others.
+    decode_plan: Optional[dict] = field(default=None, repr=False, compare=False)
 
 
 @dataclass

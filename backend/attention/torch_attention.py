@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -125,18 +126,39 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, scale, dtype: torch.dt
     return x.to(dtype)
 
 
-def decode_groups(meta: AttentionMetadata, device: torch.device) -> list[tuple[list[int], torch.Tensor]]:
+@dataclass
+class DecodeGroup:
+    """Up to DECODE_BUCKET_ROWS decode sequences of similar length, with what every layer
+    of the step needs for them: made once per step, not once per layer."""
+    seq_ids: list[int]                  # indices into the step's sequences
+    rows: torch.Tensor                  # their query rows, on the device
+    tables: torch.Tensor                # [B, nblk] int64 block ids, nblk covering the longest
+    lens: torch.Tensor                  # [B] their lengths, on the device
+    allowed: torch.Tensor               # [B, 1, 1, L] keys each may attend to (no window)
+
+
+def decode_groups(meta: AttentionMetadata, block_size: int, device: torch.device) -> list[DecodeGroup]:
     """The step's decode sequences (one query token each) by groups of DECODE_BUCKET_ROWS
-    of similar length, sorted on the host's copy of the lengths: (sequence indices, their
-    query rows on `device`). Each group is gathered and padded only to its own longest,
-    where one batch would pad every row to the step's longest. Planned once per step (on
-    its metadata) for every layer."""
-    if meta.decode_plan is None:
+    of similar length, sorted on the host's copy of the lengths. Each group is gathered
+    and padded only to its own longest, where one batch would pad every row to the
+    step's longest. Planned by the step's first layer, read by the others."""
+    plans = meta.decode_plan
+    if plans is None:
+        plans = meta.decode_plan = {}
+    if block_size not in plans:
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))
         seqs = sorted((i for i, n in enumerate(meta.query_lens_cpu) if n == 1), key=meta.seq_lens_cpu.__getitem__)
-        groups = [seqs[a:a + DECODE_BUCKET_ROWS] for a in range(0, len(seqs), DECODE_BUCKET_ROWS)]
-        meta.decode_plan = [(g, torch.tensor([qsl[i] for i in g], dtype=torch.long, device=device)) for g in groups]
-    return meta.decode_plan
+        groups = []
+        for a in range(0, len(seqs), DECODE_BUCKET_ROWS):
+            ids = seqs[a:a + DECODE_BUCKET_ROWS]
+            seq_lens = [meta.seq_lens_cpu[i] for i in ids]
+            nblk = -(-max(seq_lens) // block_size)
+            lens = torch.tensor(seq_lens, device=device)
+            allowed = torch.arange(nblk * block_size, device=device)[None, :] < lens[:, None]
+            groups.append(DecodeGroup(ids, torch.tensor([qsl[i] for i in ids], dtype=torch.long, device=device),
+                                      meta.block_tables[ids, :nblk].long(), lens, allowed[:, None, None, :]))
+        plans[block_size] = groups
+    return plans[block_size]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
@@ -178,8 +200,8 @@ class TorchPagedAttention:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        for seq_ids, rows in decode_groups(meta, q.device):
-            out.index_copy_(0, rows, self._decode_group(q.index_select(0, rows), cache, meta, seq_ids, sinks))
+        for group in decode_groups(meta, cache.block_size, q.device):
+            out.index_copy_(0, group.rows, self._decode_group(q.index_select(0, group.rows), cache, group, sinks))
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
@@ -187,24 +209,26 @@ class TorchPagedAttention:
                 out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks)
         return out
 
-    def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, meta: AttentionMetadata,
-                      seq_ids: list[int], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-        bs = cache.block_size
-        seq_lens = [meta.seq_lens_cpu[i] for i in seq_ids]
-        nblk = -(-max(seq_lens) // bs)
-        tables = meta.block_tables[seq_ids, :nblk].long()
+    def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, group: DecodeGroup,
+                      sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         # One gather copy; the [B, L, KVH, D] -> [B, KVH, L, D] transpose stays a view,
         # which SDPA reads through its strides.
         k_scale, v_scale = kv_scales(cache)
-        k = _gather(cache.key, tables, k_scale, q.dtype, slot=0).transpose(1, 2)
-        v = _gather(cache.value, tables, v_scale, q.dtype, slot=1).transpose(1, 2)
-        B, L = k.shape[0], k.shape[2]
-        lens = torch.tensor(seq_lens, device=q.device)
-        pos = torch.arange(L, device=q.device)
-        allowed = pos[None, :] < lens[:, None]
+        k = _gather(cache.key, group.tables, k_scale, q.dtype, slot=0).transpose(1, 2)
+        v = _gather(cache.value, group.tables, v_scale, q.dtype, slot=1).transpose(1, 2)
+        allowed = group.allowed
         if self.sliding_window is not None:
-            allowed &= pos[None, :] > (lens[:, None] - 1 - self.sliding_window)
-        o = attend(q[:, :, None, :], k, v, allowed[:, None, None, :], self.scale, self.logits_soft_cap, sinks)
+            pos = torch.arange(k.shape[2], device=q.device)
+            allowed = allowed & (pos[None, :] > (group.lens[:, None] - 1 - self.sliding_window))[:, None, None, :]
+        B, H, D = q.shape
+        if self.logits_soft_cap is None and sinks is None and H != self.num_kv_heads:
+            # GQA as queries: the H / KVH query heads of a KV head are that head's rows
+            # (heads h of KV head h // (H / KVH)). SDPA then runs KVH heads of that many
+            # queries instead of H heads of one: 5-15% faster on CPU at 16 rows, 64-512 keys.
+            o = F.scaled_dot_product_attention(q.view(B, self.num_kv_heads, H // self.num_kv_heads, D), k, v,
+                                               attn_mask=allowed, scale=self.scale)
+            return o.reshape(B, H, D)
+        o = attend(q[:, :, None, :], k, v, allowed, self.scale, self.logits_soft_cap, sinks)
         return o[:, :, 0, :]
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,

@@ -55,12 +55,13 @@ MIN_SHARD_WORK = 32e6
 
 # Per thread: the intra-op threads it had before this module lowered them, so that an
 # engine built later on the same thread (tests build many) decides as the first did.
-_threads_before: dict[int, int] = {}
+# (Thread-local, not keyed by thread id: a new thread may reuse a dead one's id.)
+_threads_before = threading.local()
 
 
 def intra_op_threads() -> int:
     """This thread's intra-op threads as they were before any sharded forward ran on it."""
-    return _threads_before.get(threading.get_ident(), torch.get_num_threads())
+    return getattr(_threads_before, "count", None) or torch.get_num_threads()
 
 
 def sequence_costs(query_lens: list[int], seq_lens: list[int], hidden_size: int) -> list[float]:
@@ -150,9 +151,8 @@ class ShardedForward:
     def _lower_caller_threads(self) -> None:
         """The calling thread to one shard's share of intra-op threads, before its first
         split step (see the module's docstring); once per thread."""
-        me = threading.get_ident()
-        if me not in _threads_before:
-            _threads_before[me] = torch.get_num_threads()
+        if getattr(_threads_before, "count", None) is None:
+            _threads_before.count = torch.get_num_threads()
             torch.set_num_threads(self.threads_per_shard)
 
     def close(self) -> None:
