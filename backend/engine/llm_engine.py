@@ -249,14 +249,15 @@ class LLMEngine(RequestIntake):
     def _cpu_shards(self) -> Optional[ShardedForward]:
         """The forward split by sequences over threads (cpu_shards.py): only the torch
         model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
-        step's)."""
+        step's); by default only where the weights fit in the last-level cache."""
         eligible = (type(self.runner) is ModelRunner and self.device.type == "cpu"
                     and self.attention_backend == "torch" and self.workers is None and self.lora is None)
         requested = self.args.cpu_forward_shards
         if requested is not None and requested > 1 and not eligible:
             raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
                               "model on CPU with attention_backend 'torch', one rank and no LoRA; leave it unset")
-        return sharded_forward(requested, eligible, self.model_config.hidden_size, self.model_config.num_layers)
+        return sharded_forward(requested, eligible, self.model_config.hidden_size, self.model_config.num_layers,
+                               model_bytes(self.model) if self.model is not None else 0)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel ranks, if any, and the forward's shard threads (the

@@ -140,7 +140,7 @@ def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
                 assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
 
 
-def test_default_is_two_shards_on_cpu_with_two_threads(ckpt_dir, monkeypatch):
+def test_default_is_two_shards_on_cpu_with_two_threads_and_weights_in_cache(ckpt_dir, monkeypatch):
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 2)
     llm = LLM(path, block_size=8, num_kv_blocks=16)
@@ -148,6 +148,17 @@ def test_default_is_two_shards_on_cpu_with_two_threads(ckpt_dir, monkeypatch):
     llm.engine.shutdown()
     monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 1)
     assert LLM(path, block_size=8, num_kv_blocks=16).engine.runner.shards is None
+    # Weights past the last-level cache: each shard would stream them from memory again.
+    monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(cpu_shards, "last_level_cache_bytes", lambda: 1 << 10)
+    assert LLM(path, block_size=8, num_kv_blocks=16).engine.runner.shards is None
+    llm = LLM(path, block_size=8, num_kv_blocks=16, cpu_forward_shards=2)      # asked for: split
+    assert llm.engine.runner.shards.num_shards == 2
+    llm.engine.shutdown()
+
+
+def test_last_level_cache_size_is_read_or_defaults():
+    assert cpu_shards.last_level_cache_bytes() >= 1 << 20
 
 
 def test_the_calling_thread_runs_its_share_and_remembers_its_count(ckpt_dir, monkeypatch):
