@@ -172,7 +172,8 @@ class EngineArgs(BaseModel):
     # The CPU forward split by sequences into this many shards, each run on its own thread
     # with the intra-op threads divided between them (backend/engine/cpu_shards.py): small
     # models' ops are too small to share between intra-op threads. None: 2 on CPU with the
-    # torch model, one rank, no LoRA and at least 2 intra-op threads; 1: off.
+    # torch model, one rank, no LoRA, at least 2 intra-op threads and weights that fit in
+    # the last-level cache; 1: off.
     cpu_forward_shards: Optional[int] = Field(None, ge=1, le=64)
     # vLLM's names: "pooling" serves an embedding model (`vllm serve --runner pooling`):
     # every request is a prompt whose pooled final hidden state is the result, computed
@@ -276,6 +277,17 @@ class EngineArgs(BaseModel):
                                  "rank, in series)")
         elif self.pooler_config is not None:
             raise ValueError("pooler_config is for runner='pooling'")
+        if self.cpu_forward_shards is not None and self.cpu_forward_shards > 1:
+            off = (f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else
+                   "device='cuda'" if self.device == "cuda" else
+                   "attention_backend='triton'" if self.attention_backend == "triton" else
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+                   f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
+                   "enable_lora is set" if self.enable_lora else
+                   f"runner='{self.runner}'" if self.runner != "generate" else None)
+            if off:
+                raise ValueError(f"cpu_forward_shards={self.cpu_forward_shards} is not supported where {off} (it "
+                                 "splits the torch model's forward on CPU, on one rank): leave it unset")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
         return self

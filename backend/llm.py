@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Sequence, Union
 
 from backend.config import EngineArgs
+from backend.engine.cpu_shards import restore_caller_threads
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.outputs import RequestOutput
 from backend.engine.parallel_sampling import child_requests
@@ -54,10 +55,13 @@ class LLM:
             for cid, cp in children:
                 self.engine.add_request(p, cp, request_id=cid)
         results: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    results[out.request_id] = out
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+        finally:
+            restore_caller_threads()        # (a split forward lowered this thread's: cpu_shards.py)
         outputs = []
         for parent_id, child_ids in fanned:
             if len(child_ids) == 1 and child_ids[0] == parent_id:

@@ -19,7 +19,7 @@ Where a step runs (by its work, a flop proxy):
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
   dispatch, and handing it to another thread only adds latency.
 The calling thread (the engine's) is set to one shard's share of intra-op threads at its
-first split step, so that its own ops (the sampler, small steps) do not oversubscribe the
+first split step (the offline API restores it when `generate` returns), so that its own ops (the sampler, small steps) do not oversubscribe the
 cores the shards use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that
 loads torch before `backend`) this matters: its OpenMP worker held a core for ~3 ms after
 each of the caller's ops, and the second shard started 3.3 ms after the first (median;
@@ -31,7 +31,7 @@ from __future__ import annotations
 import glob
 import itertools
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Optional
 
 import numpy as np
@@ -58,6 +58,24 @@ MIN_SHARD_WORK = 32e6
 # engine built later on the same thread (tests build many) decides as the first did.
 # (Thread-local, not keyed by thread id: a new thread may reuse a dead one's id.)
 _threads_before = threading.local()
+
+
+def _set_thread_count(n: int) -> None:
+    """A pool thread's intra-op threads. ATen sets a thread's count lazily, at its first
+    parallel op, from the value any thread set last: get_num_threads() makes it do so
+    now, so a later set_num_threads on another thread cannot change this one's."""
+    torch.get_num_threads()
+    torch.set_num_threads(n)
+
+
+def restore_caller_threads() -> None:
+    """This thread's intra-op threads back to what they were before a split step lowered
+    them. The offline API calls it when `generate` returns: there the engine's thread is
+    the user's."""
+    count = getattr(_threads_before, "count", None)
+    if count is not None:
+        torch.set_num_threads(count)
+        _threads_before.count = None
 
 
 def intra_op_threads() -> int:
@@ -106,8 +124,8 @@ class ShardedForward:
         work = MIN_SHARD_WORK if min_shard_work is None else min_shard_work
         self.min_cost = work / (hidden_size ** 2 * num_layers)             # in sequence_costs' units
         self._pool = ThreadPoolExecutor(num_shards, thread_name_prefix="cpu-shard",
-                                        initializer=torch.set_num_threads, initargs=(threads_per_shard,))
-        self._whole = ThreadPoolExecutor(1, thread_name_prefix="cpu-whole", initializer=torch.set_num_threads,
+                                        initializer=_set_thread_count, initargs=(threads_per_shard,))
+        self._whole = ThreadPoolExecutor(1, thread_name_prefix="cpu-whole", initializer=_set_thread_count,
                                          initargs=(num_shards * threads_per_shard,))
 
     def __call__(self, model, kv_caches: list[KVCacheLayer], step) -> Optional[torch.Tensor]:
@@ -134,7 +152,11 @@ class ShardedForward:
         if worth >= 2 and len(cost) >= 2:
             self._lower_caller_threads()
             bounds = shard_bounds(cost, worth)
-            parts = [f.result() for f in [self._pool.submit(run, a, b) for a, b in zip(bounds, bounds[1:])]]
+            futures = [self._pool.submit(run, a, b) for a, b in zip(bounds, bounds[1:])]
+            # Every shard done before anything is raised: a shard still writing K/V must
+            # not outlive the step (the next one could be built meanwhile).
+            wait(futures)
+            parts = [f.result() for f in futures]
         elif worth >= 2:                        # one long prompt alone
             parts = [self._whole.submit(run, 0, 1).result()]
         else:

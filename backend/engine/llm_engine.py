@@ -255,7 +255,8 @@ class LLMEngine(RequestIntake):
         requested = self.args.cpu_forward_shards
         if requested is not None and requested > 1 and not eligible:
             raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
-                              "model on CPU with attention_backend 'torch', one rank and no LoRA; leave it unset")
+                              "model on CPU with attention_backend 'torch', one rank, no LoRA and runner 'generate'; "
+                              "leave it unset")
         return sharded_forward(requested, eligible, self.model_config.hidden_size, self.model_config.num_layers,
                                model_bytes(self.model) if self.model is not None else 0)
 

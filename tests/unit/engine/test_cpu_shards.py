@@ -3,7 +3,9 @@ cut, the tokens (transformers' greedy, and the same logprobs and prompt logprobs
 forward), and where it is refused."""
 
 import itertools
+import re
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -161,28 +163,86 @@ def test_last_level_cache_size_is_read_or_defaults():
     assert cpu_shards.last_level_cache_bytes() >= 1 << 20
 
 
-def test_the_calling_thread_runs_its_share_and_remembers_its_count(ckpt_dir, monkeypatch):
+def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, monkeypatch):
     """From its first split step on, the engine's thread runs its own ops (the sampler,
-    small steps) with one shard's share of intra-op threads; an engine built on it later
-    decides on the count it had before."""
+    small steps) with one shard's share of intra-op threads; `generate` gives the user's
+    thread its count back when it returns."""
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     seen = {}
 
+    def generate(sampling: list) -> LLM:
+        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
+        real_sample = llm.engine.runner.sample
+        llm.engine.runner.sample = lambda launched: (sampling.append(torch.get_num_threads()), real_sample(launched))
+        llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
+        llm.engine.shutdown()
+
     def engine_thread():
         torch.set_num_threads(2)
-        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
-        llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
-        seen.update(small_steps=torch.get_num_threads())       # too little work to split
+        small, split = [], []
+        generate(small)                                 # too little work to split: untouched
         monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
-        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
-        llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
-        seen.update(now=torch.get_num_threads(), before=cpu_shards.intra_op_threads())
-        llm.engine.shutdown()
+        generate(split)
+        seen.update(small_steps=set(small), split_steps=set(split), after=torch.get_num_threads(),
+                    before=cpu_shards.intra_op_threads())
 
     t = threading.Thread(target=engine_thread)
     t.start()
     t.join()
-    assert seen == {"small_steps": 2, "now": 1, "before": 2}
+    assert seen == {"small_steps": {2}, "split_steps": {1}, "after": 2, "before": 2}
+
+
+def test_shard_threads_keep_their_count_whatever_another_thread_sets_later():
+    """ATen sets a thread's count lazily from the value set last by any thread: a pool
+    thread settles its own at start, so the engine's later set_num_threads (the offline
+    API's restore) cannot raise it."""
+    def probe():
+        shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
+        shards._pool.submit(lambda: None).result()      # the pool's first thread starts
+        torch.set_num_threads(2)
+        count = shards._pool.submit(torch.get_num_threads).result()
+        shards.close()
+        return count
+    assert threading_result(probe) == 1
+
+
+def test_a_failing_shard_waits_for_the_others_before_raising():
+    """A shard that raises must not leave another still writing the step's K/V."""
+    done = []
+
+    class Failing(_RowIds):
+        def __call__(self, input_ids, positions, kv_caches, meta):
+            if int(input_ids[0]) == 0:
+                raise RuntimeError("shard 0 failed")
+            time.sleep(0.3)
+            done.append(True)
+            return super().__call__(input_ids, positions, kv_caches, meta)
+
+    shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
+    q = [1] * 32
+    err = threading_result(lambda: _raised(lambda: shards(Failing(), [], _step(q, [64] * 32, list(range(32))))))
+    shards.close()
+    assert "shard 0 failed" in str(err) and done == [True]
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as e:      # noqa: BLE001 - the test inspects it
+        return e
+    return None
+
+
+@pytest.mark.parametrize("args, named", [
+    (dict(runner="pooling"), "runner='pooling'"),
+    (dict(tensor_parallel_size=2), "tensor_parallel_size=2"),
+    (dict(device="cuda"), "device='cuda'"),
+])
+def test_refused_where_it_cannot_run_before_anything_loads(args, named):
+    """Checked with the other engine arguments, before the model loads or ranks start."""
+    from backend.config import EngineArgs
+    with pytest.raises(ConfigError, match=f"cpu_forward_shards=2 is not supported where {re.escape(named)}"):
+        EngineArgs.create(model="/nonexistent", cpu_forward_shards=2, **args)
 
 
 def test_refused_with_lora(ckpt_dir):
