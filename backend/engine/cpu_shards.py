@@ -19,8 +19,8 @@ Where a step runs (by its work, a flop proxy):
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
   dispatch, and handing it to another thread only adds latency.
 The calling thread (the engine's) is set to one shard's share of intra-op threads at its
-first split step (the offline API restores it when `generate` returns), so that its own ops (the sampler, small steps) do not oversubscribe the
-cores the shards use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that
+first split step (the offline API restores it when `generate` returns), so that its own
+ops (the sampler, small steps) do not oversubscribe the cores the shards use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that
 loads torch before `backend`) this matters: its OpenMP worker held a core for ~3 ms after
 each of the caller's ops, and the second shard started 3.3 ms after the first (median;
 0.3 ms with one share). Under the default PASSIVE policy the gain was within noise.
@@ -207,10 +207,11 @@ def sharded_forward(requested: Optional[int], eligible: bool, hidden_size: int, 
     that costs little, from memory it doubles the traffic of GEMMs that are already bound
     by it at decode batch sizes. Measured (docs/benchmarks.md section 16): the default
     model (21 MB of weights, 32 MiB L3) 1.42x faster split; a random Llama of hidden
-    1024 (about 660 MB) 0.95x."""
+    1024 (640 MB) 0.95x."""
     threads = intra_op_threads()
-    default = 2 if eligible and threads >= 2 and weight_bytes <= last_level_cache_bytes() else 1
-    num_shards = requested if requested is not None else default
+    num_shards = requested
+    if num_shards is None:
+        num_shards = 2 if eligible and threads >= 2 and weight_bytes <= last_level_cache_bytes() else 1
     if num_shards == 1:
         return None
     return ShardedForward(num_shards, max(1, threads // num_shards), hidden_size, num_layers)

@@ -164,9 +164,9 @@ class LLMEngine(RequestIntake):
             set_kv_cache_scales(kv_layers, kv_scales)
         self.runner = self._make_runner(kv_layers)
         self.runner.structured = self.scheduler.structured
-        self.runner.shards = self._cpu_shards()
         # (weight bytes, KV cache bytes) of each rank, rank 0 first.
         self.bytes_per_rank = [(model_bytes(self.model) if self.model is not None else 0, kv_bytes(kv_layers))]
+        self.runner.shards = self._cpu_shards()
         if self.workers is not None:
             self.bytes_per_rank = self.workers.setup(
                 self.num_kv_blocks, args.block_size, sizing.input_sizes(self.args, self.max_model_len),
@@ -258,7 +258,7 @@ class LLMEngine(RequestIntake):
                               "model on CPU with attention_backend 'torch', one rank, no LoRA and runner 'generate'; "
                               "leave it unset")
         return sharded_forward(requested, eligible, self.model_config.hidden_size, self.model_config.num_layers,
-                               model_bytes(self.model) if self.model is not None else 0)
+                               self.bytes_per_rank[0][0])
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel ranks, if any, and the forward's shard threads (the
