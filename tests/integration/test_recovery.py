@@ -153,6 +153,10 @@ def test_killed_backend_three_times_in_a_row(shared_server):
         t_kill = time.monotonic()
         os.kill(backend_pid(repo), signal.SIGKILL)
         not_ready = wait_until(lambda: not srv.model_ready("llm"), 5)
+        assert supervisor_json(srv, "/ready")[0] == 503
+        # Triton may see the stub gone before the supervisor's next poll (every 0.25 s):
+        # /ready is 503 at once, and within a few polls it names the cause.
+        wait_until(lambda: "backend_died" in supervisor_json(srv, "/ready")[1]["reason"], 3)
         code, ready = supervisor_json(srv, "/ready")
         assert code == 503 and "backend_died" in ready["reason"], ready
         assert supervisor_json(srv, "/live")[0] == 200  # live while recovering
