@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from backend.attention import cpu_decode
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 
 FP8_E4M3_MAX = 448.0
@@ -200,8 +201,15 @@ class TorchPagedAttention:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        for group in decode_groups(meta, cache.block_size, q.device):
-            out.index_copy_(0, group.rows, self._decode_group(q.index_select(0, group.rows), cache, group, sinks))
+        lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, self.logits_soft_cap, sinks) else None
+        if lib is not None and out.stride(-1) == 1 and out.stride(-2) == q.shape[-1]:
+            # On the CPU: one call for every decode row, K/V read in place (cpu_decode.py).
+            cpu_decode.paged_decode(lib, q, cache.key, cache.value, cpu_decode.decode_plan(meta), self.scale,
+                                    self.sliding_window, out)
+        else:
+            for group in decode_groups(meta, cache.block_size, q.device):
+                out.index_copy_(0, group.rows,
+                                self._decode_group(q.index_select(0, group.rows), cache, group, sinks))
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:

@@ -1,0 +1,270 @@
+// Paged decode attention on the CPU, reading K/V in place from the block pool.
+//
+// The torch path gathers each decode sequence's blocks into a contiguous copy and runs
+// SDPA over it: the copy is written once and read again, and each group of rows costs
+// three ops per layer. Here one call per layer walks every decode sequence's block table
+// and reads each key and value once, where it lies. Built by cpu_decode.py with g++ at
+// first use; plain C ABI (ctypes), no torch headers, so it compiles in about a second.
+//
+// Layouts (all row-major, innermost stride 1):
+//   q, out        [rows of the step, H, D], row strides q_row_stride / out_row_stride
+//   key, value    [num_blocks, block_size, KVH, D]
+//   block_tables  int32 [*, bt_stride]; decode sequence i uses row seq_idx[i]
+// Per sequence i: its query row rows[i], its length lens[i]; it attends to positions
+// [max(0, len - window), len) (window <= 0: all), as the torch path's mask does.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t bf16) {  // bfloat16 bits: the high half of an fp32
+    uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline void store(float* dst, float x) { *dst = x; }
+inline void store(uint16_t* dst, float x) {  // round to nearest even, as torch does
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { *dst = 0x7fc0; return; }  // NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    *dst = static_cast<uint16_t>(bits >> 16);
+}
+
+struct Args {
+    const void* q; int64_t q_row_stride;
+    const void* key; const void* value;
+    const int32_t* block_tables; int64_t bt_stride;
+    const int64_t* rows; const int64_t* seq_idx; const int64_t* lens;
+    int64_t num_seqs, H, KVH, D, block_size, window;
+    float scale;
+    void* out; int64_t out_row_stride;
+};
+
+// One (sequence, KV head): its H / KVH query heads against its keys, two passes (scores,
+// then the weighted values), in fp32.
+// exp(x) for x <= 0 in a form the compiler vectorizes (libm's expf is a call per
+// element): 2^(x log2 e) split into an integer power, set in the exponent bits, and
+// 2^f for f in [0, 1) by a degree-6 polynomial (relative error about 2e-7, as expf's
+// few ulp; the scores' own rounding is larger).
+inline float exp_nonpositive(float x) {
+    x = std::max(x, -87.0f);
+    const float t = x * 1.44269504088896341f;
+    const float fi = std::floor(t);
+    const float f = t - fi;
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+// q . k for four keys at once: four independent chains of 8-lane accumulators, which
+// the compiler turns into vector FMAs (D a multiple of 8). One key at a time waits on
+// each FMA's latency and a horizontal sum per key: 2x slower at D = 32.
+template <typename T>
+inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
+    float acc[4][8] = {};
+    for (int64_t d = 0; d < D; d += 8)
+        for (int r = 0; r < 4; ++r) {
+#pragma omp simd
+            for (int l = 0; l < 8; ++l) acc[r][l] += q[d + l] * to_float(k[r][d + l]);
+        }
+    for (int r = 0; r < 4; ++r) {
+        float s = 0.f;
+        for (int l = 0; l < 8; ++l) s += acc[r][l];
+        out[r] = s;
+    }
+}
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t D) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += q[d] * to_float(k[d]);
+    return s;
+}
+
+inline void prefetch_block(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
+// One sequence, every head, in two passes (scores, then the weighted values) over its
+// blocks in table order, in fp32. Each block is read whole and in order, and the next
+// one is prefetched: blocks lie anywhere in the pool, and reading one head's slice per
+// pass (a strided quarter of each block) ran at DRAM latency, slower than torch's
+// gather of whole blocks once the pool outgrew the cache.
+template <typename T>
+void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<float>& scratch) {
+    const int64_t H = a.H, KVH = a.KVH, g = H / KVH, D = a.D, bs = a.block_size;
+    const int64_t len = a.lens[i];
+    const int64_t start = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+    const int64_t n = len - start;
+    const T* q = static_cast<const T*>(a.q) + a.rows[i] * a.q_row_stride;
+    T* out = static_cast<T*>(a.out) + a.rows[i] * a.out_row_stride;
+    const int32_t* table = a.block_tables + a.seq_idx[i] * a.bt_stride;
+    const int64_t row = KVH * D;                       // one token's keys (or values), all heads
+    const int64_t block_bytes = bs * row * static_cast<int64_t>(sizeof(T));
+    scratch.resize(static_cast<size_t>(H * D * 2 + H * n + H));
+    float* qf = scratch.data();             // [H, D] queries, scaled
+    float* acc = qf + H * D;                // [H, D] weighted values
+    float* scores = acc + H * D;            // [H, n]
+    float* mx = scores + H * n;             // [H]
+    for (int64_t j = 0; j < H * D; ++j) { qf[j] = to_float(q[j]) * a.scale; acc[j] = 0.f; }
+    for (int64_t j = 0; j < H; ++j) mx[j] = -INFINITY;
+    const bool by4 = D % 8 == 0;
+    const int64_t first = start - start % bs;
+    for (int pass = 0; pass < 2; ++pass) {
+        const T* pool = static_cast<const T*>(pass == 0 ? a.key : a.value);
+        for (int64_t t0 = first; t0 < len; t0 += bs) {
+            const T* block = pool + static_cast<int64_t>(table[t0 / bs]) * bs * row;
+            // The next block, a token's row at a time as this one's rows are read: spread
+            // out, the requests stay within what the core can have in flight.
+            // After the last key block comes the first value block; after the last value
+            // block, the next sequence's first key block (`next_seq`, none past the range).
+            const char* next = t0 + bs < len
+                ? reinterpret_cast<const char*>(pool + static_cast<int64_t>(table[t0 / bs + 1]) * bs * row)
+                : pass == 0 ? reinterpret_cast<const char*>(static_cast<const T*>(a.value)
+                                                            + static_cast<int64_t>(table[first / bs]) * bs * row)
+                : next_seq;
+            const int64_t row_bytes = block_bytes / bs;
+            int64_t t = std::max(t0, start);
+            if (next) prefetch_block(next, (t - t0) * row_bytes);           // rows this block skips
+            auto ahead = [&](int64_t tt, int64_t count) {
+                if (next) prefetch_block(next + (tt - t0) * row_bytes, count * row_bytes);
+            };
+            const int64_t t_end = std::min(t0 + bs, len);
+            if (pass == 0) {
+                for (; by4 && t + 4 <= t_end; t += 4) {
+                    ahead(t, 4);
+                    const T* k0 = block + (t - t0) * row;
+                    for (int64_t h = 0; h < KVH; ++h) {
+                        const T* k[4] = {k0 + h * D, k0 + row + h * D, k0 + 2 * row + h * D, k0 + 3 * row + h * D};
+                        for (int64_t j = h * g; j < (h + 1) * g; ++j) {
+                            float* s = scores + j * n + (t - start);
+                            dot4(qf + j * D, k, D, s);
+                            mx[j] = std::max(mx[j], std::max(std::max(s[0], s[1]), std::max(s[2], s[3])));
+                        }
+                    }
+                }
+                for (; t < t_end; ++t) {
+                    ahead(t, 1);
+                    const T* k = block + (t - t0) * row;
+                    for (int64_t j = 0; j < H; ++j) {
+                        const float s = dot(qf + j * D, k + (j / g) * D, D);
+                        scores[j * n + (t - start)] = s;
+                        mx[j] = std::max(mx[j], s);
+                    }
+                }
+            } else {
+                // Four keys at a time: one load-add-store of the accumulator per four keys,
+                // not per key (its chain through memory is this pass's latency).
+                for (; t + 4 <= t_end; t += 4) {
+                    ahead(t, 4);
+                    const T* v0 = block + (t - t0) * row;
+                    for (int64_t j = 0; j < H; ++j) {
+                        const T* v = v0 + (j / g) * D;
+                        const float* p = scores + j * n + (t - start);
+                        const float p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+                        float* __restrict__ accj = acc + j * D;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; ++d)
+                            accj[d] += p0 * to_float(v[d]) + p1 * to_float(v[row + d]) + p2 * to_float(v[2 * row + d])
+                                       + p3 * to_float(v[3 * row + d]);
+                    }
+                }
+                for (; t < t_end; ++t) {
+                    ahead(t, 1);
+                    const T* v = block + (t - t0) * row;
+                    for (int64_t j = 0; j < H; ++j) {
+                        const float p = scores[j * n + (t - start)];
+                        float* __restrict__ accj = acc + j * D;
+                        const T* vj = v + (j / g) * D;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; ++d) accj[d] += p * to_float(vj[d]);
+                    }
+                }
+            }
+        }
+        if (pass == 0) {
+            for (int64_t j = 0; j < H; ++j) {
+                float sum = 0.f;
+                float* sj = scores + j * n;
+                const float m = mx[j];
+#pragma omp simd reduction(+ : sum)
+                for (int64_t t = 0; t < n; ++t) { sj[t] = exp_nonpositive(sj[t] - m); sum += sj[t]; }
+                const float inv = 1.f / sum;
+#pragma omp simd
+                for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
+            }
+        }
+    }
+    for (int64_t j = 0; j < H * D; ++j) store(out + j, acc[j]);
+}
+
+// Where sequence i's first key block (the one its window starts in) lies.
+template <typename T>
+const char* first_key_block(const Args& a, int64_t i) {
+    const int64_t start = a.window > 0 ? std::max<int64_t>(0, a.lens[i] - a.window) : 0;
+    const int32_t block = a.block_tables[a.seq_idx[i] * a.bt_stride + start / a.block_size];
+    return reinterpret_cast<const char*>(static_cast<const T*>(a.key) + static_cast<int64_t>(block) * a.block_size * a.KVH * a.D);
+}
+
+template <typename T>
+void run(const Args& a, int64_t num_threads) {
+    const int64_t items = a.num_seqs;
+    auto work = [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch;
+        for (int64_t i = begin; i < end; ++i) attend_one<T>(a, i, i + 1 < end ? first_key_block<T>(a, i + 1) : nullptr, scratch);
+    };
+    // Split by keys read, not by sequences: lengths differ by 10x within a step.
+    if (num_threads <= 1 || items < 2) { work(0, items); return; }
+    std::vector<int64_t> cum(items + 1, 0);
+    for (int64_t i = 0; i < items; ++i) cum[i + 1] = cum[i] + a.lens[i] + 16;
+    std::vector<std::thread> threads;
+    int64_t begin = 0;
+    for (int64_t p = 1; p <= num_threads; ++p) {
+        int64_t end = p == num_threads ? items
+            : std::lower_bound(cum.begin(), cum.end(), cum[items] * p / num_threads) - cum.begin();
+        end = std::max(begin, std::min(end, items));
+        if (p == num_threads) { work(begin, end); break; }   // the last share on this thread
+        if (end > begin) threads.emplace_back(work, begin, end);
+        begin = end;
+    }
+    for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16 (q, key, value and out alike).
+int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key, const void* value,
+                 const int32_t* block_tables, int64_t bt_stride, const int64_t* rows,
+                 const int64_t* seq_idx, const int64_t* lens, int64_t num_seqs, int64_t H,
+                 int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
+                 void* out, int64_t out_row_stride, int64_t num_threads) {
+    if (KVH <= 0 || H % KVH != 0 || D <= 0 || block_size <= 0) return 1;
+    const Args a{q, q_row_stride, key, value, block_tables, bt_stride, rows, seq_idx, lens,
+                 num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride};
+    if (dtype == 0) run<float>(a, num_threads);
+    else if (dtype == 1) run<uint16_t>(a, num_threads);
+    else return 2;
+    return 0;
+}
+
+}
