@@ -1,7 +1,8 @@
 """Paged attention in plain torch: the reference path, and the one that runs on CPU.
 
-Decode rows (one query per sequence) are batched into padded SDPA calls, by groups of
-similar length; prefill chunks run one sequence at a time through scaled_dot_product_attention with an
+On CPU, decode rows go to the C++ kernel of cpu_decode.py where it applies (fp32/bf16
+cache, no soft-cap or sinks) and could be built. Otherwise decode rows (one query per
+sequence) are batched into padded SDPA calls, by groups of similar length; prefill chunks run one sequence at a time through scaled_dot_product_attention with an
 explicit mask (causal within the chunk, full over the cached context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
 see exactly the same values, FP8 and INT8 caches included.
