@@ -231,10 +231,14 @@ void run(const Args& a, int64_t num_threads) {
         std::vector<float> scratch;
         for (int64_t i = begin; i < end; ++i) attend_one<T>(a, i, i + 1 < end ? first_key_block<T>(a, i + 1) : nullptr, scratch);
     };
-    // Split by keys read, not by sequences: lengths differ by 10x within a step.
-    if (num_threads <= 1 || items < 2) { work(0, items); return; }
+    // Split by keys read, not by sequences: lengths differ by 10x within a step. A thread
+    // is started per share and call, which costs tens of microseconds: each gets at
+    // least MIN_KEYS_PER_THREAD keys (a few hundred microseconds of work).
+    constexpr int64_t MIN_KEYS_PER_THREAD = 2048;
     std::vector<int64_t> cum(items + 1, 0);
     for (int64_t i = 0; i < items; ++i) cum[i + 1] = cum[i] + a.lens[i] + 16;
+    num_threads = std::min(num_threads, cum[items] / MIN_KEYS_PER_THREAD);
+    if (num_threads <= 1 || items < 2) { work(0, items); return; }
     std::vector<std::thread> threads;
     int64_t begin = 0;
     for (int64_t p = 1; p <= num_threads; ++p) {
@@ -261,9 +265,15 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
     if (KVH <= 0 || H % KVH != 0 || D <= 0 || block_size <= 0) return 1;
     const Args a{q, q_row_stride, key, value, block_tables, bt_stride, rows, seq_idx, lens,
                  num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride};
-    if (dtype == 0) run<float>(a, num_threads);
-    else if (dtype == 1) run<uint16_t>(a, num_threads);
-    else return 2;
+    // Nothing may unwind through the C ABI (that would terminate the process): a failed
+    // allocation or thread start becomes an error code, and the caller raises.
+    try {
+        if (dtype == 0) run<float>(a, num_threads);
+        else if (dtype == 1) run<uint16_t>(a, num_threads);
+        else return 2;
+    } catch (...) {
+        return 3;
+    }
     return 0;
 }
 

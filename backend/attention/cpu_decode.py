@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import stat
 import subprocess
 import tempfile
 import threading
@@ -42,14 +43,22 @@ _lock = threading.Lock()
 _loaded: dict[str, Optional[ctypes.CDLL]] = {}
 
 
+CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU part")   # x86, then Arm's
+
+
 def _cpu_signature() -> str:
-    """What the library's code depends on (-march=native): the CPU's model and flags."""
+    """What the library's code depends on (-march=native): the CPU's model and
+    instruction-set flags (x86's `flags`, Arm's `Features` and part), first core's."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+            for line in f:
+                name = line.split(":", 1)[0].strip()
+                if name in CPU_FIELDS and name not in fields:
+                    fields[name] = line.strip()
     except OSError:
-        lines = []
-    return platform.machine() + "".join(lines)
+        pass
+    return platform.machine() + "|".join(fields[k] for k in sorted(fields))
 
 
 def _cache_dir() -> str:
@@ -62,9 +71,17 @@ def _cache_dir() -> str:
             return cache
     except OSError:
         pass
+    # The shared temporary folder: only a folder this user owns and nobody else may write
+    # (another user could otherwise plant the library this process loads).
     cache = os.path.join(tempfile.gettempdir(), f"paged_llm-{os.getuid()}")
-    os.makedirs(cache, exist_ok=True)
-    return cache
+    try:
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        st = os.lstat(cache)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return cache
+    except OSError:
+        pass
+    return tempfile.mkdtemp(prefix="paged_llm-")
 
 
 def _build(cxx: str) -> str:
@@ -142,12 +159,15 @@ def decode_plan(meta: AttentionMetadata) -> DecodePlan:
     return plan
 
 
-def supports(q: torch.Tensor, key: torch.Tensor, logits_soft_cap, sinks) -> bool:
+def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, logits_soft_cap, sinks) -> bool:
     """Whether the kernel can serve this layer: CPU tensors of one dtype it knows, no
-    soft-cap or sinks (those run the explicit torch path), dense inner layouts."""
-    return (q.device.type == "cpu" and key.device.type == "cpu" and q.dtype in DTYPES and key.dtype == q.dtype
+    soft-cap or sinks (those run the explicit torch path), dense inner layouts, and a
+    real call (not a trace, which cannot follow a foreign call)."""
+    return (q.device.type == "cpu" and key.device.type == "cpu" and value.device.type == "cpu"
+            and q.dtype in DTYPES and key.dtype == q.dtype and value.dtype == q.dtype
             and logits_soft_cap is None and sinks is None and q.stride(-1) == 1 and q.stride(-2) == q.shape[-1]
-            and key.is_contiguous())
+            and key.is_contiguous() and value.is_contiguous() and value.shape == key.shape
+            and not torch.compiler.is_compiling())
 
 
 def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: DecodePlan,

@@ -202,7 +202,7 @@ class TorchPagedAttention:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, self.logits_soft_cap, sinks) else None
+        lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, cache.value, self.logits_soft_cap, sinks) else None
         if lib is not None and out.stride(-1) == 1 and out.stride(-2) == q.shape[-1]:
             # On the CPU: one call for every decode row, K/V read in place (cpu_decode.py).
             cpu_decode.paged_decode(lib, q, cache.key, cache.value, cpu_decode.decode_plan(meta), self.scale,

@@ -1,14 +1,16 @@
 """The CPU decode-attention kernel (backend/attention/cpu_decode.py): the same outputs as
 the from-the-definition reference and the torch path it replaces, for GQA, windows,
-bf16 and more than one thread; built once and cached; the torch path where it cannot
-be built or is switched off."""
+bf16, the engine's strided layouts and more than one thread; built once and cached; the
+torch path where it cannot be built, is switched off, or does not apply."""
 
 import os
+import threading
 
 import pytest
 import torch
 
 from backend.attention import cpu_decode
+from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.attention.torch_attention import TorchPagedAttention
 from tests.helpers.paged_batch import build, rel_err
 from tests.unit.attention.test_torch_attention import _dense_reference
@@ -19,57 +21,73 @@ SEQS = [(13, 1), (0, 9), (40, 1), (10, 5), (3, 1), (0, 1), (69, 1), (25, 1)]
 
 
 @pytest.fixture
-def lib():
-    lib = cpu_decode.kernel()
-    assert lib is not None, "the CPU test machine has g++: the kernel must build"
-    return lib
+def kernel_calls(monkeypatch):
+    """The kernel's calls, counted: each test shows the kernel ran, not the torch path."""
+    assert cpu_decode.kernel() is not None, "the CPU test machine has g++: the kernel must build"
+    calls = []
+    real = cpu_decode.paged_decode
+
+    def counted(*args, **kwargs):
+        calls.append(args[4].num_seqs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cpu_decode, "paged_decode", counted)
+    return calls
 
 
 def _forward(q, k, v, cache, meta, window=None, heads=(4, 2), head_dim=16):
     return TorchPagedAttention(heads[0], heads[1], head_dim, 0.25, window).forward(q, k, v, cache, meta)
 
 
-@pytest.mark.parametrize("group,window", [(2, None), (1, None), (4, 6), (2, 1)])
-def test_kernel_follows_the_definition(lib, group, window):
-    q, k, v, cache, meta = build(SEQS, 4, 2, group, 16, seed=5)
-    calls = []
-    real = cpu_decode.paged_decode
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    cpu_decode.paged_decode = counted
-    try:
-        out = TorchPagedAttention(2 * group, 2, 16, 0.25, window).forward(q, k, v, cache, meta)
-    finally:
-        cpu_decode.paged_decode = real
-    assert calls == [1]                         # one call for all the step's decode rows
+@pytest.mark.parametrize("group,window,head_dim", [(2, None, 16), (1, None, 16), (4, 6, 16), (2, 1, 16),
+                                                   (2, 5, 12)])
+def test_kernel_follows_the_definition(kernel_calls, group, window, head_dim):
+    """GQA, MHA, windows (one key; mid-block starts), a head size the four-key path does
+    not take (12)."""
+    q, k, v, cache, meta = build(SEQS, 4, 2, group, head_dim, seed=5)
+    out = TorchPagedAttention(2 * group, 2, head_dim, 0.25, window).forward(q, k, v, cache, meta)
+    assert kernel_calls == [6]                  # one call for all six decode rows
     ref = _dense_reference(q, k, v, cache, meta, 0.25, window, None)
     assert rel_err(out, ref) < 1e-5
 
 
-def test_kernel_equals_the_torch_path_and_reads_the_cache_in_place(lib, monkeypatch):
+def test_the_engines_layouts(kernel_calls):
+    """q a view of a wider qkv row (the model's one GEMM output), block tables a slice of
+    a wider, taller table (persistent tables, shard_meta's rows), out of every row."""
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=9)
+    T, H, D = q.shape
+    qkv = torch.randn(T, H * D + 64)
+    qkv[:, :H * D] = q.reshape(T, -1)
+    q_view = qkv[:, :H * D].view(T, H, D)
+    assert not q_view.is_contiguous()
+    wide = torch.full((len(SEQS) + 3, meta.block_tables.shape[1] + 5), -1, dtype=torch.int32)
+    wide[2:2 + len(SEQS), :meta.block_tables.shape[1]] = meta.block_tables
+    strided = AttentionMetadata(meta.query_start_loc, meta.seq_lens, wide[2:2 + len(SEQS)], meta.slot_mapping,
+                                meta.query_lens_cpu, meta.seq_lens_cpu, meta.max_query_len, meta.max_seq_len)
+    out = _forward(q_view, k, v, cache, strided)
+    assert kernel_calls == [6]
+    assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
+
+
+def test_kernel_equals_the_torch_path_and_reads_the_cache_in_place(kernel_calls, monkeypatch):
     q, k, v, cache, meta = build(SEQS, 16, 2, 2, 32, seed=7)
-    key, value = cache.key.clone(), cache.value.clone()
     out = _forward(q, k, v, cache, meta, head_dim=32)
-    cache.key.copy_(key)
-    cache.value.copy_(value)
+    assert len(kernel_calls) == 1
     monkeypatch.setenv(cpu_decode.ENV_SWITCH, "0")
     assert cpu_decode.kernel() is None
     torch_path = _forward(q, k, v, cache, meta, head_dim=32)
-    assert (out - torch_path).abs().max() < 1e-5
+    assert len(kernel_calls) == 1 and (out - torch_path).abs().max() < 1e-5
     # A decode row's output moves with the key it reads: the kernel reads the pool itself.
-    row, seq = 0, 0
-    block = meta.block_tables[seq, 0]
-    cache.key[block, 0] += 3.0
+    cache.key[meta.block_tables[0, 0], 0] += 3.0
     monkeypatch.delenv(cpu_decode.ENV_SWITCH)
     again = _forward(q, k, v, cache, meta, head_dim=32)
-    assert (again[row] - out[row]).abs().max() > 1e-3
+    assert len(kernel_calls) == 2
+    assert (again[0] - out[0]).abs().max() > 1e-3
     assert torch.equal(again[1:10], out[1:10])        # the prefill chunk's rows: another sequence
 
 
-def test_bf16_and_threads(lib):
-    q, k, v, cache, meta = build(SEQS * 3, 4, 2, 2, 16, seed=11)
+def test_threads_split_the_work_not_the_sums(kernel_calls):
+    # Long enough for more than one thread (each takes at least 2,048 keys).
+    q, k, v, cache, meta = build([(300 + 13 * i, 1) for i in range(24)], 16, 2, 2, 16, seed=11)
     before = torch.get_num_threads()
     try:
         outs = []
@@ -78,19 +96,46 @@ def test_bf16_and_threads(lib):
             outs.append(_forward(q, k, v, cache, meta))
     finally:
         torch.set_num_threads(before)
-    assert all(torch.equal(o, outs[0]) for o in outs[1:])   # threads split the work, not the sums
-    ref = _dense_reference(q, k, v, cache, meta, 0.25, None, None)     # (the forward wrote k, v)
-    assert rel_err(outs[0], ref) < 1e-5
-    cache16 = type(cache)(cache.key.bfloat16(), cache.value.bfloat16())
+    assert len(kernel_calls) == 3
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert rel_err(outs[0], _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
+
+
+def test_concurrent_calls_on_disjoint_sequences(kernel_calls):
+    """The forward's shard threads (cpu_shards.py) call the kernel at once."""
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=13)
+    alone = _forward(q, k, v, cache, meta)
+    results = {}
+
+    def run(name):
+        for _ in range(20):
+            meta.decode_plan = None
+            results[name] = _forward(q, k, v, cache, meta)
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(kernel_calls) == 41
+    assert torch.equal(results[0], alone) and torch.equal(results[1], alone)
+
+
+def test_bf16_rounds_the_fp32_result(kernel_calls):
+    """bf16 q/K/V: fp32 inside, one round to nearest even at the end, bit for bit what the
+    kernel gives in fp32 on the same values, rounded."""
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=11)
+    cache16 = KVCacheLayer(cache.key.bfloat16(), cache.value.bfloat16())
     q16, k16, v16 = q.bfloat16(), k.bfloat16(), v.bfloat16()
     out16 = _forward(q16, k16, v16, cache16, meta)
-    assert out16.dtype == torch.bfloat16
-    ref16 = _dense_reference(q16.float(), k16.float(), v16.float(),
-                             type(cache)(cache16.key.float(), cache16.value.float()), meta, 0.25, None, None)
-    assert rel_err(out16, ref16) < 1e-2
+    out32 = _forward(q16.float(), k16.float(), v16.float(),
+                     KVCacheLayer(cache16.key.float(), cache16.value.float()), meta)
+    assert len(kernel_calls) == 2 and out16.dtype == torch.bfloat16
+    decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+    rows = meta.query_start_loc[decode].long()
+    assert torch.equal(out16[rows], out32[rows].bfloat16())
 
 
-def test_built_once_and_cached(lib, tmp_path, monkeypatch):
+def test_built_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
     first = cpu_decode._build("g++")
     mtime = os.stat(first).st_mtime_ns
@@ -101,29 +146,40 @@ def test_built_once_and_cached(lib, tmp_path, monkeypatch):
 def test_no_compiler_means_the_torch_path(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(cpu_decode, "paged_decode", lambda *a, **k: calls.append(1))
     with caplog.at_level("WARNING"):
         assert cpu_decode.kernel() is None
     assert "torch path" in caplog.text
     q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=5)
     out = _forward(q, k, v, cache, meta)
+    assert not calls
     assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
 
 
 def test_soft_cap_sinks_and_quantized_caches_stay_on_the_torch_path():
     q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=5)
-    assert cpu_decode.supports(q, cache.key, None, None)
-    assert not cpu_decode.supports(q, cache.key, 30.0, None)
-    assert not cpu_decode.supports(q, cache.key, None, torch.zeros(4))
-    assert not cpu_decode.supports(q, cache.key.to(torch.float8_e4m3fn), None, None)
-    assert not cpu_decode.supports(q, cache.key.to(torch.int8), None, None)
+    key, value = cache.key, cache.value
+    assert cpu_decode.supports(q, key, value, None, None)
+    assert not cpu_decode.supports(q, key, value, 30.0, None)
+    assert not cpu_decode.supports(q, key, value, None, torch.zeros(4))
+    assert not cpu_decode.supports(q, key.to(torch.float8_e4m3fn), value, None, None)
+    assert not cpu_decode.supports(q, key.to(torch.int8), value.to(torch.int8), None, None)
+    assert not cpu_decode.supports(q, key, value.to(torch.bfloat16), None, None)
+    assert not cpu_decode.supports(q, key, value.transpose(1, 2), None, None)
 
 
-def test_unwritable_cache_folder_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
+def test_unwritable_cache_folder_falls_back_to_a_private_temporary_folder(tmp_path, monkeypatch):
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(blocked / "cache"))    # cannot be made
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
-    monkeypatch.setattr(tempfile, "tempdir", None)                       # re-read TMPDIR
-    assert cpu_decode._cache_dir().startswith(str(tmp_path / "paged_llm-"))
-    assert os.path.dirname(cpu_decode._build("g++")) == cpu_decode._cache_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = cpu_decode._cache_dir()
+    assert private == str(tmp_path / f"paged_llm-{os.getuid()}")
+    assert os.stat(private).st_mode & 0o077 == 0
+    assert os.path.dirname(cpu_decode._build("g++")) == private
+    # A folder there that others may write is not used: a fresh private one is.
+    os.chmod(private, 0o777)
+    other = cpu_decode._cache_dir()
+    assert other != private and os.path.dirname(other) == str(tmp_path)

@@ -1,6 +1,7 @@
 """The torch path's paged-block gather: the same values into a buffer reused from call to
 call (fresh CPU tensors of this size are page-faulted in on every step)."""
 
+import pytest
 import torch
 
 from backend.attention.torch_attention import _gather
@@ -65,10 +66,13 @@ def _dense_reference(q, k, v, cache, meta, scale, window, cap):
     return out
 
 
-def test_window_and_soft_cap_follow_the_definition():
+@pytest.mark.parametrize("cpu_kernel", ["1", "0"])
+def test_window_and_soft_cap_follow_the_definition(cpu_kernel, monkeypatch):
     """Sliding window (keys more than window - 1 positions back masked) and soft-cap
     (cap * tanh(score / cap) before the softmax) in decode, prefill and a chunk after a
-    cached context, GQA, against a from-the-definition reference."""
+    cached context, GQA, against a from-the-definition reference; the decode rows through
+    the CPU kernel (cpu_decode.py) and through the torch path it replaces."""
+    monkeypatch.setenv("PAGED_LLM_CPU_DECODE_KERNEL", cpu_kernel)
     from backend.attention.torch_attention import TorchPagedAttention
     from tests.helpers.paged_batch import build, rel_err
     seqs = [(13, 1), (0, 9), (10, 5), (3, 1)]
