@@ -27,8 +27,8 @@ def make_layer_ops(backend: str) -> LayerOps:
     if backend == "triton":
         from backend.ops import triton_kernels as k
         from backend.ops.fused_moe_triton import fused_moe, route
-    else:
-        from backend.ops import reference as k
+    else:   # the references, with RMSNorm and rotary in C++ on the CPU where they build
+        from backend.ops import cpu_layer_ops as k
         from backend.ops.moe_reference import fused_moe, route
     return LayerOps(k.add_rms_norm, k.rotary, k.act_and_mul, fused_moe=fused_moe, moe_route=route,
                     backend="triton" if backend == "triton" else "torch")

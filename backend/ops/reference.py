@@ -1,5 +1,6 @@
-"""Torch references of the fused layer ops: what runs on CPU, and the definition the
-Triton kernels (triton_kernels.py) are tested against.
+"""Torch references of the fused layer ops: the definition the Triton kernels
+(triton_kernels.py) and the CPU's C++ ops (cpu_layer_ops.py) are tested against, and
+what runs on CPU wherever those do not apply.
 
 Each follows Hugging Face's modules operation for operation, so fp32 results match
 transformers bit for bit: RMSNorm normalizes in fp32, casts to the activation dtype,

@@ -1,9 +1,8 @@
 """The CPU decode-attention kernel (backend/attention/cpu_decode.py): the same outputs as
 the from-the-definition reference and the torch path it replaces, for GQA, windows,
-bf16, the engine's strided layouts and more than one thread; built once and cached; the
-torch path where it cannot be built, is switched off, or does not apply."""
+bf16, the engine's strided layouts and more than one thread; the torch path where it
+cannot be built, is switched off, or does not apply (building: tests/unit/ops/test_cpu_build.py)."""
 
-import os
 import threading
 
 import pytest
@@ -135,14 +134,6 @@ def test_bf16_rounds_the_fp32_result(kernel_calls):
     assert torch.equal(out16[rows], out32[rows].bfloat16())
 
 
-def test_built_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
-    first = cpu_decode._build("g++")
-    mtime = os.stat(first).st_mtime_ns
-    assert cpu_decode._build("g++") == first and os.stat(first).st_mtime_ns == mtime
-    assert os.listdir(tmp_path) == [os.path.basename(first)]          # no temporary file left
-
-
 def test_no_compiler_means_the_torch_path(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
@@ -167,19 +158,3 @@ def test_soft_cap_sinks_and_quantized_caches_stay_on_the_torch_path():
     assert not cpu_decode.supports(q, key.to(torch.int8), value.to(torch.int8), None, None)
     assert not cpu_decode.supports(q, key, value.to(torch.bfloat16), None, None)
     assert not cpu_decode.supports(q, key, value.transpose(1, 2), None, None)
-
-
-def test_unwritable_cache_folder_falls_back_to_a_private_temporary_folder(tmp_path, monkeypatch):
-    blocked = tmp_path / "a-file"
-    blocked.write_text("")
-    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(blocked / "cache"))    # cannot be made
-    import tempfile
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    private = cpu_decode._cache_dir()
-    assert private == str(tmp_path / f"paged_llm-{os.getuid()}")
-    assert os.stat(private).st_mode & 0o077 == 0
-    assert os.path.dirname(cpu_decode._build("g++")) == private
-    # A folder there that others may write is not used: a fresh private one is.
-    os.chmod(private, 0o777)
-    other = cpu_decode._cache_dir()
-    assert other != private and os.path.dirname(other) == str(tmp_path)

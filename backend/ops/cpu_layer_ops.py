@@ -1,0 +1,91 @@
+"""The torch layer ops with their two busiest fused in C++ on the CPU (cpu_layer_ops.cpp):
+residual-add + RMSNorm and rotary, fp32. Anything else (another device or dtype,
+Qwen3's q/k norms, partial rotary, odd layouts) runs the torch reference.
+
+Why: the reference RMSNorm is 7 torch ops and rotary 20 per layer, and every op takes
+the GIL for its dispatch. With the forward split over threads (cpu_shards.py) the two
+shard threads queued for it: a shard ran 15% slower beside a thread of small torch ops,
+and the two shards together 30-40% slower than either alone (docs/benchmarks.md section
+16). One foreign call each (ctypes releases the GIL while it runs) cuts a shard's op
+count by half. `PAGED_LLM_CPU_LAYER_OPS=0` keeps the references.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+import torch
+
+from backend.ops import reference
+from backend.ops.cpu_build import CppLibrary, plain_tensors
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_layer_ops.cpp")
+ENV_SWITCH = "PAGED_LLM_CPU_LAYER_OPS"
+
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
+    "add_rms_norm_f32": (None, [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, ctypes.c_float, _ptr, _i64, _ptr, _i64]),
+    "rotary_f32": (ctypes.c_int, [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64,
+                                  _ptr, _ptr]),
+}, "CPU layer ops")
+
+act_and_mul = reference.act_and_mul
+rms_norm = reference.rms_norm
+
+
+def library() -> Optional[ctypes.CDLL]:
+    return _LIBRARY.get()
+
+
+def _rows_f32(x: torch.Tensor) -> bool:
+    """A CPU fp32 [T, N] tensor with unit inner stride, outside any trace."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1
+
+
+def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual); with no residual, (RMSNorm(x), x)."""
+    lib = library()
+    if (lib is None or not _rows_f32(x) or (residual is not None and (not _rows_f32(residual)
+                                                                      or residual.shape != x.shape))
+            or weight.dtype != torch.float32 or not weight.is_contiguous() or weight.shape != x.shape[-1:]
+            or not plain_tensors(x, weight, *([residual] if residual is not None else []))):
+        return reference.add_rms_norm(x, residual, weight, eps)
+    T, N = x.shape
+    out = torch.empty((T, N), dtype=x.dtype)
+    res = torch.empty((T, N), dtype=x.dtype) if residual is not None else x
+    lib.add_rms_norm_f32(x.data_ptr(), x.stride(0), residual.data_ptr() if residual is not None else None,
+                         residual.stride(0) if residual is not None else 0, weight.data_ptr(), T, N, eps,
+                         out.data_ptr(), N, res.data_ptr() if residual is not None else None, N)
+    return out, res
+
+
+def _heads_f32(x: torch.Tensor) -> bool:
+    """[T, heads, D] fp32 on the CPU, heads D apart (a view of the qkv GEMM's rows)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3 and x.stride(-1) == 1
+            and x.stride(-2) == x.shape[-1])
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+           sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
+           eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """As reference.rotary: returns new tensors."""
+    lib = library()
+    D = q.shape[-1]
+    if (lib is None or q_norm is not None or not _heads_f32(q) or not _heads_f32(k) or D % 2
+            or k.shape[-1] != D or cos_cache.shape[-1] != D or cos_cache.dtype != torch.float32
+            or sin_cache.dtype != torch.float32 or not cos_cache.is_contiguous() or not sin_cache.is_contiguous()
+            or sin_cache.shape != cos_cache.shape
+            or positions.dtype not in (torch.int32, torch.int64) or not positions.is_contiguous() or positions.device.type != "cpu"
+            or not plain_tensors(positions, q, k, cos_cache, sin_cache)):
+        return reference.rotary(positions, q, k, cos_cache, sin_cache, q_norm, k_norm, eps)
+    T, H, _ = q.shape
+    q_out = torch.empty((T, H, D), dtype=q.dtype)
+    k_out = torch.empty((T, k.shape[1], D), dtype=k.dtype)
+    if lib.rotary_f32(positions.data_ptr(), positions.element_size(), T, q.data_ptr(), q.stride(0), H, k.data_ptr(), k.stride(0), k.shape[1],
+                      D, cos_cache.data_ptr(), sin_cache.data_ptr(), cos_cache.shape[0], q_out.data_ptr(),
+                      k_out.data_ptr()):
+        raise IndexError(f"a position lies outside the rotary tables' {cos_cache.shape[0]} rows")
+    return q_out, k_out

@@ -1,0 +1,43 @@
+"""Building our C++ CPU kernels (backend/ops/cpu_build.py): compiled once and cached,
+a private folder when the cache folder cannot be written, no foreign call on traced
+tensors."""
+
+import os
+
+import torch
+
+from backend.attention import cpu_decode
+from backend.ops import cpu_build
+
+
+def test_built_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
+    first = cpu_build.build(cpu_decode.SOURCE, "g++")
+    mtime = os.stat(first).st_mtime_ns
+    assert cpu_build.build(cpu_decode.SOURCE, "g++") == first and os.stat(first).st_mtime_ns == mtime
+    assert os.listdir(tmp_path) == [os.path.basename(first)]          # no temporary file left
+
+
+def test_unwritable_cache_folder_falls_back_to_a_private_temporary_folder(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(blocked / "cache"))    # cannot be made
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = cpu_build.cache_dir()
+    assert private == str(tmp_path / f"paged_llm-{os.getuid()}")
+    assert os.stat(private).st_mode & 0o077 == 0
+    assert os.path.dirname(cpu_build.build(cpu_decode.SOURCE, "g++")) == private
+    # A folder there that others may write is not used: a fresh private one is.
+    os.chmod(private, 0o777)
+    other = cpu_build.cache_dir()
+    assert other != private and os.path.dirname(other) == str(tmp_path)
+
+
+def test_traced_tensors_are_not_plain():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x = torch.zeros(2)
+    assert cpu_build.plain_tensors(x, torch.nn.Parameter(torch.zeros(2), requires_grad=False))
+    with FakeTensorMode():
+        fake = torch.zeros(2)
+    assert not cpu_build.plain_tensors(x, fake)

@@ -1,0 +1,96 @@
+"""The C++ layer ops on the CPU (backend/ops/cpu_layer_ops.py): what the torch references
+compute (rotary and the residual add bit for bit, RMSNorm within the last bit of its
+mean), on the engine's layouts; the references wherever they do not apply."""
+
+import pytest
+import torch
+
+from backend.ops import cpu_layer_ops, make_layer_ops, reference
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The C++ functions' calls, by name: each test shows which path ran."""
+    lib = cpu_layer_ops.library()
+    assert lib is not None, "the CPU test machine has g++: the library must build"
+    seen = []
+
+    class Counting:
+        def __getattr__(self, name):
+            fn = getattr(lib, name)
+
+            def call(*args):
+                seen.append(name)
+                return fn(*args)
+            return call
+    monkeypatch.setattr(cpu_layer_ops, "library", lambda: Counting())
+    return seen
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_make_layer_ops_torch_takes_them():
+    ops = make_layer_ops("torch")
+    assert ops.add_rms_norm is cpu_layer_ops.add_rms_norm and ops.rotary is cpu_layer_ops.rotary
+
+
+def test_add_rms_norm_matches_the_reference(calls):
+    g = _gen()
+    rows = torch.randn(33, 256 + 40, generator=g)
+    x = rows[:, :256]                       # a view of wider rows, as a GEMM slice may be
+    residual, weight = torch.randn(33, 256, generator=g), torch.randn(256, generator=g)
+    out, res = cpu_layer_ops.add_rms_norm(x, residual, weight, 1e-6)
+    ref_out, ref_res = reference.add_rms_norm(x, residual, weight, 1e-6)
+    assert calls == ["add_rms_norm_f32"]
+    assert torch.equal(res, ref_res)
+    assert ((out - ref_out).abs() / ref_out.abs().clamp_min(1e-3)).max() < 1e-6
+    out, same = cpu_layer_ops.add_rms_norm(x, None, weight, 1e-6)
+    assert same is x and ((out - reference.rms_norm(x, weight, 1e-6)).abs()).max() < 1e-5
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_rotary_is_bit_identical_to_the_reference(calls, dtype):
+    g = _gen(1)
+    T, H, KVH, D = 19, 8, 4, 32
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g)       # q and k: views of one GEMM's rows
+    q = qkv[:, :H * D].view(T, H, D)
+    k = qkv[:, H * D:(H + KVH) * D].view(T, KVH, D)
+    positions = torch.randint(0, 100, (T,), generator=g, dtype=dtype)
+    cos, sin = torch.randn(100, D, generator=g), torch.randn(100, D, generator=g)
+    q_out, k_out = cpu_layer_ops.rotary(positions, q, k, cos, sin)
+    q_ref, k_ref = reference.rotary(positions.long(), q, k, cos, sin)
+    assert calls == ["rotary_f32"]
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    with pytest.raises(IndexError):
+        cpu_layer_ops.rotary(torch.tensor([3, 100], dtype=dtype), q[:2], k[:2], cos, sin)
+
+
+def test_the_references_run_where_the_ops_do_not_apply(calls, monkeypatch):
+    g = _gen(2)
+    x, weight = torch.randn(5, 64, generator=g), torch.randn(64, generator=g)
+    q, k = torch.randn(5, 4, 16, generator=g), torch.randn(5, 2, 16, generator=g)
+    positions = torch.arange(5)
+    cos, sin = torch.randn(10, 16, generator=g), torch.randn(10, 16, generator=g)
+    # bf16 activations; Qwen3's q/k norms; partial rotary (tables narrower than D).
+    out, _ = cpu_layer_ops.add_rms_norm(x.bfloat16(), None, weight.bfloat16(), 1e-6)
+    assert torch.equal(out, reference.rms_norm(x.bfloat16(), weight.bfloat16(), 1e-6))
+    norm_w = torch.randn(16, generator=g)
+    got = cpu_layer_ops.rotary(positions, q, k, cos, sin, norm_w, norm_w, 1e-6)
+    want = reference.rotary(positions, q, k, cos, sin, norm_w, norm_w, 1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    got = cpu_layer_ops.rotary(positions, q, k, cos[:, :8], sin[:, :8])
+    assert all(torch.equal(a, b) for a, b in zip(got, reference.rotary(positions, q, k, cos[:, :8], sin[:, :8])))
+    # Traced calls (fake tensors have no memory to hand over).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake_out, _ = cpu_layer_ops.add_rms_norm(torch.empty(5, 64), None, torch.empty(64), 1e-6)
+    assert fake_out.shape == (5, 64)
+    assert calls == []
+    monkeypatch.setenv(cpu_layer_ops.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_layer_ops, "library", cpu_layer_ops._LIBRARY.get)
+    assert cpu_layer_ops.library() is None
+    out, _ = cpu_layer_ops.add_rms_norm(x, None, weight, 1e-6)
+    assert torch.equal(out, reference.rms_norm(x, weight, 1e-6))
