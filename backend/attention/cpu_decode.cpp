@@ -256,6 +256,26 @@ void run(const Args& a, int64_t num_threads) {
 
 extern "C" {
 
+// The step's K/V rows into the pool: row t of key/value ([T, KVH, D], row strides in
+// bytes, each row's KVH * D values contiguous) to slot slots[t] of the caches
+// (num_slots rows of row_bytes). One call where the torch path is six ops (views, casts,
+// two index copies). slots: int32 (slot_bytes 4) or int64 (8). Returns 1, writing
+// nothing, for a slot outside the pool.
+int write_kv(const void* slots, int64_t slot_bytes, int64_t T, const char* key, int64_t k_stride,
+             const char* value, int64_t v_stride, int64_t row_bytes, char* k_cache, char* v_cache,
+             int64_t num_slots) {
+    auto slot = [&](int64_t t) -> int64_t {
+        return slot_bytes == 4 ? static_cast<const int32_t*>(slots)[t] : static_cast<const int64_t*>(slots)[t];
+    };
+    for (int64_t t = 0; t < T; ++t)
+        if (slot(t) < 0 || slot(t) >= num_slots) return 1;
+    for (int64_t t = 0; t < T; ++t) {
+        std::memcpy(k_cache + slot(t) * row_bytes, key + t * k_stride, static_cast<size_t>(row_bytes));
+        std::memcpy(v_cache + slot(t) * row_bytes, value + t * v_stride, static_cast<size_t>(row_bytes));
+    }
+    return 0;
+}
+
 // dtype: 0 float32, 1 bfloat16 (q, key, value and out alike).
 int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key, const void* value,
                  const int32_t* block_tables, int64_t bt_stride, const int64_t* rows,

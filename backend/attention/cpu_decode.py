@@ -32,6 +32,7 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
     "paged_decode": (ctypes.c_int, [ctypes.c_int, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
                                     _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64]),
+    "write_kv": (ctypes.c_int, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64]),
 }, "CPU decode-attention kernel")
 
 
@@ -94,3 +95,28 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
         out.data_ptr(), out.stride(0), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"paged_decode failed (code {rc}) for H={H}, KVH={kvh}, D={D}, dtype={q.dtype}")
+
+
+def _rows_dense(x: torch.Tensor) -> bool:
+    """[T, KVH, D] with each row's KVH * D values contiguous."""
+    return x.dim() == 3 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+
+
+def write_kv(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """The step's K/V into the pool, as torch_attention.write_kv does for a cache of the
+    activations' dtype; False (nothing written) where this layout or dtype is not one it
+    copies, for the torch path to do it."""
+    if (key.dtype != k_cache.dtype or value.dtype != v_cache.dtype or key.shape != value.shape
+            or not _rows_dense(key) or not _rows_dense(value) or slot_mapping.dtype not in (torch.int32, torch.int64)
+            or not slot_mapping.is_contiguous() or slot_mapping.device.type != "cpu"
+            or not plain_tensors(key, value, slot_mapping)):
+        return False
+    elem = key.element_size()
+    row_bytes = key.shape[1] * key.shape[2] * elem
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if lib.write_kv(slot_mapping.data_ptr(), slot_mapping.element_size(), key.shape[0], key.data_ptr(),
+                    key.stride(0) * elem, value.data_ptr(), value.stride(0) * elem, row_bytes, k_cache.data_ptr(),
+                    v_cache.data_ptr(), num_slots):
+        raise IndexError(f"a slot lies outside the KV pool's {num_slots} slots")
+    return True

@@ -200,9 +200,10 @@ class TorchPagedAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
                 meta: AttentionMetadata, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
-        write_kv(k, v, cache, meta.slot_mapping)
-        out = torch.empty_like(q)
         lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, cache.value, self.logits_soft_cap, sinks) else None
+        if lib is None or not cpu_decode.write_kv(lib, k, v, cache.key, cache.value, meta.slot_mapping):
+            write_kv(k, v, cache, meta.slot_mapping)
+        out = torch.empty_like(q)
         if lib is not None and out.stride(-1) == 1 and out.stride(-2) == q.shape[-1]:
             # On the CPU: one call for every decode row, K/V read in place (cpu_decode.py).
             cpu_decode.paged_decode(lib, q, cache.key, cache.value, cpu_decode.decode_plan(meta), self.scale,

@@ -158,3 +158,34 @@ def test_soft_cap_sinks_and_quantized_caches_stay_on_the_torch_path():
     assert not cpu_decode.supports(q, key.to(torch.int8), value.to(torch.int8), None, None)
     assert not cpu_decode.supports(q, key, value.to(torch.bfloat16), None, None)
     assert not cpu_decode.supports(q, key, value.transpose(1, 2), None, None)
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_write_kv_equals_the_torch_writer(slot_dtype):
+    """K/V rows from views of one GEMM's rows (v is), int32 or int64 slots, into the pool:
+    the same bytes as torch_attention.write_kv; a slot past the pool is an error."""
+    from backend.attention.torch_attention import write_kv as torch_write_kv
+    lib = cpu_decode.kernel()
+    g = torch.Generator().manual_seed(3)
+    T, KVH, D, blocks, bs = 7, 2, 8, 6, 4
+    kv = torch.randn(T, 2 * KVH * D + 5, generator=g)
+    k, v = kv[:, :KVH * D].view(T, KVH, D), kv[:, KVH * D:2 * KVH * D].view(T, KVH, D)
+    slots = torch.randperm(blocks * bs, generator=g)[:T].to(slot_dtype)
+    ours = KVCacheLayer(torch.zeros(blocks, bs, KVH, D), torch.zeros(blocks, bs, KVH, D))
+    ref = KVCacheLayer(torch.zeros(blocks, bs, KVH, D), torch.zeros(blocks, bs, KVH, D))
+    assert cpu_decode.write_kv(lib, k, v, ours.key, ours.value, slots)
+    torch_write_kv(k, v, ref, slots)
+    assert torch.equal(ours.key, ref.key) and torch.equal(ours.value, ref.value)
+    with pytest.raises(IndexError):
+        cpu_decode.write_kv(lib, k[:1], v[:1], ours.key, ours.value, torch.tensor([blocks * bs], dtype=slot_dtype))
+    assert not cpu_decode.write_kv(lib, k.bfloat16(), v.bfloat16(), ours.key, ours.value, slots)   # left to torch
+
+
+def test_the_forward_writes_through_the_kernel(kernel_calls, monkeypatch):
+    writes = []
+    real = cpu_decode.write_kv
+    monkeypatch.setattr(cpu_decode, "write_kv", lambda *a: writes.append(1) or real(*a))
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=21)
+    out = _forward(q, k, v, cache, meta)
+    assert writes == [1] and len(kernel_calls) == 1
+    assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
