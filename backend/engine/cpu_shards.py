@@ -13,7 +13,8 @@ kv_cache_manager.py).
 
 Where a step runs (by its work, a flop proxy):
 - split over the shard threads, when it is worth at least two shards (MIN_SHARD_WORK
-  each) and has two sequences;
+  each) and has two sequences, unless another process holds a core (then whole on the
+  calling thread, with a split step now and then to look again: CONTENDED_EFFICIENCY);
 - whole, on a thread with every shard's intra-op threads, when it is worth two shards
   but is one sequence (a long prompt alone);
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
@@ -31,6 +32,7 @@ from __future__ import annotations
 import glob
 import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Optional
 
@@ -53,6 +55,17 @@ KEY_WEIGHT = 32.0         # x 1 / hidden_size
 # under PASSIVE 0.8-1.25x at 2-16 rows, within the runs' noise. So steps of a few rows stay
 # whole, where splitting showed no clear gain.
 MIN_SHARD_WORK = 32e6
+# A core taken by another process: the shard threads then share the two cores with it,
+# each step waits for the shard that got less, and one thread running the step whole
+# does better (docs/benchmarks.md section 16: 4,441 against 3,971 tok/s with a core
+# taken). Seen as the slower shard's CPU time over its wall time: 0.89-0.97 (deciles)
+# on a quiet 2-core machine, 0.49-0.60 for most steps with one core taken. Below
+# CONTENDED_EFFICIENCY (averaged over steps) the next PROBE_EVERY splittable steps run
+# whole on the calling thread, then one split step measures again.
+CONTENDED_EFFICIENCY = 0.75
+PROBE_EVERY = 50
+_EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
+_cpu_time = time.thread_time
 
 # Per thread: the intra-op threads it had before this module lowered them, so that an
 # engine built later on the same thread (tests build many) decides as the first did.
@@ -123,6 +136,10 @@ class ShardedForward:
         self.hidden_size = hidden_size
         work = MIN_SHARD_WORK if min_shard_work is None else min_shard_work
         self.min_cost = work / (hidden_size ** 2 * num_layers)             # in sequence_costs' units
+        # The slower shard's CPU / wall time, averaged over split steps; splittable steps
+        # left to run whole before the next probe (see CONTENDED_EFFICIENCY).
+        self.efficiency = 1.0
+        self.whole_steps_left = 0
         self._pool = ThreadPoolExecutor(num_shards, thread_name_prefix="cpu-shard",
                                         initializer=_set_thread_count, initargs=(threads_per_shard,))
         self._whole = ThreadPoolExecutor(1, thread_name_prefix="cpu-whole", initializer=_set_thread_count,
@@ -149,14 +166,24 @@ class ShardedForward:
                     return mine, None
                 return mine, model.compute_logits(hidden.index_select(0, torch.from_numpy(rows[mine] - t0)))
 
-        if worth >= 2 and len(cost) >= 2:
+        def timed(a: int, b: int):
+            wall, cpu = time.perf_counter(), _cpu_time()
+            part = run(a, b)
+            return part, (_cpu_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+
+        if worth >= 2 and len(cost) >= 2 and self.whole_steps_left > 0:     # a core is taken
+            self.whole_steps_left -= 1
+            self._lower_caller_threads()
+            parts = [run(0, len(cost))]
+        elif worth >= 2 and len(cost) >= 2:
             self._lower_caller_threads()
             bounds = shard_bounds(cost, worth)
-            futures = [self._pool.submit(run, a, b) for a, b in zip(bounds, bounds[1:])]
+            futures = [self._pool.submit(timed, a, b) for a, b in zip(bounds, bounds[1:])]
             # Every shard done before anything is raised: a shard still writing K/V must
             # not outlive the step (the next one could be built meanwhile).
             wait(futures)
-            parts = [f.result() for f in futures]
+            parts = [f.result()[0] for f in futures]
+            self._note_efficiency(min(f.result()[1] for f in futures))
         elif worth >= 2:                        # one long prompt alone
             parts = [self._whole.submit(run, 0, 1).result()]
         else:
@@ -170,6 +197,15 @@ class ShardedForward:
         for mine, logits in parts:      # prompt-logprob rows follow every sampled row
             out.index_copy_(0, torch.from_numpy(mine), logits)
         return out
+
+    def _note_efficiency(self, efficiency: float) -> None:
+        """A split step's slower shard's CPU / wall time into the running average (a probe
+        after whole steps starts it afresh); below CONTENDED_EFFICIENCY, whole steps."""
+        probe = self.efficiency < CONTENDED_EFFICIENCY
+        self.efficiency = efficiency if probe else (
+            (1 - _EFFICIENCY_WEIGHT) * self.efficiency + _EFFICIENCY_WEIGHT * efficiency)
+        if self.efficiency < CONTENDED_EFFICIENCY:
+            self.whole_steps_left = PROBE_EVERY
 
     def _lower_caller_threads(self) -> None:
         """The calling thread to one shard's share of intra-op threads, before its first

@@ -82,6 +82,34 @@ def test_where_a_step_runs_and_its_rows_come_back_in_order(case, where):
     assert out[:, 0].tolist() == rows
 
 
+def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
+    """Shards that get little CPU for their wall time (another process holds a core):
+    the next PROBE_EVERY splittable steps run whole on the calling thread; then one split
+    step looks again, and a free machine splits from then on. Rows in order throughout."""
+    import time
+    monkeypatch.setattr(cpu_shards, "PROBE_EVERY", 3)
+    shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
+    model = _RowIds()
+    q, s, rows = [1] * 32, [64] * 32, list(range(32))
+
+    def where(n):
+        seen = []
+        for _ in range(n):
+            model.calls.clear()
+            out = threading_result(lambda: shards(model, [], _step(q, s, rows)))
+            assert out[:, 0].tolist() == rows
+            seen.append({name.split("_")[0] for name, _ in model.calls})
+        return seen
+    monkeypatch.setattr(cpu_shards, "_cpu_time", lambda: 0.0)         # no CPU time while on the clock
+    # (an average over steps: the second such step tips it)
+    assert where(6) == [{"cpu-shard"}] * 2 + [{"MainThread"}] * 3 + [{"cpu-shard"}]
+    assert shards.whole_steps_left == 3                                # the probe found it still taken
+    monkeypatch.setattr(cpu_shards, "_cpu_time", time.perf_counter)   # all CPU time: free
+    assert where(6) == [{"MainThread"}] * 3 + [{"cpu-shard"}] * 3
+    assert shards.efficiency > cpu_shards.CONTENDED_EFFICIENCY
+    shards.close()
+
+
 def threading_result(fn):
     """fn() on a fresh thread (named as the inline path's check expects): a split step
     lowers its caller's intra-op threads, which must not touch the test process's."""
@@ -95,8 +123,10 @@ def threading_result(fn):
 @pytest.fixture
 def counted(monkeypatch):
     """Every step worth two shards (the test models are far below the default's minimum
-    work); counts the steps that ran split."""
+    work) and split whatever the shards' CPU share (steps this small spend much of their
+    time handing the GIL over); counts the steps that ran split."""
     monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
+    monkeypatch.setattr(cpu_shards, "CONTENDED_EFFICIENCY", 0.0)
     calls = {"split": 0}
     real = cpu_shards.shard_bounds
 
