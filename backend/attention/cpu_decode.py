@@ -108,6 +108,8 @@ def write_kv(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: 
     activations' dtype; False (nothing written) where this layout or dtype is not one it
     copies, for the torch path to do it."""
     if (key.dtype != k_cache.dtype or value.dtype != v_cache.dtype or key.shape != value.shape
+            or k_cache.shape != v_cache.shape or k_cache.shape[2:] != key.shape[1:]
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous()
             or not _rows_dense(key) or not _rows_dense(value) or slot_mapping.dtype not in (torch.int32, torch.int64)
             or not slot_mapping.is_contiguous() or slot_mapping.device.type != "cpu"
             or not plain_tensors(key, value, slot_mapping)):

@@ -61,7 +61,9 @@ MIN_SHARD_WORK = 32e6
 # taken). Seen as the slower shard's CPU time over its wall time: 0.89-0.97 (deciles)
 # on a quiet 2-core machine, 0.49-0.60 for most steps with one core taken. Below
 # CONTENDED_EFFICIENCY (averaged over steps) the next PROBE_EVERY splittable steps run
-# whole on the calling thread, then one split step measures again.
+# whole on the calling thread, then one split step measures again. Only with one
+# intra-op thread per shard (as measured): with more, a shard's own thread sleeps at
+# OpenMP barriers while its workers compute, which this measure would read as a taken core.
 CONTENDED_EFFICIENCY = 0.75
 PROBE_EVERY = 50
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
@@ -204,7 +206,7 @@ class ShardedForward:
         probe = self.efficiency < CONTENDED_EFFICIENCY
         self.efficiency = efficiency if probe else (
             (1 - _EFFICIENCY_WEIGHT) * self.efficiency + _EFFICIENCY_WEIGHT * efficiency)
-        if self.efficiency < CONTENDED_EFFICIENCY:
+        if self.efficiency < CONTENDED_EFFICIENCY and self.threads_per_shard == 1:
             self.whole_steps_left = PROBE_EVERY
 
     def _lower_caller_threads(self) -> None:

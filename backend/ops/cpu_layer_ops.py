@@ -47,11 +47,11 @@ def _rows_f32(x: torch.Tensor) -> bool:
 def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual); with no residual, (RMSNorm(x), x)."""
-    lib = library()
-    if (lib is None or not _rows_f32(x) or (residual is not None and (not _rows_f32(residual)
-                                                                      or residual.shape != x.shape))
-            or weight.dtype != torch.float32 or not weight.is_contiguous() or weight.shape != x.shape[-1:]
-            or not plain_tensors(x, weight, *([residual] if residual is not None else []))):
+    # (the cheap checks first: a run on another device never builds the library)
+    if (not _rows_f32(x) or (residual is not None and (not _rows_f32(residual) or residual.shape != x.shape))
+            or weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous()
+            or weight.shape != x.shape[-1:] or not plain_tensors(x, weight, *([residual] if residual is not None else []))
+            or (lib := library()) is None):
         return reference.add_rms_norm(x, residual, weight, eps)
     T, N = x.shape
     out = torch.empty((T, N), dtype=x.dtype)
@@ -72,14 +72,14 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache:
            sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """As reference.rotary: returns new tensors."""
-    lib = library()
     D = q.shape[-1]
-    if (lib is None or q_norm is not None or not _heads_f32(q) or not _heads_f32(k) or D % 2
-            or k.shape[-1] != D or cos_cache.shape[-1] != D or cos_cache.dtype != torch.float32
-            or sin_cache.dtype != torch.float32 or not cos_cache.is_contiguous() or not sin_cache.is_contiguous()
-            or sin_cache.shape != cos_cache.shape
-            or positions.dtype not in (torch.int32, torch.int64) or not positions.is_contiguous() or positions.device.type != "cpu"
-            or not plain_tensors(positions, q, k, cos_cache, sin_cache)):
+    if (q_norm is not None or not _heads_f32(q) or not _heads_f32(k) or D % 2 or k.shape[-1] != D
+            or k.shape[0] != q.shape[0] or positions.shape != q.shape[:1]
+            or positions.dtype not in (torch.int32, torch.int64) or not positions.is_contiguous()
+            or positions.device.type != "cpu" or cos_cache.shape[-1] != D or sin_cache.shape != cos_cache.shape
+            or any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+                   for t in (cos_cache, sin_cache))
+            or not plain_tensors(positions, q, k, cos_cache, sin_cache) or (lib := library()) is None):
         return reference.rotary(positions, q, k, cos_cache, sin_cache, q_norm, k_norm, eps)
     T, H, _ = q.shape
     q_out = torch.empty((T, H, D), dtype=q.dtype)

@@ -40,9 +40,12 @@ class _RowIds:
     def __init__(self):
         self.config = SimpleNamespace(hidden_size=256)
         self.calls = []
+        self.threads = []       # intra-op threads of each call on the calling thread
 
     def __call__(self, input_ids, positions, kv_caches, meta):
         self.calls.append((threading.current_thread().name, len(meta.query_lens_cpu)))
+        if threading.current_thread().name == "MainThread":
+            self.threads.append(torch.get_num_threads())
         return input_ids.float()[:, None].repeat(1, 3)
 
     def compute_logits(self, hidden):
@@ -89,7 +92,12 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
     import time
     monkeypatch.setattr(cpu_shards, "PROBE_EVERY", 3)
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
-    model = _RowIds()
+
+    class Slow(_RowIds):        # long enough that both pool threads take a shard
+        def __call__(self, *args):
+            time.sleep(0.005)
+            return super().__call__(*args)
+    model = Slow()
     q, s, rows = [1] * 32, [64] * 32, list(range(32))
 
     def where(n):
@@ -100,14 +108,30 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
             assert out[:, 0].tolist() == rows
             seen.append({name.split("_")[0] for name, _ in model.calls})
         return seen
-    monkeypatch.setattr(cpu_shards, "_cpu_time", lambda: 0.0)         # no CPU time while on the clock
+    # One shard thread gets its whole wall time on a CPU, the other none: the step
+    # waits for the slower, which decides.
+    taken = {}
+
+    def cpu_time():
+        me = threading.current_thread().name
+        return time.perf_counter() if taken.setdefault("free", me) == me else 0.0
+    monkeypatch.setattr(cpu_shards, "_cpu_time", cpu_time)
     # (an average over steps: the second such step tips it)
     assert where(6) == [{"cpu-shard"}] * 2 + [{"MainThread"}] * 3 + [{"cpu-shard"}]
     assert shards.whole_steps_left == 3                                # the probe found it still taken
+    assert model.threads == [1] * len(model.threads)                   # whole steps: the caller's one thread
     monkeypatch.setattr(cpu_shards, "_cpu_time", time.perf_counter)   # all CPU time: free
     assert where(6) == [{"MainThread"}] * 3 + [{"cpu-shard"}] * 3
     assert shards.efficiency > cpu_shards.CONTENDED_EFFICIENCY
     shards.close()
+    # Two intra-op threads per shard: the measure would read their barriers as a taken
+    # core, so the rule stays off.
+    wide = ShardedForward(2, 2, hidden_size=256, num_layers=4)
+    monkeypatch.setattr(cpu_shards, "_cpu_time", lambda: 0.0)
+    for _ in range(3):
+        threading_result(lambda: wide(model, [], _step(q, s, rows)))
+    assert wide.efficiency < cpu_shards.CONTENDED_EFFICIENCY and wide.whole_steps_left == 0
+    wide.close()
 
 
 def threading_result(fn):

@@ -94,3 +94,22 @@ def test_the_references_run_where_the_ops_do_not_apply(calls, monkeypatch):
     assert cpu_layer_ops.library() is None
     out, _ = cpu_layer_ops.add_rms_norm(x, None, weight, 1e-6)
     assert torch.equal(out, reference.rms_norm(x, weight, 1e-6))
+
+
+def test_bad_shapes_and_devices_take_the_reference_not_memory(calls):
+    """Positions not one per token, a weight or table off the CPU, no tokens: what the
+    reference does (its error, or its empty result), never a read past a buffer."""
+    g = _gen(4)
+    q, k = torch.randn(4, 2, 8, generator=g), torch.randn(4, 1, 8, generator=g)
+    cos, sin = torch.randn(10, 8, generator=g), torch.randn(10, 8, generator=g)
+    with pytest.raises(RuntimeError):
+        cpu_layer_ops.rotary(torch.tensor([1, 2]), q, k, cos, sin)       # 2 positions for 4 tokens
+    x = torch.randn(3, 8, generator=g)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        cpu_layer_ops.add_rms_norm(x, None, torch.ones(8, device="meta"), 1e-6)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        cpu_layer_ops.rotary(torch.arange(4), q, k, cos.to("meta"), sin.to("meta"))
+    assert calls == []
+    empty_q, empty_k = cpu_layer_ops.rotary(torch.arange(0), q[:0], k[:0], cos, sin)
+    out, res = cpu_layer_ops.add_rms_norm(x[:0], x[:0], torch.ones(8), 1e-6)
+    assert empty_q.shape == (0, 2, 8) and empty_k.shape == (0, 1, 8) and out.shape == res.shape == (0, 8)
