@@ -277,12 +277,23 @@ int write_kv(const void* slots, int64_t slot_bytes, int64_t T, const char* key, 
 }
 
 // dtype: 0 float32, 1 bfloat16 (q, key, value and out alike).
+// Returns 4, reading no K/V, when a sequence needs more blocks than its table row holds
+// (table_width) or its table names a block outside the pool (num_blocks): the kernel
+// reads where the table points, so a bad table must be an error, not a stray read.
 int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key, const void* value,
                  const int32_t* block_tables, int64_t bt_stride, const int64_t* rows,
                  const int64_t* seq_idx, const int64_t* lens, int64_t num_seqs, int64_t H,
                  int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
-                 void* out, int64_t out_row_stride, int64_t num_threads) {
+                 void* out, int64_t out_row_stride, int64_t num_threads, int64_t table_width,
+                 int64_t num_blocks) {
     if (KVH <= 0 || H % KVH != 0 || D <= 0 || block_size <= 0) return 1;
+    for (int64_t i = 0; i < num_seqs; ++i) {
+        const int64_t needed = (lens[i] + block_size - 1) / block_size;
+        if (lens[i] < 1 || needed > table_width) return 4;
+        const int32_t* table = block_tables + seq_idx[i] * bt_stride;
+        for (int64_t b = 0; b < needed; ++b)
+            if (table[b] < 0 || table[b] >= num_blocks) return 4;
+    }
     const Args a{q, q_row_stride, key, value, block_tables, bt_stride, rows, seq_idx, lens,
                  num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride};
     // Nothing may unwind through the C ABI (that would terminate the process): a failed

@@ -31,7 +31,7 @@ ENV_SWITCH = "PAGED_LLM_CPU_DECODE_KERNEL"
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
     "paged_decode": (ctypes.c_int, [ctypes.c_int, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
-                                    _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64]),
+                                    _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64, _i64, _i64]),
     "write_kv": (ctypes.c_int, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64]),
 }, "CPU decode-attention kernel")
 
@@ -92,7 +92,10 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
         DTYPES[q.dtype], q.data_ptr(), q.stride(0), key.data_ptr(), value.data_ptr(),
         tables.data_ptr(), tables.stride(0), plan.rows.ctypes.data, plan.seq_idx.ctypes.data,
         plan.lens.ctypes.data, plan.num_seqs, H, kvh, D, block_size, window or 0, scale,
-        out.data_ptr(), out.stride(0), torch.get_num_threads())
+        out.data_ptr(), out.stride(0), torch.get_num_threads(), tables.shape[1], key.shape[0])
+    if rc == 4:
+        raise RuntimeError("paged_decode: a sequence's block table is shorter than its length or names a block "
+                           f"outside the pool of {key.shape[0]}")
     if rc != 0:
         raise RuntimeError(f"paged_decode failed (code {rc}) for H={H}, KVH={kvh}, D={D}, dtype={q.dtype}")
 

@@ -189,3 +189,17 @@ def test_the_forward_writes_through_the_kernel(kernel_calls, monkeypatch):
     out = _forward(q, k, v, cache, meta)
     assert writes == [1] and len(kernel_calls) == 1
     assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
+
+
+def test_a_bad_block_table_is_an_error_not_a_stray_read(kernel_calls):
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=23)
+    bad = meta.block_tables.clone()
+    bad[2, 0] = cache.key.shape[0] + 1000                   # a block past the pool
+    meta.block_tables = bad
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        _forward(q, k, v, cache, meta)
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=23)
+    meta.seq_lens_cpu = [n + 4 * meta.block_tables.shape[1] if i == 2 else n
+                         for i, n in enumerate(meta.seq_lens_cpu)]   # longer than its table
+    with pytest.raises(RuntimeError, match="shorter than its length"):
+        _forward(q, k, v, cache, meta)
