@@ -36,7 +36,9 @@ def server(request, server, tmp_path_factory, tiny_ckpt):
         yield server
         return
     repo = build_repo(tmp_path_factory.mktemp("repo_" + request.param), tiny_ckpt, **{request.param: 2})
-    with TritonServer(repo, log_path=os.path.join(repo, "..", "server.log"), supervised=True) as srv:
+    # A log of its own: the session server's (conftest.py) is <basetemp>/server.log.
+    with TritonServer(repo, log_path=os.path.join(repo, "..", f"server_{request.param}.log"),
+                      supervised=True) as srv:
         yield srv
 
 
