@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import AttentionMetadata
-from backend.ops.cpu_build import CppLibrary, plain_tensors
+from backend.ops.cpu_build import CppLibrary, heads_dense, plain_tensors
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.cpp")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -74,7 +74,7 @@ def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, logits_sof
     real call (not a trace, which cannot follow a foreign call)."""
     return (q.device.type == "cpu" and key.device.type == "cpu" and value.device.type == "cpu"
             and q.dtype in DTYPES and key.dtype == q.dtype and value.dtype == q.dtype
-            and logits_soft_cap is None and sinks is None and q.stride(-1) == 1 and q.stride(-2) == q.shape[-1]
+            and logits_soft_cap is None and sinks is None and heads_dense(q)
             and key.is_contiguous() and value.is_contiguous() and value.shape == key.shape
             and plain_tensors(q, key, value))
 
@@ -100,11 +100,6 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
         raise RuntimeError(f"paged_decode failed (code {rc}) for H={H}, KVH={kvh}, D={D}, dtype={q.dtype}")
 
 
-def _rows_dense(x: torch.Tensor) -> bool:
-    """[T, KVH, D] with each row's KVH * D values contiguous."""
-    return x.dim() == 3 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
-
-
 def write_kv(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
     """The step's K/V into the pool, as torch_attention.write_kv does for a cache of the
@@ -113,7 +108,7 @@ def write_kv(lib: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_cache: 
     if (key.dtype != k_cache.dtype or value.dtype != v_cache.dtype or key.shape != value.shape
             or k_cache.shape != v_cache.shape or k_cache.shape[2:] != key.shape[1:]
             or not k_cache.is_contiguous() or not v_cache.is_contiguous()
-            or not _rows_dense(key) or not _rows_dense(value) or slot_mapping.dtype not in (torch.int32, torch.int64)
+            or not heads_dense(key) or not heads_dense(value) or slot_mapping.dtype not in (torch.int32, torch.int64)
             or not slot_mapping.is_contiguous() or slot_mapping.device.type != "cpu"
             or not plain_tensors(key, value, slot_mapping)):
         return False

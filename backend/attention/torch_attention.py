@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from backend.attention import cpu_decode
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.ops.cpu_build import heads_dense
 
 FP8_E4M3_MAX = 448.0
 # Decode rows attend in groups of this many, sorted by length (decode_groups):
@@ -204,7 +205,7 @@ class TorchPagedAttention:
         if lib is None or not cpu_decode.write_kv(lib, k, v, cache.key, cache.value, meta.slot_mapping):
             write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        if lib is not None and out.stride(-1) == 1 and out.stride(-2) == q.shape[-1]:
+        if lib is not None and heads_dense(out):
             # On the CPU: one call for every decode row, K/V read in place (cpu_decode.py).
             cpu_decode.paged_decode(lib, q, cache.key, cache.value, cpu_decode.decode_plan(meta), self.scale,
                                     self.sliding_window, out)

@@ -21,8 +21,9 @@ Where a step runs (by its work, a flop proxy):
   dispatch, and handing it to another thread only adds latency.
 The calling thread (the engine's) is set to one shard's share of intra-op threads at its
 first split step (the offline API restores it when `generate` returns), so that its own
-ops (the sampler, small steps) do not oversubscribe the cores the shards use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that
-loads torch before `backend`) this matters: its OpenMP worker held a core for ~3 ms after
+ops (the sampler, small steps) do not oversubscribe the cores the shards use. With
+libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that loads torch before
+`backend`) this matters: its OpenMP worker held a core for ~3 ms after
 each of the caller's ops, and the second shard started 3.3 ms after the first (median;
 0.3 ms with one share). Under the default PASSIVE policy the gain was within noise.
 """
@@ -173,19 +174,21 @@ class ShardedForward:
             part = run(a, b)
             return part, (_cpu_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
 
-        if worth >= 2 and len(cost) >= 2 and self.whole_steps_left > 0:     # a core is taken
+        splittable = worth >= 2 and len(cost) >= 2
+        if splittable and self.whole_steps_left > 0:     # a core is taken
             self.whole_steps_left -= 1
             self._lower_caller_threads()
             parts = [run(0, len(cost))]
-        elif worth >= 2 and len(cost) >= 2:
+        elif splittable:
             self._lower_caller_threads()
             bounds = shard_bounds(cost, worth)
             futures = [self._pool.submit(timed, a, b) for a, b in zip(bounds, bounds[1:])]
             # Every shard done before anything is raised: a shard still writing K/V must
             # not outlive the step (the next one could be built meanwhile).
             wait(futures)
-            parts = [f.result()[0] for f in futures]
-            self._note_efficiency(min(f.result()[1] for f in futures))
+            results = [f.result() for f in futures]
+            parts = [part for part, _ in results]
+            self._note_efficiency(min(efficiency for _, efficiency in results))
         elif worth >= 2:                        # one long prompt alone
             parts = [self._whole.submit(run, 0, 1).result()]
         else:

@@ -133,6 +133,12 @@ class CppLibrary:
             return self._loaded[cxx]
 
 
+def heads_dense(x: torch.Tensor) -> bool:
+    """[T, heads, D] whose rows hold their heads D apart, each head contiguous (a view of
+    a GEMM's output rows qualifies): the layout our C++ kernels walk by row stride."""
+    return x.dim() == 3 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+
+
 def plain_tensors(*tensors: torch.Tensor) -> bool:
     """Whether these are real tensors in an eager call: a trace or export passes fake or
     functional tensor subclasses (no memory to hand a foreign function)."""

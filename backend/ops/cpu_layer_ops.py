@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from backend.ops import reference
-from backend.ops.cpu_build import CppLibrary, plain_tensors
+from backend.ops.cpu_build import CppLibrary, heads_dense, plain_tensors
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_layer_ops.cpp")
 ENV_SWITCH = "PAGED_LLM_CPU_LAYER_OPS"
@@ -32,7 +32,6 @@ _LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
 }, "CPU layer ops")
 
 act_and_mul = reference.act_and_mul
-rms_norm = reference.rms_norm
 
 
 def library() -> Optional[ctypes.CDLL]:
@@ -40,7 +39,7 @@ def library() -> Optional[ctypes.CDLL]:
 
 
 def _rows_f32(x: torch.Tensor) -> bool:
-    """A CPU fp32 [T, N] tensor with unit inner stride, outside any trace."""
+    """A CPU fp32 [T, N] tensor with unit inner stride."""
     return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1
 
 
@@ -64,8 +63,7 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
 
 def _heads_f32(x: torch.Tensor) -> bool:
     """[T, heads, D] fp32 on the CPU, heads D apart (a view of the qkv GEMM's rows)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3 and x.stride(-1) == 1
-            and x.stride(-2) == x.shape[-1])
+    return x.device.type == "cpu" and x.dtype == torch.float32 and heads_dense(x)
 
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
@@ -84,8 +82,8 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache:
     T, H, _ = q.shape
     q_out = torch.empty((T, H, D), dtype=q.dtype)
     k_out = torch.empty((T, k.shape[1], D), dtype=k.dtype)
-    if lib.rotary_f32(positions.data_ptr(), positions.element_size(), T, q.data_ptr(), q.stride(0), H, k.data_ptr(), k.stride(0), k.shape[1],
-                      D, cos_cache.data_ptr(), sin_cache.data_ptr(), cos_cache.shape[0], q_out.data_ptr(),
-                      k_out.data_ptr()):
+    if lib.rotary_f32(positions.data_ptr(), positions.element_size(), T, q.data_ptr(), q.stride(0), H,
+                      k.data_ptr(), k.stride(0), k.shape[1], D, cos_cache.data_ptr(), sin_cache.data_ptr(),
+                      cos_cache.shape[0], q_out.data_ptr(), k_out.data_ptr()):
         raise IndexError(f"a position lies outside the rotary tables' {cos_cache.shape[0]} rows")
     return q_out, k_out
