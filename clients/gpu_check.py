@@ -38,8 +38,10 @@ import os
 import random
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -110,18 +112,30 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def run_unit_tests() -> str:
+def run_unit_tests(workers: int = 0, timeout_s: int = 400, tests: list[str] | None = None) -> str:
     try:
         import pytest  # noqa: F401
     except ImportError:
         return "pytest not installed: unit tests not run"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *UNIT_TESTS],
-                          capture_output=True, text=True, env=env, timeout=400)
+    extra = []
+    if workers > 1:
+        try:
+            import xdist  # noqa: F401       # compiling each test's kernels is CPU work: spread it
+            extra = ["-n", str(workers)]
+        except ImportError:
+            pass
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
+                               *extra, *(tests or UNIT_TESTS)], capture_output=True, text=True, env=env,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return f"timed out after {timeout_s} s\n" + out[-4000:]
     lines = proc.stdout.strip().splitlines()
-    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
-    return "\n".join(failed + lines[-1:]) if lines else proc.stderr[-2000:]
+    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR")) or ln.startswith("/") or ln.startswith("E ")]
+    return "\n".join(failed[:80] + lines[-1:]) if lines else proc.stderr[-2000:]
 
 
 def _llm(path: str, **kw):
@@ -296,13 +310,24 @@ def lora_and_int(root: str, model_path: str) -> dict:
             "int4": bench_int.main(["--checkpoint", model_path, "--tokens", "64", "--repeats", "2"])["results"]}
 
 
+STAGES = ["attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "models", "lora_and_int",
+          "unit_tests"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clients.gpu_check")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_results"))
     # The last model also runs the LoRA / INT4 stage (a dense one).
     ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "mixtral-8x7b-2l", "llama-3.1-8b"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--stages", nargs="+", choices=STAGES, default=STAGES,
+                    help="which stages, in this order (a device lease is short: put first what must not be lost)")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--tests", nargs="+", default=None, help="pytest targets instead of the default list")
+    ap.add_argument("--test-workers", type=int, default=0, help="pytest-xdist workers for the unit tests")
+    ap.add_argument("--test-timeout-s", type=int, default=400)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no stage after this many seconds; the report says which were skipped")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)")
@@ -314,7 +339,8 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "command": "python -m clients.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
+              "command": "python -m clients.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "unit_tests": "skipped", "stage_seconds": {}, "stage_errors": {}}
     t_start = time.perf_counter()
     report["copy_bandwidth_gbs"] = bw = copy_bandwidth_gbs()
     report["models"] = {}
@@ -322,39 +348,38 @@ def main(argv=None) -> int:
     def save() -> None:                  # partial results survive a timeout
         with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
             json.dump(report, f, indent=2)
-    from clients import attention_bench
-    report["attention"] = attention_bench.run(bw, torch.device("cuda"))
-    print(attention_bench.render(report["attention"]), flush=True)
-    save()
-    from clients import moe_kernel_bench
-    report["moe_kernel"] = moe_kernel_bench.run(bw, torch.device("cuda"))
-    print(moe_kernel_bench.render(report["moe_kernel"]), flush=True)
-    save()
-    from clients import quant_kernel_bench
-    report["quant_kernels"] = quant_kernel_bench.run(bw, torch.device("cuda"))
-    print(quant_kernel_bench.render(report["quant_kernels"]), flush=True)
-    save()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as root:
-        report["structured_output"] = structured_requests(root)
-        print("structured output:", report["structured_output"], flush=True)
-        save()
-        report["speculative"] = speculative_requests(root)
-        print("speculative decoding:", json.dumps(report["speculative"]), flush=True)
-        save()
+
+    root = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
+
+    def kernels(name: str) -> None:
+        import importlib
+        mod = importlib.import_module({"attention": "clients.attention_bench", "moe_kernel": "clients.moe_kernel_bench",
+                                       "quant_kernels": "clients.quant_kernel_bench"}[name])
+        report[name] = mod.run(bw, torch.device("cuda"))
+        print(mod.render(report[name]), flush=True)
+
+    def models() -> None:
         for name in a.models:
             path = make_checkpoint(name, root)
             entry = report["models"][name] = {}
             if name == "llama-3.2-1b":
-                entry["sampled_requests"] = sampled_requests(path)
-                entry["nano_vllm_workload"] = nano_vllm_workload(path)
+                for key, fn in (("sampled_requests", sampled_requests), ("nano_vllm_workload", nano_vllm_workload)):
+                    try:
+                        entry[key] = fn(path)
+                    except Exception as e:     # noqa: BLE001 - one failure must not cost the rest
+                        entry[key] = {"error": f"{type(e).__name__}: {e}"}
+                        report["stage_errors"][f"{name}/{key}"] = traceback.format_exc()[-3000:]
+                    torch.cuda.empty_cache()
                 print(name, json.dumps(entry), flush=True)
                 save()
             try:
                 rows = [r for eager in (False, True) for r in decode_benchmarks(path, a.batches, eager)]
-            except Exception as e:            # a failing model must not cost the later stages
+            except Exception as e:            # noqa: BLE001 - a failing model must not cost the later stages
                 entry["error"] = f"{type(e).__name__}: {e}"
+                report["stage_errors"][f"{name}/decode"] = traceback.format_exc()[-3000:]
                 print(name, entry["error"], flush=True)
                 save()
+                torch.cuda.empty_cache()
                 continue
             for r in rows:
                 r["weight_read_floor_ms"] = r["weight_bytes"] / (bw * 1e9) * 1e3
@@ -362,12 +387,41 @@ def main(argv=None) -> int:
             entry["decode"] = rows
             print(name, json.dumps(rows), flush=True)
             save()
+
+    def unit_tests() -> None:
+        report["unit_tests"] = run_unit_tests(a.test_workers, a.test_timeout_s, a.tests)
+        print("unit tests:", report["unit_tests"], flush=True)
+
+    def structured() -> None:
+        report["structured_output"] = structured_requests(root)
+        print("structured output:", report["structured_output"], flush=True)
+
+    def speculative() -> None:
+        report["speculative"] = speculative_requests(root)
+        print("speculative decoding:", json.dumps(report["speculative"]), flush=True)
+
+    def lora() -> None:
         report["lora_and_int"] = lora_and_int(root, make_checkpoint(a.models[-1], root))
         print("LoRA and INT4:", json.dumps(report["lora_and_int"]), flush=True)
+
+    run = {"attention": lambda: kernels("attention"), "moe_kernel": lambda: kernels("moe_kernel"),
+           "quant_kernels": lambda: kernels("quant_kernels"), "structured_output": structured,
+           "speculative": speculative, "models": models, "lora_and_int": lora, "unit_tests": unit_tests}
+    stages = [st for st in a.stages if not (st == "unit_tests" and a.skip_tests)]
+    for stage in stages:
+        if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+            report["stage_errors"][stage] = "skipped: past --budget-s"
+            continue
+        t0 = time.perf_counter()
+        try:
+            run[stage]()
+        except Exception as e:                 # noqa: BLE001 - each stage reports, the next one runs
+            report["stage_errors"][stage] = traceback.format_exc()[-3000:]
+            print(f"stage {stage} failed: {type(e).__name__}: {e}", flush=True)
+        report["stage_seconds"][stage] = round(time.perf_counter() - t0, 1)
+        torch.cuda.empty_cache()
         save()
-    # Last, so that a slow first compile of every test shape cannot eat the measurements.
-    report["unit_tests"] = "skipped" if a.skip_tests else run_unit_tests()
-    print("unit tests:", report["unit_tests"], flush=True)
+    shutil.rmtree(root, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t_start
     save()
     text = render(report)
@@ -383,7 +437,10 @@ def render(report: dict) -> str:
              f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s",
              f"structured output and logit_bias on CUDA: {report.get('structured_output')}",
              f"speculative decoding on CUDA: {report.get('speculative')}",
-             f"LoRA overhead and INT4 decode on CUDA: {report.get('lora_and_int')}", ""]
+             f"LoRA overhead and INT4 decode on CUDA: {report.get('lora_and_int')}",
+             f"seconds per stage: {report.get('stage_seconds')}", ""]
+    for stage, err in report.get("stage_errors", {}).items():
+        lines.append(f"stage {stage} failed: {err.strip().splitlines()[-1] if err.strip() else err}")
     for name, entry in report["models"].items():
         if "nano_vllm_workload" in entry:
             w = entry["nano_vllm_workload"]
