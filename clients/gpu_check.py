@@ -33,6 +33,7 @@ finish inside 10 minutes on an H100.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -68,6 +69,7 @@ ARCHS = {
 UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/engine/test_sampler.py",
               "tests/unit/engine/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
               "tests/unit/engine/test_llm_engine.py", "tests/unit/engine/spec_decode", "tests/unit/lora/test_punica.py"]
+KERNEL_TESTS = ("tests/unit/attention", "tests/unit/ops", "tests/unit/lora/test_punica.py")
 
 
 def make_checkpoint(name: str, root: str) -> str:
@@ -112,30 +114,43 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def _pytest(targets: list[str], workers: int, timeout_s: float, env: dict) -> tuple[list[str], str]:
+    """(one line per failing test, the summary line)."""
+    extra = ["-n", str(workers)] if workers > 1 else []
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
+                               *extra, *targets], capture_output=True, text=True, env=env, timeout=timeout_s)
+        out = proc.stdout
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "") + f"\ntimed out after {timeout_s:.0f} s"
+    lines = out.strip().splitlines()
+    return [ln[:400] for ln in lines if ln.startswith(("FAILED", "ERROR"))], (lines[-1] if lines else "no output")
+
+
 def run_unit_tests(workers: int = 0, timeout_s: int = 400, tests: list[str] | None = None) -> str:
+    """The kernel tests (no engine) spread over `workers` pytest-xdist processes, then the
+    engine tests in one process: each engine sizes its KV cache from the GPU's free memory,
+    which engines in parallel processes would take from each other."""
     try:
         import pytest  # noqa: F401
     except ImportError:
         return "pytest not installed: unit tests not run"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    extra = []
-    if workers > 1:
-        try:
-            import xdist  # noqa: F401       # compiling each test's kernels is CPU work: spread it
-            extra = ["-n", str(workers)]
-        except ImportError:
-            pass
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
-                               *extra, *(tests or UNIT_TESTS)], capture_output=True, text=True, env=env,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return f"timed out after {timeout_s} s\n" + out[-4000:]
-    lines = proc.stdout.strip().splitlines()
-    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR")) or ln.startswith("/") or ln.startswith("E ")]
-    return "\n".join(failed[:80] + lines[-1:]) if lines else proc.stderr[-2000:]
+        import xdist  # noqa: F401       # compiling each test's kernels is CPU work: spread it
+    except ImportError:
+        workers = 0
+    targets = tests or UNIT_TESTS
+    kernels = [t for t in targets if t.startswith(KERNEL_TESTS)]
+    engines = [t for t in targets if t not in kernels]
+    t0, lines = time.perf_counter(), []
+    for group, n in ((kernels, workers), (engines, 0)):
+        if group:
+            left = timeout_s - (time.perf_counter() - t0)
+            failed, summary = _pytest(group, n, max(left, 10.0), env)
+            lines += failed + [f"{' '.join(group)}: {summary}"]
+    return "\n".join(lines)
 
 
 def _llm(path: str, **kw):
@@ -151,9 +166,15 @@ def _vocab(path: str) -> int:
 
 
 def _free(llm) -> None:
+    """Check that the pool is free and stop the engine. The caller drops its reference and
+    calls _release(): the next engine sizes its KV cache from the device's free memory."""
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
-    del llm
+    llm.close()
+
+
+def _release() -> None:
+    gc.collect()
     torch.cuda.empty_cache()
 
 
@@ -257,6 +278,8 @@ def decode_benchmarks(path: str, batches: list[int], enforce_eager: bool, prompt
                      "ms_per_step": 1e3 * dt / steps, "tokens_per_s": batch * steps / dt,
                      "weight_bytes": weight_bytes(eng.model)})
     _free(llm)
+    del llm, eng
+    _release()
     return rows
 
 
@@ -279,6 +302,8 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
     plain = _llm(path, max_num_seqs=16)
     reference = [o.token_ids for o in plain.generate(prompts, greedy)]
     _free(plain)
+    del plain
+    _release()
     report = {}
     for name, spec in (("ngram", {"method": "ngram", "num_speculative_tokens": 4}),
                        ("draft_model", {"method": "draft_model", "model": path, "num_speculative_tokens": 4})):
@@ -293,6 +318,8 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
                         "sampled_completed": all(len(o.token_ids) == 32 for o in sampled),
                         "acceptance_rate": stats["spec_decode_acceptance_rate"]}
         _free(llm)
+        del llm
+        _release()
     report["bench_spec"] = bench_spec.main(bench_args)["results"]
     return report
 
@@ -369,7 +396,7 @@ def main(argv=None) -> int:
                     except Exception as e:     # noqa: BLE001 - one failure must not cost the rest
                         entry[key] = {"error": f"{type(e).__name__}: {e}"}
                         report["stage_errors"][f"{name}/{key}"] = traceback.format_exc()[-3000:]
-                    torch.cuda.empty_cache()
+                    _release()
                 print(name, json.dumps(entry), flush=True)
                 save()
             try:
@@ -379,7 +406,7 @@ def main(argv=None) -> int:
                 report["stage_errors"][f"{name}/decode"] = traceback.format_exc()[-3000:]
                 print(name, entry["error"], flush=True)
                 save()
-                torch.cuda.empty_cache()
+                _release()
                 continue
             for r in rows:
                 r["weight_read_floor_ms"] = r["weight_bytes"] / (bw * 1e9) * 1e3
@@ -419,7 +446,7 @@ def main(argv=None) -> int:
             report["stage_errors"][stage] = traceback.format_exc()[-3000:]
             print(f"stage {stage} failed: {type(e).__name__}: {e}", flush=True)
         report["stage_seconds"][stage] = round(time.perf_counter() - t0, 1)
-        torch.cuda.empty_cache()
+        _release()
         save()
     shutil.rmtree(root, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t_start

@@ -125,6 +125,19 @@ def _tiled_attention_kernel(
 # Query tokens per tile: with the GQA group, 16 to 128 rows of a tensor-core tile.
 BLOCK_M = 16
 BLOCK_N = 64
+# Keys per tile shrink until the Q, K, V and P tiles' estimate fits this. The compiled
+# kernel's shared memory came to about 1.6x the estimate on an H100 (fp32, 128 rows,
+# D 128, 64 keys: 257 KiB against a 227 KiB limit), so this leaves it near 180 KiB.
+TILE_BYTES = 112 * 1024
+
+
+def key_tile(rows: int, block_d: int, element_size: int) -> int:
+    """BLOCK_N for a [rows, block_d] query tile: 64 keys, fewer (down to 16) for fp32 or
+    wide tiles that would not fit an SM's shared memory."""
+    block_n = BLOCK_N
+    while block_n > 16 and element_size * (rows * block_d + 2 * block_n * block_d + rows * block_n) > TILE_BYTES:
+        block_n //= 2
+    return block_n
 
 
 def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
@@ -146,6 +159,8 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     if block_m * block_g < 16:
         raise ValueError(f"tiles of {block_m} tokens x {block_g} heads have fewer than the 16 rows tl.dot needs")
     fp8 = k_pool.dtype in (torch.float8_e4m3fn, torch.uint8)
+    block_d = max(triton.next_power_of_2(D), 16)
+    block_n = key_tile(block_m * block_g, block_d, 4 if q.dtype == torch.float32 else 2)
     k_pool, v_pool = _as_storage(k_pool), _as_storage(v_pool)
     _tiled_attention_kernel[(T // block_m + num_seqs, num_kv_heads)](
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
@@ -153,7 +168,7 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         out, k_pool, v_pool, sinks,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=block_g,
-        HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_SIZE=block_size, SM_SCALE=float(scale),
-        SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_SIZE=block_size, SM_SCALE=float(scale),
+        SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8), BLOCK_M=block_m, BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32, SOFTCAP=float(logits_soft_cap or 0.0), INT8=k_pool.dtype == torch.int8,
         HAS_SINKS=sinks is not None)

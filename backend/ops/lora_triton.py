@@ -22,7 +22,8 @@ from backend.lora.punica import LoRAMetadata
 @triton.jit
 def _sgmv_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, starts_ptr, scaling_ptr, N, K,
                  stride_x, stride_ws, stride_wn, stride_o,
-                 ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 ADD: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     m = tl.program_id(0)
     n = tl.program_id(1)
     s = tl.program_id(2)
@@ -44,7 +45,10 @@ def _sgmv_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, starts_ptr, scaling_ptr, N, K,
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             wt = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None],
                          mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
+            if IEEE:    # fp32 operands: full fp32 products, as torch's fp32 matmul (TF32 off by default)
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32), input_precision="ieee")
+            else:       # 16-bit operands are exact in TF32: tensor cores lose nothing
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
         ptrs = out_ptr + rows[:, None] * stride_o + cols[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
         if ADD:
@@ -64,7 +68,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, meta: LoRAMetadata, out: torch.Ten
     grid = (triton.cdiv(meta.max_rows_per_slot, block_m), triton.cdiv(N, block_n), S)
     _sgmv_kernel[grid](x, w, out, meta.sorted_rows, meta.slot_starts, scaling, N, K,
                        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-                       ADD=add, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                       ADD=add, IEEE=torch.float32 in (x.dtype, w.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
 def shrink(x: torch.Tensor, a: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor) -> None:

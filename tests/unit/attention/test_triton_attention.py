@@ -208,3 +208,12 @@ def test_tiled_kernel_with_small_tiles_for_decode(block_m):
     with pytest.raises(ValueError, match="16 rows"):       # 2 tokens x GQA 4: too few rows for tl.dot
         launch_tiled_attention(q2, k2, v2, c2.key, c2.value, m2.slot_mapping, m2.block_tables, m2.seq_lens,
                                m2.query_start_loc, s[0:1], s[1:2], out, scale, block_m=2)
+
+
+def test_key_tile_shrinks_only_where_shared_memory_would_not_fit():
+    """fp32 with GQA 8 and D 128 (128 query rows) needed 257 KiB of shared memory with 64
+    keys per tile on an H100 (limit 227 KiB); bf16 Llama shapes keep 64 keys."""
+    from backend.attention.triton_tiled import BLOCK_N, key_tile
+    assert key_tile(128, 128, 4) < BLOCK_N and key_tile(16, 256, 4) < BLOCK_N
+    assert key_tile(64, 64, 2) == key_tile(64, 128, 2) == key_tile(128, 128, 2) == BLOCK_N
+    assert key_tile(1024, 512, 4) == 16

@@ -7,9 +7,10 @@ import torch
 
 from backend.lora import punica
 from backend.ops import lora_triton
+from tests.helpers.kernel_device import KERNEL_DEVICE
 
 
-def batch(seed=0, S=4, R=16, K=48, N=40, T=23):
+def batch(seed=0, S=4, R=16, K=48, N=40, T=23, device=torch.device("cpu")):
     """Slots 0-2 in use (slot 3 holds an adapter no row runs under)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, K, generator=g)
@@ -19,7 +20,7 @@ def batch(seed=0, S=4, R=16, K=48, N=40, T=23):
     b[1, :, 4:] = 0
     slots = [2, -1, 0, 1, -1, 2, 0]                 # per request; -1: the base model
     sizes = [5, 3, 1, 7, 2, 4, 1]
-    meta = punica.LoRAMetadataBuilder(64, S, torch.device("cpu")).build(slots, sizes)
+    meta = punica.LoRAMetadataBuilder(64, S, device).build(slots, sizes)
     token_slots = [s for s, n in zip(slots, sizes) for _ in range(n)]
     scaling = torch.tensor([0.5, 2.0, 1.25, 3.0])
     return x, a, b, meta, token_slots, scaling
@@ -56,16 +57,18 @@ def test_shrink_expand_equal_dense(impl, monkeypatch):
     GEMMs (decode-sized steps)."""
     monkeypatch.setattr(punica, "DENSE_MAX_ROWS", 0 if impl == "torch-grouped" else 64)
     monkeypatch.setattr(punica, "DENSE_MIN_ADAPTERS", 1)
-    x, a, b, meta, token_slots, scaling = batch()
+    dev = KERNEL_DEVICE if impl == "triton" else torch.device("cpu")   # compiled on a GPU, interpreted on CPU
+    x, a, b, meta, token_slots, scaling = batch(device=dev)
     b = b.permute(1, 0, 2).contiguous().permute(1, 0, 2)     # as LoRALinear stores B: [N, S, R] underneath
     shrink, expand = (lora_triton.shrink, lora_triton.expand) if impl == "triton" else (
         punica.shrink_torch, punica.expand_torch)
     base = torch.randn(x.shape[0], 100)
-    out = base.clone()
     cols = slice(30, 70)                            # the slice of a fused projection's output
-    y = torch.full((x.shape[0], a.shape[1]), float("nan"))     # base rows are never read
-    shrink(x, a, meta, y)
-    expand(y, b, meta, out[:, cols], scaling, scaling.tolist())
+    out = base.clone().to(dev)
+    y = torch.full((x.shape[0], a.shape[1]), float("nan"), device=dev)     # base rows are never read
+    shrink(x.to(dev), a.to(dev), meta, y)
+    expand(y, b.to(dev), meta, out[:, cols], scaling.to(dev), scaling.tolist())
+    out = out.cpu()
     want = base.clone()
     want[:, cols] = dense(x, a, b, token_slots, scaling, base[:, cols])
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -1,12 +1,18 @@
-"""The fused MoE Triton kernel against its torch reference (interpreter on CPU): fp32
+"""The fused MoE Triton kernel against its torch reference (natively on CUDA where there is
+a GPU, through the interpreter on CPU otherwise: tests/helpers/kernel_device.py): fp32
 within 1e-5 relative, with experts that receive no tokens and unequal loads; the
 block alignment; the routing."""
 
 import pytest
 import torch
 
-from backend.ops import fused_moe_triton, moe_reference
+from backend.ops import fused_moe_triton as kernels
+from backend.ops import moe_reference
+from tests.helpers.kernel_device import on_kernel_device
 from tests.helpers.paged_batch import rel_err
+
+fused_moe, route = on_kernel_device(kernels.fused_moe), on_kernel_device(kernels.route)
+align_by_expert = on_kernel_device(kernels.align_by_expert)
 
 
 def skewed_ids(T: int, E: int, K: int, g: torch.Generator) -> torch.Tensor:
@@ -25,7 +31,7 @@ def test_fused_moe_matches_reference(T, E, K, H, I):
     w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
     ids = skewed_ids(T, E, K, g)
     weights = torch.rand(T, K, generator=g)
-    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids)
     ref = moe_reference.fused_moe(x, w13, w2, weights, ids)
     assert out.shape == (T, H)
     assert rel_err(out, ref) < 1e-5
@@ -45,7 +51,7 @@ def test_fused_moe_half_precision_within_rounding():
     w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).half()
     ids = skewed_ids(T, E, K, g)
     weights = torch.rand(T, K, generator=g)
-    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids)
     assert out.dtype == torch.float16
     assert rel_err(out, moe_reference.fused_moe(x, w13, w2, weights, ids)) < 1e-2
 
@@ -60,7 +66,7 @@ def test_slots_of_other_ranks_experts_contribute_nothing():
     ids = skewed_ids(T, 2 * E, K, g)
     ids = ids.masked_fill(ids >= E, -1)
     weights = torch.rand(T, K, generator=g)
-    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids)
     ref = moe_reference.fused_moe(x, w13, w2, weights, ids)
     # Only the local slots, written out: what the reference computes too.
     kept = moe_reference.fused_moe(x, w13, w2, weights.masked_fill(ids < 0, 0.0), ids.clamp(min=0))
@@ -70,7 +76,7 @@ def test_slots_of_other_ranks_experts_contribute_nothing():
 
 def test_align_by_expert_groups_and_pads():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]])     # expert 1 has none
-    sorted_ids, block_expert, num_padded = fused_moe_triton.align_by_expert(ids, 4, 4)
+    sorted_ids, block_expert, num_padded = align_by_expert(ids, 4, 4)
     n = ids.numel()
     assert int(num_padded) == 12                    # experts 0, 2, 3: one block of 4 each
     rows = sorted_ids[:12].view(3, 4).tolist()
@@ -94,7 +100,7 @@ def test_route_softmax_topk(renormalize):
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_triton_route_matches_reference(T, E, K, renormalize):
     logits = torch.randn(T, E, generator=torch.Generator().manual_seed(E + K)) * 3
-    w, ids = fused_moe_triton.route(logits, K, renormalize)
+    w, ids = route(logits, K, renormalize)
     ref_w, ref_ids = moe_reference.route(logits, K, renormalize)
     assert torch.equal(ids, ref_ids)
     assert torch.allclose(w, ref_w, rtol=1e-6, atol=1e-7)
@@ -115,11 +121,11 @@ def test_gpt_oss_experts_and_routing_match_reference():
     logits = torch.randn(T, E, generator=g) * 3
     logits[:, E - 1] -= 100.0                                   # one idle expert
     weights, ids = moe_reference.route(logits, K, False, softmax_after_topk=True)
-    tw, tids = fused_moe_triton.route(logits, K, False, softmax_after_topk=True)
+    tw, tids = route(logits, K, False, softmax_after_topk=True)
     assert torch.equal(tids, ids) and torch.allclose(tw, weights, rtol=1e-6, atol=1e-7)
     kw = dict(b13=b13, b2=b2, alpha=1.702, limit=1.0)
     ref = moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", **kw)
-    assert rel_err(fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", **kw), ref) < 1e-5
+    assert rel_err(fused_moe(x, w13, w2, weights, ids, "swigluoai", **kw), ref) < 1e-5
     assert rel_err(moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", **{**kw, "limit": 7.0}), ref) > 1e-2
 
     cfg = tf.GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K,
@@ -161,7 +167,7 @@ def test_mxfp4_weights_decoded_in_the_kernel_tiles():
                                   "swigluoai", **kw)
     assert torch.equal(moe_reference.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2,
                                                **kw), ref)
-    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2, **kw)
+    out = fused_moe(x, w13, w2, weights, ids, "swigluoai", w13_scale=s13, w2_scale=s2, **kw)
     assert rel_err(out, ref) < 1e-5
 
 
@@ -179,7 +185,7 @@ def test_fp8_experts_dequantized_in_the_tiles_match_the_reference(dtype, tol):
     ids = skewed_ids(T, E, K, g)
     ids[0, 1] = -1
     weights = torch.rand(T, K, generator=g)
-    out = fused_moe_triton.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    out = fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     ref = moe_reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     plain = moe_reference.fused_moe(x, dequantize_experts(w13, s13).to(dtype), dequantize_experts(w2, s2).to(dtype),
                                     weights, ids)

@@ -1,4 +1,5 @@
-"""Each fused Triton kernel against its torch reference (interpreter on CPU): fp32 within
+"""Each fused Triton kernel against its torch reference (natively on CUDA where there is a
+GPU, through the interpreter on CPU otherwise: tests/helpers/kernel_device.py): fp32 within
 1e-5 relative, bf16 within bf16 rounding. Odd sizes, strided inputs (views into a
 fused GEMM output), Qwen3's q/k norm."""
 
@@ -7,7 +8,11 @@ import torch
 
 from backend.models.rotary import RotaryEmbedding
 from backend.ops import reference, triton_kernels
+from tests.helpers.kernel_device import KERNEL_DEVICE, on_kernel_device
 from tests.helpers.paged_batch import rel_err
+
+add_rms_norm, act_and_mul = on_kernel_device(triton_kernels.add_rms_norm), on_kernel_device(triton_kernels.act_and_mul)
+rotary = on_kernel_device(triton_kernels.rotary)
 
 FP32_TOL = 1e-5
 
@@ -20,7 +25,7 @@ def test_add_rms_norm_matches_reference(hidden, with_residual, dtype):
     x = torch.randn(7, hidden, generator=g).to(dtype)
     res = torch.randn(7, hidden, generator=g).to(dtype) if with_residual else None
     w = (1 + 0.3 * torch.randn(hidden, generator=g)).to(dtype)
-    out, new_res = triton_kernels.add_rms_norm(x, res, w, 1e-5)
+    out, new_res = add_rms_norm(x, res, w, 1e-5)
     ref_out, ref_res = reference.add_rms_norm(x, res, w, 1e-5)
     tol = FP32_TOL if dtype == torch.float32 else 1e-2
     assert rel_err(out, ref_out) < tol
@@ -48,10 +53,14 @@ def test_rotary_in_place_on_fused_qkv_views(heads, kv_heads, head_dim, qk_norm):
     norms = ((1 + 0.2 * torch.randn(head_dim, generator=g), 1 + 0.2 * torch.randn(head_dim, generator=g), 1e-6)
              if qk_norm else (None, None, 0.0))
     ref_q, ref_k = reference.rotary(positions.long(), q.clone(), k.clone(), rope.cos_cache, rope.sin_cache, *norms)
-    got_q, got_k = triton_kernels.rotary(positions, q, k, rope.cos_cache, rope.sin_cache, *norms)
-    assert got_q.data_ptr() == q.data_ptr()       # in place, inside the qkv buffer
-    assert rel_err(got_q, ref_q) < FP32_TOL and rel_err(got_k, ref_k) < FP32_TOL
-    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], v_before)   # v untouched
+    dev_qkv = qkv.to(KERNEL_DEVICE)                 # in place: the views must be the kernel device's
+    dev_q = dev_qkv[:, :heads * head_dim].view(T, heads, head_dim)
+    dev_k = dev_qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(T, kv_heads, head_dim)
+    got_q, got_k = triton_kernels.rotary(*(t.to(KERNEL_DEVICE) if isinstance(t, torch.Tensor) else t for t in
+                                           (positions, dev_q, dev_k, rope.cos_cache, rope.sin_cache, *norms)))
+    assert got_q.data_ptr() == dev_q.data_ptr()     # in place, inside the qkv buffer
+    assert rel_err(got_q.cpu(), ref_q) < FP32_TOL and rel_err(got_k.cpu(), ref_k) < FP32_TOL
+    assert torch.equal(dev_qkv[:, (heads + kv_heads) * head_dim:].cpu(), v_before)   # v untouched
 
 
 @pytest.mark.parametrize("inter", [40, 1500])
@@ -59,21 +68,21 @@ def test_rotary_in_place_on_fused_qkv_views(heads, kv_heads, head_dim, qk_norm):
 def test_silu_and_mul_matches_reference(inter, dtype):
     g = torch.Generator().manual_seed(inter)
     x = (3 * torch.randn(5, 2 * inter, generator=g)).to(dtype)
-    got = triton_kernels.act_and_mul(x, "silu")
+    got = act_and_mul(x, "silu")
     ref = reference.act_and_mul(x, "silu")
     assert rel_err(got, ref) < (FP32_TOL if dtype == torch.float32 else 1e-2)
 
 
 def test_other_activations_use_the_reference():
     x = torch.randn(3, 8)
-    assert torch.equal(triton_kernels.act_and_mul(x, "gelu_pytorch_tanh"), reference.act_and_mul(x, "gelu_pytorch_tanh"))
+    assert torch.equal(act_and_mul(x, "gelu_pytorch_tanh"), reference.act_and_mul(x, "gelu_pytorch_tanh"))
 
 
 def test_empty_batch_launches_nothing():
     x = torch.empty(0, 16)
-    out, res = triton_kernels.add_rms_norm(x, None, torch.ones(16), 1e-5)
+    out, res = add_rms_norm(x, None, torch.ones(16), 1e-5)
     assert out.shape == (0, 16)
-    assert triton_kernels.act_and_mul(torch.empty(0, 8), "silu").shape == (0, 4)
+    assert act_and_mul(torch.empty(0, 8), "silu").shape == (0, 4)
 
 
 @pytest.mark.parametrize("head_dim,rotary_dim", [(16, 8), (24, 18)])
@@ -91,6 +100,6 @@ def test_partial_rotary_rotates_the_first_channels_only(head_dim, rotary_dim):
     rot_q, _ = reference.rotary(positions.long(), q[..., :rotary_dim].clone(), k[..., :rotary_dim].clone(),
                                 full.cos_cache, full.sin_cache)
     assert torch.equal(ref_q[..., :rotary_dim], rot_q)
-    got_q, got_k = triton_kernels.rotary(positions, q.clone(), k.clone(), rope.cos_cache, rope.sin_cache)
+    got_q, got_k = rotary(positions, q.clone(), k.clone(), rope.cos_cache, rope.sin_cache)
     assert rel_err(got_q, ref_q) < FP32_TOL and rel_err(got_k, ref_k) < FP32_TOL
     assert torch.equal(got_q[..., rotary_dim:], q[..., rotary_dim:])
