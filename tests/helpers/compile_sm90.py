@@ -78,7 +78,7 @@ def lora_and_int_gemm(dtype: str) -> list:
     act = f"*{dtype}"
     sgmv = {"x_ptr": act, "w_ptr": act, "out_ptr": act, "rows_ptr": "*i32", "starts_ptr": "*i32",
             "scaling_ptr": "*fp32", **{n: "i32" for n in ("N", "K", "stride_x", "stride_ws", "stride_wn", "stride_o")}}
-    out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64))
+    out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, IEEE=dtype == "fp32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64))
            for add in (False, True)]
     gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,
             **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om")}}
