@@ -387,6 +387,9 @@ def main(argv=None) -> int:
 
     def models() -> None:
         for name in a.models:
+            if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+                report["stage_errors"][f"models/{name}"] = "skipped: past --budget-s"
+                continue
             path = make_checkpoint(name, root)
             entry = report["models"][name] = {}
             if name == "llama-3.2-1b":
