@@ -173,28 +173,46 @@ def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block
                 HAS_SINKS=bool(sinks))
 
 
+def decode_tile_tokens(num_heads: int, num_kv_heads: int) -> Optional[int]:
+    """Query tokens per tile when decode rows take the tiled kernel: its 16 tensor-core rows
+    filled by the GQA group (4 tokens x group 4). None below group 4, where a decode tile
+    would be mostly empty rows (not measured: those stay on the one-token kernel)."""
+    block_g = triton.next_power_of_2(max(num_heads // num_kv_heads, 1))
+    return None if block_g < 4 else max(1, 16 // block_g)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCacheLayer,
                     meta: AttentionMetadata, scale: float, sliding_window: Optional[int] = None,
                     num_splits: Optional[int] = None, tiled: Optional[bool] = None,
                     logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One launch for the whole step: writes k/v ([T, KVH, D]) into the paged cache and
     returns attention of q ([T, H, D]) over each sequence's cache, [T, H, D]. Steps with
-    prompt tokens (max_query_len > 1) take the tensor-core tiled kernel
-    (triton_tiled.py), decode-only steps this file's one-token kernel with split-KV.
-    sinks: [H] attention-sink logits (gpt-oss) or None."""
+    prompt tokens (max_query_len > 1) take the tensor-core tiled kernel (triton_tiled.py).
+    Decode steps (and a CUDA graph's, verify rows included) take it too when the KV range
+    is not split and the GQA group fills a tile (H100, Llama-3.2-1B shapes: 0.09 against
+    0.40 ms at batch 64, 0.25 against 1.25 ms at batch 256, 1k context; docs/benchmarks.md
+    §6); otherwise this file's one-token kernel with split-KV (batch 1 at 4k context:
+    0.088 against 0.113 ms). sinks: [H] attention-sink logits (gpt-oss) or None."""
     T, H, D = q.shape
     scales = cache.scale_tensor()
+    block_m = None
     if tiled is None:
-        # (A CUDA graph's fixed split factor keeps even its verify rows on this kernel.)
-        tiled = meta.max_query_len > 1 and num_splits is None and meta.num_splits is None
+        if meta.max_query_len > 1 and num_splits is None and meta.num_splits is None:
+            tiled = True
+        else:
+            num_splits = num_splits or meta.num_splits or choose_num_splits(T, cache.key.shape[2], meta.max_seq_len,
+                                                                            cache.block_size)
+            block_m = decode_tile_tokens(H, cache.key.shape[2]) if num_splits == 1 else None
+            tiled = block_m is not None
     if tiled:
-        from backend.attention.triton_tiled import launch_tiled_attention
-        # Rows past the last sequence (padding) belong to no tile: zero them.
-        padded = sum(meta.query_lens_cpu) < T
+        from backend.attention.triton_tiled import BLOCK_M, launch_tiled_attention
+        # Rows past the last sequence (padding) belong to no tile: zero them. A CUDA
+        # graph's (fixed split factor) may hold padding at replay whatever its shape says.
+        padded = meta.num_splits is not None or sum(meta.query_lens_cpu) < T
         out = (torch.zeros if padded else torch.empty)((T, H, D), dtype=q.dtype, device=q.device)
         launch_tiled_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                                meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window,
-                               logits_soft_cap=logits_soft_cap, sinks=sinks)
+                               block_m=block_m or BLOCK_M, logits_soft_cap=logits_soft_cap, sinks=sinks)
         return out
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     if num_splits is None:

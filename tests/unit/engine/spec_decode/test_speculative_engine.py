@@ -108,9 +108,13 @@ def test_sampled_output_has_the_same_distribution(target, other_draft, lookup_pr
     assert stats["spec_decode_num_draft_tokens"] > NUM_DRAWS
     if method == "draft_same":
         assert stats["spec_decode_acceptance_rate"] == 1.0
-    else:                               # both outcomes of the rule are exercised
+    else:                               # rejections here; acceptances too with lookup
         assert stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
-        assert stats["spec_decode_num_accepted_tokens"] > (0.1 * NUM_DRAWS if method == "ngram" else 0)
+        # A random draft of another model rarely proposes what the target would sample at
+        # temperature 0.08: 1 of 3,600 proposals accepted on CPU, 0 on an H100 (fp32 rounds
+        # differently there). Only lookup is asked for acceptances.
+        if method == "ngram":
+            assert stats["spec_decode_num_accepted_tokens"] > 0.1 * NUM_DRAWS
     assert _min_p_value(plain_samples, spec) > 1e-3
     assert_pool_free(llm)
 
