@@ -16,6 +16,8 @@ text) turns core outputs into RequestOutputs, inline in `step` or on its own thr
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import logging
 import os
@@ -93,6 +95,10 @@ class LLMEngine(RequestIntake):
         # INT8 cache: rank 0's share of the per-head scales, read (and checked) before the model.
         kv_scales = (load_kv_cache_scales(args.kv_cache_scales, cfg, kv_head_range(cfg, 0, tp_size))
                      if args.kv_cache_scales else None)
+        startup = None              # (free, total) on CUDA before anything of this engine is loaded
+        if args.num_kv_blocks is None and args.kv_cache_memory_bytes is None and self.device.type == "cuda":
+            startup = profile_run.startup_snapshot(self.device)
+            sizing.check_startup_memory(*startup, args.gpu_memory_utilization)
 
         if args.model_runner == "onnxruntime":
             self.dtype = torch.float32      # the reference export is fp32
@@ -137,7 +143,8 @@ class LLMEngine(RequestIntake):
             bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
         self.memory_profile: Optional[sizing.MemoryProfile] = None
         if args.num_kv_blocks is None and args.kv_cache_memory_bytes is None and self.device.type == "cuda":
-            self.memory_profile = self._profile_memory(kv_dtype)
+            self.memory_profile = dataclasses.replace(self._profile_memory(kv_dtype),
+                                                      baseline_in_use=startup[1] - startup[0])
         self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
             args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block, self.memory_profile,
             num_samplers=1 if draft is None else 2)

@@ -171,6 +171,14 @@ def _verify_step(speculative_config, requests: list[Request], vocab_size: int, d
                              probs[i] if probs is not None else None) for i, r in enumerate(requests)]
 
 
+def startup_snapshot(device: torch.device, memory: Optional[DeviceMemory] = None) -> tuple[int, int]:
+    """(free, total) bytes before the engine loads anything: what is in use then belongs to
+    others (other processes, other engines in this process; vLLM's init snapshot)."""
+    memory = memory or CudaMemory(device)
+    memory.release()
+    return memory.info()
+
+
 def profile_memory(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.device, vocab_size: int,
                    memory: Optional[DeviceMemory] = None) -> MemoryProfile:
     """The profile run on `device` (CUDA unless a test passes its own `memory`)."""

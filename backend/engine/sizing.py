@@ -3,9 +3,13 @@ device itself, whether the model splits over the ranks asked for, the KV pool in
 max_model_len, and the step buffers' capacities. Errors name the engine argument.
 
 The KV pool on CUDA (vLLM's rule): `gpu_memory_utilization` is a fraction of the device's
-*total* memory. From that share come off what is in use once the model is loaded (weights,
-the CUDA context, workspaces, anything else on the device, other processes included: the
-driver's free/total figures tell), the peak activation memory of a step measured by a
+*total* memory, this engine's share. What was in use before the engine loaded anything
+(other processes, other engines in this process) is not part of it: at startup it only
+has to leave the share free (`check_startup_memory`), so that engines whose fractions sum
+to at most 1 share a device, as vLLM instances do. From the share come off what the
+engine itself holds once the model is loaded (weights, its CUDA context and workspaces:
+the driver's in-use figure less the startup baseline), the peak activation memory of a
+step measured by a
 profile run at load (backend/engine/profile_run.py: a prefill of max_num_batched_tokens
 tokens and the sampler at max_num_seqs rows; with speculation, verification at
 max_num_seqs x (k + 1) rows), the sampler's penalty tables at max_num_seqs rows (allocated
@@ -36,6 +40,24 @@ class MemoryProfile:
     #                             context, workspaces, other processes
     activation_peak: int        # the most a step allocated above what it started with
     profiled: bool = True       # False: activation_peak is an estimate (no profile run)
+    baseline_in_use: int = 0    # in use before the engine loaded anything: not the engine's
+
+    @property
+    def engine_in_use(self) -> int:
+        """What this engine holds after loading: weights, its CUDA context, workspaces."""
+        return max(self.in_use - self.baseline_in_use, 0)
+
+
+def check_startup_memory(free: int, total: int, gpu_memory_utilization: float) -> None:
+    """vLLM's startup check: the engine's share of the device must be free before it loads
+    anything (other processes and engines keep what they hold)."""
+    share = int(total * gpu_memory_utilization)
+    if free < share:
+        raise ConfigError(
+            f"invalid engine argument 'gpu_memory_utilization': {gpu_memory_utilization:g} x {total / GIB:.2f} GiB "
+            f"total = {share / GIB:.2f} GiB requested, but {free / GIB:.2f} GiB is free at startup (other "
+            "processes or engines on the device hold the rest); lower gpu_memory_utilization so that the "
+            "engines sharing the device ask for at most what is free, or free the memory")
 
 
 def penalty_table_bytes(max_num_seqs: int, vocab_size: int, initial_slots: int = 8) -> int:
@@ -60,17 +82,18 @@ def draft_probs_bytes(speculative_config, max_num_seqs: int, vocab_size: int) ->
 
 def cuda_kv_budget(profile: MemoryProfile, gpu_memory_utilization: float, reserved: int = 0,
                    reserved_what: str = "") -> int:
-    """KV cache bytes: total x gpu_memory_utilization - in use - activation peak -
-    reserved (penalty tables, CUDA graphs' pool). Refuses when nothing is left."""
+    """KV cache bytes: total x gpu_memory_utilization - what the engine holds after loading
+    - activation peak - reserved (penalty tables, CUDA graphs' pool). Refuses when nothing
+    is left."""
     share = int(profile.total * gpu_memory_utilization)
-    budget = share - profile.in_use - profile.activation_peak - reserved
+    budget = share - profile.engine_in_use - profile.activation_peak - reserved
     if budget <= 0:
         peak = "peak activation memory" + ("" if profile.profiled else " (estimated)")
         raise ConfigError(
             f"invalid engine argument 'gpu_memory_utilization': {gpu_memory_utilization:g} x "
             f"{profile.total / GIB:.2f} GiB total = {share / GIB:.2f} GiB leaves nothing for the KV cache: "
-            f"{profile.in_use / GIB:.2f} GiB in use after loading the model (weights, CUDA context, other "
-            f"processes), {profile.activation_peak / GIB:.2f} GiB {peak} of a step "
+            f"{profile.engine_in_use / GIB:.2f} GiB held by the engine after loading the model (weights, CUDA "
+            f"context, workspaces), {profile.activation_peak / GIB:.2f} GiB {peak} of a step "
             f"(max_num_batched_tokens, max_num_seqs), {reserved / GIB:.2f} GiB reserved"
             f"{' (' + reserved_what + ')' if reserved_what else ''}; raise gpu_memory_utilization or lower "
             "max_num_batched_tokens / max_num_seqs")

@@ -38,9 +38,28 @@ def test_refuses_when_nothing_is_left_for_the_kv_cache():
     msg = str(e.value)
     assert "gpu_memory_utilization" in msg and "0.5" in msg
     assert "80.00 GiB" in msg and "30.00 GiB" in msg and "10.00 GiB" in msg
-    # Other processes' memory counts: a device mostly taken by someone else is refused too.
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         cuda_kv_budget(MemoryProfile(80 * GIB, 75 * GIB, 0), 0.9)
+
+
+def test_what_others_held_at_startup_is_not_the_engines():
+    """vLLM's rule: the share is the engine's own. Two engines of 0.45 share one device:
+    the second finds 40 GiB in use at startup (the first engine), loads 10 GiB more, and
+    gets 36 - 10 GiB, not 36 - 50 (a refusal)."""
+    second = MemoryProfile(total=80 * GIB, in_use=50 * GIB, activation_peak=GIB, baseline_in_use=40 * GIB)
+    assert second.engine_in_use == 10 * GIB
+    assert cuda_kv_budget(second, 0.45) == int(80 * GIB * 0.45) - 10 * GIB - GIB
+    with pytest.raises(ConfigError, match="10.00 GiB held by the engine"):
+        cuda_kv_budget(MemoryProfile(80 * GIB, 50 * GIB, GIB, baseline_in_use=40 * GIB), 0.12)
+
+
+def test_startup_refuses_a_share_that_is_not_free():
+    """What others hold is checked once, before loading: the share must be free then."""
+    sizing.check_startup_memory(free=40 * GIB, total=80 * GIB, gpu_memory_utilization=0.45)   # 36 <= 40
+    with pytest.raises(ConfigError) as e:
+        sizing.check_startup_memory(free=8 * GIB, total=80 * GIB, gpu_memory_utilization=0.9)
+    msg = str(e.value)
+    assert "'gpu_memory_utilization'" in msg and "72.00 GiB requested" in msg and "8.00 GiB is free" in msg
 
 
 def _cfg(tiny_ckpt):
@@ -250,3 +269,9 @@ def test_engine_profiles_with_its_own_model(llama_ckpt, monkeypatch):
     p = llm.engine._profile_memory(torch.float32)
     assert p.profiled and p.total == 64 * GIB and p.in_use == 2 * GIB
     assert mem.calls.count("reset_peak") == 1
+
+
+def test_startup_snapshot_is_the_driver_figures_after_a_release():
+    from backend.engine.profile_run import startup_snapshot
+    mem = FakeMemory(total=64 * GIB, other=5 * GIB)
+    assert startup_snapshot(CUDA, mem) == (59 * GIB, 64 * GIB) and mem.calls == ["release"]
