@@ -19,6 +19,22 @@ if ROOT not in sys.path:
 from tests.helpers.checkpoints import make_checkpoint  # noqa: E402
 
 
+def _share_the_gpu(fraction: float) -> None:
+    """On a GPU, an engine a test leaves alive (two in one test, or one kept by a failed
+    test's traceback) would hold the default 90% of the device and the next engine would
+    be refused (sizing.check_startup_memory, as in vLLM): tests' engines default to a
+    fraction that several can share. Tests that pass their own keep theirs."""
+    from backend.config import EngineArgs
+    EngineArgs.model_fields["gpu_memory_utilization"].default = fraction
+    EngineArgs.model_rebuild(force=True)
+
+
+import torch  # noqa: E402
+
+if torch.cuda.is_available():
+    _share_the_gpu(0.2)
+
+
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpts")
