@@ -1,10 +1,16 @@
 """GPU check and benchmark, in one call, on one NVIDIA GPU (issue 12's targets).
 
     python -m clients.gpu_check --out results/          # writes gpu_check.json and gpu_check.md
+    python -m clients.gpu_check --stages models attention --models llama-3.2-1b --budget-s 200
 
 Needs only torch, triton, transformers, numpy and pydantic (no tritonclient, no network;
-packages may live outside site-packages: child processes inherit sys.path). Planned to
-finish inside 10 minutes on an H100.
+packages may live outside site-packages: child processes inherit sys.path). Every stage
+is isolated (a failure is recorded with its traceback, the next stage runs), results are
+written after each, and --budget-s starts nothing past a deadline. On the H100 of
+2026-11-27 the stages took: models (1B) 46 s, attention 5 s, MoE kernel 12 s, quant
+kernels 6 s, structured output 7 s, speculative 58 s, LoRA and INT4 35 s, kernel unit
+tests 102 s with --test-workers 8; an 8B model's decode stage about 50 s with its
+checkpoint.
 
 1. Random-weight checkpoints of real configurations made on the spot (bf16).
 2. Speculative decoding on CUDA (n-gram and draft model): greedy agreement, sampled
@@ -337,7 +343,9 @@ def lora_and_int(root: str, model_path: str) -> dict:
             "int4": bench_int.main(["--checkpoint", model_path, "--tokens", "64", "--repeats", "2"])["results"]}
 
 
-STAGES = ["attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "models", "lora_and_int",
+# The end-to-end figures first (a lease is short), the unit tests last (their first
+# compiles are slow).
+STAGES = ["models", "attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "lora_and_int",
           "unit_tests"]
 
 
