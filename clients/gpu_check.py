@@ -20,6 +20,8 @@ checkpoint.
 4. The nano-vllm workload: 256 sequences, prompt and output lengths U[100, 1024],
    temperature 0.6, ignore_eos, Llama-3.2-1B configuration, one generate call
    (target: >= 20,000 output tok/s).
+4b. One decode step taken apart at that batch (256 sequences of 512-token prompts, 10
+   steps under torch's profiler): wall and kernel time per step and the top kernels.
 5. Attention kernels alone against the K/V read floor (clients/attention_bench.py):
    the one-token and the tiled kernel on decode and prefill shapes. The fused MoE
    kernel alone against its weight-read floor (clients/moe_kernel_bench.py): a
@@ -254,6 +256,53 @@ def nano_vllm_workload(path: str, num_seqs: int = 256, lo: int = 100, hi: int = 
     return {"output_tokens": tokens, "seconds": dt, "output_tok_per_s": tokens / dt, "cuda_graphs": graphs}
 
 
+def decode_profile(path: str, num_seqs: int = 256, prompt_len: int = 512, steps: int = 10, top: int = 12) -> dict:
+    """Where a decode step's time goes at the nano-vllm workload's batch: num_seqs
+    requests prefilled, then `steps` decode steps under torch's profiler. Returns the
+    wall time per step, the device time per step and its top kernels (by self time), so
+    that one call says whether the step waits on the host or on which kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from backend import SamplingParams
+    llm = _llm(path, max_num_seqs=num_seqs, max_num_batched_tokens=16384, max_model_len=4096)
+    eng = llm.engine
+    vocab = min(10000, _vocab(path) - 1)
+    rng = random.Random(1)
+    params = SamplingParams(max_tokens=steps + 8, min_tokens=steps + 8, temperature=0.6, ignore_eos=True)
+    for _ in range(num_seqs):
+        eng.add_request([rng.randint(0, vocab) for _ in range(prompt_len)], params)
+    while eng.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                       for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(3):
+        eng.step()                                                   # graphs replayed, caches warm
+    cuda = torch.device(eng.device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            eng.step()
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]
+    key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events.sort(key=key, reverse=True)
+    device_us = sum(key(e) for e in events)
+    while eng.has_unfinished_requests():
+        eng.step()
+    _free(llm)
+    del llm, eng
+    _release()
+    return {"num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps,
+            "wall_ms_per_step": 1e3 * wall / steps,
+            ("device_ms_per_step" if cuda else "op_ms_per_step"): device_us / 1e3 / steps,
+            "top": [{"name": e.key[:80], "ms_per_step": key(e) / 1e3 / steps, "calls_per_step": e.count / steps}
+                    for e in events[:top]]}
+
+
 def decode_benchmarks(path: str, batches: list[int], enforce_eager: bool, prompt_len: int = 128,
                       new_tokens: int = 128) -> list[dict]:
     """ms per pure-decode step at each batch size, one engine (one weight load) for all."""
@@ -401,7 +450,8 @@ def main(argv=None) -> int:
             path = make_checkpoint(name, root)
             entry = report["models"][name] = {}
             if name == "llama-3.2-1b":
-                for key, fn in (("sampled_requests", sampled_requests), ("nano_vllm_workload", nano_vllm_workload)):
+                for key, fn in (("sampled_requests", sampled_requests), ("nano_vllm_workload", nano_vllm_workload),
+                                ("decode_profile", decode_profile)):
                     try:
                         entry[key] = fn(path)
                     except Exception as e:     # noqa: BLE001 - one failure must not cost the rest
@@ -485,6 +535,12 @@ def render(report: dict) -> str:
             lines.append(f"{name}: nano-vllm workload {w['output_tokens']} tokens in {w['seconds']:.1f} s = "
                          f"{w['output_tok_per_s']:.0f} output tok/s (target >= 20,000; CUDA graphs {w['cuda_graphs']})")
             lines.append(f"{name}: sampled requests on CUDA: {entry['sampled_requests']}")
+        prof = entry.get("decode_profile")
+        if prof and "top" in prof:
+            dev = prof.get("device_ms_per_step", prof.get("op_ms_per_step", 0.0))
+            lines.append(f"{name}: decode step at {prof['num_seqs']} sequences of {prof['prompt_len']}+ tokens: "
+                         f"{prof['wall_ms_per_step']:.2f} ms wall, {dev:.2f} ms of kernels; top kernels (ms/step): "
+                         + ", ".join(f"{k['name']} {k['ms_per_step']:.3f}" for k in prof["top"][:6]))
     if report.get("attention"):
         from clients.attention_bench import render as render_attention
         lines += ["", "Attention kernels (Llama-3.2-1B shapes, bf16) vs the K/V read floor:", "",

@@ -30,15 +30,20 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
+    prof = gpu_check.decode_profile(tiny_ckpt, num_seqs=3, prompt_len=5, steps=2, top=4)
+    assert prof["wall_ms_per_step"] > 0 and prof["op_ms_per_step"] > 0 and 0 < len(prof["top"]) <= 4
+    assert all(k["ms_per_step"] > 0 for k in prof["top"])
     rows = gpu_check.decode_benchmarks(tiny_ckpt, [1, 2], enforce_eager=False, prompt_len=6, new_tokens=3)
     assert [r["batch"] for r in rows] == [1, 2] and all(r["decode_steps"] == 2 for r in rows)
     for r in rows:
         r["weight_read_floor_ms"] = r["x_of_floor"] = 1.0
     report = {"gpu": "cpu", "torch": torch.__version__, "date": "today", "command": "x", "unit_tests": "skipped",
               "copy_bandwidth_gbs": 1.0, "structured_output": structured, "models": {"llama-3.2-1b": {"sampled_requests": sampled,
-                                                                     "nano_vllm_workload": nano, "decode": rows}}}
+                                                                     "nano_vllm_workload": nano, "decode_profile": prof,
+                                                                     "decode": rows}}}
     text = gpu_check.render(report)
     assert "nano-vllm workload" in text and "| llama-3.2-1b | 2 |" in text and "logit_bias_token_wins" in text
+    assert "top kernels (ms/step)" in text
 
 
 def test_attention_bench_runs_and_kernels_agree():
