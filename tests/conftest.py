@@ -2,13 +2,17 @@ import os
 import random
 import sys
 
-# Without an NVIDIA device, OpenAI Triton kernels run in its interpreter on CPU tensors.
-# This must happen before anything imports triton.
-if not os.path.exists("/dev/nvidiactl"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # As backend/__init__.py: OpenMP threads that sleep between parallel regions (this
 # process shares the 2 cores with the servers it starts), before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (imports no triton)
+
+# Without a usable CUDA device (none, or hidden by CUDA_VISIBLE_DEVICES), OpenAI Triton
+# kernels run in its interpreter on CPU tensors, as tests/helpers/kernel_device.py
+# places them. This must happen before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 
@@ -28,8 +32,6 @@ def _share_the_gpu(fraction: float) -> None:
     EngineArgs.model_fields["gpu_memory_utilization"].default = fraction
     EngineArgs.model_rebuild(force=True)
 
-
-import torch  # noqa: E402
 
 if torch.cuda.is_available():
     _share_the_gpu(0.2)

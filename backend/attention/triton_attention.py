@@ -174,9 +174,10 @@ def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block
 
 
 def decode_tile_tokens(num_heads: int, num_kv_heads: int) -> Optional[int]:
-    """Query tokens per tile when decode rows take the tiled kernel: its 16 tensor-core rows
-    filled by the GQA group (4 tokens x group 4). None below group 4, where a decode tile
-    would be mostly empty rows (not measured: those stay on the one-token kernel)."""
+    """Query tokens per tile when decode rows take the tiled kernel: the least that gives
+    tl.dot its 16 rows with the GQA group (4 at group 4). A tile never spans sequences, so
+    a decode row's tile holds one token: group rows of 16 are real. None below group 4,
+    where fewer would be (not measured: those stay on the one-token kernel)."""
     block_g = triton.next_power_of_2(max(num_heads // num_kv_heads, 1))
     return None if block_g < 4 else max(1, 16 // block_g)
 

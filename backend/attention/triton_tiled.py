@@ -131,13 +131,27 @@ BLOCK_N = 64
 TILE_BYTES = 112 * 1024
 
 
+def _tile_bytes(rows: int, block_d: int, block_n: int, element_size: int) -> int:
+    return element_size * (rows * block_d + 2 * block_n * block_d + rows * block_n)
+
+
 def key_tile(rows: int, block_d: int, element_size: int) -> int:
     """BLOCK_N for a [rows, block_d] query tile: 64 keys, fewer (down to 16) for fp32 or
     wide tiles that would not fit an SM's shared memory."""
     block_n = BLOCK_N
-    while block_n > 16 and element_size * (rows * block_d + 2 * block_n * block_d + rows * block_n) > TILE_BYTES:
+    while block_n > 16 and _tile_bytes(rows, block_d, block_n, element_size) > TILE_BYTES:
         block_n //= 2
     return block_n
+
+
+def fit_tiles(block_m: int, block_g: int, block_d: int, element_size: int) -> tuple[int, int]:
+    """(block_m, BLOCK_N): the query tile keeps at least the 16 rows tl.dot needs, and
+    loses tokens where even 16 keys would not fit (fp32 with a GQA group of 16 and D 128:
+    256 rows)."""
+    while block_m > 1 and block_m * block_g > 16 and _tile_bytes(block_m * block_g, block_d, 16,
+                                                                 element_size) > TILE_BYTES:
+        block_m //= 2
+    return block_m, key_tile(block_m * block_g, block_d, element_size)
 
 
 def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
@@ -148,7 +162,9 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> None:
     """Same tensors and contract as launch_paged_attention; rows of padding tokens (past
     the last sequence) are left as they are. block_m: query tokens per tile (a power of
-    two); decode rows are one token per sequence, so 16 // GQA group fills a 16-row tile."""
+    two, at least 16 rows with the GQA group). A tile never spans sequences: a decode row's
+    tile holds its one token (16 // group tokens is the least that gives tl.dot its 16
+    rows). Where even 16 keys would not fit shared memory, block_m shrinks (fit_tiles)."""
     T, H, D = q.shape
     num_seqs = seq_lens.shape[0]
     if T == 0:
@@ -160,7 +176,7 @@ def launch_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         raise ValueError(f"tiles of {block_m} tokens x {block_g} heads have fewer than the 16 rows tl.dot needs")
     fp8 = k_pool.dtype in (torch.float8_e4m3fn, torch.uint8)
     block_d = max(triton.next_power_of_2(D), 16)
-    block_n = key_tile(block_m * block_g, block_d, 4 if q.dtype == torch.float32 else 2)
+    block_m, block_n = fit_tiles(block_m, block_g, block_d, 4 if q.dtype == torch.float32 else 2)
     k_pool, v_pool = _as_storage(k_pool), _as_storage(v_pool)
     _tiled_attention_kernel[(T // block_m + num_seqs, num_kv_heads)](
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,

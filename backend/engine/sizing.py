@@ -4,12 +4,13 @@ max_model_len, and the step buffers' capacities. Errors name the engine argument
 
 The KV pool on CUDA (vLLM's rule): `gpu_memory_utilization` is a fraction of the device's
 *total* memory, this engine's share. What was in use before the engine loaded anything
-(other processes, other engines in this process) is not part of it: at startup it only
-has to leave the share free (`check_startup_memory`), so that engines whose fractions sum
-to at most 1 share a device, as vLLM instances do. From the share come off what the
-engine itself holds once the model is loaded (weights, its CUDA context and workspaces:
-the driver's in-use figure less the startup baseline), the peak activation memory of a
-step measured by a
+(other processes, other engines in this process, and this process's CUDA context, made
+by the startup snapshot if not before) is not part of it: at startup the share only has
+to be free (`check_startup_memory`), so that several engines share a device when their
+fractions leave room for the contexts (0.45 + 0.45, not 0.5 + 0.5), as vLLM instances
+do. From the share come off what the engine itself holds once the model is loaded
+(weights, workspaces: the driver's in-use figure less the startup baseline), the peak
+activation memory of a step measured by a
 profile run at load (backend/engine/profile_run.py: a prefill of max_num_batched_tokens
 tokens and the sampler at max_num_seqs rows; with speculation, verification at
 max_num_seqs x (k + 1) rows), the sampler's penalty tables at max_num_seqs rows (allocated
@@ -44,7 +45,8 @@ class MemoryProfile:
 
     @property
     def engine_in_use(self) -> int:
-        """What this engine holds after loading: weights, its CUDA context, workspaces."""
+        """What this engine holds after loading: weights, workspaces (not the CUDA context,
+        made before the startup snapshot)."""
         return max(self.in_use - self.baseline_in_use, 0)
 
 

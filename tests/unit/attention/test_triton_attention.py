@@ -219,6 +219,15 @@ def test_key_tile_shrinks_only_where_shared_memory_would_not_fit():
     assert key_tile(1024, 512, 4) == 16
 
 
+
+def test_fit_tiles_gives_up_query_tokens_only_where_16_keys_do_not_fit():
+    from backend.attention.triton_tiled import fit_tiles
+    assert fit_tiles(16, 4, 64, 2) == (16, 64) and fit_tiles(4, 4, 64, 2) == (4, 64)    # bf16 Llama: as asked
+    block_m, block_n = fit_tiles(16, 16, 128, 4)           # fp32, GQA 16, D 128: 256 rows do not fit
+    assert block_m < 16 and block_m * 16 >= 16 and block_n >= 16
+    assert fit_tiles(1, 32, 128, 4)[0] == 1                # never below one token
+
+
 def _spy_tiles(monkeypatch) -> list:
     """The block_m of every tiled launch paged_attention makes."""
     from backend.attention import triton_tiled
@@ -231,7 +240,7 @@ def _spy_tiles(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("group,block_m", [(1, None), (2, None), (4, 4), (8, 2)])
+@pytest.mark.parametrize("group,block_m", [(1, None), (2, None), (4, 4), (8, 2), (16, 1)])
 def test_decode_rows_take_the_tiled_kernel_where_the_group_fills_a_tile(monkeypatch, group, block_m):
     """Decode steps with an unsplit KV range: GQA >= 4 on the tiled kernel with 16 // group
     tokens per tile (measured 4-5x faster on an H100 at batch 64-256), the rest on the
