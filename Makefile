@@ -14,7 +14,7 @@ OPENAI_PORT ?= 9000
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-unit test-integration serve model tritonserver bench clean
+.PHONY: install test test-unit test-integration serve model tritonserver bench gpu-wheels clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench: $(STAMP) tritonserver model
 	$(PY) -m pip install -q matplotlib
 	$(PY) -m clients.bench offline --json docs/offline.json
 	$(PY) -m clients.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
+
+# Wheels the device tool's GPU machines lack (pydantic, xgrammar), into .whl/ for them.
+gpu-wheels: $(STAMP)
+	$(PY) -m clients.gpu_wheels --dest .whl
 
 clean:
 	rm -rf $(VENV) third_party model_repository/llm
