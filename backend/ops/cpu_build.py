@@ -8,6 +8,8 @@ CPU (it is built for this one, `-march=native`) under `$PAGED_LLM_CACHE_DIR` (de
 `~/.cache/paged_llm`; where that cannot be written, a folder of this user's own in the
 temporary folder). Processes that start together (Triton's model instances, test
 servers) compile to temporary names and rename: none loads a half-written file.
+Building a library removes that library's other versions (older sources, flags or CPUs)
+not rebuilt for a week (`prune`).
 ctypes.CDLL releases the GIL for each call, so threads (cpu_shards.py) run them side by
 side. Where nothing compiles, or the library's switch is "0" in the environment,
 `CppLibrary.get()` is None and the caller runs torch (a warning says why, once).
@@ -16,6 +18,7 @@ side. Where nothing compiles, or the library's switch is "0" in the environment,
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
 import logging
 import os
@@ -24,6 +27,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Optional
 
 import torch
@@ -72,6 +76,26 @@ def cache_dir() -> str:
     return tempfile.mkdtemp(prefix="paged_llm-")
 
 
+# A library of an older source (or compiler, flags, CPU) is removed when a new one of the
+# same name is built and it has not been rebuilt for this long: a process that still runs
+# it keeps its mapping, and one that starts on that version again rebuilds it (a second).
+STALE_AFTER_S = 7 * 24 * 3600
+
+
+def prune(cache: str, name: str, keep: str, now: float | None = None) -> list[str]:
+    """Removes `name`'s other libraries in `cache` older than STALE_AFTER_S; returns them."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in glob.glob(os.path.join(cache, f"{name}-*.so")):
+        try:
+            if path != keep and now - os.stat(path).st_mtime > STALE_AFTER_S:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:                 # another process removed it first
+            pass
+    return removed
+
+
 def build(source_path: str, cxx: str) -> str:
     """The compiled library of `source_path`, compiled now if none is cached."""
     with open(source_path, "rb") as f:
@@ -91,6 +115,7 @@ def build(source_path: str, cxx: str) -> str:
             done = subprocess.run([cxx, *flags, source_path, "-o", tmp], capture_output=True, text=True, timeout=120)
             if done.returncode == 0:
                 os.replace(tmp, path)
+                prune(cache, name, keep=path)
                 return path
             error = done.stderr.strip()[-500:]
         finally:

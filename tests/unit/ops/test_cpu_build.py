@@ -3,6 +3,7 @@ a private folder when the cache folder cannot be written, no foreign call on tra
 tensors."""
 
 import os
+import time
 
 import torch
 
@@ -16,6 +17,22 @@ def test_built_once_and_cached(tmp_path, monkeypatch):
     mtime = os.stat(first).st_mtime_ns
     assert cpu_build.build(cpu_decode.SOURCE, "g++") == first and os.stat(first).st_mtime_ns == mtime
     assert os.listdir(tmp_path) == [os.path.basename(first)]          # no temporary file left
+
+
+def test_a_build_removes_the_librarys_week_old_versions_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
+    month_ago = time.time() - 30 * 24 * 3600
+    old, recent, other = (tmp_path / n for n in ("cpu_decode-00000000.so", "cpu_decode-11111111.so",
+                                                  "cpu_layer_ops-22222222.so"))
+    for f in (old, recent, other):
+        f.write_bytes(b"x")
+    os.utime(old, (month_ago, month_ago))
+    os.utime(other, (month_ago, month_ago))
+    built = cpu_build.build(cpu_decode.SOURCE, "g++")
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(built), recent.name, other.name])
+    assert cpu_build.prune(str(tmp_path), "cpu_decode", keep=built, now=time.time() + 8 * 24 * 3600) == \
+        [str(recent)]                                               # a week on: the new build stays
+    assert os.path.exists(built)
 
 
 def test_unwritable_cache_folder_falls_back_to_a_private_temporary_folder(tmp_path, monkeypatch):
