@@ -197,12 +197,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     T, H, D = q.shape
     scales = cache.scale_tensor()
     block_m = None
-    if tiled is None:
-        if meta.max_query_len > 1 and num_splits is None and meta.num_splits is None:
-            tiled = True
-        else:
-            num_splits = num_splits or meta.num_splits or choose_num_splits(T, cache.key.shape[2], meta.max_seq_len,
-                                                                            cache.block_size)
+    if tiled is None and meta.max_query_len > 1 and num_splits is None and meta.num_splits is None:
+        tiled = True
+    if not tiled:
+        # The one-token kernel's split factor: the caller's, a CUDA graph's, or by shape.
+        num_splits = num_splits or meta.num_splits or choose_num_splits(T, cache.key.shape[2], meta.max_seq_len,
+                                                                        cache.block_size)
+        if tiled is None:           # decode rows: the tiled kernel where the KV range is not split
             block_m = decode_tile_tokens(H, cache.key.shape[2]) if num_splits == 1 else None
             tiled = block_m is not None
     if tiled:
@@ -216,10 +217,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
                                block_m=block_m or BLOCK_M, logits_soft_cap=logits_soft_cap, sinks=sinks)
         return out
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
-    if num_splits is None:
-        num_splits = meta.num_splits
-    if num_splits is None:
-        num_splits = choose_num_splits(T, cache.key.shape[2], meta.max_seq_len, cache.block_size)
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                            meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits,
                            logits_soft_cap, sinks)

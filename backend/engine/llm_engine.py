@@ -17,7 +17,6 @@ text) turns core outputs into RequestOutputs, inline in `step` or on its own thr
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import logging
 import os
@@ -142,7 +141,7 @@ class LLMEngine(RequestIntake):
         if draft is not None:           # the draft's K/V lives in the same blocks
             bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
         self.memory_profile: Optional[sizing.MemoryProfile] = None
-        if args.num_kv_blocks is None and args.kv_cache_memory_bytes is None and self.device.type == "cuda":
+        if startup is not None:         # sized from gpu_memory_utilization
             self.memory_profile = dataclasses.replace(self._profile_memory(kv_dtype),
                                                       baseline_in_use=startup[1] - startup[0])
         self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(

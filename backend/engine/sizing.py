@@ -94,8 +94,8 @@ def cuda_kv_budget(profile: MemoryProfile, gpu_memory_utilization: float, reserv
         raise ConfigError(
             f"invalid engine argument 'gpu_memory_utilization': {gpu_memory_utilization:g} x "
             f"{profile.total / GIB:.2f} GiB total = {share / GIB:.2f} GiB leaves nothing for the KV cache: "
-            f"{profile.engine_in_use / GIB:.2f} GiB held by the engine after loading the model (weights, CUDA "
-            f"context, workspaces), {profile.activation_peak / GIB:.2f} GiB {peak} of a step "
+            f"{profile.engine_in_use / GIB:.2f} GiB held by the engine after loading the model (weights, "
+            f"workspaces), {profile.activation_peak / GIB:.2f} GiB {peak} of a step "
             f"(max_num_batched_tokens, max_num_seqs), {reserved / GIB:.2f} GiB reserved"
             f"{' (' + reserved_what + ')' if reserved_what else ''}; raise gpu_memory_utilization or lower "
             "max_num_batched_tokens / max_num_seqs")
