@@ -126,7 +126,8 @@ def _pytest(targets: list[str], workers: int, timeout_s: float, env: dict) -> tu
     """(one line per failing test, the summary line)."""
     extra = ["-n", str(workers)] if workers > 1 else []
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
+        # --tb=short: the summary's FAILED lines then name the error (bare with --tb=line).
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=short",
                                *extra, *targets], capture_output=True, text=True, env=env, timeout=timeout_s)
         out = proc.stdout
     except subprocess.TimeoutExpired as e:
@@ -276,7 +277,7 @@ def decode_profile(path: str, num_seqs: int = 256, prompt_len: int = 512, steps:
         eng.step()
     for _ in range(3):
         eng.step()                                                   # graphs replayed, caches warm
-    cuda = torch.device(eng.device).type == "cuda"
+    cuda = eng.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
@@ -287,9 +288,8 @@ def decode_profile(path: str, num_seqs: int = 256, prompt_len: int = 512, steps:
         if cuda:
             torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]
     key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    events.sort(key=key, reverse=True)
+    events = sorted((e for e in prof.key_averages() if key(e) > 0), key=key, reverse=True)
     device_us = sum(key(e) for e in events)
     while eng.has_unfinished_requests():
         eng.step()
@@ -435,6 +435,9 @@ def main(argv=None) -> int:
 
     root = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
 
+    def past_budget() -> bool:
+        return a.budget_s is not None and time.perf_counter() - t_start > a.budget_s
+
     def kernels(name: str) -> None:
         import importlib
         mod = importlib.import_module({"attention": "clients.attention_bench", "moe_kernel": "clients.moe_kernel_bench",
@@ -444,7 +447,7 @@ def main(argv=None) -> int:
 
     def models() -> None:
         for name in a.models:
-            if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+            if past_budget():
                 report["stage_errors"][f"models/{name}"] = "skipped: past --budget-s"
                 continue
             path = make_checkpoint(name, root)
@@ -497,7 +500,7 @@ def main(argv=None) -> int:
            "speculative": speculative, "models": models, "lora_and_int": lora, "unit_tests": unit_tests}
     stages = [st for st in a.stages if not (st == "unit_tests" and a.skip_tests)]
     for stage in stages:
-        if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+        if past_budget():
             report["stage_errors"][stage] = "skipped: past --budget-s"
             continue
         t0 = time.perf_counter()
