@@ -8,7 +8,7 @@ import torch
 
 from backend.models.rotary import RotaryEmbedding
 from backend.ops import reference, triton_kernels
-from tests.helpers.kernel_device import KERNEL_DEVICE, on_kernel_device
+from tests.helpers.kernel_device import KERNEL_DEVICE, on_kernel_device, to_kernel_device
 from tests.helpers.paged_batch import rel_err
 
 add_rms_norm, act_and_mul = on_kernel_device(triton_kernels.add_rms_norm), on_kernel_device(triton_kernels.act_and_mul)
@@ -56,8 +56,8 @@ def test_rotary_in_place_on_fused_qkv_views(heads, kv_heads, head_dim, qk_norm):
     dev_qkv = qkv.to(KERNEL_DEVICE)                 # in place: the views must be the kernel device's
     dev_q = dev_qkv[:, :heads * head_dim].view(T, heads, head_dim)
     dev_k = dev_qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(T, kv_heads, head_dim)
-    got_q, got_k = triton_kernels.rotary(*(t.to(KERNEL_DEVICE) if isinstance(t, torch.Tensor) else t for t in
-                                           (positions, dev_q, dev_k, rope.cos_cache, rope.sin_cache, *norms)))
+    got_q, got_k = triton_kernels.rotary(*map(to_kernel_device, (positions, dev_q, dev_k, rope.cos_cache,
+                                                                  rope.sin_cache, *norms)))
     assert got_q.data_ptr() == dev_q.data_ptr()     # in place, inside the qkv buffer
     assert rel_err(got_q.cpu(), ref_q) < FP32_TOL and rel_err(got_k.cpu(), ref_k) < FP32_TOL
     assert torch.equal(dev_qkv[:, (heads + kv_heads) * head_dim:].cpu(), v_before)   # v untouched
