@@ -34,6 +34,7 @@ from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, s
 from backend.engine.cuda_graphs import capture_decode_graphs, verify_query_len
 from backend.engine.deadlines import Deadlines
 from backend.engine.gc_policy import freeze_heap
+from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.intake import Prompt, RequestIntake  # noqa: F401 (Prompt: part of this module's API)
 from backend.engine.model_runner import LaunchedStep, ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.output_processor import OutputProcessor
@@ -99,6 +100,8 @@ class LLMEngine(RequestIntake):
             startup = profile_run.startup_snapshot(self.device)
             sizing.check_startup_memory(*startup, args.gpu_memory_utilization)
 
+        if self.device.type == "cpu":
+            keep_large_blocks()         # a CPU forward's activations reused, not mapped anew (host_malloc.py)
         if args.model_runner == "onnxruntime":
             self.dtype = torch.float32      # the reference export is fp32
             kv_dtype = torch.float32

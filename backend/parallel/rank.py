@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from backend.engine.cuda_graphs import capture_decode_graphs
+from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.step_inputs import StepInputBuilder
 from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
@@ -37,6 +38,7 @@ def worker_main(spec: WorkerSpec) -> None:
     device = spec.device()
     if device.type == "cpu":
         torch.set_num_threads(cpu_share(spec.ranks_per_node))
+        keep_large_blocks()
     else:
         torch.cuda.set_device(device)
     store = spec.client_store()
