@@ -72,10 +72,20 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+// a * b + c, fused where the CPU has FMA (FP_FAST_FMAF: the build's -march=native found
+// it). Without it std::fma is a libm call per element, which the compiler cannot vectorize.
+inline float madd(float a, float b, float c) {
+#ifdef FP_FAST_FMAF
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 // q . k for four keys at once: four independent chains of 8-lane accumulators, which
 // the compiler turns into vector FMAs (D a multiple of 8). One key at a time waits on
 // each FMA's latency and a horizontal sum per key: 2x slower at D = 32. The FMAs are
-// written out (std::fma, here and in the value pass): the libraries build with
+// written out (madd, here and in the value pass): the libraries build with
 // -ffp-contract=off, which keeps the layer ops bit-identical to torch's, and left a
 // multiply and an add per element here (the kernel 5-11% slower, benchmarks §16).
 template <typename T>
@@ -84,7 +94,7 @@ inline void dot4(const float* q, const T* const* k, int64_t D, float* out) {
     for (int64_t d = 0; d < D; d += 8)
         for (int r = 0; r < 4; ++r) {
 #pragma omp simd
-            for (int l = 0; l < 8; ++l) acc[r][l] = std::fma(q[d + l], to_float(k[r][d + l]), acc[r][l]);
+            for (int l = 0; l < 8; ++l) acc[r][l] = madd(q[d + l], to_float(k[r][d + l]), acc[r][l]);
         }
     for (int r = 0; r < 4; ++r) {
         float s = 0.f;
@@ -97,7 +107,7 @@ template <typename T>
 inline float dot(const float* q, const T* k, int64_t D) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s = std::fma(q[d], to_float(k[d]), s);
+    for (int64_t d = 0; d < D; ++d) s = madd(q[d], to_float(k[d]), s);
     return s;
 }
 
@@ -186,8 +196,8 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                         float* __restrict__ accj = acc + j * D;
 #pragma omp simd
                         for (int64_t d = 0; d < D; ++d)
-                            accj[d] = std::fma(p3, to_float(v[3 * row + d]), std::fma(p2, to_float(v[2 * row + d]),
-                                      std::fma(p1, to_float(v[row + d]), std::fma(p0, to_float(v[d]), accj[d]))));
+                            accj[d] = madd(p3, to_float(v[3 * row + d]), madd(p2, to_float(v[2 * row + d]),
+                                      madd(p1, to_float(v[row + d]), madd(p0, to_float(v[d]), accj[d]))));
                     }
                 }
                 for (; t < t_end; ++t) {
@@ -198,7 +208,7 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                         float* __restrict__ accj = acc + j * D;
                         const T* vj = v + (j / g) * D;
 #pragma omp simd
-                        for (int64_t d = 0; d < D; ++d) accj[d] = std::fma(p, to_float(vj[d]), accj[d]);
+                        for (int64_t d = 0; d < D; ++d) accj[d] = madd(p, to_float(vj[d]), accj[d]);
                     }
                 }
             }

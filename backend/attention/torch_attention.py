@@ -2,8 +2,10 @@
 
 On CPU, decode rows go to the C++ kernel of cpu_decode.py where it applies (fp32/bf16
 cache, no soft-cap or sinks) and could be built. Otherwise decode rows (one query per
-sequence) are batched into padded SDPA calls, by groups of similar length; prefill chunks run one sequence at a time through scaled_dot_product_attention with an
-explicit mask (causal within the chunk, full over the cached context before it).
+sequence) are batched into padded SDPA calls, by groups of similar length. Prefill
+chunks run one sequence at a time through scaled_dot_product_attention: a chunk that is
+the whole sequence with SDPA's own causal mask, one after a cached context with an
+explicit mask (causal within the chunk, full over the context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
 see exactly the same values, FP8 and INT8 caches included.
 

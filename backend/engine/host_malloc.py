@@ -12,13 +12,19 @@ for the same reason.
 So a CPU engine sets, once per process:
 - M_MMAP_MAX = 0: every block comes from the heap and goes back to it when freed, where
   the next step's same-sized activation finds it already faulted in;
+- M_ARENA_MAX = 1: every thread allocates from that one heap. A thread of its own arena
+  (the serving loop's, the forward's shard threads) gets heaps of at most 64 MiB, maps
+  anything larger afresh whatever M_MMAP_MAX says, and keeps its own freed memory apart
+  from the others'. Small blocks stay in glibc's per-thread caches, without the lock.
+  (Set before the engine starts its threads: a thread keeps the arena it first used.)
 - M_TRIM_THRESHOLD = 1 GiB: the top of the heap is given back to the system only when more
   than that lies free there (a closed engine's KV pool, say), not after every step.
-The process's resident memory then stays near its peak, as under tcmalloc.
+The process's resident memory then stays near its peak: what a step freed waits for
+the next step instead of going back to the system.
 
 Only where the C library is glibc, and not where the user chose otherwise: any
-`MALLOC_*` setting in the environment, a preloaded allocator (`LD_PRELOAD`), or
-`PAGED_LLM_HOST_MALLOC=0`.
+`MALLOC_*` setting or `glibc.malloc.` tunable in the environment, a preloaded allocator
+(tcmalloc, jemalloc, mimalloc in `LD_PRELOAD`), or `PAGED_LLM_HOST_MALLOC=0`.
 """
 
 from __future__ import annotations
@@ -34,14 +40,17 @@ ENV_SWITCH = "PAGED_LLM_HOST_MALLOC"
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 TRIM_THRESHOLD_BYTES = 1 << 30
 
 _applied = False
 
 
 def user_chose_allocator(environ=os.environ) -> bool:
-    """A setting of the user's that this must not override."""
-    return (environ.get(ENV_SWITCH, "1") == "0" or bool(environ.get("LD_PRELOAD", "").strip())
+    """A setting of the user's that this must not override. (A preloaded OpenMP or other
+    library is not one: only a preload that replaces malloc.)"""
+    return (environ.get(ENV_SWITCH, "1") == "0" or "malloc" in environ.get("LD_PRELOAD", "")
+            or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
             or any(k.startswith("MALLOC_") for k in environ))
 
 
@@ -59,7 +68,8 @@ def keep_large_blocks() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # (mallopt returns 1 on success)
-    _applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+    _applied = (mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_ARENA_MAX, 1) == 1
+                and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
     if not _applied:
         logger.info("glibc's mallopt refused the host-memory policy: large blocks stay mapped per allocation")
     return _applied

@@ -11,11 +11,12 @@ from backend.engine.host_malloc import user_chose_allocator
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
-# In a fresh process: how many more blocks malloc holds as separate mappings (mallinfo2's
-# hblks) while a 64 MiB tensor lives, and how many of its bytes lie in the heap (arena)
-# after it is freed, kept for the next one.
+# In a fresh process, on the main thread and then on another (whose own arena's heaps
+# hold at most 64 MiB): how many more blocks malloc holds as separate mappings
+# (mallinfo2's hblks) while a 100 MiB tensor lives, and whether its bytes lie free in
+# the heap after it is freed, kept for the next one.
 PROBE = r"""
-import ctypes, sys
+import ctypes, sys, threading
 sys.path.insert(0, {root!r})
 from backend.engine.host_malloc import keep_large_blocks
 applied = keep_large_blocks() if {apply} else False
@@ -25,11 +26,17 @@ class MallInfo2(ctypes.Structure):
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-before = libc.mallinfo2().hblks
-x = torch.empty(16 << 20, dtype=torch.float32)
-mapped = libc.mallinfo2().hblks - before
-del x
-print(applied, mapped, libc.mallinfo2().fordblks >= 64 << 20)
+def probe(found):
+    before = libc.mallinfo2().hblks
+    x = torch.empty(25 << 20, dtype=torch.float32)          # 100 MiB: above a thread arena's heap
+    found["mapped"] = libc.mallinfo2().hblks - before
+    del x
+    found["kept"] = libc.mallinfo2().fordblks >= 100 << 20
+main, other = {{}}, {{}}
+probe(main)
+t = threading.Thread(target=probe, args=(other,))
+t.start(); t.join()
+print(applied, main["mapped"], main["kept"], other["mapped"], other["kept"])
 """
 
 
@@ -43,23 +50,36 @@ def _probe(apply: bool, **env) -> list[str]:
 
 @pytest.mark.skipif(not GLIBC, reason="the policy is glibc's mallopt")
 def test_large_blocks_come_from_the_heap_once_applied():
-    applied, mapped, kept = _probe(True)
-    assert applied == "True" and mapped == "0" and kept == "True"
-    # glibc's default (the case this fixes): the 64 MiB block is a mapping of its own,
-    # unmapped when freed.
-    applied, mapped, kept = _probe(False)
-    assert applied == "False" and mapped == "1" and kept == "False"
+    assert _probe(True) == ["True", "0", "True", "0", "True"]
+    # glibc's default (the case this fixes): the block is a mapping of its own, unmapped
+    # when freed, on either thread.
+    assert _probe(False) == ["False", "1", "False", "1", "False"]
 
 
 @pytest.mark.skipif(not GLIBC, reason="the policy is glibc's mallopt")
 def test_switch_leaves_glibc_defaults():
-    applied, mapped, _ = _probe(True, PAGED_LLM_HOST_MALLOC="0")
-    assert applied == "False" and mapped == "1"
+    assert _probe(True, PAGED_LLM_HOST_MALLOC="0")[:2] == ["False", "1"]
 
 
 def test_user_choices_win():
     assert not user_chose_allocator({})
     assert not user_chose_allocator({"PAGED_LLM_HOST_MALLOC": "1", "LD_PRELOAD": " "})
+    # A preloaded OpenMP runtime (as Intel's and vLLM's CPU guides advise) is not an allocator.
+    assert not user_chose_allocator({"LD_PRELOAD": "/opt/intel/lib/libiomp5.so"})
+    assert not user_chose_allocator({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"})
     assert user_chose_allocator({"PAGED_LLM_HOST_MALLOC": "0"})
-    assert user_chose_allocator({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"})
+    assert user_chose_allocator({"LD_PRELOAD": "/usr/lib/libiomp5.so:/usr/lib/libtcmalloc_minimal.so.4"})
+    assert user_chose_allocator({"LD_PRELOAD": "libjemalloc.so.2"})
     assert user_chose_allocator({"MALLOC_ARENA_MAX": "2"})
+    assert user_chose_allocator({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"})
+
+
+def test_a_cpu_engine_applies_the_policy(monkeypatch, tmp_path):
+    """LLMEngine._build calls it for a CPU engine (the policy itself: above)."""
+    import backend.engine.llm_engine as llm_engine
+    from backend import LLM
+    from tests.helpers.checkpoints import make_checkpoint
+    calls = []
+    monkeypatch.setattr(llm_engine, "keep_large_blocks", lambda: calls.append(1) or True)
+    LLM(make_checkpoint(str(tmp_path)), device="cpu", num_kv_blocks=16, block_size=16)
+    assert calls == [1]
