@@ -48,8 +48,12 @@ struct Args {
     void* out; int64_t out_row_stride;
 };
 
-// One (sequence, KV head): its H / KVH query heads against its keys, two passes (scores,
-// then the weighted values), in fp32.
+// Where block `id` of a [num_blocks, block_size, KVH, D] pool (a.key or a.value) starts.
+template <typename T>
+inline const T* block_at(const Args& a, const void* pool, int32_t id) {
+    return static_cast<const T*>(pool) + static_cast<int64_t>(id) * a.block_size * a.KVH * a.D;
+}
+
 // exp(x) for x <= 0 in a form the compiler vectorizes (libm's expf is a call per
 // element): 2^(x log2 e) split into an integer power, set in the exponent bits, and
 // 2^f for f in [0, 1) by a degree-6 polynomial (relative error about 2e-7, as expf's
@@ -142,17 +146,15 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
     const bool by4 = D % 8 == 0;
     const int64_t first = start - start % bs;
     for (int pass = 0; pass < 2; ++pass) {
-        const T* pool = static_cast<const T*>(pass == 0 ? a.key : a.value);
+        const void* pool = pass == 0 ? a.key : a.value;
         for (int64_t t0 = first; t0 < len; t0 += bs) {
-            const T* block = pool + static_cast<int64_t>(table[t0 / bs]) * bs * row;
+            const T* block = block_at<T>(a, pool, table[t0 / bs]);
             // The next block, a token's row at a time as this one's rows are read: spread
             // out, the requests stay within what the core can have in flight.
             // After the last key block comes the first value block; after the last value
             // block, the next sequence's first key block (`next_seq`, none past the range).
-            const char* next = t0 + bs < len
-                ? reinterpret_cast<const char*>(pool + static_cast<int64_t>(table[t0 / bs + 1]) * bs * row)
-                : pass == 0 ? reinterpret_cast<const char*>(static_cast<const T*>(a.value)
-                                                            + static_cast<int64_t>(table[first / bs]) * bs * row)
+            const char* next = t0 + bs < len ? reinterpret_cast<const char*>(block_at<T>(a, pool, table[t0 / bs + 1]))
+                : pass == 0 ? reinterpret_cast<const char*>(block_at<T>(a, a.value, table[first / bs]))
                 : next_seq;
             const int64_t row_bytes = block_bytes / bs;
             int64_t t = std::max(t0, start);
@@ -233,8 +235,8 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
 template <typename T>
 const char* first_key_block(const Args& a, int64_t i) {
     const int64_t start = a.window > 0 ? std::max<int64_t>(0, a.lens[i] - a.window) : 0;
-    const int32_t block = a.block_tables[a.seq_idx[i] * a.bt_stride + start / a.block_size];
-    return reinterpret_cast<const char*>(static_cast<const T*>(a.key) + static_cast<int64_t>(block) * a.block_size * a.KVH * a.D);
+    return reinterpret_cast<const char*>(
+        block_at<T>(a, a.key, a.block_tables[a.seq_idx[i] * a.bt_stride + start / a.block_size]));
 }
 
 template <typename T>
