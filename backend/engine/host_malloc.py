@@ -12,15 +12,17 @@ for the same reason.
 So a CPU engine sets, once per process:
 - M_MMAP_MAX = 0: every block comes from the heap and goes back to it when freed, where
   the next step's same-sized activation finds it already faulted in;
-- M_ARENA_MAX = 1: every thread allocates from that one heap. A thread of its own arena
-  (the serving loop's, the forward's shard threads) gets heaps of at most 64 MiB, maps
-  anything larger afresh whatever M_MMAP_MAX says, and keeps its own freed memory apart
-  from the others'. Small blocks stay in glibc's per-thread caches, without the lock.
-  (Set before the engine starts its threads: a thread keeps the arena it first used.)
 - M_TRIM_THRESHOLD = 1 GiB: the top of the heap is given back to the system only when more
   than that lies free there (a closed engine's KV pool, say), not after every step.
 The process's resident memory then stays near its peak: what a step freed waits for
 the next step instead of going back to the system.
+
+Threads other than the main one (the serving loop's, the forward's shard threads)
+allocate from arenas of their own, whose heaps hold at most 64 MiB: a larger block there
+is still mapped afresh (glibc maps it whatever M_MMAP_MAX says), and each arena keeps its
+own freed memory. One arena for all threads (M_ARENA_MAX 1) would cover those blocks,
+but the shard threads then queue on its lock for every allocation: the default model ran
+3% slower (docs/benchmarks.md §16). A preloaded tcmalloc has neither limit.
 
 Only where the C library is glibc, and not where the user chose otherwise: any
 `MALLOC_*` setting or `glibc.malloc.` tunable in the environment, a preloaded allocator
@@ -40,7 +42,6 @@ ENV_SWITCH = "PAGED_LLM_HOST_MALLOC"
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-M_ARENA_MAX = -8
 TRIM_THRESHOLD_BYTES = 1 << 30
 
 _applied = False
@@ -68,8 +69,7 @@ def keep_large_blocks() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # (mallopt returns 1 on success)
-    _applied = (mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_ARENA_MAX, 1) == 1
-                and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
+    _applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     if not _applied:
         logger.info("glibc's mallopt refused the host-memory policy: large blocks stay mapped per allocation")
     return _applied

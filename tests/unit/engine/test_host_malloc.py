@@ -11,10 +11,10 @@ from backend.engine.host_malloc import user_chose_allocator
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
-# In a fresh process, on the main thread and then on another (whose own arena's heaps
-# hold at most 64 MiB): how many more blocks malloc holds as separate mappings
-# (mallinfo2's hblks) while a 100 MiB tensor lives, and whether its bytes lie free in
-# the heap after it is freed, kept for the next one.
+# In a fresh process, on the main thread (100 MiB) and then on another (48 MiB: its own
+# arena's heaps hold at most 64 MiB): how many more blocks malloc holds as separate
+# mappings (mallinfo2's hblks) while the tensor lives, and whether its bytes lie free in
+# a heap after it is freed, kept for the next one.
 PROBE = r"""
 import ctypes, sys, threading
 sys.path.insert(0, {root!r})
@@ -26,15 +26,15 @@ class MallInfo2(ctypes.Structure):
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-def probe(found):
+def probe(found, mib):
     before = libc.mallinfo2().hblks
-    x = torch.empty(25 << 20, dtype=torch.float32)          # 100 MiB: above a thread arena's heap
+    x = torch.empty(mib << 18, dtype=torch.float32)
     found["mapped"] = libc.mallinfo2().hblks - before
     del x
-    found["kept"] = libc.mallinfo2().fordblks >= 100 << 20
+    found["kept"] = libc.mallinfo2().fordblks >= mib << 20
 main, other = {{}}, {{}}
-probe(main)
-t = threading.Thread(target=probe, args=(other,))
+probe(main, 100)
+t = threading.Thread(target=probe, args=(other, 48))       # a thread's arena: heaps of at most 64 MiB
 t.start(); t.join()
 print(applied, main["mapped"], main["kept"], other["mapped"], other["kept"])
 """
