@@ -77,13 +77,16 @@ class FP8Linear(nn.Module):
                         None if self.bias is None else self.bias.to(x.dtype))
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
-        # Not yet run on a GPU in this project (see docs/benchmarks.md).
         scale = per_token_scale(x) if self.input_scale is None else self.input_scale
         xq = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         scale_a = scale.expand(x.shape[0], 1).contiguous()
         scale_b = self.weight_scale[None, :].contiguous()
-        return torch._scaled_mm(xq, self.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype,
-                                bias=None if self.bias is None else self.bias.to(x.dtype))
+        # cuBLAS takes a bias only with a 16-bit output (fp32: "Bias is not supported when
+        # out_dtype is set to Float32", seen on an H100): an fp32 model adds it after.
+        fused_bias = self.bias is not None and x.dtype != torch.float32
+        out = torch._scaled_mm(xq, self.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype,
+                               bias=self.bias.to(x.dtype) if fused_bias else None)
+        return out if self.bias is None or fused_bias else out + self.bias
 
 
 def replace_projections(model: nn.Module, make: Callable[[int, int, bool], nn.Module]) -> None:

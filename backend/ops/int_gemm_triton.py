@@ -24,7 +24,7 @@ from backend.ops.gemm_tiles import load_rows, output_tile, store_tile
 @triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg,
                      stride_om, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, lut_ptr=None, LUT: tl.constexpr = False):
+                     BLOCK_K: tl.constexpr, lut_ptr=None, LUT: tl.constexpr = False, IEEE: tl.constexpr = False):
     PER: tl.constexpr = 32 // BITS
     rows, cols, mask_m, mask_n = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -42,7 +42,10 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, strid
         else:
             zero = tl.load(z_ptr + g[:, None] * stride_sg + cols[None, :], mask=wmask, other=0.0).to(tl.float32)
             w = ((q.to(tl.float32) - zero) * scale).to(xt.dtype)
-        acc += tl.dot(xt, w)
+        if IEEE:    # fp32 operands: full fp32 products, as torch's fp32 matmul (Triton's default is TF32)
+            acc += tl.dot(xt, w, input_precision="ieee")
+        else:       # 16-bit operands are exact in TF32: tensor cores lose nothing
+            acc += tl.dot(xt, w)
     store_tile(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om)
 
 
@@ -63,5 +66,6 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     _int_gemm_kernel[grid](x, qweight, scales, zeros, g_idx, out, M, N, K, x.stride(0), qweight.stride(0),
                            scales.stride(0), out.stride(0), BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
-                           BLOCK_K=block_k, lut_ptr=quant_map, LUT=quant_map is not None)
+                           BLOCK_K=block_k, lut_ptr=quant_map, LUT=quant_map is not None,
+                           IEEE=x.dtype == torch.float32)
     return out
