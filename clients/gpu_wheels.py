@@ -3,7 +3,8 @@
     make gpu-wheels                     # into .whl/ (git-ignored), for Python 3.12 x86-64
 
 The device image has torch, triton, transformers, numpy, pytest and pytest-xdist, but
-not pydantic (the engine's configuration) or xgrammar (structured output); nothing can
+not pydantic (the engine's configuration), xgrammar (structured output) or
+compressed-tensors (INT and W8A8 formats); nothing can
 be fetched there. The versions are this venv's (requirements/cpu.txt's pins). On the
 device, before `python -m clients.gpu_check`:
 
@@ -18,7 +19,11 @@ import subprocess
 import sys
 from importlib.metadata import version
 
-PACKAGES = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "xgrammar", "apache-tvm-ffi"]
+PACKAGES = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "xgrammar", "apache-tvm-ffi",
+            # INT8/INT4 and W8A8 builds and checkpoints (with compressed-tensors' own need, loguru).
+            "compressed-tensors", "loguru",
+            # The image has transformers 5.17, whose references differ from the pinned 5.23 (tests/helpers/pins.py).
+            "transformers"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 

@@ -62,8 +62,9 @@ def test_fp8_moe_build_equals_transformers_on_dequantized_weights(ckpt_dir, tmp_
     if arch == "qwen3_moe":                                 # its dense layer (mlp_only_layers) is FP8Linear
         assert state["model.layers.1.mlp.gate_proj.weight"].dtype == torch.float8_e4m3fn
     # Activation rounding is discontinuous (see test_fp8_formats._agrees): one prompt may
-    # land an input on the other E4M3 neighbour; the others agree to 1e-4.
-    tokens, gaps = qc.assert_engine_matches(path, fp8_moe_reference(base, path), PROMPTS, tol=0.05)
+    # land an input on the other E4M3 neighbour; the others agree to 1e-4. On CPU: an H100's
+    # FP8 GEMMs accumulate with fewer bits than fp32 (tokens and gaps differed there).
+    tokens, gaps = qc.assert_engine_matches(path, fp8_moe_reference(base, path), PROMPTS, tol=0.05, device="cpu")
     assert min(gaps) < 1e-4, gaps
     if arch == "qwen2_moe":
         # The fused MoE Triton kernel (interpreter) dequantizing the FP8 tiles: the same tokens.

@@ -41,7 +41,8 @@ def test_tensor_parallel_rows_equal_each_ranks_figures(ckpt_dir, arch, overrides
     path = make_checkpoint(str(ckpt_dir / f"plan_tp_{arch}"), arch, **overrides)
     cfg = load_model_config(path)
     budget, block_size = 2_000_000, 8
-    with LLM(path, dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget, tensor_parallel_size=2) as llm:
+    with LLM(path, device="cpu", dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget,
+             tensor_parallel_size=2) as llm:
         ranks = llm.stats()["bytes_per_rank"]
     blocks = plan.kv_blocks(budget, cfg, "float32", block_size, tp=2)
     assert ranks == [(plan.weight_bytes(cfg, "float32", tp=2),

@@ -33,8 +33,8 @@ def test_expert_parallel_rank_bytes(ckpt_dir):
     path = make_moe_checkpoint(str(ckpt_dir / "qwen2_moe"), "qwen2_moe")
     cfg = with_expert_parallel(load_model_config(path), True)
     budget, block_size = 1_000_000, 8
-    with LLM(path, dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget, tensor_parallel_size=2,
-             enable_expert_parallel=True) as llm:
+    with LLM(path, device="cpu", dtype="float32", block_size=block_size, kv_cache_memory_bytes=budget,
+             tensor_parallel_size=2, enable_expert_parallel=True) as llm:
         ranks = llm.stats()["bytes_per_rank"]
     assert [w for w, _ in ranks] == [plan.weight_bytes(cfg, "float32", tp=2)] * 2
 

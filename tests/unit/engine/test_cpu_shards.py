@@ -174,7 +174,7 @@ def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
                              prompt_logprobs=2 if i % 3 == 0 else None) for i in range(len(prompts))]
     results = {}
     for shards in (2, 1):
-        llm = LLM(path, block_size=4, num_kv_blocks=80, max_num_seqs=8, max_num_batched_tokens=40,
+        llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=80, max_num_seqs=8, max_num_batched_tokens=40,
                   cpu_forward_shards=shards)
         assert (llm.engine.runner.shards is not None) == (shards == 2)
         results[shards] = threading_result(lambda: llm.generate(prompts, params))
@@ -199,16 +199,16 @@ def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
 def test_default_is_two_shards_on_cpu_with_two_threads_and_weights_in_cache(ckpt_dir, monkeypatch):
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 2)
-    llm = LLM(path, block_size=8, num_kv_blocks=16)
+    llm = LLM(path, device="cpu", block_size=8, num_kv_blocks=16)
     assert llm.engine.runner.shards.num_shards == 2 and llm.engine.runner.shards.threads_per_shard == 1
     llm.engine.shutdown()
     monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 1)
-    assert LLM(path, block_size=8, num_kv_blocks=16).engine.runner.shards is None
+    assert LLM(path, device="cpu", block_size=8, num_kv_blocks=16).engine.runner.shards is None
     # Weights past the last-level cache: each shard would stream them from memory again.
     monkeypatch.setattr(cpu_shards, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(cpu_shards, "last_level_cache_bytes", lambda: 1 << 10)
-    assert LLM(path, block_size=8, num_kv_blocks=16).engine.runner.shards is None
-    llm = LLM(path, block_size=8, num_kv_blocks=16, cpu_forward_shards=2)      # asked for: split
+    assert LLM(path, device="cpu", block_size=8, num_kv_blocks=16).engine.runner.shards is None
+    llm = LLM(path, device="cpu", block_size=8, num_kv_blocks=16, cpu_forward_shards=2)      # asked for: split
     assert llm.engine.runner.shards.num_shards == 2
     llm.engine.shutdown()
 
@@ -225,7 +225,7 @@ def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, mon
     seen = {}
 
     def generate(sampling: list) -> None:
-        llm = LLM(path, block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
+        llm = LLM(path, device="cpu", block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
         real_sample = llm.engine.runner.sample
         llm.engine.runner.sample = lambda launched: (sampling.append(torch.get_num_threads()), real_sample(launched))
         llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
@@ -303,4 +303,4 @@ def test_refused_where_it_cannot_run_before_anything_loads(args, named):
 def test_refused_with_lora(ckpt_dir):
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     with pytest.raises(ConfigError, match="cpu_forward_shards"):
-        LLM(path, block_size=8, num_kv_blocks=16, enable_lora=True, cpu_forward_shards=2)
+        LLM(path, device="cpu", block_size=8, num_kv_blocks=16, enable_lora=True, cpu_forward_shards=2)

@@ -17,6 +17,7 @@ from backend.models.int_linear import IntLinear
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers import bnb_checkpoints as bc
 from tests.helpers.checkpoints import check_against_model, make_checkpoint
+from tests.helpers.kernel_device import on_kernel_device
 
 MAX_NEW = 8
 
@@ -53,7 +54,7 @@ def test_nf4_and_fp4_checkpoints_load_and_decode_as_transformers(ckpt_dir, tmp_p
             assert (w - source).norm() / source.norm() < 0.2, name
         # The kernel (interpreter on CPU) looks the codes up in the table.
         w = int_formats.read_projection(dict(state), "model.layers.1.mlp.gate_proj", scheme)
-        torch.testing.assert_close(int_gemm(x, w.qweight, w.scales, w.zeros, w.g_idx, 4, quant_map=w.quant_map),
+        torch.testing.assert_close(on_kernel_device(int_gemm)(x, w.qweight, w.scales, w.zeros, w.g_idx, 4, quant_map=w.quant_map),
                                    x @ want["model.layers.1.mlp.gate_proj"].t(), rtol=1e-4, atol=1e-4)
         if quant_type == "fp4":
             continue        # the engine path differs only by the table: decoded for NF4 (CI time)
@@ -64,10 +65,12 @@ def test_nf4_and_fp4_checkpoints_load_and_decode_as_transformers(ckpt_dir, tmp_p
         assert qkv.qweight.numel() == qkv.in_features * qkv.out_features // 8      # 4 bits a weight
         assert qkv.zeros is None and qkv.scales.shape == (qkv.in_features // 64, qkv.out_features)
         # The fused q/k/v through the kernel (what CUDA runs) equals the CPU path's dequantized matmul.
-        h = torch.randn(3, qkv.in_features, generator=torch.Generator().manual_seed(1))
-        cpu_out = qkv(h)
+        # (On a GPU host the engine's weights are on CUDA: the dequantized matmul spelled out.)
+        h = torch.randn(3, qkv.in_features, generator=torch.Generator().manual_seed(1)).to(qkv.qweight.device)
+        dequantized = int_formats.dequantize(qkv.weight_only(), qkv.bits, qkv.part_sizes).to(h.dtype)
+        matmul = torch.nn.functional.linear(h, dequantized, qkv.bias)
         qkv.use_kernel = True
-        torch.testing.assert_close(qkv(h), cpu_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(qkv(h), matmul, rtol=1e-4, atol=1e-4)
         qkv.use_kernel = False
         outs = llm.generate(prompts, params)
         ref = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()

@@ -17,6 +17,7 @@ from backend.models.fp8_formats import (FP8FormatError, FP8Scheme, dequantize_bl
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers import quant_checkpoints as qc
 from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.kernel_device import KERNEL_DEVICE, on_kernel_device
 
 PROMPTS = random_prompts(3, [1, 21, 9], seed=7)
 
@@ -29,8 +30,9 @@ def base(ckpt_dir):
 def _agrees(path, ref, **kw):
     # Activation rounding is discontinuous: an input 1e-7 from a rounding boundary may land
     # on the other E4M3 neighbour in one of the two (a few 1e-2 in logprobs); the other
-    # prompts agree to 1e-6, and unrounded activations change tokens.
-    tokens, gaps = qc.assert_engine_matches(path, ref, PROMPTS, tol=0.05, **kw)
+    # prompts agree to 1e-6, and unrounded activations change tokens. On CPU: an H100's FP8
+    # GEMMs accumulate with fewer bits than fp32 (test_fp8_linear.py checks CUDA's).
+    tokens, gaps = qc.assert_engine_matches(path, ref, PROMPTS, tol=0.05, device="cpu", **kw)
     assert min(gaps) < 1e-4, gaps
     return tokens
 
@@ -62,7 +64,11 @@ def test_triton_block_fp8_gemm_equals_the_reference():
         ws = torch.rand(N, -(-K // bk), generator=g) / 100
         b = torch.randn(N, generator=g) if bias else None
         want = torch.nn.functional.linear(per_group_fake_quantize(x, bk), dequantize_block(w, ws, bk), b)
-        torch.testing.assert_close(fp8_block_gemm(x, w, ws, bk, b), want, rtol=1e-5, atol=1e-4)
+        # Hopper's FP8 tensor cores accumulate each K step with fewer bits than fp32 (the
+        # kernel promotes per step, as DeepSeek-V3's): ~1e-3 of the output's scale on an H100.
+        tol = (dict(rtol=1e-5, atol=1e-4) if KERNEL_DEVICE.type == "cpu"
+               else dict(rtol=0, atol=4e-3 * want.abs().max().item()))
+        torch.testing.assert_close(on_kernel_device(fp8_block_gemm)(x, w, ws, bk, b), want, **tol)
 
 
 def test_block_scales_ragged_edges_and_errors(base, tmp_path):

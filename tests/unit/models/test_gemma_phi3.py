@@ -8,6 +8,7 @@ import pytest
 from backend import LLM, SamplingParams
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, hf_logprobs, make_checkpoint
+from tests.helpers.pins import require_pinned
 
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120, 50, 60]
 MAX_NEW = 24
@@ -39,6 +40,8 @@ def serve(path: str, prompts: list[list[int]], max_new: int = MAX_NEW, **engine)
     ("phi3", {"partial_rotary_factor": 0.75, "tie_word_embeddings": True}),
 ], ids=["gemma2", "gemma3", "phi3", "phi3-partial-rotary-tied"])
 def test_greedy_matches_transformers(ckpt_dir, arch, overrides):
+    if arch != "gemma3":
+        require_pinned("transformers")    # other versions' references differ: tests/helpers/pins.py
     name = "-".join([arch] + sorted(overrides))
     path = make_checkpoint(str(ckpt_dir / name), arch, **overrides)
     prompts = mixed_prompts(seed=1)
@@ -60,6 +63,7 @@ def test_gemma2_features_bind(ckpt_dir):
     output: the tests here check them, not a model on which they are no-ops. The final
     soft-cap is monotonic (greedy tokens cannot see it): the engine's logprobs are
     transformers' capped ones, which differ from the uncapped ones."""
+    require_pinned("transformers")    # other versions' references differ: tests/helpers/pins.py
     path = make_checkpoint(str(ckpt_dir / "gemma2"), "gemma2")
     prompts = random_prompts(3, [90, 40, 25], seed=5)
     ref = hf_greedy(path, prompts, 12)
@@ -86,6 +90,7 @@ def test_gemma2_triton_backend_matches_transformers(ckpt_dir):
     """Soft-capping and the window in the Triton kernels (interpreter on CPU), both the
     tiled prompt kernel and the one-token decode kernel, in a mixed batch with chunked
     prefill and preemption."""
+    require_pinned("transformers")    # other versions' references differ: tests/helpers/pins.py
     path = make_checkpoint(str(ckpt_dir / "gemma2"), "gemma2")
     prompts = random_prompts(5, [1, 40, 9, 23, 17], seed=2)
     expected = hf_greedy(path, prompts, 8)
@@ -97,6 +102,7 @@ def test_gemma2_triton_backend_matches_transformers(ckpt_dir):
 
 def test_phi3_longrope_crossing_with_async_scheduling_off(ckpt_dir):
     """The restart at position 64 also in the synchronous engine (no token in flight)."""
+    require_pinned("transformers")    # other versions' references differ: tests/helpers/pins.py
     path = make_checkpoint(str(ckpt_dir / "phi3"), "phi3")
     prompts = random_prompts(3, [50, 63, 70], seed=3)
     expected = hf_greedy(path, prompts, 20)

@@ -11,6 +11,7 @@ from backend.models import int_formats
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers import int_checkpoints as ic
 from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.kernel_device import on_kernel_device
 from tests.helpers.quant_checkpoints import assert_engine_matches
 
 MAX_NEW = 8
@@ -73,7 +74,7 @@ def test_triton_int_gemm_equals_the_reference(quantized):
         scheme = int_formats.scheme_of(json.load(open(os.path.join(path, "config.json")))["quantization_config"])
         w = int_formats.read_projection(load_file(os.path.join(path, "model.safetensors")),
                                         "model.layers.0.mlp.gate_proj", scheme)
-        got = int_gemm(x, w.qweight, w.scales.float(), w.zeros, w.g_idx, scheme.bits)
+        got = on_kernel_device(int_gemm)(x, w.qweight, w.scales.float(), w.zeros, w.g_idx, scheme.bits)
         torch.testing.assert_close(got, x @ int_formats.dequantize(w, scheme.bits).t(), rtol=1e-4, atol=1e-4)
 
 

@@ -55,4 +55,6 @@ def test_fp8_fused_linear_equals_the_separate_ones():
     lin = FP8Linear(6, 16, bias=False)
     lin.load_state_dict({"weight": fused[f"{key}.weight"], "weight_scale": fused[f"{key}.weight_scale"],
                          "input_scale": fused[f"{key}.input_scale"]}, assign=True)
-    assert torch.equal(lin(x), torch.cat(separate, dim=1))
+    # One GEMM of 16 columns against three narrower ones: equal up to the order a BLAS
+    # sums in (bit-equal on the 2-core CI machine; a 16-core host's kernels differ).
+    torch.testing.assert_close(lin(x), torch.cat(separate, dim=1), rtol=1e-6, atol=1e-6)

@@ -10,6 +10,7 @@ from backend.ops import fused_moe_triton as kernels
 from backend.ops import moe_reference
 from tests.helpers.kernel_device import on_kernel_device
 from tests.helpers.paged_batch import rel_err
+from tests.helpers.pins import require_pinned
 
 fused_moe, route = on_kernel_device(kernels.fused_moe), on_kernel_device(kernels.route)
 align_by_expert = on_kernel_device(kernels.align_by_expert)
@@ -111,6 +112,7 @@ def test_gpt_oss_experts_and_routing_match_reference():
     most gate/up values here) in the kernel; top-k of the logits then a softmax over
     those k, in the routing kernel. The reference itself against transformers'
     GptOssExperts / GptOssTopKRouter (interleaved gate/up columns, [E, in, out] weights)."""
+    require_pinned("transformers")    # other versions' references differ: tests/helpers/pins.py
     import transformers as tf
     g = torch.Generator().manual_seed(5)
     T, E, K, H, I = 19, 6, 2, 48, 40
