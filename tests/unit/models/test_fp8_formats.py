@@ -65,9 +65,10 @@ def test_triton_block_fp8_gemm_equals_the_reference():
         b = torch.randn(N, generator=g) if bias else None
         want = torch.nn.functional.linear(per_group_fake_quantize(x, bk), dequantize_block(w, ws, bk), b)
         # Hopper's FP8 tensor cores accumulate each K step with fewer bits than fp32 (the
-        # kernel promotes per step, as DeepSeek-V3's): ~1e-3 of the output's scale on an H100.
+        # kernel promotes per step, as DeepSeek-V3's): 6.6e-3 absolute on an H100, 1-2e-4 of the
+        # output's largest value (37 and 65 here).
         tol = (dict(rtol=1e-5, atol=1e-4) if KERNEL_DEVICE.type == "cpu"
-               else dict(rtol=0, atol=4e-3 * want.abs().max().item()))
+               else dict(rtol=0, atol=1e-3 * want.abs().max().item()))
         torch.testing.assert_close(on_kernel_device(fp8_block_gemm)(x, w, ws, bk, b), want, **tol)
 
 
