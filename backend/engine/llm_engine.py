@@ -7,8 +7,9 @@ N: core_step) -> ModelRunnerOutput ->
 Scheduler.update_from_output (the one writer of request and KV state: tokens appended,
 stops on token ids, requests finished; with runner="pooling", PoolingModelRunner returns
 pooled hidden states instead and a request finishes when its prompt is computed)
--> EngineCoreOutput; with speculative decoding
-the Speculator then proposes the next step's tokens, which the scheduler keeps.
+-> EngineCoreOutput; with speculative decoding a draft model proposes the next step's
+tokens inside the runner's step (into lookahead slots reserved with the step) and a
+lookup after the update; the scheduler keeps them.
 `core_step` ends there; the output side (OutputProcessor: text, stop strings, logprob
 text) turns core outputs into RequestOutputs, inline in `step` or on its own thread
 (engine_loop.py), and a stop string comes back as one call (`stop_requests`).
@@ -198,6 +199,9 @@ class LLMEngine(RequestIntake):
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
             self.scheduler.may_speculate = Speculator.can_speculate
+            if self.speculator.in_runner:       # the draft proposes inside the runner's step
+                self.runner.drafter = self.speculator.proposer
+                self.scheduler.num_lookahead_tokens = spec.num_speculative_tokens
         self.outputs = OutputProcessor(self.tokenizer)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test
@@ -330,23 +334,17 @@ class LLMEngine(RequestIntake):
         return outputs
 
     def _update(self, sched, result: ModelRunnerOutput, in_flight=None) -> list[EngineCoreOutput]:
-        """Step `sched`'s result applied, then the next proposals. `in_flight`: the step
-        launched since (async scheduling), whose tokens the draft model must not take as
-        computed yet."""
+        """Step `sched`'s result applied (with a draft model's proposals, made inside the
+        step), then a lookup's proposals. `in_flight`: the step launched since (async
+        scheduling); a request in it proposes after that step."""
         outputs = self.scheduler.update_from_output(sched, result)
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
-            running = [s.request for s in sched.scheduled if not s.request.is_finished]
-            eligible = self.speculator.eligible(running)
-            # Tokens each request has in the step in flight (async scheduling): counted as
-            # computed, not computed yet. Such a request (its next prompt chunk) proposes
-            # after that step; the draft catches the others up to the collected steps.
-            ahead = {s.request.request_id: s.num_new_tokens for s in in_flight.scheduled} if in_flight else {}
-            if ahead:
-                eligible = [(r, k) for r, k in eligible if r.request_id not in ahead]
-            if self.speculator.needs_lookahead_slots:
-                eligible = self.scheduler.reserve_lookahead(eligible)
-            self.scheduler.set_proposals(self.speculator.propose(running, eligible, ahead))
+            if not self.speculator.in_runner:
+                running = [s.request for s in sched.scheduled if not s.request.is_finished]
+                ahead = {s.request.request_id for s in in_flight.scheduled} if in_flight else set()
+                eligible = [(r, k) for r, k in self.speculator.eligible(running) if r.request_id not in ahead]
+                self.scheduler.set_proposals(self.speculator.propose(running, eligible))
         return outputs
 
     # ------------------------------------------------------------------ stats

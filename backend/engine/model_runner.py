@@ -93,6 +93,9 @@ class ModelRunner:
         self._prompt_logprobs = prompt_logprobs.PromptLogprobPlanner(device)
         self._host_out: Optional[torch.Tensor] = None
         self._copied: Optional[torch.cuda.Event] = None
+        # Speculative decoding with a draft model (spec_decode/draft_model.py, set by the
+        # engine): proposes inside the step, once its tokens are back.
+        self.drafter = None
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step, self.shards)
@@ -220,7 +223,14 @@ class ModelRunner:
         launched.copied = self._copied
 
     def collect(self, launched: LaunchedStep) -> ModelRunnerOutput:
-        """The launched step's result (waits for its copy: the step's one host sync)."""
+        """The launched step's result (waits for its copy: the step's one host sync), with
+        a draft model's proposals for the next step."""
+        result = self._read(launched)
+        if self.drafter is not None:
+            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids)
+        return result
+
+    def _read(self, launched: LaunchedStep) -> ModelRunnerOutput:
         if launched.packed is None:
             return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
         if launched.copied is not None:

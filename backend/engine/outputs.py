@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from backend.engine.logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from backend.engine.spec_decode.speculator import Proposals
 
 
 @dataclass
@@ -24,6 +27,9 @@ class ModelRunnerOutput:
     # runner="pooling": the pooled vector ([hidden], fp32, on the host) of each request
     # whose prompt this step completed, by index in the schedule.
     pooler_output: dict[int, torch.Tensor] = field(default_factory=dict)
+    # A draft model's proposals for the next step, made inside this step by the runner
+    # (spec_decode/draft_model.py), which the scheduler applies with the tokens.
+    proposals: Optional["Proposals"] = None
 
 
 @dataclass

@@ -21,6 +21,10 @@ class ScheduledRequest:
     draft_probs: Optional[torch.Tensor] = None
     # Set from the step's result: proposed tokens the target rejected.
     num_rejected: int = 0
+    # Slots reserved past this step's tokens for what the draft model writes ahead inside
+    # the runner's step (vLLM's num_lookahead_tokens): the newest token's K/V and
+    # proposals 1..k-1; 0 when this request proposes nothing after the step.
+    num_lookahead_tokens: int = 0
     # As scheduled: where this step's tokens start, and whether after it every token of
     # the request (a placeholder of a step in flight included) has its K/V, so that the
     # logits of the last one give the next token.

@@ -213,6 +213,8 @@ class Scheduler(ProposalSlots):
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        if self.num_lookahead_tokens:
+            self.reserve_lookahead(out)
         if self.exclude_in_flight:
             self.in_flight.update(s.request.request_id for s in out.scheduled)
         return out
@@ -323,6 +325,8 @@ class Scheduler(ProposalSlots):
             outputs.append(EngineCoreOutput(
                 request.request_id, new_tokens, [entry] if entry is not None else None,
                 prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens))
+        if result.proposals is not None:    # a draft model's, made inside the step
+            self.set_proposals(result.proposals)
         return outputs
 
     def stop_request(self, request_id: str) -> None:

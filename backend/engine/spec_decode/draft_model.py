@@ -4,13 +4,16 @@ The draft keeps its own K/V cache tensors, but in the target's blocks: the same 
 ids, block tables and slot mapping, in tensors shaped for the draft's layers. So the
 KV cache manager manages both at once (allocated, preempted, freed and prefix-cached with
 the target request's blocks) and nothing here tracks blocks of its own. The scheduler
-reserves the slots of what the draft writes ahead (Scheduler.reserve_lookahead) and
-records how far the draft's K/V reaches (`num_draft_computed`, from the Proposals).
+reserves the slots of what the draft writes ahead when it schedules the step
+(`ScheduledRequest.num_lookahead_tokens`), and records how far the draft's K/V reaches
+(`num_draft_computed`) from the Proposals this returns.
 
-Each step, after the target's tokens are settled, the draft
-1. catches up: one packed forward over every running request's tokens it has no K/V for
-   (this step's prefill chunk or accepted tokens), through the newest token for the
-   requests that speculate, whose logits give proposal 1;
+The draft runs inside the runner's step (ModelRunner.collect), right after the step's
+tokens come back and before the scheduler applies them, from the requests as scheduled
+plus the step's new tokens (read, never written). For the step's requests it
+1. catches up: one packed forward over the tokens it has no K/V for (this step's prefill
+   chunk or accepted tokens), through the newest token for the requests that propose,
+   whose logits give proposal 1;
 2. proposes: k - 1 more one-token forwards. Each proposal is drawn from the draft's
    distribution under the request's sampling settings (argmax for greedy requests) and
    written into the next forward's input on the device, so the k forwards cost one
@@ -19,13 +22,13 @@ The distributions go with the proposals to the rejection sampler, which needs q.
 
 A prefix-cache hit reuses the draft's K/V of the hit blocks too. It is whatever the
 draft wrote there: right unless the request that computed the block ended in that very
-step (the draft runs only for requests still running). Stale draft K/V lowers the
-acceptance rate, never the output's correctness.
+step. Stale draft K/V lowers the acceptance rate, never the output's correctness.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -36,7 +39,7 @@ from backend.config import ConfigError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
-from backend.engine.request import Request
+from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
 from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.step_inputs import StepInputBuilder
@@ -64,60 +67,60 @@ class DraftModelProposer:
         self.vocab_size = vocab_size
         self._index = GrowingStagedBuffer(torch.int64, kv_caches[0].key.device)
 
-    writes_kv = True        # the newest token's and proposals 1..k-1: slots reserved by the scheduler
+    in_runner = True        # runs inside the runner's step, into slots the scheduler reserved
 
     @torch.inference_mode()
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]],
-                ahead: Optional[dict[str, int]] = None) -> Proposals:
-        """`ahead`: by request id, tokens scheduled in the step in flight (async
-        scheduling): the draft catches up to where the target's collected steps reach."""
-        ks = {request.request_id: k for request, k in eligible}
-        first, computed = self._catch_up(running, ks, ahead or {})
+    def propose(self, sched, sampled_token_ids: list[list[int]]) -> Proposals:
+        """Proposals after the step `sched` (its ScheduledRequests), whose new tokens per
+        request are `sampled_token_ids` (accepted proposals and the target's next, or none
+        mid-prompt): for each request with reserved lookahead slots, up to as many
+        proposals as those slots and its max_tokens allow."""
+        rows = [_Row.after(s, new) for s, new in zip(sched.scheduled, sampled_token_ids)
+                if s.request.status == RequestStatus.RUNNING]    # (not finished or preempted since)
+        first, computed = self._catch_up(rows)
+        proposing = [row for row in rows if row.k > 0]
         if first is None:
             return Proposals(num_draft_computed=computed)
-        # The catch-up's rows: the proposing requests it had tokens for (each then has one).
-        proposing = [r for r in running if r.request_id in ks and r.request_id in computed]
         tokens, probs = [first[0]], [first[1]]
         active = proposing
-        for j in range(1, max(ks.values())):
-            keep = [i for i, r in enumerate(active) if ks[r.request_id] > j]
+        for j in range(1, max(row.k for row in proposing)):
+            keep = [i for i, row in enumerate(active) if row.k > j]
             prev_tokens = tokens[-1]
             if len(keep) < len(active):     # (staged: an upload, not a sync)
                 prev_tokens = prev_tokens.index_select(0, self._index.upload(np.asarray(keep, dtype=np.int64)))
             active = [active[i] for i in keep]
-            starts = np.asarray([r.num_tokens - 1 + j for r in active], dtype=np.int64)
+            starts = np.asarray([row.num_tokens - 1 + j for row in active], dtype=np.int64)
             step = self.inputs.build_segments(
-                [r.request_id for r in active], starts, np.ones(len(active), np.int64),
+                [row.request.request_id for row in active], starts, np.ones(len(active), np.int64),
                 np.ones(len(active), np.int64), lambda i, a, b: [0], self.kv_cache.block_table)
             step.input_ids[:len(active)].copy_(prev_tokens)
-            t, p = self._draw(run_model(self.model, self.kv_caches, step), active)
+            t, p = self._draw(run_model(self.model, self.kv_caches, step), [row.request for row in active])
             tokens.append(t)
             probs.append(p)
-        return Proposals(self._hand_over(proposing, ks, tokens, probs), computed)
+        return Proposals(self._hand_over(proposing, tokens, probs), computed)
 
-    def _catch_up(self, running: list[Request], ks: dict[str, int], ahead: dict[str, int]):
-        """The forward over what the draft lacks: (proposal 1 per proposing request and its
-        distributions, or None when no request proposes; how far the draft's K/V reaches
+    def _catch_up(self, rows: list[_Row]):
+        """The forward over what the draft lacks: (proposal 1 per proposing row and its
+        distributions, or None when no row proposes; how far the draft's K/V reaches
         after it, by request id)."""
         segments = []
-        for r in running:
-            end = r.num_tokens if r.request_id in ks else r.num_computed_tokens - ahead.get(r.request_id, 0)
-            if end > r.num_draft_computed:
-                segments.append((r, r.num_draft_computed, end))
+        for row in rows:
+            end = row.num_tokens if row.k > 0 else row.num_computed
+            if end > row.request.num_draft_computed:
+                segments.append((row, row.request.num_draft_computed, end))
         if not segments:
             return None, {}
-        reqs = [r for r, _, _ in segments]
         step = self.inputs.build_segments(
-            [r.request_id for r in reqs], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
-            np.asarray([int(r.request_id in ks) for r in reqs], dtype=np.int64),
-            lambda i, a, b: reqs[i].token_slice(a, b),
+            np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
+            lambda i, a, b: segments[i][0].token_slice(a, b),
             self.kv_cache.block_table)
         logits = run_model(self.model, self.kv_caches, step)
-        computed = {r.request_id: end for r, _, end in segments}
+        computed = {row.request.request_id: end for row, _, end in segments}
         if logits is None:
             return None, computed
-        return self._draw(logits, [r for r in reqs if r.request_id in ks]), computed
+        return self._draw(logits, [row.request for row, _, _ in segments if row.k > 0]), computed
 
     def _draw(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Proposals from the draft's logits under each request's sampling settings, and
@@ -132,23 +135,52 @@ class DraftModelProposer:
         # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
         return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
-    def _hand_over(self, proposing: list[Request], ks: dict[str, int], tokens: list[torch.Tensor],
+    def _hand_over(self, proposing: list[_Row], tokens: list[torch.Tensor],
                    probs: list[Optional[torch.Tensor]]) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
         """The proposals by request id: one device-to-host copy of all of them. Forward j
-        ran the requests with more than j proposals, in `proposing` order."""
+        ran the rows with more than j proposals, in `proposing` order."""
         flat = torch.cat(tokens).tolist()
-        ids: dict[str, list[int]] = {r.request_id: [] for r in proposing}
+        ids: dict[str, list[int]] = {row.request.request_id: [] for row in proposing}
         rows: dict[str, list[torch.Tensor]] = {}
         offset = 0
         for j in range(len(tokens)):
-            active = [r for r in proposing if ks[r.request_id] > j]
-            for row, r in enumerate(active):
-                ids[r.request_id].append(flat[offset + row])
-                if probs[j] is not None and not r.sampling_params.greedy:
-                    rows.setdefault(r.request_id, []).append(probs[j][row])
+            active = [row for row in proposing if row.k > j]
+            for i, row in enumerate(active):
+                rid = row.request.request_id
+                ids[rid].append(flat[offset + i])
+                if probs[j] is not None and not row.request.sampling_params.greedy:
+                    rows.setdefault(rid, []).append(probs[j][i])
             offset += len(active)
         # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
         return {rid: (spec, torch.stack(rows[rid]) if rid in rows else None) for rid, spec in ids.items()}
+
+
+@dataclass
+class _Row:
+    """A scheduled request as the step leaves it, before the scheduler applies the step:
+    its tokens are the request's plus `new` (read, not written)."""
+    request: Request
+    new: list[int]
+    num_tokens: int             # after the step
+    num_computed: int           # tokens with the target's K/V after the step
+    k: int                      # proposals to make (0: catch up only)
+
+    @classmethod
+    def after(cls, s, new: list[int]) -> "_Row":
+        request = s.request
+        rejected = len(s.spec_token_ids) + 1 - len(new) if s.spec_token_ids and new else 0
+        k = 0
+        if new and s.num_lookahead_tokens:
+            # Room for k proposals and the target's own token within max_tokens.
+            k = min(s.num_lookahead_tokens, request.max_tokens - request.num_output_tokens - len(new) - 1)
+        return cls(request, new, request.num_tokens + len(new), s.num_computed_tokens + s.num_new_tokens - rejected,
+                   max(k, 0))
+
+    def token_slice(self, a: int, b: int) -> list[int]:
+        n = self.request.num_tokens
+        if b <= n:
+            return self.request.token_slice(a, b)
+        return self.request.token_slice(a, n) + self.new[max(a - n, 0):b - n] if a < n else self.new[a - n:b - n]
 
 
 def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtype, device: torch.device,

@@ -82,7 +82,7 @@ class _TokenArray:
 
 
 class NgramProposer:
-    writes_kv = False       # a lookup: nothing to reserve slots for
+    in_runner = False       # a lookup on the host, after the scheduler applied the step
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max

@@ -1,7 +1,10 @@
 """The scheduler's part in speculative decoding: proposals and the KV slots they hold.
 
 The scheduler stays the one writer of request and KV state (Scheduler inherits this);
-the proposers only return `Proposals`. With async scheduling, a request that may
+the proposers only return `Proposals`. A draft model writes K/V ahead of the step it
+runs in (the newest token's and its proposals'), inside the runner's step: the scheduler
+reserves those slots when it schedules the step (`reserve_lookahead`, vLLM's
+num_lookahead_tokens), never preempting anyone for them. With async scheduling, a request that may
 speculate (`may_speculate`) sits out the step scheduled while its own is in flight: its
 positions (how many proposals stand) and its next proposals (looked up in, or drafted
 from, its tokens) are known only when that step's result is in, so it runs every other
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from backend.engine.request import Request, RequestStatus
+from backend.engine.sched_output import SchedulerOutput
 from backend.engine.spec_decode.speculator import Proposals
 
 if TYPE_CHECKING:
@@ -26,6 +30,9 @@ class ProposalSlots:
     # Whether a request may propose tokens (Speculator.can_speculate, set by the engine
     # when speculation is on): such a request is not scheduled while its step is in flight.
     may_speculate: Optional[Callable[[Request], bool]] = None
+    # A draft model's num_speculative_tokens (set by the engine): the slots reserved past a
+    # step for what the draft writes ahead in it. 0: no draft model.
+    num_lookahead_tokens: int = 0
 
     def _reclaim_proposal_blocks(self, start: int) -> bool:
         """Before anyone is preempted: the blocks that running requests not yet scheduled
@@ -40,24 +47,29 @@ class ProposalSlots:
                 freed = True
         return freed
 
-    def reserve_lookahead(self, eligible: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
-        """Slots for what a draft model writes before the next step, the newest token's K/V
-        and proposals 1..k-1 (vLLM's num_lookahead_tokens): k where the pool has room, else
-        1 (the newest token alone, one proposal), else none for that request."""
-        reserved = []
-        for request, k in eligible:
-            if self.kv_cache.allocate_slots(request, k):
-                reserved.append((request, k))
-            elif self.kv_cache.allocate_slots(request, 1):
-                reserved.append((request, 1))
-        return reserved
+    def reserve_lookahead(self, out: SchedulerOutput) -> None:
+        """Slots past each scheduled request's tokens for what the draft model writes in
+        the step, the newest token's K/V and proposals 1..k-1, for each request that will
+        be decoding after it and may speculate: k where the pool has room, else 1 (the
+        newest token alone, one proposal), else none. k is bounded by the room max_tokens
+        leaves after one new token (the runner bounds it again by the tokens it got)."""
+        for s in out.scheduled:
+            request = s.request
+            if not s.completes_prompt or request.pooling or not self.may_speculate(request):
+                continue
+            room = request.max_tokens - request.num_output_tokens - request.num_output_placeholders - 1
+            k = min(self.num_lookahead_tokens, room)
+            for n in ((k, 1) if k > 1 else (k,)):
+                if n > 0 and self.kv_cache.allocate_slots(request, n):
+                    s.num_lookahead_tokens = n
+                    break
 
     def set_proposals(self, proposals: Proposals) -> None:
         """The speculator's result: each request's proposals for the next step (tokens, the
         draft's distributions or None), and how far the draft model's K/V now reaches."""
         for request_id, num in proposals.num_draft_computed.items():
             request = self.requests.get(request_id)
-            if request is not None:
+            if request is not None and request.status == RequestStatus.RUNNING:     # (not preempted since)
                 request.num_draft_computed = num
         for request_id, (tokens, probs) in proposals.tokens.items():
             request = self.requests.get(request_id)

@@ -46,10 +46,11 @@ class Speculator:
         return p.speculative_decoding and request.grammar is None and p.logprobs is None
 
     @property
-    def needs_lookahead_slots(self) -> bool:
-        """A draft model writes K/V for the newest token and its proposals before the next
-        step: the scheduler reserves their slots first (Scheduler.reserve_lookahead)."""
-        return self.proposer.writes_kv
+    def in_runner(self) -> bool:
+        """A draft model proposes inside the runner's step (ModelRunner.drafter), into
+        slots the scheduler reserved when scheduling it; a lookup proposes after the
+        scheduler applied the step (`propose`)."""
+        return self.proposer.in_runner
 
     def eligible(self, running: list[Request]) -> list[tuple[Request, int]]:
         """The running requests that speculate next step, each with how many proposals."""
@@ -62,16 +63,10 @@ class Speculator:
                 eligible.append((r, k))
         return eligible
 
-    def propose(self, running: list[Request], eligible: list[tuple[Request, int]],
-                ahead: Optional[dict[str, int]] = None) -> Proposals:
-        """Proposals for the next step of `eligible` (their slots reserved when the
-        proposer writes K/V); `running` are the step's running requests (the draft catches
-        up on them). `ahead` (async scheduling): by request id, its tokens in the step on
-        the device now, which count as computed but are not yet. Nothing here changes a
-        request: the scheduler applies the result."""
-        if not self.proposer.writes_kv:
-            return self.proposer.propose(running, eligible)
-        return self.proposer.propose(running, eligible, ahead)
+    def propose(self, running: list[Request], eligible: list[tuple[Request, int]]) -> Proposals:
+        """A lookup's proposals for the next step of `eligible`, from their tokens after
+        the step. Nothing here changes a request: the scheduler applies the result."""
+        return self.proposer.propose(running, eligible)
 
     def record(self, scheduled: Iterable) -> None:
         for s in scheduled:

@@ -279,10 +279,39 @@ def test_no_preemption_while_proposals_hold_blocks(target):
     assert_pool_free(llm.engine)
 
 
+def test_the_draft_proposes_inside_the_runners_step(target, other_draft, prompts, reference):
+    """The draft model runs in the model runner's step (ModelRunner.collect, before the
+    scheduler applies the step), its proposals come back in the ModelRunnerOutput, and
+    each proposing request's slots were reserved when the step was scheduled: blocks for
+    the step's tokens plus ScheduledRequest.num_lookahead_tokens, at least as many as the
+    proposals it made. Output still transformers' greedy."""
+    llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), **ENGINE)
+    engine, runner = llm.engine, llm.engine.runner
+    assert runner.drafter is engine.speculator.proposer
+    real_collect, proposed = runner.collect, []
+
+    def collect(launched):
+        result = real_collect(launched)
+        reserved = {s.request.request_id: s for s in launched.sched.scheduled if s.num_lookahead_tokens}
+        for rid, (tokens, _) in (result.proposals.tokens.items() if result.proposals else ()):
+            s = reserved[rid]
+            assert 0 < len(tokens) <= s.num_lookahead_tokens
+            held = len(engine.kv_cache.block_table(rid)) * engine.kv_cache.block_size
+            assert held >= s.num_computed_tokens + s.num_new_tokens + s.num_lookahead_tokens
+            proposed.append(rid)
+        return result
+    runner.collect = collect
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0))
+    assert [o.token_ids for o in outs] == reference
+    assert len(proposed) >= llm.stats()["spec_decode_num_drafts"] > 0     # (a proposal may be dropped unverified)
+    assert_pool_free(engine)
+
+
 def test_the_draft_writes_ahead_only_into_slots_the_scheduler_reserved(target, other_draft, prompts, reference):
     """One writer of KV state: the draft model allocates nothing and records nothing on
-    the requests; the scheduler reserves its lookahead slots (reserve_lookahead) and
-    applies how far its K/V reaches (set_proposals). Output still transformers' greedy."""
+    the requests; the scheduler reserves its lookahead slots (reserve_lookahead, when it
+    schedules the step) and applies how far its K/V reaches (set_proposals). Output still
+    transformers' greedy."""
     from backend.engine.request import Request
     llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), **ENGINE)
     proposer = llm.engine.speculator.proposer
