@@ -182,9 +182,14 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
         srv.proc.send_signal(signal.SIGTERM)
         short.start()
         # A live backend notices the stop within about a second (its readiness probe).
+        # The crash can also take the server down at once, before our code logs anything
+        # (seen in CI: Triton's python backend library signalled in the server process):
+        # an exit without 'stopping' is that crash too, not a reason to wait forever.
         while "[paged_llm] stopping" not in log_path.read_text():
-            if time.monotonic() - t0 > 5 and srv.proc.poll() is None:
-                srv.proc.kill()  # it would only wait out its exit timeout, and more
+            exited = srv.proc.poll() is not None
+            if exited or time.monotonic() - t0 > 5:
+                if not exited:
+                    srv.proc.kill()  # it would only wait out its exit timeout, and more
                 srv.proc.wait()
                 # Nobody is left to unlink this server's python-backend regions.
                 for name in set(os.listdir("/dev/shm")) - regions_before:

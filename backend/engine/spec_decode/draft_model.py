@@ -21,8 +21,9 @@ plus the step's new tokens (read, never written). For the step's requests it
 The distributions go with the proposals to the rejection sampler, which needs q.
 
 A prefix-cache hit reuses the draft's K/V of the hit blocks too. It is whatever the
-draft wrote there: right unless the request that computed the block ended in that very
-step. Stale draft K/V lowers the acceptance rate, never the output's correctness.
+draft wrote there: right unless the request that computed the block was preempted or
+aborted while its step was in flight (async scheduling). Stale draft K/V lowers the
+acceptance rate, never the output's correctness.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
+from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.step_inputs import StepInputBuilder
 
@@ -75,7 +77,9 @@ class DraftModelProposer:
         request are `sampled_token_ids` (accepted proposals and the target's next, or none
         mid-prompt): for each request with reserved lookahead slots, up to as many
         proposals as those slots and its max_tokens allow."""
-        rows = [_Row.after(s, new) for s, new in zip(sched.scheduled, sampled_token_ids)
+        bs = self.kv_cache.block_size
+        rows = [_Row.after(s, new, len(self.kv_cache.block_table(s.request.request_id)) * bs)
+                for s, new in zip(sched.scheduled, sampled_token_ids)
                 if s.request.status == RequestStatus.RUNNING]    # (not finished or preempted since)
         first, computed = self._catch_up(rows)
         proposing = [row for row in rows if row.k > 0]
@@ -94,7 +98,7 @@ class DraftModelProposer:
                 [row.request.request_id for row in active], starts, np.ones(len(active), np.int64),
                 np.ones(len(active), np.int64), lambda i, a, b: [0], self.kv_cache.block_table)
             step.input_ids[:len(active)].copy_(prev_tokens)
-            t, p = self._draw(run_model(self.model, self.kv_caches, step), [row.request for row in active])
+            t, p = self._draw(run_model(self.model, self.kv_caches, step), [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
         return Proposals(self._hand_over(proposing, tokens, probs), computed)
@@ -120,9 +124,9 @@ class DraftModelProposer:
         computed = {row.request.request_id: end for row, _, end in segments}
         if logits is None:
             return None, computed
-        return self._draw(logits, [row.request for row, _, _ in segments if row.k > 0]), computed
+        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
 
-    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _draw(self, logits: torch.Tensor, requests: list) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Proposals from the draft's logits under each request's sampling settings, and
         the distributions they came from (None when every request is greedy)."""
         V = self.vocab_size
@@ -166,15 +170,27 @@ class _Row:
     k: int                      # proposals to make (0: catch up only)
 
     @classmethod
-    def after(cls, s, new: list[int]) -> "_Row":
+    def after(cls, s, new: list[int], held_slots: int) -> "_Row":
+        """`held_slots`: the slots the request's blocks hold now. With async scheduling
+        the next step's schedule may have taken back proposal-only blocks since this step
+        was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
+        slots still held."""
         request = s.request
         rejected = len(s.spec_token_ids) + 1 - len(new) if s.spec_token_ids and new else 0
+        num_tokens = request.num_tokens + len(new)
         k = 0
         if new and s.num_lookahead_tokens:
-            # Room for k proposals and the target's own token within max_tokens.
-            k = min(s.num_lookahead_tokens, request.max_tokens - request.num_output_tokens - len(new) - 1)
-        return cls(request, new, request.num_tokens + len(new), s.num_computed_tokens + s.num_new_tokens - rejected,
-                   max(k, 0))
+            # Room for k proposals and the target's own token within max_tokens; the
+            # newest token and proposals 1..k-1 written at num_tokens - 1 onwards.
+            k = min(s.num_lookahead_tokens, request.max_tokens - request.num_output_tokens - len(new) - 1,
+                    held_slots - num_tokens + 1)
+        return cls(request, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0))
+
+    @property
+    def as_sampled(self) -> VerifyRow:
+        """The request as the draft's sampler sees it: the step's new tokens count as
+        output (penalties, min_tokens, bad words), as they will once applied."""
+        return VerifyRow(self.request, self.new)
 
     def token_slice(self, a: int, b: int) -> list[int]:
         n = self.request.num_tokens

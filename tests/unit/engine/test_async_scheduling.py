@@ -151,9 +151,9 @@ def test_async_scheduling_is_refused_where_it_would_not_be_exact():
 
 def test_draft_catches_up_one_collected_step_at_a_time(tiny_ckpt):
     """A prompt chunked under a small budget: when its first chunk is collected, its last
-    chunk is in flight and the request looks ready to propose. The draft waits for that
-    chunk (eligible requests leave out those in the step in flight) instead of catching up
-    on both at once, past its buffers; tokens equal the engine in series."""
+    chunk is in flight and the request looks ready to propose. The draft catches up on
+    the collected chunk only (it runs inside that step's collect, from the step as
+    scheduled), not on both at once, past its buffers; tokens equal the engine in series."""
     spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 3}
     outs = []
     for mode in (True, False):

@@ -307,6 +307,53 @@ def test_the_draft_proposes_inside_the_runners_step(target, other_draft, prompts
     assert_pool_free(engine)
 
 
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 1.5}, {"frequency_penalty": 1.0}],
+                         ids=["repetition", "frequency"])
+def test_the_drafts_sampler_sees_the_steps_new_tokens(target, prompts, penalty):
+    """The draft proposes before the scheduler appends the step's tokens: its sampler
+    counts them as output all the same (penalties here), so a draft equal to the target
+    proposes the target's own next token (k = 1: every proposal accepted, greedy). Seen
+    at 0.8 acceptance when the draft sampled from the requests as they were."""
+    spec = spec_config("draft_same", 1, target, target)
+    llm = LLM(target, speculative_config=spec, **ENGINE)
+    llm.generate(prompts[:6], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, **penalty))
+    stats = llm.stats()
+    assert stats["spec_decode_num_draft_tokens"] > 20
+    assert stats["spec_decode_acceptance_rate"] == 1.0
+    assert_pool_free(llm.engine)
+
+
+def test_under_async_scheduling_the_draft_writes_only_into_slots_still_held(target, other_draft):
+    """With async scheduling, the next step's schedule may take back proposal-only blocks
+    of a request whose step is in flight (before preempting anyone) before that step is
+    collected: the draft then proposes only as far as the slots its request still holds
+    (before, it went past them: here its paged decode refused a block table shorter than
+    the sequence). Tokens equal transformers'."""
+    prompts = random_prompts(10, [10] * 10, seed=3)
+    llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft),
+              async_scheduling=True, block_size=4, num_kv_blocks=80, max_num_seqs=16, max_num_batched_tokens=48,
+              dtype="float32")
+    engine, runner = llm.engine, llm.engine.runner
+    real_collect, checked = runner.collect, []
+
+    def collect(launched):
+        before = {s.request.request_id: s.request.num_tokens for s in launched.sched.scheduled}
+        held = {rid: len(engine.kv_cache.block_table(rid)) * engine.kv_cache.block_size for rid in before}
+        result = real_collect(launched)
+        for s, new in zip(launched.sched.scheduled, result.sampled_token_ids):
+            rid = s.request.request_id
+            proposals = result.proposals.tokens.get(rid) if result.proposals else None
+            if proposals:   # the newest token's K/V at num_tokens - 1, then proposals 1..k-1
+                assert before[rid] + len(new) - 1 + len(proposals[0]) <= held[rid], rid
+                checked.append(rid)
+        return result
+    runner.collect = collect
+    outs = llm.generate(prompts, SamplingParams(max_tokens=64, min_tokens=64, temperature=0))
+    assert [o.token_ids for o in outs] == hf_greedy(target, prompts, 64)
+    assert checked and engine.async_scheduling and llm.stats()["num_preemptions"] > 0
+    assert_pool_free(engine)
+
+
 def test_the_draft_writes_ahead_only_into_slots_the_scheduler_reserved(target, other_draft, prompts, reference):
     """One writer of KV state: the draft model allocates nothing and records nothing on
     the requests; the scheduler reserves its lookahead slots (reserve_lookahead, when it
