@@ -83,11 +83,12 @@ def lora_and_int_gemm(dtype: str) -> list:
     gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,
             **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om")}}
     out += [compile_kernel(int_gemm_triton._int_gemm_kernel, gemm, dict(BITS=bits, BLOCK_M=16, BLOCK_N=64,
-                                                                           BLOCK_K=64, lut_ptr=None, LUT=False))
+                                                                           BLOCK_K=64, lut_ptr=None, LUT=False,
+                                                                           IEEE=dtype == "fp32"))
             for bits in (4, 8)]
     # bitsandbytes NF4/FP4: the codes' values from a 16-entry table (last: its tiles are checked for MMA).
     out.append(compile_kernel(int_gemm_triton._int_gemm_kernel, {**gemm, "s_ptr": "*fp32", "lut_ptr": "*fp32"},
-                              dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, LUT=True)))
+                              dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, LUT=True, IEEE=dtype == "fp32")))
     return out
 
 
