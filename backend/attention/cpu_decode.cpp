@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_vec.h"
+
 namespace {
 
 inline float to_float(float x) { return x; }
@@ -54,37 +56,8 @@ inline const T* block_at(const Args& a, const void* pool, int32_t id) {
     return static_cast<const T*>(pool) + static_cast<int64_t>(id) * a.block_size * a.KVH * a.D;
 }
 
-// exp(x) for x <= 0 in a form the compiler vectorizes (libm's expf is a call per
-// element): 2^(x log2 e) split into an integer power, set in the exponent bits, and
-// 2^f for f in [0, 1) by a degree-6 polynomial (relative error about 2e-7, as expf's
-// few ulp; the scores' own rounding is larger).
-inline float exp_nonpositive(float x) {
-    x = std::max(x, -87.0f);
-    const float t = x * 1.44269504088896341f;
-    const float fi = std::floor(t);
-    const float f = t - fi;
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
-// a * b + c, fused where the CPU has FMA (FP_FAST_FMAF: the build's -march=native found
-// it). Without it std::fma is a libm call per element, which the compiler cannot vectorize.
-inline float madd(float a, float b, float c) {
-#ifdef FP_FAST_FMAF
-    return std::fma(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
+using paged_llm::exp_nonpositive;
+using paged_llm::madd;
 
 // q . k for four keys at once: four independent chains of 8-lane accumulators, which
 // the compiler turns into vector FMAs (D a multiple of 8). One key at a time waits on

@@ -34,7 +34,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fopenmp-simd", "-ffp-contract=off"]
+# -fno-trapping-math: loops with comparisons (max, min, selects) vectorize; without it
+# GCC 12 kept the softmax's exp loop scalar (a compare may raise an FP exception flag,
+# which nothing here reads). Values are unchanged: no reassociation, no contraction.
+FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fopenmp-simd", "-ffp-contract=off",
+         "-fno-trapping-math"]
+# Headers the sources include (`#include "cpu_vec.h"`): this folder, on the include path
+# and in every library's cache key.
+HEADER_DIR = os.path.dirname(os.path.abspath(__file__))
+HEADERS = ("cpu_vec.h",)
 CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU part")   # x86, then Arm's
 
 
@@ -100,11 +108,14 @@ def build(source_path: str, cxx: str) -> str:
     """The compiled library of `source_path`, compiled now if none is cached."""
     with open(source_path, "rb") as f:
         source = f.read()
+    for header in HEADERS:            # a header's change rebuilds what includes it
+        with open(os.path.join(HEADER_DIR, header), "rb") as f:
+            source += f.read()
     name = os.path.splitext(os.path.basename(source_path))[0]
     cache = cache_dir()
     error = ""
     for march in (["-march=native"], []):
-        flags = FLAGS + march
+        flags = FLAGS + ["-I" + HEADER_DIR] + march
         key = source + " ".join([cxx, *flags]).encode() + cpu_signature().encode()
         path = os.path.join(cache, f"{name}-{hashlib.sha256(key).hexdigest()[:16]}.so")
         if os.path.exists(path):

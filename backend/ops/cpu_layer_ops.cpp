@@ -1,4 +1,5 @@
-// Fused layer ops on the CPU, fp32: residual-add + RMSNorm and rotary (rotate-half).
+// Fused layer ops on the CPU, fp32: residual-add + RMSNorm, rotary (rotate-half) and
+// SiLU-and-mul.
 // Each is one call where the torch references (reference.py) are 7 and 20 small ops, and each op holds the GIL for its dispatch: with the forward split over
 // threads (cpu_shards.py) the threads queue for it. Built by cpu_layer_ops.py.
 //
@@ -9,6 +10,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "cpu_vec.h"
 
 extern "C" {
 
@@ -100,6 +105,31 @@ int rotary_f32(const void* positions, int64_t position_bytes, int64_t T, const f
                       sin_cache, num_positions, q_out, k_out);
     return rotary(static_cast<const int64_t*>(positions), T, q, q_stride, H, k, k_stride, KVH, D, cos_cache,
                   sin_cache, num_positions, q_out, k_out);
+}
+
+// out[t] = silu(gate[t]) * up[t] with x[t] = [gate | up] (2I floats at row stride
+// x_stride), out [T, I] contiguous: one pass where torch makes two (silu, then the
+// product) and a temporary. silu(g) = g / (1 + exp(-g)) as torch writes it, with our
+// vectorized exp (cpu_vec.h): not bit-identical to torch's (its exp differs in the last
+// bits; below g = -87 ours gives a tiny negative where torch's exp overflows to -0).
+// Rows are split over up to num_threads threads (one started per share and call: each
+// share at least 1 << 18 elements, so a decode step's few rows stay on this thread).
+void silu_and_mul_f32(const float* x, int64_t x_stride, int64_t T, int64_t I, float* out, int64_t num_threads) {
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* g = x + t * x_stride;
+            const float* u = g + I;
+            float* o = out + t * I;
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + paged_llm::exp_bounded(-g[i])) * u[i];
+        }
+    };
+    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(num_threads, T * I / (1 << 18)));
+    if (shares <= 1 || T < 2) { rows(0, T); return; }
+    std::vector<std::thread> threads;
+    for (int64_t p = 0; p + 1 < shares; ++p) threads.emplace_back(rows, T * p / shares, T * (p + 1) / shares);
+    rows(T * (shares - 1) / shares, T);
+    for (auto& th : threads) th.join();
 }
 
 }
