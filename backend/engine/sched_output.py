@@ -35,6 +35,11 @@ class ScheduledRequest:
     prompt_logprob_start: int = 0
     num_prompt_logprob_rows: int = 0
 
+    def rejected_among(self, new_tokens: list[int]) -> int:
+        """How many of this step's proposals the target rejected, given the request's new
+        tokens from the step (the accepted proposals and the target's next one)."""
+        return len(self.spec_token_ids) + 1 - len(new_tokens) if self.spec_token_ids and new_tokens else 0
+
     def __post_init__(self) -> None:
         r = self.request
         self.num_computed_tokens = r.num_computed_tokens

@@ -283,8 +283,7 @@ class Scheduler(ProposalSlots):
             self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
-            if s.spec_token_ids and tokens:     # (counted even if it ended meanwhile: the metrics)
-                s.num_rejected = len(s.spec_token_ids) + 1 - len(tokens)
+            s.num_rejected = s.rejected_among(tokens)   # (counted even if it ended meanwhile: the metrics)
             if request.is_finished:
                 continue                    # finished or aborted since it was scheduled
             if s.completes_prompt:

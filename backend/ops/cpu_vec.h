@@ -10,6 +10,14 @@
 
 namespace paged_llm {
 
+// 2^n for an integer-valued n in [-126, 127]: n set in the exponent bits.
+inline float pow2i(float n) {
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return scale;
+}
+
 // 2^t for t in [-126, 127) in a form the compiler vectorizes (libm's expf is a call per
 // element): an integer power set in the exponent bits, and 2^f for f in [0, 1) by a
 // degree-6 polynomial (relative error about 2e-7, as expf's few ulp).
@@ -23,10 +31,7 @@ inline float exp2_poly(float t) {
     p = p * f + 2.402264791363012e-1f;
     p = p * f + 6.931472028550421e-1f;
     p = p * f + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
+    return p * pow2i(fi);
 }
 
 // exp(x) for x <= 0 (softmax's shifted scores).
@@ -48,10 +53,7 @@ inline float exp_bounded(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return p * scale;
+    return p * pow2i(n);
 }
 
 // a * b + c, fused where the CPU has FMA (FP_FAST_FMAF: the build's -march=native found

@@ -176,7 +176,7 @@ class _Row:
         was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
         slots still held."""
         request = s.request
-        rejected = len(s.spec_token_ids) + 1 - len(new) if s.spec_token_ids and new else 0
+        rejected = s.rejected_among(new)      # (the scheduler records it when it applies the step)
         num_tokens = request.num_tokens + len(new)
         k = 0
         if new and s.num_lookahead_tokens:
