@@ -18,8 +18,10 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_attn_tiles.h"
 #include "cpu_vec.h"
 
 namespace {
@@ -56,8 +58,12 @@ inline const T* block_at(const Args& a, const void* pool, int32_t id) {
     return static_cast<const T*>(pool) + static_cast<int64_t>(id) * a.block_size * a.KVH * a.D;
 }
 
+#ifdef PAGED_LLM_X86_VEC
+using paged_llm::F32Tiles;
+#endif
 using paged_llm::exp_nonpositive;
 using paged_llm::madd;
+using paged_llm::use_f32_tiles;
 
 // q . k for four keys at once: four independent chains of 8-lane accumulators, which
 // the compiler turns into vector FMAs (D a multiple of 8). One key at a time waits on
@@ -98,9 +104,13 @@ inline void prefetch_block(const void* p, int64_t bytes) {
 // one is prefetched: blocks lie anywhere in the pool, and reading one head's slice per
 // pass (a strided quarter of each block) ran at DRAM latency, slower than torch's
 // gather of whole blocks once the pool outgrew the cache.
-template <typename T>
+// DC: the head size where it is known at compile time (32, 64, 128, 256), else 0; with
+// fp32 on x86 the inner loops are then the vector tiles of cpu_attn_tiles.h (eight keys
+// at a time), and the generic ones below take the rest of each block.
+template <typename T, int DC>
 void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<float>& scratch) {
-    const int64_t H = a.H, KVH = a.KVH, g = H / KVH, D = a.D, bs = a.block_size;
+    constexpr bool tiles = use_f32_tiles<T, DC>();
+    const int64_t H = a.H, KVH = a.KVH, g = H / KVH, D = DC > 0 ? DC : a.D, bs = a.block_size;
     const int64_t len = a.lens[i];
     const int64_t start = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
     const int64_t n = len - start;
@@ -136,6 +146,26 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                 if (next) prefetch_block(next + (tt - t0) * row_bytes, count * row_bytes);
             };
             const int64_t t_end = std::min(t0 + bs, len);
+#ifdef PAGED_LLM_X86_VEC
+            if constexpr (tiles) {
+                if (pass == 0) {
+                    for (; t + 8 <= t_end; t += 8) {   // the rest (under eight) as below
+                        ahead(t, 8);
+                        F32Tiles<DC>::scores8(qf, reinterpret_cast<const float*>(block + (t - t0) * row), row, H, g,
+                                              scores + (t - start), n);
+                    }
+                } else {
+                    while (t < t_end) {
+                        const int64_t m = std::min<int64_t>(8, t_end - t);
+                        ahead(t, m);
+                        const float* v0 = reinterpret_cast<const float*>(block + (t - t0) * row);
+                        for (int64_t j = 0; j < H; ++j)
+                            F32Tiles<DC>::values(scores + j * n + (t - start), v0 + (j / g) * D, row, m, acc + j * D);
+                        t += m;
+                    }
+                }
+            }
+#endif
             if (pass == 0) {
                 for (; by4 && t + 4 <= t_end; t += 4) {
                     ahead(t, 4);
@@ -192,6 +222,12 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
             for (int64_t j = 0; j < H; ++j) {
                 float sum = 0.f;
                 float* sj = scores + j * n;
+                if (tiles) {   // the tiles leave the maxima to here: one pass over the scores
+                    float mj = -INFINITY;
+#pragma omp simd reduction(max : mj)
+                    for (int64_t t = 0; t < n; ++t) mj = std::max(mj, sj[t]);
+                    mx[j] = mj;
+                }
                 const float m = mx[j];
 #pragma omp simd reduction(+ : sum)
                 for (int64_t t = 0; t < n; ++t) { sj[t] = exp_nonpositive(sj[t] - m); sum += sj[t]; }
@@ -212,12 +248,13 @@ const char* first_key_block(const Args& a, int64_t i) {
         block_at<T>(a, a.key, a.block_tables[a.seq_idx[i] * a.bt_stride + start / a.block_size]));
 }
 
-template <typename T>
+template <typename T, int DC>
 void run(const Args& a, int64_t num_threads) {
     const int64_t items = a.num_seqs;
     auto work = [&](int64_t begin, int64_t end) {
         std::vector<float> scratch;
-        for (int64_t i = begin; i < end; ++i) attend_one<T>(a, i, i + 1 < end ? first_key_block<T>(a, i + 1) : nullptr, scratch);
+        for (int64_t i = begin; i < end; ++i)
+            attend_one<T, DC>(a, i, i + 1 < end ? first_key_block<T>(a, i + 1) : nullptr, scratch);
     };
     // Split by keys read, not by sequences: lengths differ by 10x within a step. A thread
     // is started per share and call, which costs tens of microseconds: each gets at
@@ -287,9 +324,19 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
     // Nothing may unwind through the C ABI (that would terminate the process): a failed
     // allocation or thread start becomes an error code, and the caller raises.
     try {
-        if (dtype == 0) run<float>(a, num_threads);
-        else if (dtype == 1) run<uint16_t>(a, num_threads);
-        else return 2;
+        if (dtype == 0) {
+            switch (D) {   // the common head sizes compiled for (the fp32 tiles need it)
+            case 32: run<float, 32>(a, num_threads); break;
+            case 64: run<float, 64>(a, num_threads); break;
+            case 128: run<float, 128>(a, num_threads); break;
+            case 256: run<float, 256>(a, num_threads); break;
+            default: run<float, 0>(a, num_threads);
+            }
+        } else if (dtype == 1) {
+            run<uint16_t, 0>(a, num_threads);
+        } else {
+            return 2;
+        }
     } catch (...) {
         return 3;
     }

@@ -38,11 +38,14 @@ def _forward(q, k, v, cache, meta, window=None, heads=(4, 2), head_dim=16):
 
 
 @pytest.mark.parametrize("group,window,head_dim", [(2, None, 16), (1, None, 16), (4, 6, 16), (2, 1, 16),
-                                                   (2, 5, 12)])
+                                                   (2, 5, 12), (2, None, 64), (1, 5, 128), (4, None, 32),
+                                                   (2, 11, 256)])
 def test_kernel_follows_the_definition(kernel_calls, group, window, head_dim):
     """GQA, MHA, windows (one key; mid-block starts), a head size the four-key path does
-    not take (12)."""
-    q, k, v, cache, meta = build(SEQS, 4, 2, group, head_dim, seed=5)
+    not take (12), and the head sizes compiled for (32-256: fp32 in x86 vector tiles where
+    the CPU has AVX2 or AVX-512), whose eight-key groups meet block ends and windows."""
+    block_size = 16 if head_dim >= 32 else 4     # eight-key groups need blocks of eight or more
+    q, k, v, cache, meta = build(SEQS, block_size, 2, group, head_dim, seed=5)
     out = TorchPagedAttention(2 * group, 2, head_dim, 0.25, window).forward(q, k, v, cache, meta)
     assert kernel_calls == [6]                  # one call for all six decode rows
     ref = _dense_reference(q, k, v, cache, meta, 0.25, window, None)
