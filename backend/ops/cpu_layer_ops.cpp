@@ -115,13 +115,23 @@ int rotary_f32(const void* positions, int64_t position_bytes, int64_t T, const f
 // Rows are split over up to num_threads threads (one started per share and call: each
 // share at least 1 << 18 elements, so a decode step's few rows stay on this thread).
 void silu_and_mul_f32(const float* x, int64_t x_stride, int64_t T, int64_t I, float* out, int64_t num_threads) {
+    // In chunks, the denominators first: written as one loop (o = g / (1 + exp(-g)) * u),
+    // GCC 12 vectorized it with a second, masked division and a blend per vector, 4.6x
+    // slower (1.23 against 0.27 ns an element, one thread); same values.
     auto rows = [&](int64_t begin, int64_t end) {
+        constexpr int64_t CHUNK = 512;
+        float den[CHUNK];
         for (int64_t t = begin; t < end; ++t) {
             const float* g = x + t * x_stride;
             const float* u = g + I;
             float* o = out + t * I;
+            for (int64_t i0 = 0; i0 < I; i0 += CHUNK) {
+                const int64_t m = std::min(CHUNK, I - i0);
 #pragma omp simd
-            for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + paged_llm::exp_bounded(-g[i])) * u[i];
+                for (int64_t i = 0; i < m; ++i) den[i] = 1.0f + paged_llm::exp_bounded(-g[i0 + i]);
+#pragma omp simd
+                for (int64_t i = 0; i < m; ++i) o[i0 + i] = g[i0 + i] / den[i] * u[i0 + i];
+            }
         }
     };
     const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(num_threads, T * I / (1 << 18)));

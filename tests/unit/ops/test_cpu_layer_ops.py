@@ -119,7 +119,8 @@ def test_bad_shapes_and_devices_take_the_reference_not_memory(calls):
                          ids=["small", "odd-width-strided-rows", "threaded"])
 def test_silu_and_mul_matches_the_reference(calls, T, I, strided):
     """One pass over [gate | up]; our exp (cpu_vec.h) differs from torch's in the last
-    bits (4 ulp at most seen; 98% of values equal). 300 x 1000 is split over the threads."""
+    bits (4 ulp at most seen; 98% of values equal). 300 x 1000 is split over the threads,
+    and its rows over two of the kernel's 512-wide chunks (one whole, one partial)."""
     g = _gen(3)
     wide = torch.randn(T, 2 * I + (5 if strided else 0), generator=g) * 4
     x = wide[:, :2 * I]
