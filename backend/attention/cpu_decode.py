@@ -41,17 +41,34 @@ def kernel() -> Optional[ctypes.CDLL]:
     return _LIBRARY.get()
 
 
+# Prompt chunks of sequences with at most this many keys (cached ones included) run in
+# the kernel too, each prompt token a row of its own that attends to the sequence up to
+# itself. Against SDPA's flash kernel per sequence (2 threads, 16/8 heads, D 64, causal,
+# /tmp script of 2026-11-27): 2.0x faster at 140 tokens, 1.4x at 256 and 512, 0.9x at
+# 1,024 and 0.75x at 2,048 (SDPA tiles the queries; the kernel reads the keys again for
+# each row). Chunks after a cached prefix gain more: SDPA then takes an explicit mask.
+PREFILL_MAX_KEYS = 512
+
+
 class DecodePlan:
-    """A step's decode sequences for the kernel, made once per step (the first layer's
-    call) and read by every layer: their query rows, block-table rows and lengths."""
+    """A step's rows for the kernel, made once per step (the first layer's call) and read
+    by every layer: each row's query row, block-table row and length (its keys). Decode
+    rows, and the prompt tokens of sequences with at most PREFILL_MAX_KEYS keys;
+    `covers[i]`: sequence i's rows are all here (the torch path skips it)."""
 
     def __init__(self, meta: AttentionMetadata) -> None:
-        qsl = np.concatenate([[0], np.cumsum(meta.query_lens_cpu)])
-        ids = np.flatnonzero(np.asarray(meta.query_lens_cpu) == 1)
-        self.num_seqs = len(ids)
-        self.rows = np.ascontiguousarray(qsl[ids], dtype=np.int64)
-        self.seq_idx = ids.astype(np.int64)
-        self.lens = np.asarray(meta.seq_lens_cpu, dtype=np.int64)[ids]
+        query_lens = np.asarray(meta.query_lens_cpu, dtype=np.int64)
+        seq_lens = np.asarray(meta.seq_lens_cpu, dtype=np.int64)
+        qsl = np.concatenate([[0], np.cumsum(query_lens)])
+        self.covers = (query_lens == 1) | ((query_lens > 1) & (seq_lens <= PREFILL_MAX_KEYS))
+        ids = np.flatnonzero(self.covers)
+        counts = query_lens[ids]
+        # Row j of sequence i: query row qsl[i] + j, keys up to its position: len - n + j + 1.
+        j = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.num_rows = len(j)
+        self.rows = np.ascontiguousarray(np.repeat(qsl[ids], counts) + j, dtype=np.int64)
+        self.seq_idx = np.ascontiguousarray(np.repeat(ids, counts), dtype=np.int64)
+        self.lens = np.ascontiguousarray(np.repeat(seq_lens[ids] - counts, counts) + j + 1, dtype=np.int64)
         tables = meta.block_tables
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:
             tables = tables.to(torch.int32).contiguous()
@@ -83,7 +100,7 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
                  scale: float, window: Optional[int], out: torch.Tensor) -> None:
     """out[rows] = attention of q[rows] over each decode sequence's cached K/V.
     q, out: [T, H, D]; key, value: [num_blocks, block_size, KVH, D]."""
-    if plan.num_seqs == 0:
+    if plan.num_rows == 0:
         return
     _, H, D = q.shape
     _, block_size, kvh, _ = key.shape
@@ -91,7 +108,7 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
     rc = lib.paged_decode(
         DTYPES[q.dtype], q.data_ptr(), q.stride(0), key.data_ptr(), value.data_ptr(),
         tables.data_ptr(), tables.stride(0), plan.rows.ctypes.data, plan.seq_idx.ctypes.data,
-        plan.lens.ctypes.data, plan.num_seqs, H, kvh, D, block_size, window or 0, scale,
+        plan.lens.ctypes.data, plan.num_rows, H, kvh, D, block_size, window or 0, scale,
         out.data_ptr(), out.stride(0), torch.get_num_threads(), tables.shape[1], key.shape[0])
     if rc == 4:
         raise RuntimeError("paged_decode: a sequence's block table is shorter than its length or names a block "

@@ -1,8 +1,9 @@
 """Paged attention in plain torch: the reference path, and the one that runs on CPU.
 
 On CPU, decode rows go to the C++ kernel of cpu_decode.py where it applies (fp32/bf16
-cache, no soft-cap or sinks) and could be built. Otherwise decode rows (one query per
-sequence) are batched into padded SDPA calls, by groups of similar length. Prefill
+cache, no soft-cap or sinks) and could be built, and so do the prompt tokens of short
+sequences (at most cpu_decode.PREFILL_MAX_KEYS keys). Otherwise decode rows (one query per
+sequence) are batched into padded SDPA calls, by groups of similar length. Other prefill
 chunks run one sequence at a time through scaled_dot_product_attention: a chunk that is
 the whole sequence with SDPA's own causal mask, one after a cached context with an
 explicit mask (causal within the chunk, full over the context before it).
@@ -207,17 +208,20 @@ class TorchPagedAttention:
         if lib is None or not cpu_decode.write_kv(lib, k, v, cache.key, cache.value, meta.slot_mapping):
             write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        covered = None
         if lib is not None and heads_dense(out):
-            # On the CPU: one call for every decode row, K/V read in place (cpu_decode.py).
-            cpu_decode.paged_decode(lib, q, cache.key, cache.value, cpu_decode.decode_plan(meta), self.scale,
-                                    self.sliding_window, out)
+            # On the CPU: one call for every decode row and the prompt tokens of short
+            # sequences, K/V read in place (cpu_decode.py); the rest below.
+            plan = cpu_decode.decode_plan(meta)
+            cpu_decode.paged_decode(lib, q, cache.key, cache.value, plan, self.scale, self.sliding_window, out)
+            covered = plan.covers
         else:
             for group in decode_groups(meta, cache.block_size, q.device):
                 out.index_copy_(0, group.rows,
                                 self._decode_group(q.index_select(0, group.rows), cache, group, sinks))
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         for i, n in enumerate(meta.query_lens_cpu):
-            if n > 1:
+            if n > 1 and (covered is None or not covered[i]):
                 s = qsl[i]
                 out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks)
         return out

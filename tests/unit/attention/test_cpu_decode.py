@@ -27,7 +27,7 @@ def kernel_calls(monkeypatch):
     real = cpu_decode.paged_decode
 
     def counted(*args, **kwargs):
-        calls.append(args[4].num_seqs)
+        calls.append(args[4].num_rows)
         return real(*args, **kwargs)
     monkeypatch.setattr(cpu_decode, "paged_decode", counted)
     return calls
@@ -47,9 +47,23 @@ def test_kernel_follows_the_definition(kernel_calls, group, window, head_dim):
     block_size = 16 if head_dim >= 32 else 4     # eight-key groups need blocks of eight or more
     q, k, v, cache, meta = build(SEQS, block_size, 2, group, head_dim, seed=5)
     out = TorchPagedAttention(2 * group, 2, head_dim, 0.25, window).forward(q, k, v, cache, meta)
-    assert kernel_calls == [6]                  # one call for all six decode rows
+    assert kernel_calls == [6 + 9 + 5]          # one call: six decode rows, two short prompts' tokens
     ref = _dense_reference(q, k, v, cache, meta, 0.25, window, None)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_prompts_past_the_kernels_limit_stay_on_sdpa(kernel_calls, monkeypatch, window):
+    """A prompt chunk whose sequence has more than PREFILL_MAX_KEYS keys (here the one
+    after a cached context: 15 keys) runs SDPA, the others the kernel, in one step."""
+    monkeypatch.setattr(cpu_decode, "PREFILL_MAX_KEYS", 12)
+    q, k, v, cache, meta = build(SEQS, 4, 2, 2, 16, seed=21)
+    prefills = []
+    real = TorchPagedAttention._prefill
+    monkeypatch.setattr(TorchPagedAttention, "_prefill", lambda self, q, *a: prefills.append(q.shape[0]) or real(self, q, *a))
+    out = TorchPagedAttention(4, 2, 16, 0.25, window).forward(q, k, v, cache, meta)
+    assert kernel_calls == [6 + 9] and prefills == [5]
+    assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, window, None)) < 1e-5
 
 
 def test_the_engines_layouts(kernel_calls):
@@ -66,7 +80,7 @@ def test_the_engines_layouts(kernel_calls):
     strided = AttentionMetadata(meta.query_start_loc, meta.seq_lens, wide[2:2 + len(SEQS)], meta.slot_mapping,
                                 meta.query_lens_cpu, meta.seq_lens_cpu, meta.max_query_len, meta.max_seq_len)
     out = _forward(q_view, k, v, cache, strided)
-    assert kernel_calls == [6]
+    assert kernel_calls == [6 + 9 + 5]
     assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
 
 

@@ -85,21 +85,28 @@ def test_window_and_soft_cap_follow_the_definition(cpu_kernel, monkeypatch):
         assert rel_err(plain, ref) > 1e-2       # the case exercises what it names
 
 
-def test_prefill_without_window_or_cap_follows_the_definition():
+@pytest.mark.parametrize("kernel_max_keys", [0, 512], ids=["sdpa", "cpu-kernel"])
+def test_prefill_without_window_or_cap_follows_the_definition(monkeypatch, kernel_max_keys):
     """The prefill paths a plain layer takes: a whole sequence in one chunk (SDPA's own
     causal mask) and a chunk after a cached context (an explicit mask), GQA, beside decode
-    rows; against the from-the-definition reference."""
+    rows; against the from-the-definition reference. On SDPA, and on CPU's C++ kernel
+    (cpu_decode.py: short prompts' tokens as rows of their own)."""
+    from backend.attention import cpu_decode
     from backend.attention.torch_attention import TorchPagedAttention
+    monkeypatch.setattr(cpu_decode, "PREFILL_MAX_KEYS", kernel_max_keys)
     from tests.helpers.paged_batch import build, rel_err
     q, k, v, cache, meta = build([(0, 9), (10, 5), (3, 1), (0, 33)], 4, 2, 2, 16, seed=5)
     out = TorchPagedAttention(4, 2, 16, 0.25).forward(q, k, v, cache, meta)
     assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
 
 
-def test_prefill_runs_sdpa_fused_cpu_kernel():
+def test_prefill_runs_sdpa_fused_cpu_kernel(monkeypatch):
     """4-D inputs: SDPA's fused CPU kernel, not its math path (3-D inputs fell back to the
-    math path, 1.7-3x slower), for a whole-sequence chunk and a chunk after context."""
+    math path, 1.7-3x slower), for a whole-sequence chunk and a chunk after context (of
+    sequences past what the C++ kernel takes: cpu_decode.PREFILL_MAX_KEYS)."""
+    from backend.attention import cpu_decode
     from backend.attention.torch_attention import TorchPagedAttention
+    monkeypatch.setattr(cpu_decode, "PREFILL_MAX_KEYS", 0)
     from tests.helpers.paged_batch import build
     for seqs in ([(0, 24)], [(16, 8)]):
         q, k, v, cache, meta = build(seqs, 4, 2, 2, 16, seed=1)
