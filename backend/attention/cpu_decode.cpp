@@ -1,16 +1,18 @@
-// Paged decode attention on the CPU, reading K/V in place from the block pool.
+// Paged attention on the CPU for decode rows (and short prompts' tokens, a row each),
+// reading K/V in place from the block pool.
 //
 // The torch path gathers each decode sequence's blocks into a contiguous copy and runs
 // SDPA over it: the copy is written once and read again, and each group of rows costs
-// three ops per layer. Here one call per layer walks every decode sequence's block table
-// and reads each key and value once, where it lies. Built by cpu_decode.py with g++ at
-// first use; plain C ABI (ctypes), no torch headers, so it compiles in about a second.
+// three ops per layer. Here one call per layer walks every row's block table and reads
+// each key and value where it lies. Built by cpu_decode.py with g++ at first use; plain
+// C ABI (ctypes), no torch headers, so it compiles in about a second.
 //
 // Layouts (all row-major, innermost stride 1):
 //   q, out        [rows of the step, H, D], row strides q_row_stride / out_row_stride
 //   key, value    [num_blocks, block_size, KVH, D]
-//   block_tables  int32 [*, bt_stride]; decode sequence i uses row seq_idx[i]
-// Per sequence i: its query row rows[i], its length lens[i]; it attends to positions
+//   block_tables  int32 [*, bt_stride]; row i uses table row seq_idx[i]
+// Per row i (the C ABI calls them sequences: num_seqs): its query row rows[i], its length
+// lens[i] (a prompt token's: its position + 1); it attends to positions
 // [max(0, len - window), len) (window <= 0: all), as the torch path's mask does.
 
 #include <algorithm>
@@ -280,6 +282,18 @@ void run(const Args& a, int64_t num_threads) {
 }  // namespace
 
 extern "C" {
+
+// Whether fp32 at head size D runs the vector tiles (cpu_attn_tiles.h) in this build: the
+// tests say which loops they checked.
+int f32_tiles(int64_t D) {
+    switch (D) {
+    case 32: return use_f32_tiles<float, 32>();
+    case 64: return use_f32_tiles<float, 64>();
+    case 128: return use_f32_tiles<float, 128>();
+    case 256: return use_f32_tiles<float, 256>();
+    default: return 0;
+    }
+}
 
 // The step's K/V rows into the pool: row t of key/value ([T, KVH, D], row strides in
 // bytes, each row's KVH * D values contiguous) to slot slots[t] of the caches

@@ -33,6 +33,7 @@ _LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
     "paged_decode": (ctypes.c_int, [ctypes.c_int, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
                                     _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64, _i64, _i64]),
     "write_kv": (ctypes.c_int, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64]),
+    "f32_tiles": (ctypes.c_int, [_i64]),
 }, "CPU decode-attention kernel")
 
 
@@ -98,7 +99,7 @@ def supports(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, logits_sof
 
 def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: DecodePlan,
                  scale: float, window: Optional[int], out: torch.Tensor) -> None:
-    """out[rows] = attention of q[rows] over each decode sequence's cached K/V.
+    """out[rows] = attention of q[rows] (the plan's rows) over their sequences' cached K/V.
     q, out: [T, H, D]; key, value: [num_blocks, block_size, KVH, D]."""
     if plan.num_rows == 0:
         return

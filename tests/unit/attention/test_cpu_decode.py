@@ -3,6 +3,7 @@ the from-the-definition reference and the torch path it replaces, for GQA, windo
 bf16, the engine's strided layouts and more than one thread; the torch path where it
 cannot be built, is switched off, or does not apply (building: tests/unit/ops/test_cpu_build.py)."""
 
+import platform
 import threading
 
 import pytest
@@ -14,8 +15,8 @@ from backend.attention.torch_attention import TorchPagedAttention
 from tests.helpers.paged_batch import build, rel_err
 from tests.unit.attention.test_torch_attention import _dense_reference
 
-# Decode rows (new length 1) of lengths 1 to 70 around two prefill chunks, which the
-# kernel must leave to the torch path.
+# Decode rows (new length 1) of lengths 1 to 70 around two prefill chunks (one after a
+# cached context), whose tokens the kernel takes as rows of their own.
 SEQS = [(13, 1), (0, 9), (40, 1), (10, 5), (3, 1), (0, 1), (69, 1), (25, 1)]
 
 
@@ -44,7 +45,8 @@ def test_kernel_follows_the_definition(kernel_calls, group, window, head_dim):
     """GQA, MHA, windows (one key; mid-block starts), a head size the four-key path does
     not take (12), and the head sizes compiled for (32-256: fp32 in x86 vector tiles where
     the CPU has AVX2 or AVX-512), whose eight-key groups meet block ends and windows."""
-    block_size = 16 if head_dim >= 32 else 4     # eight-key groups need blocks of eight or more
+    # Eight-key groups need blocks of eight or more: 16 (two groups), 8 (one) at D 128.
+    block_size = 4 if head_dim < 32 else 8 if head_dim == 128 else 16
     q, k, v, cache, meta = build(SEQS, block_size, 2, group, head_dim, seed=5)
     out = TorchPagedAttention(2 * group, 2, head_dim, 0.25, window).forward(q, k, v, cache, meta)
     assert kernel_calls == [6 + 9 + 5]          # one call: six decode rows, two short prompts' tokens
@@ -64,6 +66,22 @@ def test_prompts_past_the_kernels_limit_stay_on_sdpa(kernel_calls, monkeypatch, 
     out = TorchPagedAttention(4, 2, 16, 0.25, window).forward(q, k, v, cache, meta)
     assert kernel_calls == [6 + 9] and prefills == [5]
     assert rel_err(out, _dense_reference(q, k, v, cache, meta, 0.25, window, None)) < 1e-5
+
+
+def test_the_fp32_tiles_are_built_where_the_cpu_has_avx2():
+    """The x86 vector tiles (cpu_attn_tiles.h) are what the tests above check on a CPU with
+    AVX2 and FMA (the CI machines: AVX-512), at the head sizes compiled for; elsewhere
+    the generic loops are."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    expected = platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= flags
+    lib = cpu_decode.kernel()
+    assert [lib.f32_tiles(d) for d in (32, 64, 128, 256)] == [int(expected)] * 4
+    assert [lib.f32_tiles(d) for d in (12, 16, 80, 96)] == [0] * 4
 
 
 def test_the_engines_layouts(kernel_calls):
@@ -102,17 +120,19 @@ def test_kernel_equals_the_torch_path_and_reads_the_cache_in_place(kernel_calls,
 
 
 def test_threads_split_the_work_not_the_sums(kernel_calls):
-    # Long enough for more than one thread (each takes at least 2,048 keys).
-    q, k, v, cache, meta = build([(300 + 13 * i, 1) for i in range(24)], 16, 2, 2, 16, seed=11)
+    # Long enough for more than one thread (each takes at least 2,048 keys); two prompts'
+    # rows among them (one after a cached context), at a head size of the fp32 tiles.
+    q, k, v, cache, meta = build([(300 + 13 * i, 1) for i in range(24)] + [(0, 200), (100, 60)], 16, 2, 2, 64,
+                                 seed=11)
     before = torch.get_num_threads()
     try:
         outs = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            outs.append(_forward(q, k, v, cache, meta))
+            outs.append(_forward(q, k, v, cache, meta, head_dim=64))
     finally:
         torch.set_num_threads(before)
-    assert len(kernel_calls) == 3
+    assert kernel_calls == [24 + 200 + 60] * 3
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     assert rel_err(outs[0], _dense_reference(q, k, v, cache, meta, 0.25, None, None)) < 1e-5
 
@@ -145,10 +165,8 @@ def test_bf16_rounds_the_fp32_result(kernel_calls):
     out16 = _forward(q16, k16, v16, cache16, meta)
     out32 = _forward(q16.float(), k16.float(), v16.float(),
                      KVCacheLayer(cache16.key.float(), cache16.value.float()), meta)
-    assert len(kernel_calls) == 2 and out16.dtype == torch.bfloat16
-    decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-    rows = meta.query_start_loc[decode].long()
-    assert torch.equal(out16[rows], out32[rows].bfloat16())
+    assert kernel_calls == [6 + 9 + 5] * 2 and out16.dtype == torch.bfloat16
+    assert torch.equal(out16, out32.bfloat16())       # every row: decode rows and prompts' tokens
 
 
 def test_no_compiler_means_the_torch_path(monkeypatch, caplog, tmp_path):
