@@ -111,7 +111,6 @@ inline void prefetch_block(const void* p, int64_t bytes) {
 // at a time), and the generic ones below take the rest of each block.
 template <typename T, int DC>
 void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<float>& scratch) {
-    constexpr bool tiles = use_f32_tiles<T, DC>();
     const int64_t H = a.H, KVH = a.KVH, g = H / KVH, D = DC > 0 ? DC : a.D, bs = a.block_size;
     const int64_t len = a.lens[i];
     const int64_t start = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
@@ -121,13 +120,11 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
     const int32_t* table = a.block_tables + a.seq_idx[i] * a.bt_stride;
     const int64_t row = KVH * D;                       // one token's keys (or values), all heads
     const int64_t block_bytes = bs * row * static_cast<int64_t>(sizeof(T));
-    scratch.resize(static_cast<size_t>(H * D * 2 + H * n + H));
+    scratch.resize(static_cast<size_t>(H * D * 2 + H * n));
     float* qf = scratch.data();             // [H, D] queries, scaled
     float* acc = qf + H * D;                // [H, D] weighted values
     float* scores = acc + H * D;            // [H, n]
-    float* mx = scores + H * n;             // [H]
     for (int64_t j = 0; j < H * D; ++j) { qf[j] = to_float(q[j]) * a.scale; acc[j] = 0.f; }
-    for (int64_t j = 0; j < H; ++j) mx[j] = -INFINITY;
     const bool by4 = D % 8 == 0;
     const int64_t first = start - start % bs;
     for (int pass = 0; pass < 2; ++pass) {
@@ -149,7 +146,7 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
             };
             const int64_t t_end = std::min(t0 + bs, len);
 #ifdef PAGED_LLM_X86_VEC
-            if constexpr (tiles) {
+            if constexpr (use_f32_tiles<T, DC>()) {
                 if (pass == 0) {
                     for (; t + 8 <= t_end; t += 8) {   // the rest (under eight) as below
                         ahead(t, 8);
@@ -174,21 +171,13 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                     const T* k0 = block + (t - t0) * row;
                     for (int64_t h = 0; h < KVH; ++h) {
                         const T* k[4] = {k0 + h * D, k0 + row + h * D, k0 + 2 * row + h * D, k0 + 3 * row + h * D};
-                        for (int64_t j = h * g; j < (h + 1) * g; ++j) {
-                            float* s = scores + j * n + (t - start);
-                            dot4(qf + j * D, k, D, s);
-                            mx[j] = std::max(mx[j], std::max(std::max(s[0], s[1]), std::max(s[2], s[3])));
-                        }
+                        for (int64_t j = h * g; j < (h + 1) * g; ++j) dot4(qf + j * D, k, D, scores + j * n + (t - start));
                     }
                 }
                 for (; t < t_end; ++t) {
                     ahead(t, 1);
                     const T* k = block + (t - t0) * row;
-                    for (int64_t j = 0; j < H; ++j) {
-                        const float s = dot(qf + j * D, k + (j / g) * D, D);
-                        scores[j * n + (t - start)] = s;
-                        mx[j] = std::max(mx[j], s);
-                    }
+                    for (int64_t j = 0; j < H; ++j) scores[j * n + (t - start)] = dot(qf + j * D, k + (j / g) * D, D);
                 }
             } else {
                 // Four keys at a time: one load-add-store of the accumulator per four keys,
@@ -220,17 +209,13 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                 }
             }
         }
-        if (pass == 0) {
+        if (pass == 0) {   // the softmax of each head's scores, in place
             for (int64_t j = 0; j < H; ++j) {
-                float sum = 0.f;
                 float* sj = scores + j * n;
-                if (tiles) {   // the tiles leave the maxima to here: one pass over the scores
-                    float mj = -INFINITY;
-#pragma omp simd reduction(max : mj)
-                    for (int64_t t = 0; t < n; ++t) mj = std::max(mj, sj[t]);
-                    mx[j] = mj;
-                }
-                const float m = mx[j];
+                float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+                for (int64_t t = 0; t < n; ++t) m = std::max(m, sj[t]);
+                float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t t = 0; t < n; ++t) { sj[t] = exp_nonpositive(sj[t] - m); sum += sj[t]; }
                 const float inv = 1.f / sum;
@@ -279,6 +264,19 @@ void run(const Args& a, int64_t num_threads) {
     for (auto& t : threads) t.join();
 }
 
+// f(std::integral_constant<int, DC>) for the head sizes compiled for (DC = D: the fp32
+// tiles need it at compile time), DC = 0 for any other.
+template <typename F>
+auto with_head_size(int64_t D, F&& f) {
+    switch (D) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    default: return f(std::integral_constant<int, 0>{});
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -286,13 +284,7 @@ extern "C" {
 // Whether fp32 at head size D runs the vector tiles (cpu_attn_tiles.h) in this build: the
 // tests say which loops they checked.
 int f32_tiles(int64_t D) {
-    switch (D) {
-    case 32: return use_f32_tiles<float, 32>();
-    case 64: return use_f32_tiles<float, 64>();
-    case 128: return use_f32_tiles<float, 128>();
-    case 256: return use_f32_tiles<float, 256>();
-    default: return 0;
-    }
+    return with_head_size(D, [](auto dc) { return static_cast<int>(use_f32_tiles<float, decltype(dc)::value>()); });
 }
 
 // The step's K/V rows into the pool: row t of key/value ([T, KVH, D], row strides in
@@ -326,12 +318,17 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
                  void* out, int64_t out_row_stride, int64_t num_threads, int64_t table_width,
                  int64_t num_blocks) {
     if (KVH <= 0 || H % KVH != 0 || D <= 0 || block_size <= 0) return 1;
+    // (A prompt's rows come together and share their table: its entries are checked once,
+    // not once per row.)
+    int64_t checked_row = -1, checked = 0;   // table row, and how many of its entries are checked
     for (int64_t i = 0; i < num_seqs; ++i) {
         const int64_t needed = (lens[i] + block_size - 1) / block_size;
         if (lens[i] < 1 || needed > table_width) return 4;
+        if (seq_idx[i] != checked_row) checked_row = seq_idx[i], checked = 0;
         const int32_t* table = block_tables + seq_idx[i] * bt_stride;
-        for (int64_t b = 0; b < needed; ++b)
+        for (int64_t b = checked; b < needed; ++b)
             if (table[b] < 0 || table[b] >= num_blocks) return 4;
+        checked = std::max(checked, needed);
     }
     const Args a{q, q_row_stride, key, value, block_tables, bt_stride, rows, seq_idx, lens,
                  num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride};
@@ -339,13 +336,7 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
     // allocation or thread start becomes an error code, and the caller raises.
     try {
         if (dtype == 0) {
-            switch (D) {   // the common head sizes compiled for (the fp32 tiles need it)
-            case 32: run<float, 32>(a, num_threads); break;
-            case 64: run<float, 64>(a, num_threads); break;
-            case 128: run<float, 128>(a, num_threads); break;
-            case 256: run<float, 256>(a, num_threads); break;
-            default: run<float, 0>(a, num_threads);
-            }
+            with_head_size(D, [&](auto dc) { run<float, decltype(dc)::value>(a, num_threads); });
         } else if (dtype == 1) {
             run<uint16_t, 0>(a, num_threads);
         } else {

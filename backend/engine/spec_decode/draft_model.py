@@ -126,7 +126,7 @@ class DraftModelProposer:
             return None, computed
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
 
-    def _draw(self, logits: torch.Tensor, requests: list) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Proposals from the draft's logits under each request's sampling settings, and
         the distributions they came from (None when every request is greedy)."""
         V = self.vocab_size
