@@ -2,8 +2,8 @@
 
 Why a file, and not Triton's API: Triton 24.10 answers `/v2/models/<m>/ready` without
 asking the python-backend stub, so a stub that was killed, or that hangs with the GIL
-held, still reads as ready there. The stub's watcher thread rewrites its report every
-half second (the heartbeat); the supervisor notices a report that goes stale, a process
+held, still reads as ready there. The stub's heartbeat thread rewrites its report every
+half second; the supervisor notices a report that goes stale, a process
 that vanishes without having written `stopped`, or a report that says `unhealthy`.
 
 Standard library only: the supervisor imports this module without torch or Triton.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -76,6 +77,9 @@ class HealthReporter:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
         self.report = HealthReport(instance=instance, model=model, pid=os.getpid(), stale_after_s=stale_after_s)
+        # The heartbeat thread and the adapter's (unhealthy, stopped) write the same
+        # temporary file: one at a time.
+        self._lock = threading.Lock()
 
     @classmethod
     def from_env(cls, instance: str, model: str, stale_after_s: float) -> Optional["HealthReporter"]:
@@ -83,14 +87,25 @@ class HealthReporter:
         return cls(directory, instance, model, stale_after_s) if directory else None
 
     def heartbeat(self) -> None:
-        write_report(self.directory, self.report)
+        with self._lock:
+            write_report(self.directory, self.report)
+
+    def beat_until(self, stop: threading.Event, interval_s: float = 0.5) -> None:
+        """The heartbeat thread's loop. A thread of its own: the watcher's calls into the
+        server (readiness, metric pushes) can take seconds on a busy machine, and a
+        heartbeat that waited for them would read as a hung process. Only a process that
+        runs no Python (the GIL held, a stopped process) misses beats."""
+        while not stop.wait(interval_s):
+            self.heartbeat()
 
     def unhealthy(self, kind: str, cause: str) -> None:
-        self.report.state, self.report.kind, self.report.cause = UNHEALTHY, kind, cause
+        with self._lock:
+            self.report.state, self.report.kind, self.report.cause = UNHEALTHY, kind, cause
         self.heartbeat()
 
     def stopped(self) -> None:
         """A clean exit. An unhealthy report keeps its cause: the supervisor acts on it."""
-        if self.report.state != UNHEALTHY:
-            self.report.state = STOPPED
+        with self._lock:
+            if self.report.state != UNHEALTHY:
+                self.report.state = STOPPED
         self.heartbeat()

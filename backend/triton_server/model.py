@@ -9,6 +9,7 @@ Installed as a Python-based backend: this folder is the backend directory's
    for client cancellation (only this thread touches a request after execute()).
  - The watcher thread (watcher.py) notices server shutdown, checks the engine's health
    and pushes metrics to Triton.
+ - Under the supervisor, the heartbeat thread rewrites the health report (health_report.py).
 """
 
 from __future__ import annotations
@@ -111,12 +112,14 @@ class TritonPythonModel(Watcher):
         self._draining = False
         self.health = HealthReporter.from_env(args["model_instance_name"], self.model_name,
                                               self.settings.engine_stall_timeout_s)
-        if self.health:
-            self.health.heartbeat()
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
+        if self.health:
+            self.health.heartbeat()
+            threading.Thread(target=self.health.beat_until, args=(self._stopping,), name="heartbeat",
+                             daemon=True).start()
         s = self.engine.stats()
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "

@@ -1,5 +1,6 @@
-"""The adapter's watcher thread: heartbeats for the supervisor, server-shutdown detection
-and the drain, metric pushes, and the deep health check with what follows when it fails.
+"""The adapter's watcher thread: server-shutdown detection and the drain, metric pushes,
+and the deep health check with what follows when it fails. (The supervisor's heartbeat
+has a thread of its own: health_report.HealthReporter.beat_until.)
 
 A mixin of TritonPythonModel (model.py), which owns the state it reads: the engine loop,
 settings, metrics, the in-flight requests and the response queue.
@@ -28,11 +29,8 @@ def log_local(message: str) -> None:
 
 class Watcher:
     def _watch_loop(self) -> None:
-        next_metrics = next_heartbeat = 0.0
+        next_metrics = 0.0
         while not self._stopping.wait(0.1):
-            if self.health and time.monotonic() >= next_heartbeat:
-                self.health.heartbeat()  # a file, not a call into the server: safe while stopping
-                next_heartbeat = time.monotonic() + 0.5
             if self._draining:
                 continue
             if self._server_stopping():

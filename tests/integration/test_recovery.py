@@ -64,11 +64,11 @@ class Streams:
             t.join(timeout=max(deadline - time.monotonic(), 0.01))
 
 
-def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
-    """Seconds until predicate() held; fails past timeout_s."""
+def wait_until(predicate, timeout_s: float, step_s: float = 0.05, seen=lambda: "") -> float:
+    """Seconds until predicate() held; fails past timeout_s, saying what seen() returns."""
     t0 = time.monotonic()
     while not predicate():
-        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s}s"
+        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s}s {seen()}"
         time.sleep(step_s)
     return time.monotonic() - t0
 
@@ -156,7 +156,8 @@ def test_killed_backend_three_times_in_a_row(shared_server):
         assert supervisor_json(srv, "/ready")[0] == 503
         # Triton may see the stub gone before the supervisor's next poll (every 0.25 s):
         # /ready is 503 at once, and within a few polls it names the cause.
-        wait_until(lambda: "backend_died" in supervisor_json(srv, "/ready")[1]["reason"], 3)
+        wait_until(lambda: "backend_died" in supervisor_json(srv, "/ready")[1]["reason"], 3,
+                   seen=lambda: supervisor_json(srv, "/status")[1])
         code, ready = supervisor_json(srv, "/ready")
         assert code == 503 and "backend_died" in ready["reason"], ready
         assert supervisor_json(srv, "/live")[0] == 200  # live while recovering

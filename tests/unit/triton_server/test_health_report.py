@@ -26,3 +26,33 @@ def test_clean_stop_and_junk_files(tmp_path):
     reports = read_reports(str(tmp_path))
     assert list(reports) == ["llm_0_0"] and reports["llm_0_0"].state == STOPPED
     assert read_reports(str(tmp_path / "missing")) == {}
+
+
+def test_heartbeat_thread_beats_beside_other_writers(tmp_path):
+    """The heartbeat has a thread of its own (a watcher blocked in a call into the server
+    must not make the process look hung); it and the adapter's own writes share one
+    temporary file, so they take turns: every write lands, none raises."""
+    import threading
+    import time
+
+    rep = HealthReporter(str(tmp_path), "llm_0_0", "llm", 60.0)
+    stop, errors = threading.Event(), []
+
+    def beat() -> None:
+        try:
+            rep.beat_until(stop, interval_s=0.0005)
+        except Exception as e:  # noqa: BLE001 (the test reports it)
+            errors.append(e)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        for _ in range(300):
+            rep.heartbeat()  # another thread's writes, as unhealthy() and stopped() make
+        first = read_reports(str(tmp_path))["llm_0_0"].time
+        time.sleep(0.05)
+        assert read_reports(str(tmp_path))["llm_0_0"].time > first  # beats without the caller
+    finally:
+        stop.set()
+        beater.join()
+    assert not errors and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
