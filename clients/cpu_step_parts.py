@@ -18,6 +18,9 @@ measures itself). A clock costs about a microsecond a call, some 0.1 ms a step.
 - `host outside the forward`: the step's time outside the forward and the LM head
   (scheduling, step inputs, sampling, the update, outputs).
 
+It also prints the process's resident memory once the engine is built (anonymous and
+file-backed: a checkpoint file's mapping counts in the second).
+
 Last (unless `--no-probe`): a two-thread matmul back to back against the same after
 300 us of serial work on the calling thread, when the OpenMP worker has gone to sleep
 (PASSIVE): what waking it adds to each parallel region after a serial stretch.
@@ -76,6 +79,17 @@ def instrumented():
             setattr(owner, name, fn)
 
 
+def resident_mb() -> dict[str, float]:
+    """This process's resident memory, anonymous and file-backed (Linux; else empty)."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return {}
+    return {name: int(fields[key].split()[0]) / 1024 for name, key in (("anonymous", "RssAnon"), ("file", "RssFile"))
+            if key in fields}
+
+
 def name_linears(model) -> None:
     from backend.models.cpu_packed_linear import PackedLinear
     for name, m in model.named_modules():
@@ -117,6 +131,7 @@ def measure(model: str, num_seqs: int, prompt_len: int, steps: int,
         llm = LLM(model, block_size=16, max_num_seqs=num_seqs, max_num_batched_tokens=2048,
                   num_kv_blocks=num_seqs * -(-(prompt_len + steps + 16) // 16) + 16)
         engine = llm.engine
+        memory = resident_mb()
         name_linears(engine.runner.model)
         vocab = engine.runner.model.config.vocab_size
         rng = random.Random(0)
@@ -141,6 +156,7 @@ def measure(model: str, num_seqs: int, prompt_len: int, steps: int,
         engine.shutdown()
     inside = sum(ms for k, (ms, _) in parts.items() if k not in OUTER)
     parts["python in the forward"] = (parts["forward"][0] - inside, 0)
+    parts.update({f"resident after load, MB: {k}": (v, 0) for k, v in memory.items()})
     parts["host outside the forward"] = (parts["step"][0] - parts["forward"][0] - parts["logits"][0], 0)
     return parts
 
@@ -167,11 +183,14 @@ def main() -> None:
     print(f"model {a.model}: {a.num_seqs} sequences, ~{a.prompt_len + 5} tokens of context, {a.steps} decode "
           f"steps, {torch.get_num_threads()} threads")
     print(f"step_ms: {parts['step'][0]:.2f}")
-    shown = sorted((k for k in parts if k not in ("step", "forward", "logits", "  of which sampling")),
+    memory = [k for k in parts if k.startswith("resident")]
+    shown = sorted((k for k in parts if k not in ("step", "forward", "logits", "  of which sampling", *memory)),
                    key=lambda k: -parts[k][0]) + ["  of which sampling"]
     for k in shown:
         ms, calls = parts[k]
         print(f"  {k:26s} {ms:6.2f} ms" + (f"  ({calls} calls)" if calls > 1 else ""))
+    for k in memory:
+        print(f"{k}: {parts[k][0]:.0f}")
     if a.probe:
         back, after_gap = wake_probe()
         print(f"parallel region (32 x 1024 x 1024 matmul): {back:.1f} us back to back, {after_gap:.1f} us after "

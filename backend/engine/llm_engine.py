@@ -51,7 +51,7 @@ from backend.engine.step_inputs import StepInputBuilder
 from backend.engine.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
-from backend.models.cpu_packed_linear import pack_cpu_linears
+from backend.models.cpu_packed_linear import own_remaining_weights, pack_cpu_linears
 from backend.models.loader import load_model, load_tokenizer
 from backend.models.rotary import long_rope
 from backend.attention import make_attention_factory, resolve_attention_backend
@@ -128,6 +128,7 @@ class LLMEngine(RequestIntake):
         if self.model is not None and self.device.type == "cpu" and self.dtype == torch.float32 and not self.workers:
             # oneDNN's pre-packed weights for the fp32 projections (backend/models/cpu_packed_linear.py).
             pack_cpu_linears(self.model)
+            own_remaining_weights(self.model)   # so the checkpoint file's mapping can go
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None

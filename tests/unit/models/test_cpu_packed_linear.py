@@ -3,6 +3,10 @@ engine packs the dense projections and the LM head (the base layers under LoRA),
 stay transformers' (and PEFT's) greedy tokens, and the engine's weight bytes are
 unchanged."""
 
+import gc
+import shutil
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,7 +14,7 @@ import torch.nn.functional as F
 
 from backend import LLM, SamplingParams
 from backend.models import cpu_packed_linear
-from backend.models.cpu_packed_linear import PackedLinear, pack_cpu_linears
+from backend.models.cpu_packed_linear import PackedLinear, own_remaining_weights, pack_cpu_linears
 from backend.parallel.workers import model_bytes
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
@@ -52,6 +56,30 @@ def test_engine_packs_its_projections_and_keeps_transformers_tokens(ckpt_dir, ar
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
     assert [o.token_ids for o in outs] == expected
     assert_pool_free(llm)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_no_weight_keeps_the_checkpoint_file_mapped(ckpt_dir, tmp_path):
+    """safetensors loads CPU tensors as views of the file's mapping, which stays while any
+    of them does: the engine copies what packing left, and the mapping goes."""
+    path = str(shutil.copytree(make_checkpoint(str(ckpt_dir / "qwen2"), "qwen2"), tmp_path / "ckpt"))
+    llm = LLM(path, device="cpu", dtype="float32", block_size=4, num_kv_blocks=16)
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if path in line]
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].token_ids
+
+
+def test_owned_weights_stay_tied_and_equal():
+    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    model.register_buffer("table", torch.arange(3.0))
+    before, ptr = emb.weight.detach().clone(), emb.weight.data_ptr()
+    assert own_remaining_weights(model) == 10 * 4 * 4 + 3 * 4
+    assert model["emb"].weight is model["head"].weight and isinstance(model["emb"].weight, nn.Parameter)
+    assert model["emb"].weight.data_ptr() != ptr and torch.equal(model["emb"].weight, before)
+    assert torch.equal(model.table, torch.arange(3.0))
 
 
 def test_weight_bytes_are_counted_as_before(ckpt_dir):
