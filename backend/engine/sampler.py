@@ -31,6 +31,7 @@ from backend.engine.logprobs import LogprobRows
 from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
 from backend.engine.sampling_row import SamplingRow
+from backend.ops.cpu_argmax import argmax_rows
 
 # Columns of the per-row parameter tensor.
 TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(7)
@@ -200,10 +201,10 @@ class Sampler:
         distributions() gives them, or None when every row is greedy)."""
         logits, probs = self.distributions(logits, batch)
         if probs is None:
-            return logits.argmax(dim=-1), None
+            return argmax_rows(logits), None
         sampled = self.draw(probs, batch)
         if batch.any_greedy:
-            sampled = torch.where(batch.params[:, TEMPERATURE] == 0.0, logits.argmax(dim=-1), sampled)
+            sampled = torch.where(batch.params[:, TEMPERATURE] == 0.0, argmax_rows(logits), sampled)
         return sampled, probs
 
     def distributions(self, logits: torch.Tensor, batch: SamplingBatch
@@ -252,7 +253,7 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """One token per row from `probs` (unnormalised is fine): the exponential race."""
-        return (probs / self.noise(probs, batch)).argmax(dim=-1)
+        return argmax_rows(probs / self.noise(probs, batch))
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

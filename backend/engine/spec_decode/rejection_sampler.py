@@ -26,6 +26,7 @@ import torch
 
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
+from backend.ops.cpu_argmax import argmax_rows
 
 # Row kinds in the verification plan. PLAIN: the one row of a request that verifies
 # nothing, drawn exactly as the plain sampler draws it (the same random numbers from a
@@ -119,7 +120,7 @@ class RejectionSampler:
         accepted [R]: whether the row's proposal stands). A request's output is its
         leading accepted proposals and then the token of its first non-accepted row."""
         logits, probs = sampler.distributions(logits, batch)
-        target = logits.argmax(dim=-1)
+        target = argmax_rows(logits)
         proposals = plan.proposals
         is_proposal = proposals >= 0
         safe = proposals.clamp(min=0)[:, None]
