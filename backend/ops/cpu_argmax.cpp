@@ -11,8 +11,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <thread>
-#include <vector>
+
+#include "cpu_threads.h"
 
 namespace {
 
@@ -79,12 +79,7 @@ void argmax_rows_f32(const float* x, int64_t stride, int64_t R, int64_t V, int64
     auto rows = [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) out[r] = argmax_row(x + r * stride, V);
     };
-    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(num_threads, R * V / (1 << 18)));
-    if (shares <= 1 || R < 2) { rows(0, R); return; }
-    std::vector<std::thread> threads;
-    for (int64_t p = 0; p + 1 < shares; ++p) threads.emplace_back(rows, R * p / shares, R * (p + 1) / shares);
-    rows(R * (shares - 1) / shares, R);
-    for (auto& th : threads) th.join();
+    paged_llm::split_rows(R, std::min<int64_t>(num_threads, R * V / (1 << 18)), rows);
 }
 
 }

@@ -42,7 +42,7 @@ FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fopenmp-simd", "
 # Headers the sources include (`#include "cpu_vec.h"`): this folder, on the include path
 # and in every library's cache key.
 HEADER_DIR = os.path.dirname(os.path.abspath(__file__))
-HEADERS = ("cpu_vec.h", "cpu_vec_x86.h", "cpu_attn_tiles.h")
+HEADERS = ("cpu_vec.h", "cpu_vec_x86.h", "cpu_attn_tiles.h", "cpu_threads.h")
 CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU part")   # x86, then Arm's
 
 

@@ -10,9 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <thread>
-#include <vector>
 
+#include "cpu_threads.h"
 #include "cpu_vec.h"
 
 extern "C" {
@@ -134,12 +133,7 @@ void silu_and_mul_f32(const float* x, int64_t x_stride, int64_t T, int64_t I, fl
             }
         }
     };
-    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(num_threads, T * I / (1 << 18)));
-    if (shares <= 1 || T < 2) { rows(0, T); return; }
-    std::vector<std::thread> threads;
-    for (int64_t p = 0; p + 1 < shares; ++p) threads.emplace_back(rows, T * p / shares, T * (p + 1) / shares);
-    rows(T * (shares - 1) / shares, T);
-    for (auto& th : threads) th.join();
+    paged_llm::split_rows(T, std::min<int64_t>(num_threads, T * I / (1 << 18)), rows);
 }
 
 }
