@@ -58,17 +58,7 @@ def _timed(key, fn):
 def instrumented():
     """Clocks around the parts while the block runs (module functions are looked up when
     the model is built, so the engine is built inside it); the originals come back after."""
-    from backend.attention import cpu_decode
-    from backend.engine import llm_engine, model_runner
-    from backend.models import cpu_packed_linear, llama
-    from backend.ops import cpu_layer_ops
-    patches = [(cpu_decode, "paged_decode", "decode attention"), (cpu_decode, "write_kv", "k/v writes"),
-               (cpu_layer_ops, "add_rms_norm", "add + rms norm"), (cpu_layer_ops, "rotary", "rotary"),
-               (cpu_layer_ops, "act_and_mul", "silu and mul"),
-               (cpu_packed_linear.PackedLinear, "forward", lambda a: getattr(a[0], "bench_name", "linear")),
-               (llama.CausalLM, "forward", "forward"), (llama.CausalLM, "compute_logits", "logits"),
-               (llm_engine.LLMEngine, "step", "step"),
-               (model_runner.ModelRunner, "sample", "  of which sampling")]
+    patches = clocked()
     originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     try:
         for owner, name, key in patches:
@@ -77,6 +67,20 @@ def instrumented():
     finally:
         for owner, name, fn in originals:
             setattr(owner, name, fn)
+
+
+def clocked() -> list:
+    """(owner, attribute, part) of each function the clocks go around."""
+    from backend.attention import cpu_decode
+    from backend.engine import llm_engine, model_runner
+    from backend.models import cpu_packed_linear, llama
+    from backend.ops import cpu_layer_ops
+    return [(cpu_decode, "paged_decode", "decode attention"), (cpu_decode, "write_kv", "k/v writes"),
+            (cpu_layer_ops, "add_rms_norm", "add + rms norm"), (cpu_layer_ops, "rotary", "rotary"),
+            (cpu_layer_ops, "act_and_mul", "silu and mul"),
+            (cpu_packed_linear.PackedLinear, "forward", lambda a: getattr(a[0], "bench_name", "linear")),
+            (llama.CausalLM, "forward", "forward"), (llama.CausalLM, "compute_logits", "logits"),
+            (llm_engine.LLMEngine, "step", "step"), (model_runner.ModelRunner, "sample", "  of which sampling")]
 
 
 def resident_mb() -> dict[str, float]:
@@ -131,6 +135,11 @@ def measure(model: str, num_seqs: int, prompt_len: int, steps: int,
         llm = LLM(model, block_size=16, max_num_seqs=num_seqs, max_num_batched_tokens=2048,
                   num_kv_blocks=num_seqs * -(-(prompt_len + steps + 16) // 16) + 16)
         engine = llm.engine
+        from backend.models.llama import CausalLM
+        model_class = type(engine.runner.model)
+        if any(getattr(model_class, f) is not CausalLM.__dict__[f] for f in ("forward", "compute_logits")):
+            raise SystemExit(f"{model_class.__name__} has its own forward: this client clocks the Llama family's "
+                             "(CausalLM.forward and compute_logits)")
         memory = resident_mb()
         name_linears(engine.runner.model)
         vocab = engine.runner.model.config.vocab_size

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <atomic>
 #include <new>
-#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -243,8 +242,9 @@ void run(const Args& a, int64_t num_threads) {
     const int64_t items = a.num_seqs;
     // The threads take items (a sequence's decode row, or a prompt token's row) one at a
     // time from a shared counter, so that none waits for a slower one's fixed share (a
-    // helper starts tens of microseconds late), and a thread that cannot start or fails
-    // leaves its items to the others instead of ending the process. (On the 2-core VM
+    // helper starts tens of microseconds late), and a thread that cannot start leaves
+    // its items to the others. (An error inside one, an allocation, stops the others
+    // after their current items, and the call returns an error code.) (On the 2-core VM
     // it ran as fast as the split by keys it replaced: within 1% quiet, within the runs'
     // spread with a core taken.) Each item is one thread's whole: the results do not
     // depend on who took it. A thread takes its next item before working on the current
@@ -272,10 +272,12 @@ void run(const Args& a, int64_t num_threads) {
     for (int64_t i = 0; i < items; ++i) keys += a.lens[i] + 16;
     num_threads = std::min(num_threads, keys / MIN_KEYS_PER_THREAD);
     std::vector<std::thread> threads;
+    threads.reserve(static_cast<size_t>(std::max<int64_t>(num_threads, 1)));
     try {
         for (int64_t p = 1; p < num_threads && items > 1; ++p) threads.emplace_back(work);
-    } catch (const std::system_error&) {
-        // A thread that could not start takes no items: the others take them all.
+    } catch (...) {
+        // A thread that could not start takes no items: the others take them all. (No
+        // exception may pass here: the threads already started must be joined first.)
     }
     work();
     for (auto& t : threads) t.join();

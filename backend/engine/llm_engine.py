@@ -127,8 +127,8 @@ class LLMEngine(RequestIntake):
                                       tp_size=tp_size)
         if self.model is not None and self.device.type == "cpu" and self.dtype == torch.float32 and not self.workers:
             # oneDNN's pre-packed weights for the fp32 projections (backend/models/cpu_packed_linear.py).
-            pack_cpu_linears(self.model)
-            own_remaining_weights(self.model)   # so the checkpoint file's mapping can go
+            if pack_cpu_linears(self.model):
+                own_remaining_weights(self.model)   # so the checkpoint file's mapping can go
         self.tokenizer = load_tokenizer(args.model)
         spec = args.speculative_config
         draft = None

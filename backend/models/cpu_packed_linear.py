@@ -13,8 +13,8 @@ the weight of after load. Under LoRA a projection is a wrapper that calls its `b
 layer (backend/lora/layers.py): that base is packed, so an engine with adapters and one
 without compute the base model alike. The packed weight is an opaque
 oneDNN tensor; `packed_nbytes` keeps what the weight occupied, for the engine's figures.
-What packing leaves (embedding, norms) is then copied out of the checkpoint file's
-mapping (`own_remaining_weights`), so that the mapping can go.
+What packing leaves in the checkpoint file's mapping (embedding, norms) is then copied
+out of it (`own_remaining_weights`), so that the mapping can go.
 """
 
 from __future__ import annotations
@@ -80,23 +80,42 @@ def packed_bytes(model: nn.Module) -> int:
 
 
 
-def own_remaining_weights(model: nn.Module) -> int:
-    """Copies the CPU parameters and buffers that packing left (embedding, norms, biases)
-    into memory of their own; returns the bytes copied.
+def checkpoint_mappings(suffix: str = ".safetensors") -> list[tuple[int, int]]:
+    """This process's address ranges that map checkpoint files (Linux's /proc; elsewhere
+    none are known)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n").endswith(suffix):
+                    lo, hi = fields[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        pass
+    return ranges
 
-    Why: safetensors loads a CPU tensor as a view of the checkpoint file's mapping, and
-    the whole mapping stays while any one of its tensors does. After packing, the
-    embedding and the norms were keeping every page of the file that loading touched:
-    the hidden-1024 Llama's engine held 660 MB of it (clean, so reclaimable, but counted
-    in its resident memory and in a container's working set) for 131 MB of embedding.
-    A tied weight stays one tensor."""
+
+def own_remaining_weights(model: nn.Module) -> int:
+    """Copies the CPU parameters and buffers that still lie in a checkpoint file's
+    mapping (after packing: the embedding and the norms) into memory of their own;
+    returns the bytes copied.
+
+    Why: safetensors loads a CPU tensor as a view of the file's mapping, and the whole
+    mapping stays while any one of its tensors does. After packing, the hidden-1024
+    Llama's embedding and norms kept 485 MiB of the file resident (clean pages, so
+    reclaimable, but counted in the process's resident memory and a container's
+    working set) for a 131 MB embedding. A tied weight stays one tensor."""
+    ranges = checkpoint_mappings()
+    if not ranges:
+        return 0
     copies: dict[int, torch.Tensor] = {}
     copied = 0
     with torch.no_grad():
         for module in model.modules():
             for table in (module._parameters, module._buffers):
                 for name, t in table.items():
-                    if t is None or t.device.type != "cpu":
+                    if t is None or t.device.type != "cpu" or not any(lo <= t.data_ptr() < hi for lo, hi in ranges):
                         continue
                     if id(t) not in copies:
                         data = t.detach().clone()

@@ -2,8 +2,8 @@
 // the argmax of their logits, drawn rows the argmax of p / E). Built by cpu_argmax.py.
 //
 // torch's CPU argmax keeps one (value, index) pair per row and compares element by
-// element: 355 us for 32 rows of a 32,000-token vocabulary on this project's 2-core VM,
-// 2 GB/s a thread. Here each row is one pass in sixteen lanes, each lane keeping its
+// element: 327-355 us for 32 rows of a 32,000-token vocabulary on this project's 2-core
+// VM, two threads (about 6 GB/s each). Here each row is one pass in sixteen lanes, each lane keeping its
 // own largest value and where it first saw it (strict >, so the first of equals), and
 // the lanes' pairs are merged at the end (the largest, the smaller index among equals):
 // the same answer as torch's, the first index of the row's largest value. A NaN counts

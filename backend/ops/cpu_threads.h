@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,12 +17,17 @@ template <typename F>
 void split_rows(int64_t R, int64_t shares, F&& rows) {
     shares = std::max<int64_t>(1, std::min(shares, R));
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(shares));
+    try {
+        threads.reserve(static_cast<size_t>(shares));
+    } catch (...) {
+        rows(0, R);
+        return;
+    }
     for (int64_t p = 0; p + 1 < shares; ++p) {
         const int64_t begin = R * p / shares, end = R * (p + 1) / shares;
         try {
-            threads.emplace_back(rows, begin, end);
-        } catch (const std::system_error&) {
+            threads.emplace_back(rows, begin, end);   // (reserved: no reallocation)
+        } catch (...) {   // no thread: this one does the share (the started ones are joined below)
             rows(begin, end);
         }
     }

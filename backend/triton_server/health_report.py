@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -91,12 +92,21 @@ class HealthReporter:
             write_report(self.directory, self.report)
 
     def beat_until(self, stop: threading.Event, interval_s: float = 0.5) -> None:
-        """The heartbeat thread's loop. A thread of its own: the watcher's calls into the
-        server (readiness, metric pushes) can take seconds on a busy machine, and a
-        heartbeat that waited for them would read as a hung process. Only a process that
-        runs no Python (the GIL held, a stopped process) misses beats."""
+        """The heartbeat thread's loop, until `stop` (set once the final report is
+        written: a clean unload can take seconds after the adapter stops its other
+        threads). A thread of its own: the watcher's calls into the server (readiness,
+        metric pushes) can take seconds on a busy machine, and a heartbeat that waited
+        for them would read as a hung process. A write that fails (the folder gone, a
+        full disk) is said once on stderr and tried again at the next beat."""
+        said = False
         while not stop.wait(interval_s):
-            self.heartbeat()
+            try:
+                self.heartbeat()
+                said = False
+            except OSError as e:
+                if not said:
+                    print(f"[paged_llm] health report not written: {e}", file=sys.stderr, flush=True)
+                    said = True
 
     def unhealthy(self, kind: str, cause: str) -> None:
         with self._lock:

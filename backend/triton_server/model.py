@@ -116,9 +116,10 @@ class TritonPythonModel(Watcher):
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
+        self._beating = threading.Event()   # set once the final report is written (finalize)
         if self.health:
             self.health.heartbeat()
-            threading.Thread(target=self.health.beat_until, args=(self._stopping,), name="heartbeat",
+            threading.Thread(target=self.health.beat_until, args=(self._beating,), name="heartbeat",
                              daemon=True).start()
         s = self.engine.stats()
         self.logger.log_info(
@@ -286,3 +287,4 @@ class TritonPythonModel(Watcher):
             self.metrics.close()  # the supervisor loads the model again: start its metrics clean
         if self.health:
             self.health.stopped()
+        self._beating.set()

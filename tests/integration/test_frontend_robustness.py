@@ -76,7 +76,7 @@ def test_frontend_before_triton_first_chats_refusals_and_disconnects(model_repo,
         ready = time.monotonic()
         while post(url + "/v1/completions", {"model": "llm", "prompt": "x", "max_tokens": 2})[0] != 200:
             # (~1 s on an idle machine; the bound leaves room for a loaded CI runner)
-            assert time.monotonic() - ready < 5.0, "the frontend did not serve within ~1 s of Triton's readiness"
+            assert time.monotonic() - ready < 5.0, "the frontend did not serve within 5 s of Triton's readiness"
             time.sleep(0.05)
         # (c) the first chat requests, ten at once
         with ThreadPoolExecutor(10) as pool:

@@ -70,16 +70,25 @@ def test_no_weight_keeps_the_checkpoint_file_mapped(ckpt_dir, tmp_path):
     assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].token_ids
 
 
-def test_owned_weights_stay_tied_and_equal():
-    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_only_mapped_weights_are_copied_and_ties_hold(tmp_path):
+    from safetensors.torch import load_file, save_file
+    save_file({"emb": torch.randn(10, 4), "table": torch.arange(3.0)}, str(tmp_path / "w.safetensors"))
+    loaded = load_file(str(tmp_path / "w.safetensors"))
+    emb, head, norm = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False), nn.Linear(4, 4)
+    emb.weight = nn.Parameter(loaded["emb"], requires_grad=False)
     head.weight = emb.weight
-    model = nn.ModuleDict({"emb": emb, "head": head})
-    model.register_buffer("table", torch.arange(3.0))
-    before, ptr = emb.weight.detach().clone(), emb.weight.data_ptr()
-    assert own_remaining_weights(model) == 10 * 4 * 4 + 3 * 4
+    model = nn.ModuleDict({"emb": emb, "head": head, "norm": norm})
+    model.register_buffer("table", loaded["table"])
+    before, ptr, own = emb.weight.detach().clone(), emb.weight.data_ptr(), norm.weight
+    del loaded
+    assert own_remaining_weights(model) == 10 * 4 * 4 + 3 * 4      # the mapped ones only
     assert model["emb"].weight is model["head"].weight and isinstance(model["emb"].weight, nn.Parameter)
     assert model["emb"].weight.data_ptr() != ptr and torch.equal(model["emb"].weight, before)
-    assert torch.equal(model.table, torch.arange(3.0))
+    assert torch.equal(model.table, torch.arange(3.0)) and model["norm"].weight is own
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if str(tmp_path) in line]
 
 
 def test_weight_bytes_are_counted_as_before(ckpt_dir):

@@ -34,7 +34,11 @@ def test_edge_values():
     r = torch.full((V,), -1.0); r[20] = -0.0; r[10] = 0.0; rows.append(r)      # 0.0 == -0.0: the first
     r = torch.full((V,), -1.0); r[V - 1] = 3.0; rows.append(r)                 # in the tail
     r = torch.full((V,), -1.0); r[0] = float("nan"); rows.append(r)
+    r = torch.randn(V); r[97] = float("nan"); rows.append(r)                 # a NaN in the tail only
     check(torch.stack(rows))
+    short = torch.randn(3, 5)                                               # under two vectors' width
+    short[1, 3], short[2, 0] = float("nan"), float("nan")
+    check(short)
 
 
 def test_strided_rows_and_empty_batch():

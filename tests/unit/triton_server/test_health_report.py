@@ -56,3 +56,28 @@ def test_heartbeat_thread_beats_beside_other_writers(tmp_path):
         stop.set()
         beater.join()
     assert not errors and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_failed_beat_is_said_once_and_the_beats_go_on(tmp_path, capsys):
+    import shutil
+    import threading
+    import time
+
+    folder = tmp_path / "health"
+    rep = HealthReporter(str(folder), "llm_0_0", "llm", 60.0)
+    shutil.rmtree(folder)                                   # writes fail while it is gone
+    stop = threading.Event()
+    beater = threading.Thread(target=rep.beat_until, args=(stop,), kwargs={"interval_s": 0.002})
+    beater.start()
+    try:
+        time.sleep(0.05)
+        assert beater.is_alive()
+        folder.mkdir()
+        deadline = time.monotonic() + 5
+        while "llm_0_0" not in read_reports(str(folder)):
+            assert time.monotonic() < deadline, "the beats did not resume"
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        beater.join()
+    assert capsys.readouterr().err.count("health report not written") == 1
