@@ -7,9 +7,9 @@ goes" (the decode step in the engine: clients.cpu_step_parts).
 - linears: each projection of `clients.bench_vllm_peer`'s hidden-1024 Llama (qkv 1024 ->
   2048, o 1024 -> 1024, gate/up 1024 -> 5632, down 2816 -> 1024, fp32), packed as the
   engine packs them, at each row count. `warm`: one layer's weight, called again and
-  again (it stays in the cache); `cold`: eight layers' weights in turn, as a forward
-  runs them (a layer's 46.6 MB do not fit the last-level cache). In us a call and
-  GFLOP/s.
+  again (it stays in the cache); `cold`: eight layers' projections in a forward's order
+  (a layer's 46.6 MB do not fit the last-level cache). In us a call and GFLOP/s, and
+  the eight layers' sum.
 - argmax: backend.ops.cpu_argmax.argmax_rows against torch.argmax(x, -1), in us.
 """
 
@@ -40,17 +40,15 @@ def linears(rows: int, layers: int = 8, reps: int = 20) -> dict[str, tuple[float
     stack = [{k: PackedLinear(torch.nn.Linear(i, o, bias=False)) for k, (i, o) in SHAPES.items()}
              for _ in range(layers)]
     xs = {k: torch.randn(rows, i) for k, (i, _) in SHAPES.items()}
-    out = {}
-    for k in SHAPES:
-        warm = per_call_us(lambda: stack[0][k](xs[k]), reps * 5)
-        total = 0.0
-        for _ in range(reps):
-            for layer in stack:             # in a forward's order: the weight comes from memory
+    warm = {k: per_call_us(lambda: stack[0][k](xs[k]), reps * 5) for k in SHAPES}
+    cold = dict.fromkeys(SHAPES, 0.0)
+    for _ in range(reps):
+        for layer in stack:                 # in a forward's order: each weight comes from memory
+            for k in SHAPES:
                 t = time.perf_counter()
                 layer[k](xs[k])
-                total += time.perf_counter() - t
-        out[k] = (warm, total / (reps * layers) * 1e6)
-    return out
+                cold[k] += time.perf_counter() - t
+    return {k: (warm[k], cold[k] / (reps * layers) * 1e6) for k in SHAPES}
 
 
 def argmaxes(shape: tuple[int, int], reps: int = 100) -> tuple[float, float]:
@@ -71,11 +69,14 @@ def main() -> None:
     import torch
     print(f"{torch.get_num_threads()} threads")
     for rows in a.rows:
-        for k, (warm, cold) in linears(rows).items():
+        times = linears(rows)
+        for k, (warm, cold) in times.items():
             i, o = SHAPES[k]
             flop = 2 * rows * i * o
             print(f"linear {k:13s} rows {rows:4d}: warm {warm:7.1f} us ({flop / warm / 1e3:5.0f} GFLOP/s), "
                   f"cold {cold:7.1f} us ({flop / cold / 1e3:5.0f} GFLOP/s)")
+        print(f"8 layers' linears, rows {rows}: warm {8 * sum(w for w, _ in times.values()) / 1e3:.2f} ms, "
+              f"cold {8 * sum(c for _, c in times.values()) / 1e3:.2f} ms")
     for spec in a.argmax:
         R, V = (int(n) for n in spec.split("x"))
         ours, ref = argmaxes((R, V))
