@@ -19,17 +19,14 @@ import argparse
 import time
 
 import backend  # noqa: F401  (first: PASSIVE OpenMP and THP, as the engine runs)
+from clients.attention_bench import _time_ms
 
 SHAPES = {"qkv_proj": (1024, 2048), "o_proj": (1024, 1024), "gate_up_proj": (1024, 5632), "down_proj": (2816, 1024)}
 
 
 def per_call_us(fn, reps: int) -> float:
-    for _ in range(max(reps // 10, 3)):
-        fn()
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t) / reps * 1e6
+    import torch
+    return _time_ms(fn, reps, torch.device("cpu")) * 1e3
 
 
 def linears(rows: int, layers: int = 8, reps: int = 20) -> dict[str, tuple[float, float]]:

@@ -105,13 +105,9 @@ def wake_probe(rows: int = 32, n: int = 1024, gap_us: float = 300.0, reps: int =
     """(us per [rows x n] @ [n x n] matmul back to back, the same after `gap_us` of
     serial work on this thread)."""
     import torch
+    from clients.attention_bench import _time_ms
     a, b = torch.randn(rows, n), torch.randn(n, n)
-    for _ in range(50):
-        torch.mm(a, b)
-    t = time.perf_counter()
-    for _ in range(reps):
-        torch.mm(a, b)
-    back_to_back = (time.perf_counter() - t) / reps
+    back_to_back = _time_ms(lambda: torch.mm(a, b), reps, torch.device("cpu")) * 1e-3
     total = 0.0
     for _ in range(reps):
         end = time.perf_counter() + gap_us * 1e-6

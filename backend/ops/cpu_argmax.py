@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from backend.ops.cpu_build import CppLibrary, plain_tensors
+from backend.ops.cpu_build import CppLibrary, plain_tensors, rows_f32
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_argmax.cpp")
 ENV_SWITCH = "PAGED_LLM_CPU_ARGMAX"
@@ -30,8 +30,7 @@ def library() -> Optional[ctypes.CDLL]:
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) of a [R, V] tensor: int64 [R], on x's device."""
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.stride(-1) != 1
-            or not 0 < x.shape[1] < 2 ** 31 or x.requires_grad or not plain_tensors(x)
+    if (not rows_f32(x) or not 0 < x.shape[1] < 2 ** 31 or x.requires_grad or not plain_tensors(x)
             or (lib := library()) is None):
         return x.argmax(dim=-1)
     R, V = x.shape

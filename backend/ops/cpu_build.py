@@ -169,6 +169,12 @@ class CppLibrary:
             return self._loaded[cxx]
 
 
+def rows_f32(x: torch.Tensor) -> bool:
+    """A CPU fp32 [T, N] tensor with unit inner stride: rows our C++ kernels walk by
+    row stride."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1
+
+
 def heads_dense(x: torch.Tensor) -> bool:
     """[T, heads, D] whose rows hold their heads D apart, each head contiguous (a view of
     a GEMM's output rows qualifies): the layout our C++ kernels walk by row stride."""

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from backend.ops import reference
-from backend.ops.cpu_build import CppLibrary, heads_dense, plain_tensors
+from backend.ops.cpu_build import CppLibrary, heads_dense, plain_tensors, rows_f32
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_layer_ops.cpp")
 ENV_SWITCH = "PAGED_LLM_CPU_LAYER_OPS"
@@ -38,16 +38,11 @@ def library() -> Optional[ctypes.CDLL]:
     return _LIBRARY.get()
 
 
-def _rows_f32(x: torch.Tensor) -> bool:
-    """A CPU fp32 [T, N] tensor with unit inner stride."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1
-
-
 def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual); with no residual, (RMSNorm(x), x)."""
     # (the cheap checks first: a run on another device never builds the library)
-    if (not _rows_f32(x) or (residual is not None and (not _rows_f32(residual) or residual.shape != x.shape))
+    if (not rows_f32(x) or (residual is not None and (not rows_f32(residual) or residual.shape != x.shape))
             or weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous()
             or weight.shape != x.shape[-1:] or not plain_tensors(x, weight, *([residual] if residual is not None else []))
             or (lib := library()) is None):
@@ -94,7 +89,7 @@ def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor:
     on up to torch's intra-op thread count. torch's silu and product were 4% of the
     hidden-1024 Llama's CPU time (218 ms of a 5.5 s job: two passes and a temporary);
     vLLM fuses them as well. Within a few ulp of torch's (its exp, cpu_vec.h)."""
-    if (act != "silu" or not _rows_f32(x) or x.shape[-1] % 2 or x.requires_grad or not plain_tensors(x)
+    if (act != "silu" or not rows_f32(x) or x.shape[-1] % 2 or x.requires_grad or not plain_tensors(x)
             or (lib := library()) is None):
         return reference.act_and_mul(x, act)
     T, I = x.shape[0], x.shape[1] // 2
