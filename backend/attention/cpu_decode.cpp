@@ -21,11 +21,11 @@
 #include <cstring>
 #include <atomic>
 #include <new>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "cpu_attn_tiles.h"
+#include "cpu_threads.h"
 #include "cpu_vec.h"
 
 namespace {
@@ -271,16 +271,7 @@ void run(const Args& a, int64_t num_threads) {
     int64_t keys = 0;
     for (int64_t i = 0; i < items; ++i) keys += a.lens[i] + 16;
     num_threads = std::min(num_threads, keys / MIN_KEYS_PER_THREAD);
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(std::max<int64_t>(num_threads, 1)));
-    try {
-        for (int64_t p = 1; p < num_threads && items > 1; ++p) threads.emplace_back(work);
-    } catch (...) {
-        // A thread that could not start takes no items: the others take them all. (No
-        // exception may pass here: the threads already started must be joined first.)
-    }
-    work();
-    for (auto& t : threads) t.join();
+    paged_llm::on_threads(items > 1 ? num_threads : 1, work);
     if (failed) throw std::bad_alloc();
 }
 
