@@ -1,4 +1,7 @@
 import os
+import shutil
+import threading
+import time
 
 from backend.triton_server.health_report import (HEALTH_DIR_ENV, STOPPED, UNHEALTHY, HealthReporter,
                                                  read_reports)
@@ -32,9 +35,6 @@ def test_heartbeat_thread_beats_beside_other_writers(tmp_path):
     """The heartbeat has a thread of its own (a watcher blocked in a call into the server
     must not make the process look hung); it and the adapter's own writes share one
     temporary file, so they take turns: every write lands, none raises."""
-    import threading
-    import time
-
     rep = HealthReporter(str(tmp_path), "llm_0_0", "llm", 60.0)
     stop, errors = threading.Event(), []
 
@@ -59,10 +59,6 @@ def test_heartbeat_thread_beats_beside_other_writers(tmp_path):
 
 
 def test_a_failed_beat_is_said_once_and_the_beats_go_on(tmp_path, capsys):
-    import shutil
-    import threading
-    import time
-
     folder = tmp_path / "health"
     rep = HealthReporter(str(folder), "llm_0_0", "llm", 60.0)
     shutil.rmtree(folder)                                   # writes fail while it is gone
