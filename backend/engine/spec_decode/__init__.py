@@ -6,6 +6,7 @@ tokens are the target's argmax, sampled ones follow the target's distribution ex
 
     speculator.py          which requests speculate, how many tokens, metrics
     ngram.py               prompt lookup over the request's own tokens
+    ngram_index.py         the lookup's scan, and its index for long contexts
     draft_model.py         a smaller model with its own K/V in the target's blocks
     rejection_sampler.py   verification (greedy and the rejection-sampling rule)
 """

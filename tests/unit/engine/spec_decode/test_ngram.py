@@ -1,6 +1,7 @@
 import numpy as np
+import pytest
 
-from backend.engine.spec_decode.ngram import lookup
+from backend.engine.spec_decode.ngram_index import lookup
 
 
 def t(*xs):
@@ -39,11 +40,18 @@ def test_matches_a_brute_force_search():
         assert lookup(np.asarray(tokens), lo, hi, 3) == _brute_force(tokens, lo, hi, 3), (tokens, lo, hi)
 
 
-def test_proposer_arrays_follow_the_requests():
-    """The proposer keeps each request's tokens in an array appended to step by step: its
-    proposals are lookup's over the whole token list, as outputs grow, shrink, are replaced,
-    and requests come and go."""
+@pytest.mark.parametrize("scan_max", [None, 10])
+def test_proposer_arrays_follow_the_requests(monkeypatch, scan_max):
+    """The proposer keeps each request's tokens in an array appended to step by step, and
+    (past the scan's threshold: 10 tokens here) their index: its proposals are lookup's
+    over the whole token list, as outputs grow, shrink, are replaced, and requests come
+    and go."""
     import random
+
+    from backend.engine.spec_decode import ngram_index
+    if scan_max is not None:
+        monkeypatch.setattr(ngram_index, "SCAN_MAX_TOKENS", scan_max)
+        monkeypatch.setattr(ngram_index, "MIN_PENDING", 8)
 
     from backend.engine.request import Request
     from backend.engine.spec_decode.ngram import NgramProposer
