@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional, Union
 
 from backend.engine.errors import EngineDeadError
 from backend.engine.gc_policy import freeze_heap
+from backend.engine.intake import PreparedPrompt
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
@@ -47,7 +48,7 @@ class RequestStopped(RequestCancelled):
 
 @dataclass
 class _Add:
-    prompt: Prompt
+    prompt: PreparedPrompt
     params: SamplingParams
     request_id: str
     callback: OutputCallback
@@ -133,8 +134,11 @@ class EngineLoop:
             callback(error_output(request_id, EngineDeadError(
                 "the engine is shutting down" if self.error is None else f"the engine failed: {self.error}")))
             return stream
+        arrival_time = time.monotonic()
+        # The text work on this (the caller's) thread: the engine thread only checks and schedules.
+        prepared = self.engine.prepare(prompt, params)
         self._count(+1)
-        self._inbox.put(_Add(prompt, params, request_id, callback, time.monotonic()))
+        self._inbox.put(_Add(prepared, params, request_id, callback, arrival_time))
         return stream
 
     def abort(self, request_id: str, reason: Optional[Exception] = None) -> None:

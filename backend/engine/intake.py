@@ -2,15 +2,20 @@
 (limits, prompt, max_tokens against max_model_len, LoRA adapter, queue size) with an
 error that names what is wrong, then handed to the scheduler (a guided one waits there
 for its grammar), its deadline kept; aborts and the output side's stop-string hits. Part of LLMEngine (a mixin over
-its state: scheduler, limits, outputs, deadlines)."""
+its state: scheduler, limits, outputs, deadlines).
+
+The text work (the prompt's tokens, the bad words') is `prepare`, which touches no
+engine state: EngineLoop runs it on the caller's thread, so the engine thread only
+checks and schedules."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
 
-from backend.engine.bad_words import resolve as resolve_bad_words
+from backend.engine.bad_words import BadWords, resolve as resolve_bad_words
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError, check_token_ids
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
@@ -19,6 +24,16 @@ from backend.lora import cache_salt
 from backend.sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class PreparedPrompt:
+    """A request's text work, done before the engine takes it. An error is kept, not
+    raised, so that the intake reports a request's problems in its usual order."""
+    token_ids: Optional[list[int]]
+    bad_words: Optional[BadWords]
+    prompt_error: Optional[Exception] = None
+    bad_words_error: Optional[Exception] = None
 
 
 class RequestIntake:
@@ -30,6 +45,21 @@ class RequestIntake:
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
+    def prepare(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> PreparedPrompt:
+        """The prompt's token ids and the bad words' sequences. Reads the tokenizer and the
+        model's config only: safe on any thread."""
+        prepared = PreparedPrompt(None, None)
+        try:
+            prepared.bad_words = resolve_bad_words(params or SamplingParams(), self.tokenizer,
+                                                   self.model_config.vocab_size)
+        except Exception as e:          # (raised where the intake checks bad words)
+            prepared.bad_words_error = e
+        try:
+            prepared.token_ids = self.tokenize(prompt)
+        except Exception as e:
+            prepared.prompt_error = e
+        return prepared
+
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
         """A request into the engine, its output side inline (step's RequestOutputs)."""
@@ -37,11 +67,13 @@ class RequestIntake:
         self.outputs.add(request.request_id, request.prompt_token_ids, request.sampling_params)
         return request
 
-    def add_core_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+    def add_core_request(self, prompt: Union[Prompt, PreparedPrompt], params: Optional[SamplingParams] = None,
                          request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
         """A request into the engine alone: its outputs come out of core_step, for an
-        output side elsewhere (engine_loop.py). Raises on a request the engine refuses."""
+        output side elsewhere (engine_loop.py). `prompt` may come prepared (`prepare`, on
+        the caller's thread). Raises on a request the engine refuses."""
         params = params or SamplingParams()
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt, params)
         self.limits.check(params)
         if params.n != 1:
             raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
@@ -64,9 +96,13 @@ class RequestIntake:
         if pooling and params.prompt_logprobs is not None:
             raise InvalidRequestError("this is an embedding model (runner 'pooling'): it computes no logits, so "
                                       "sampling parameter 'prompt_logprobs' does not apply")
-        bad_words = resolve_bad_words(params, self.tokenizer, self.model_config.vocab_size)
+        if prepared.bad_words_error is not None:
+            raise prepared.bad_words_error
+        bad_words = prepared.bad_words
         self._validate_logit_bias(params)
-        token_ids = self.tokenize(prompt)
+        if prepared.prompt_error is not None:
+            raise prepared.prompt_error
+        token_ids = prepared.token_ids
         self._validate_prompt(token_ids, room_for_output=not pooling)
         check_token_ids(params.reasoning_end_token_ids or (), self.model_config.vocab_size,
                         "sampling parameter 'reasoning_end_token_ids'")

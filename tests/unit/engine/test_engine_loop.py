@@ -147,6 +147,42 @@ def test_text_and_stop_strings_run_on_the_output_thread(tiny_ckpt, monkeypatch):
     assert_pool_free(llm.engine)
 
 
+def test_tokenizing_runs_on_the_callers_thread(tiny_ckpt):
+    """The prompt's text and the bad words are tokenized on the thread that adds the
+    request, never on the engine thread; their errors still reach the request alone, in
+    the intake's order (a limit before the bad words, the bad words before the prompt)."""
+    llm = LLM(tiny_ckpt, block_size=4, num_kv_blocks=256)
+    tokenizer = llm.engine.tokenizer
+    threads = []
+    real = tokenizer.encode
+
+    def recording(*a, **kw):
+        threads.append(threading.current_thread().name)
+        return real(*a, **kw)
+    tokenizer.encode = recording
+    loop = EngineLoop(llm.engine).start()
+    try:
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, bad_words=["Paris", "London"])
+        expected = LLM(tiny_ckpt, block_size=4, num_kv_blocks=256).generate("The capital of France is", params)[0]
+        threads.clear()
+        outs = list(loop.add_request("The capital of France is", params, "s"))
+        assert [t for o in outs for t in o.new_token_ids] == expected.token_ids
+        assert threads and set(threads) == {threading.current_thread().name}
+        tokenizer.encode = lambda *a, **kw: (_ for _ in ()).throw(ValueError("cannot tokenize"))
+        out = list(loop.add_request("text", SamplingParams(max_tokens=4, bad_words=["x"]), "bad"))
+        assert len(out) == 1 and isinstance(out[0].error, ValueError)
+        out = list(loop.add_request("text", SamplingParams(max_tokens=4, logprobs=10_000, bad_words=["x"]), "limits"))
+        assert isinstance(out[0].error, InvalidRequestError) and "logprobs" in str(out[0].error)
+        out = list(loop.add_request([10 ** 9], SamplingParams(max_tokens=4, bad_words_token_ids=[[10 ** 9]]), "ids"))
+        assert isinstance(out[0].error, InvalidRequestError) and "bad_words_token_ids" in str(out[0].error)
+        tokenizer.encode = real
+        assert list(loop.add_request([5, 6, 7], P, "good"))[-1].finish_reason == "length"
+    finally:
+        tokenizer.encode = real
+        loop.stop()
+    assert_pool_free(llm.engine)
+
+
 def test_a_failing_callback_aborts_its_request_alone(loop):
     def broken(out):
         raise ConnectionError("client gone")
