@@ -141,9 +141,10 @@ class StructuredOutput:
 
 
 class AwaitingGrammar:
-    """Guided requests whose grammar is still compiling, held back from the scheduler.
-    Host work per step grows with the compiles that finished or came due, not with the
-    number waiting: finished ones arrive on a queue, time limits sit in a heap."""
+    """The compiles of guided requests that wait as WAITING_FOR_GRAMMAR (in the
+    scheduler's waiting queue), for the StructuredOutputManager. Host work per step grows
+    with the compiles that finished or came due, not with the number waiting: finished
+    ones arrive on a queue, time limits sit in a heap."""
 
     def __init__(self, compile_timeout_s: float) -> None:
         self._items: dict[str, tuple[object, Job]] = {}
