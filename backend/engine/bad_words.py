@@ -1,9 +1,10 @@
 """Bad words (vLLM's `bad_words`, TensorRT-LLM's `bad_words` / `bad_words_list`): token
 sequences a request must never generate.
 
-Request side, once per request (`resolve`, called by the intake): each word is tokenized
-as vLLM does it, without and with a leading space (so that a word is banned at the start
-of the text and after a space), the spaced form kept when it starts with another token
+Request side, once per request (`resolve`, from RequestIntake.prepare: on the adding
+thread under EngineLoop): each word is tokenized as vLLM does it, without and with a
+leading space (so that a word is banned at the start of the text and after a space),
+the spaced form kept when it starts with another token
 (see tokenize_words); ids given as ids (TensorRT-LLM's `bad_words_list`, our
 `bad_words_token_ids`) are taken as they are. The result, a `BadWords`, rides on the
 Request.
