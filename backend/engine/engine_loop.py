@@ -112,6 +112,9 @@ class EngineLoop:
         self._idle_wait_s = idle_wait_s
         self._stop = threading.Event()
         self._accepting = True
+        # Set (under the lock) once the engine thread has drained its inbox for good.
+        self._intake_lock = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._output_thread = threading.Thread(target=self._run_outputs, name="engine-outputs", daemon=True)
         self.error: Optional[BaseException] = None
@@ -130,15 +133,24 @@ class EngineLoop:
         stream = None
         if callback is None:
             stream = callback = RequestStream()
-        if not self._accepting or self.error is not None:
-            callback(error_output(request_id, EngineDeadError(
-                "the engine is shutting down" if self.error is None else f"the engine failed: {self.error}")))
-            return stream
+        if not self._open():
+            return self._refuse(request_id, callback, stream)
         arrival_time = time.monotonic()
         # The text work on this (the caller's) thread: the engine thread only checks and schedules.
         prepared = self.engine.prepare(prompt, params)
-        self._count(+1)
-        self._inbox.put(_Add(prepared, params, request_id, callback, arrival_time))
+        with self._intake_lock:         # (never after _close drained the inbox: nothing would read it)
+            queued = self._open()
+            if queued:
+                self._count(+1)
+                self._inbox.put(_Add(prepared, params, request_id, callback, arrival_time))
+        return stream if queued else self._refuse(request_id, callback, stream)
+
+    def _open(self) -> bool:
+        return self._accepting and self.error is None and not self._closed
+
+    def _refuse(self, request_id: str, callback: OutputCallback, stream):
+        callback(error_output(request_id, EngineDeadError(
+            f"the engine failed: {self.error}" if self.error is not None else "the engine is shutting down")))
         return stream
 
     def abort(self, request_id: str, reason: Optional[Exception] = None) -> None:
@@ -220,11 +232,15 @@ class EngineLoop:
     def _close(self, error: Exception) -> None:
         """The engine thread's end: requests still queued fail; those in the engine are
         aborted (their blocks freed) and the output thread fails them."""
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        with self._intake_lock:
+            self._closed = True
+            queued = []
+            while True:
+                try:
+                    queued.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+        for item in queued:
             if isinstance(item, _Add):
                 self._deliver_final(item.callback, error_output(item.request_id, error))
         try:

@@ -183,6 +183,34 @@ def test_tokenizing_runs_on_the_callers_thread(tiny_ckpt):
     assert_pool_free(llm.engine)
 
 
+def test_a_request_still_being_prepared_at_shutdown_gets_an_error(llama_ckpt):
+    """A request whose prompt is being prepared on its caller's thread while the loop
+    stops is refused with an error once prepared, never queued behind a drained inbox
+    (where its stream would wait forever)."""
+    import queue
+    engine = LLMEngine(EngineArgs.create(model=llama_ckpt, block_size=4, num_kv_blocks=32, max_num_seqs=2))
+    loop = EngineLoop(engine).start()
+    entered, release = threading.Event(), threading.Event()
+    real = engine.prepare
+
+    def slow(prompt, params):
+        entered.set()
+        release.wait(5)
+        return real(prompt, params)
+    engine.prepare = slow
+    got: "queue.Queue" = queue.Queue()
+    adding = threading.Thread(target=lambda: loop.add_request([5, 6, 7], P, "late", callback=got.put))
+    adding.start()
+    assert entered.wait(5)
+    loop.stop(grace_period_s=0.2)
+    release.set()
+    adding.join(5)
+    out = got.get(timeout=2)
+    assert out.finished and isinstance(out.error, EngineDeadError)
+    assert loop.num_in_flight == 0
+    assert_pool_free(engine)
+
+
 def test_a_failing_callback_aborts_its_request_alone(loop):
     def broken(out):
         raise ConnectionError("client gone")
