@@ -185,6 +185,8 @@ class RequestIntake:
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
+        if self.speculator is not None:
+            self.speculator.forget([request_id])
         return EngineCoreOutput(request_id, [], finish_reason="abort", num_cached_tokens=request.num_cached_tokens)
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
@@ -206,4 +208,6 @@ class RequestIntake:
         "stop" (their blocks free at once). Those that finished meanwhile are skipped."""
         for request_id in request_ids:
             self.scheduler.stop_request(request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request_ids)
 

@@ -341,6 +341,7 @@ class LLMEngine(RequestIntake):
         outputs = self.scheduler.update_from_output(sched, result)
         if self.speculator is not None:
             self.speculator.record(sched.scheduled)
+            self.speculator.forget(s.request.request_id for s in sched.scheduled if s.request.is_finished)
             if not self.speculator.in_runner:
                 running = [s.request for s in sched.scheduled if not s.request.is_finished]
                 ahead = {s.request.request_id for s in in_flight.scheduled} if in_flight else set()

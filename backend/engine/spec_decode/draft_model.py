@@ -71,6 +71,9 @@ class DraftModelProposer:
 
     in_runner = True        # runs inside the runner's step, into slots the scheduler reserved
 
+    def forget(self, request_ids) -> None:
+        """Nothing is kept per request (the draft's K/V lives in the target's blocks)."""
+
     @torch.inference_mode()
     def propose(self, sched, sampled_token_ids: list[list[int]]) -> Proposals:
         """Proposals after the step `sched` (its ScheduledRequests), whose new tokens per

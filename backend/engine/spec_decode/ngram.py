@@ -78,12 +78,17 @@ class NgramProposer:
         kept.index.update(tokens)
         return kept.index.lookup(tokens, k)
 
+    def forget(self, request_ids) -> None:
+        for request_id in request_ids:
+            self._tokens.pop(request_id, None)
+
     def propose(self, running: list, eligible: list[tuple[object, int]]) -> Proposals:
         proposals = Proposals({request.request_id: (self.lookup(request, k), None) for request, k in eligible})
-        # Arrays of requests that finished go (a preempted one's stays while it still describes
-        # the request: sync checks). Not by `running`: with async scheduling a speculating
-        # request sits out every other step. Pruned only past a doubling mark, so a step
-        # does not walk every array.
+        # Arrays of requests that finished go: at once through `forget` when they end in the
+        # engine, and here any the engine did not name (a preempted one's stays while it
+        # still describes the request: sync checks). Not by `running`: with async
+        # scheduling a speculating request sits out every other step. Pruned only past a
+        # doubling mark, so a step does not walk every array.
         if len(self._tokens) > self._prune_at:
             self._tokens = {rid: t for rid, t in self._tokens.items()
                             if (r := t.ref()) is not None and not r.is_finished}

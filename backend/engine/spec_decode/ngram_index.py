@@ -106,7 +106,7 @@ class NgramIndex:
                 ends.append(np.arange(n - 1, upto, dtype=np.int64))
         keys = np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64)
         ends = np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
-        order = np.argsort(keys, kind="stable")        # equal keys keep their ends ascending
+        order = np.lexsort((ends, keys))               # by key, then end: a key's last is its latest end
         sorted_keys = keys[order]
         last = np.ones(sorted_keys.shape[0], dtype=bool)
         last[:-1] = sorted_keys[1:] != sorted_keys[:-1]

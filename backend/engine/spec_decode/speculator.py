@@ -68,6 +68,11 @@ class Speculator:
         the step. Nothing here changes a request: the scheduler applies the result."""
         return self.proposer.propose(running, eligible)
 
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """These requests ended: the proposer drops what it keeps for them (a long
+        request's n-gram index holds megabytes)."""
+        self.proposer.forget(request_ids)
+
     def record(self, scheduled: Iterable) -> None:
         for s in scheduled:
             if s.spec_token_ids:

@@ -93,3 +93,28 @@ def test_arrays_of_finished_requests_are_pruned():
         r.status = RequestStatus.FINISHED
         done.append(r)                  # (kept alive: pruned for finishing, not for being collected)
     assert "live" in proposer._tokens and len(proposer._tokens) <= 66
+
+
+def test_the_engine_drops_a_requests_arrays_when_it_ends(llama_ckpt):
+    """Finished, aborted and stopped requests' token arrays (and indexes) go when they end,
+    not at the next doubling of the prune mark."""
+    from backend import LLM, SamplingParams
+    from tests.conftest import assert_pool_free, random_prompts
+    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=128,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+                                  "prompt_lookup_max": 2})
+    proposer = llm.engine.speculator.proposer
+    llm.generate(random_prompts(3, [12, 20], vocab=8, seed=2), SamplingParams(max_tokens=10, temperature=0))
+    assert proposer._tokens == {}
+    engine = llm.engine
+    engine.add_request([1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=50, temperature=0), request_id="a")
+    engine.add_request([3, 4, 3, 4, 3, 4], SamplingParams(max_tokens=50, temperature=0), request_id="s")
+    for _ in range(4):
+        engine.step()
+    assert {"a", "s"} <= set(proposer._tokens)
+    engine.abort_request("a")
+    engine.stop_requests(["s"])
+    assert proposer._tokens == {}
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_pool_free(llm)

@@ -54,6 +54,21 @@ def test_hash_collisions_fall_back_to_the_scan(monkeypatch):
         _grow(rng, index, rng.integers(0, 4, 60).tolist(), 200, 3, 4)
 
 
+def test_a_key_shared_across_n_keeps_its_latest_end(monkeypatch):
+    """A salt that gives the 3-gram (7, 1, 2) the key of the 2-gram (1, 2): the array must
+    keep that key's latest end, whichever n it came from, so the index still proposes
+    the 2-gram's latest occurrence (the scan's 200, not the 3-gram's older 100)."""
+    monkeypatch.setattr(ngram_index, "SALT", (-7 * pow(ngram_index.BASE, 2, 1 << 64)) & ((1 << 64) - 1))
+    monkeypatch.setattr(ngram_index, "SCAN_MAX_TOKENS", 10)
+    monkeypatch.setattr(ngram_index, "MIN_PENDING", 4)
+    tokens = np.asarray(list(range(20, 32)) + [7, 1, 2, 100, 8, 1, 2, 200, 40, 41, 42, 9, 1, 2], dtype=np.int32)
+    index = NgramIndex(2, 3)
+    index.update(tokens)
+    assert index._keys.size and not index._recent           # (the array answers)
+    assert lookup(tokens, 2, 3, 1) == [200]
+    assert index.lookup(tokens, 1) == [200]
+
+
 def test_a_steps_work_does_not_grow_with_the_context(monkeypatch):
     """A 2,000-token prompt grown one token a step to 20,000 tokens, past the scan's
     threshold: the scan never runs, the rebuilds index at most a few times the tokens in
