@@ -8,7 +8,9 @@ health_report.py) and /proc:
    the GIL, so its own watchdog cannot run);
  - engine_failed / engine_stalled: the stub reports it (its watchdog saw the engine loop
    die, or wait with work and no step for `engine_stall_timeout_s`);
- - server_exited: tritonserver itself ended.
+ - server_exited: tritonserver itself ended, its stubs still running (one already gone
+   makes it backend_died: Triton's python backend can abort the server on a stub killed
+   mid-call, faster than a poll).
 
 Recover:
  - engine_failed / engine_stalled: the stub has already failed its in-flight requests and
@@ -99,14 +101,21 @@ class Supervisor:
             shutil.rmtree(self.o.health_dir, ignore_errors=True)
 
     def check(self) -> Optional[Failure]:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            return Failure("server_exited", f"tritonserver exited with code {code}")
+        exited = self.proc is None or self.proc.poll() is not None
+        server_exit = f"tritonserver exited with code {None if self.proc is None else self.proc.returncode}"
         for r in read_reports(self.o.health_dir).values():
             if r.pid in self._handled:
                 continue
             failure = None
-            if r.state == UNHEALTHY:
+            if exited:
+                # A stub already gone when the server is found exited died first: Triton's
+                # python backend can abort the server on a stub killed mid-call (a
+                # boost::interprocess lock_exception), faster than a poll. A server that
+                # ended on its own leaves its stubs running until they notice.
+                if r.state == SERVING and not processes.alive(r.pid, r.instance):
+                    failure = Failure("backend_died", f"the backend process of '{r.instance}' (pid {r.pid}) "
+                                      f"exited without stopping, then {server_exit}", r.model)
+            elif r.state == UNHEALTHY:
                 failure = Failure(r.kind or "engine_failed", r.cause, r.model)
             elif r.state == SERVING and not processes.alive(r.pid, r.instance):
                 failure = Failure("backend_died", f"the backend process of '{r.instance}' (pid {r.pid}) "
@@ -118,7 +127,7 @@ class Supervisor:
             if failure is not None:
                 self._handled.add(r.pid)
                 return failure
-        return None
+        return Failure("server_exited", server_exit) if exited else None
 
     # ------------------------------------------------------------- recover
     def recover(self, failure: Failure) -> None:

@@ -48,6 +48,32 @@ def test_server_exit_is_a_failure(sup):
     assert sup.check().kind == "server_exited"
 
 
+def test_a_stub_gone_before_the_server_is_the_cause(sup):
+    """Triton's python backend can abort the server on a stub killed mid-call, faster than
+    a poll: a stub already gone when the server is found exited is the failure's cause
+    (a server that ends on its own leaves its stubs running for seconds)."""
+    stub = child("llm_0_0")
+    report(sup, stub.pid)
+    stub.kill()
+    stub.wait()
+    sup.proc.kill()
+    sup.proc.wait()
+    f = sup.check()
+    assert f.kind == "backend_died" and str(stub.pid) in f.cause and "tritonserver exited" in f.cause
+    assert sup.check().kind == "server_exited"      # (the stub is handled; the server is still down)
+
+
+def test_a_server_that_exits_with_its_stubs_running_is_server_exited(sup):
+    stub = child("llm_0_0")
+    try:
+        report(sup, stub.pid)
+        sup.proc.kill()
+        sup.proc.wait()
+        assert sup.check().kind == "server_exited"
+    finally:
+        stub.kill()
+
+
 def test_dead_backend_is_detected_once(sup):
     stub = child("llm_0_0")
     report(sup, stub.pid)
