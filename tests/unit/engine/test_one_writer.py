@@ -109,3 +109,30 @@ def test_a_write_from_elsewhere_is_seen(watch_writes):
     watch_writes.clear()
     r.num_preemptions = 1
     assert watch_writes == {"test_one_writer.py"}
+
+
+def test_only_the_scheduler_side_writes_requests_under_the_serving_loop(tiny_ckpt, watch_writes):
+    """As a server runs it (EngineLoop: engine thread, output thread): stop strings found
+    on the output thread, an abort from the caller's, n-gram speculation under async
+    scheduling."""
+    from backend.engine.engine_loop import EngineLoop
+    llm = LLM(tiny_ckpt, block_size=4, num_kv_blocks=60, max_num_seqs=8, max_num_batched_tokens=40,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                  "prompt_lookup_min": 1})
+    loop = EngineLoop(llm.engine).start()
+    try:
+        prompts = random_prompts(4, [30, 12], vocab=300, seed=6)
+        streams = [loop.add_request(p, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True,
+                                                      stop=["e", "a"] if i % 2 else None), f"s{i}")
+                   for i, p in enumerate(prompts)]
+        long = loop.add_request(prompts[0], SamplingParams(max_tokens=200, min_tokens=200, ignore_eos=True), "long")
+        rest = iter(long)
+        next(rest)
+        loop.abort("long")
+        assert list(rest)[-1].error is not None
+        finals = [list(s)[-1] for s in streams]
+        assert {o.finish_reason for o in finals} >= {"stop", "length"}, [o.finish_reason for o in finals]
+    finally:
+        loop.stop()
+    assert "scheduler.py" in watch_writes and watch_writes <= SCHEDULER_SIDE, watch_writes - SCHEDULER_SIDE
+    assert_pool_free(llm)
