@@ -107,19 +107,18 @@ class Supervisor:
             if r.pid in self._handled:
                 continue
             failure = None
-            if exited:
-                # A stub already gone when the server is found exited died first: Triton's
-                # python backend can abort the server on a stub killed mid-call (a
-                # boost::interprocess lock_exception), faster than a poll. A server that
-                # ended on its own leaves its stubs running until they notice.
-                if r.state == SERVING and not processes.alive(r.pid, r.instance):
-                    failure = Failure("backend_died", f"the backend process of '{r.instance}' (pid {r.pid}) "
-                                      f"exited without stopping, then {server_exit}", r.model)
+            if r.state == SERVING and not processes.alive(r.pid, r.instance):
+                # Found with the server exited, the stub died first: Triton's python backend
+                # can abort the server on a stub killed mid-call (a boost::interprocess
+                # lock_exception), faster than a poll, while a server that ends on its own
+                # leaves its stubs running until they notice.
+                then = f", then {server_exit}" if exited else ""
+                failure = Failure("backend_died", f"the backend process of '{r.instance}' (pid {r.pid}) "
+                                  f"exited without stopping{then}", r.model)
+            elif exited:
+                continue
             elif r.state == UNHEALTHY:
                 failure = Failure(r.kind or "engine_failed", r.cause, r.model)
-            elif r.state == SERVING and not processes.alive(r.pid, r.instance):
-                failure = Failure("backend_died", f"the backend process of '{r.instance}' (pid {r.pid}) "
-                                  "exited without stopping", r.model)
             elif r.state == SERVING and time.time() - r.time > r.stale_after_s:
                 failure = Failure("backend_unresponsive", f"the backend process of '{r.instance}' (pid {r.pid}) "
                                   f"sent no heartbeat for {time.time() - r.time:.0f}s", r.model)
