@@ -87,12 +87,20 @@ class NgramIndex:
         first = max(self.indexed - self.n_max + 1, 0)
         window = tokens[first:upto].tolist()
         for e in range(self.indexed, upto):
-            h = 0
-            for n in range(1, min(self.n_max, e + 1) + 1):
-                h = (h + window[e - n + 1 - first] * self._pow[n - 1]) & _MASK
-                if n >= self.n_min:
-                    self._recent[(h + self._salt[n]) & _MASK] = e
+            for key in self._keys_ending(window, e - first):
+                self._recent[key] = e
         self.indexed = upto
+
+    def _keys_ending(self, window: list[int], end: int) -> list[int]:
+        """The keys of the n-grams (n_min..n_max, shortest first) that end at
+        window[end]; as many as the window holds tokens up to there (the window starts at
+        the sequence's start or at least n_max - 1 tokens before `end`)."""
+        keys, h = [], 0
+        for n in range(1, min(self.n_max, end + 1) + 1):
+            h = (h + window[end - n + 1] * self._pow[n - 1]) & _MASK
+            if n >= self.n_min:
+                keys.append((h + self._salt[n]) & _MASK)
+        return keys
 
     def _rebuild(self, tokens: np.ndarray, upto: int) -> None:
         """The array over every end before `upto`, in one vectorised pass; the dict emptied."""
@@ -126,12 +134,7 @@ class NgramIndex:
         if top < self.n_min:
             return []
         tail = tokens[L - top:].tolist()
-        queries, h = [], 0
-        for n in range(1, top + 1):
-            h = (h + tail[-n] * self._pow[n - 1]) & _MASK
-            if n >= self.n_min:
-                queries.append((h + self._salt[n]) & _MASK)
-        queries.reverse()                   # longest n first
+        queries = self._keys_ending(tail, top - 1)[::-1]       # longest n first
         found = [self._recent.get(q) for q in queries]      # (newer than any end in the array)
         size = self._keys.shape[0]
         if None in found and size:
