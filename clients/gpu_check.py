@@ -372,6 +372,9 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
                         "greedy_tokens": sum(len(r) for r in reference),
                         "sampled_completed": all(len(o.token_ids) == 32 for o in sampled),
                         "acceptance_rate": stats["spec_decode_acceptance_rate"]}
+        drafter = llm.engine.runner.drafter
+        if drafter is not None:     # the draft model's own CUDA graphs (0: eager; the log says why)
+            report[name]["draft_graphs_captured"] = len(drafter.graphs.shapes) if drafter.graphs else 0
         _free(llm)
         del llm
         _release()

@@ -16,6 +16,10 @@ gathered from the graph's (num_seqs x query_len rows). The graphs run the one-to
 attention kernel (a program per token), which takes any mix of query lengths. Not with
 LoRA (its row groups are static per decode row): verify steps run eagerly there.
 
+A draft model (spec_decode/draft_model.py) gets graphs of its own, captured the same way
+over its own step buffers: its decode ladder for the one-token forwards that propose,
+its verify ladder (k + 1 tokens a row) for the catch-up after a verification.
+
 Before a graph serves anything it is replayed once against the eager forward on the
 same inputs; a mismatch, or any capture error, logs why and leaves the engine eager.
 The split-KV factor of the attention kernel is fixed per graph (its launch grid is
@@ -106,11 +110,17 @@ class DecodeGraphs:
     def size_for(self, out: SchedulerOutput) -> Optional[GraphShape]:
         """The smallest graph that holds the step, or None (eager)."""
         q = needs_query_len(out)
-        if q == 1:
-            size = graph_size_for(len(out.scheduled), self.sizes)
+        return self.shape_for(len(out.scheduled), q) if q is not None else None
+
+    def shape_for(self, num_seqs: int, query_len: int) -> Optional[GraphShape]:
+        """The smallest graph that holds num_seqs rows of at most query_len tokens each,
+        every row sampled: a decode graph for one token a row, a verify graph up to its
+        tokens per row; None (eager) past both ladders."""
+        if query_len == 1:
+            size = graph_size_for(num_seqs, self.sizes)
             return GraphShape(size) if size is not None else None
-        if q is not None and q <= self.verify_query_len:
-            size = graph_size_for(len(out.scheduled), self.verify_sizes)
+        if query_len <= self.verify_query_len:
+            size = graph_size_for(num_seqs, self.verify_sizes)
             return GraphShape(size, self.verify_query_len) if size is not None else None
         return None
 
@@ -119,6 +129,15 @@ class DecodeGraphs:
         graph's logits buffer ([shape.num_tokens, V], overwritten by the next replay)."""
         self.graphs[shape].replay()
         return self.logits[shape]
+
+
+def sampled_logits(logits: torch.Tensor, shape: GraphShape, step) -> torch.Tensor:
+    """The rows of a graph's logits (every padded row's) that `step` samples, in order:
+    a decode graph's row i is sequence i's when every sequence samples; otherwise they
+    are gathered by the step's logits_indices."""
+    if shape.query_len == 1 and step.num_logits == step.num_seqs:
+        return logits[:step.num_seqs]
+    return logits.index_select(0, step.logits_indices[:step.num_logits])
 
 
 def verify_query_len(args) -> int:
@@ -139,9 +158,11 @@ def graph_ladders(max_num_seqs: int, verify_query_len: int, max_num_tokens: int)
 
 @torch.inference_mode()
 def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int,
-                          verify_query_len: int = 0) -> Optional[DecodeGraphs]:
+                          verify_query_len: int = 0, of: str = "the model") -> Optional[DecodeGraphs]:
     """Capture, check against eager, and return the graphs; None (engine stays eager)
-    on any failure, with the reason logged."""
+    on any failure, with the reason logged. `runner`: what runs the forward (its model,
+    kv_caches, step inputs, device, block_size and lora), the ModelRunner or a draft
+    model's proposer; `of` names it in the log."""
     from backend.attention.triton_attention import choose_num_splits
     model, caches = runner.model, runner.kv_caches
     cfg = model.config
@@ -179,13 +200,13 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int,
         graphs.memory_bytes = free_before - torch.cuda.mem_get_info(runner.device)[0]
         mismatch = _check_against_eager(graphs, runner, rng, splits)
     except Exception as e:  # noqa: BLE001 - any capture failure means: serve eagerly
-        logger.warning("CUDA graph capture failed, running eagerly: %s: %s", type(e).__name__, e)
+        logger.warning("CUDA graph capture of %s failed, running eagerly: %s: %s", of, type(e).__name__, e)
         return None
     if mismatch:
-        logger.warning("CUDA graphs disagree with the eager step (%s); running eagerly", mismatch)
+        logger.warning("CUDA graphs of %s disagree with the eager step (%s); running eagerly", of, mismatch)
         return None
-    logger.info("captured %d decode CUDA graphs (batch sizes %s) and %d verify graphs (%d tokens per row, "
-                "batch sizes %s) in %.1f s using %.1f MiB", len(graphs.sizes), graphs.sizes,
+    logger.info("captured %d decode CUDA graphs of %s (batch sizes %s) and %d verify graphs (%d tokens per row, "
+                "batch sizes %s) in %.1f s using %.1f MiB", len(graphs.sizes), of, graphs.sizes,
                 len(graphs.verify_sizes), graphs.verify_query_len, graphs.verify_sizes,
                 graphs.capture_seconds, graphs.memory_bytes / 2**20)
     return graphs

@@ -151,7 +151,7 @@ class LLMEngine(RequestIntake):
                                                       baseline_in_use=startup[1] - startup[0])
         self.num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
             args, cfg, self.device, self.dtype, self.use_cuda_graphs, bytes_per_block, self.memory_profile,
-            num_samplers=1 if draft is None else 2)
+            num_samplers=1 if draft is None else 2, draft_cfg=draft[1] if draft is not None else None)
         self.max_model_len = sizing.resolve_max_model_len(args, cfg, self.num_kv_blocks)
         self.kv_cache_bytes = self.num_kv_blocks * bytes_per_block
 
@@ -203,6 +203,10 @@ class LLMEngine(RequestIntake):
             if self.speculator.in_runner:       # the draft proposes inside the runner's step
                 self.runner.drafter = self.speculator.proposer
                 self.scheduler.num_lookahead_tokens = spec.num_speculative_tokens
+                if self.use_cuda_graphs:        # (a draft runs on one rank: no collectives)
+                    self.runner.drafter.graphs = capture_decode_graphs(
+                        self.runner.drafter, args.max_num_seqs, self.max_model_len,
+                        spec.num_speculative_tokens + 1, of="the draft model")
         self.outputs = OutputProcessor(self.tokenizer)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test

@@ -15,6 +15,7 @@ from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs, prompt_logprobs
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.cpu_shards import ShardedForward
+from backend.engine.cuda_graphs import sampled_logits
 from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
@@ -116,9 +117,7 @@ class ModelRunner:
             logits = model.compute_logits(model(step.input_ids, step.positions, self.kv_caches, step.meta))
         if logits is None:                  # (gathered on rank 0 only)
             return None
-        if graph.query_len == 1:
-            return logits[:step.num_seqs]
-        return logits.index_select(0, step.logits_indices[:step.num_logits])
+        return sampled_logits(logits, graph, step)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:

@@ -120,11 +120,11 @@ def check_tensor_parallel_size(cfg: ModelConfig, tp_size: int, device: torch.dev
 
 def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                        use_cuda_graphs: bool, bytes_per_block: int, profile: MemoryProfile | None = None,
-                       num_samplers: int = 1) -> int:
+                       num_samplers: int = 1, draft_cfg: ModelConfig | None = None) -> int:
     """KV blocks (per rank) from kv_cache_memory_bytes; else on CUDA from the profile
     (cuda_kv_budget: a share of total memory), less the penalty tables of num_samplers
     samplers (a draft model has its own), the draft's proposal distributions and the CUDA
-    graphs' pool; else 1 GiB (CPU)."""
+    graphs' pools (the draft model's, `draft_cfg`, too); else 1 GiB (CPU)."""
     budget = args.kv_cache_memory_bytes
     what = "kv_cache_memory_bytes"
     if budget is None and device.type == "cuda":
@@ -138,8 +138,12 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
             reserved_what += ", the draft's proposal distributions"
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
-            reserved += estimate_graph_bytes(cfg, graph_rows(args), torch.tensor([], dtype=dtype).element_size())
+            dtype_bytes = torch.tensor([], dtype=dtype).element_size()
+            reserved += estimate_graph_bytes(cfg, graph_rows(args), dtype_bytes)
             reserved_what += " and the CUDA graphs' pool"
+            if draft_cfg is not None:
+                reserved += estimate_graph_bytes(draft_cfg, draft_graph_rows(args), dtype_bytes)
+                reserved_what += "s (the target's and the draft model's)"
         budget = cuda_kv_budget(profile, args.gpu_memory_utilization, reserved, reserved_what)
         what = "gpu_memory_utilization"
     elif budget is None:
@@ -155,6 +159,15 @@ def graph_rows(args: EngineArgs) -> int:
     """Token rows of the largest CUDA graph the engine captures: max_num_seqs decode rows,
     or a verify graph's num_seqs x (k + 1) under speculative decoding (without LoRA)."""
     ladders = graph_ladders(args.max_num_seqs, verify_query_len(args), input_sizes(args, 0)[0])
+    return max(shape.num_tokens for shape in ladders.shapes)
+
+
+def draft_graph_rows(args: EngineArgs) -> int:
+    """Token rows of the draft model's largest CUDA graph: its decode ladder, and its
+    verify ladder of k + 1 tokens a row over its step buffers (tokens + sequences; LoRA
+    or not: the draft has none)."""
+    tokens, seqs, _ = input_sizes(args, 0)
+    ladders = graph_ladders(args.max_num_seqs, args.speculative_config.num_speculative_tokens + 1, tokens + seqs)
     return max(shape.num_tokens for shape in ladders.shapes)
 
 

@@ -20,6 +20,12 @@ plus the step's new tokens (read, never written). For the step's requests it
    device-to-host copy, at the end, of all the proposals.
 The distributions go with the proposals to the rejection sampler, which needs q.
 
+On CUDA the draft has CUDA graphs of its own (captured by the engine after the target's,
+backend/engine/cuda_graphs.py), over its own step inputs: the one-token forwards replay
+its decode ladder, and a catch-up of at most k + 1 tokens a row (a verification's
+accepted tokens and the target's next: the steady state) its verify ladder. A catch-up
+over a prompt runs eagerly, as do steps past both ladders.
+
 A prefix-cache hit reuses the draft's K/V of the hit blocks too. It is whatever the
 draft wrote there: right unless the request that computed the block was preempted or
 aborted while its step was in flight (async scheduling). Stale draft K/V lowers the
@@ -39,6 +45,7 @@ import torch.nn.functional as F
 from backend.config import ConfigError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.buffers import GrowingStagedBuffer
+from backend.engine.cuda_graphs import DecodeGraphs, sampled_logits
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
@@ -67,9 +74,16 @@ class DraftModelProposer:
         self.inputs = inputs
         self.sampler = sampler
         self.vocab_size = vocab_size
-        self._index = GrowingStagedBuffer(torch.int64, kv_caches[0].key.device)
+        self.device = kv_caches[0].key.device
+        self.block_size = kv_cache.block_size
+        self._index = GrowingStagedBuffer(torch.int64, self.device)
+        # The draft's own CUDA graphs over its step inputs (set by the engine when it
+        # captures graphs): a decode ladder for the one-token forwards, a verify ladder of
+        # k + 1 tokens a row for the catch-up after a verification. None: eager.
+        self.graphs: Optional[DecodeGraphs] = None
 
     in_runner = True        # runs inside the runner's step, into slots the scheduler reserved
+    lora = None             # (what capture_decode_graphs asks of what it captures)
 
     def forget(self, request_ids) -> None:
         """Nothing is kept per request (the draft's K/V lives in the target's blocks)."""
@@ -97,11 +111,10 @@ class DraftModelProposer:
                 prev_tokens = prev_tokens.index_select(0, self._index.upload(np.asarray(keep, dtype=np.int64)))
             active = [active[i] for i in keep]
             starts = np.asarray([row.num_tokens - 1 + j for row in active], dtype=np.int64)
-            step = self.inputs.build_segments(
-                [row.request.request_id for row in active], starts, np.ones(len(active), np.int64),
-                np.ones(len(active), np.int64), lambda i, a, b: [0], self.kv_cache.block_table)
-            step.input_ids[:len(active)].copy_(prev_tokens)
-            t, p = self._draw(run_model(self.model, self.kv_caches, step), [row.as_sampled for row in active])
+            ones = np.ones(len(active), np.int64)
+            logits = self._forward([row.request.request_id for row in active], starts, ones, ones,
+                                   lambda i, a, b: [0], prev_tokens)
+            t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
         return Proposals(self._hand_over(proposing, tokens, probs), computed)
@@ -117,17 +130,33 @@ class DraftModelProposer:
                 segments.append((row, row.request.num_draft_computed, end))
         if not segments:
             return None, {}
-        step = self.inputs.build_segments(
+        logits = self._forward(
             [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
-            lambda i, a, b: segments[i][0].token_slice(a, b),
-            self.kv_cache.block_table)
-        logits = run_model(self.model, self.kv_caches, step)
+            lambda i, a, b: segments[i][0].token_slice(a, b))
         computed = {row.request.request_id: end for row, _, end in segments}
         if logits is None:
             return None, computed
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
+
+    def _forward(self, request_ids: list[str], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
+                 tokens, input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The draft over a packed step (StepInputBuilder.build_segments' arguments), the
+        logits of its sampled rows or None when it samples none. `input_ids`: the step's
+        tokens as a device tensor (a proposal drawn by the previous forward), written
+        over what `tokens` gave. A captured graph replays the step where one holds it
+        (its rows padded to write nothing), else it runs eagerly."""
+        shape = self.graphs.shape_for(len(request_ids), int(n_new.max())) if self.graphs is not None else None
+        step = self.inputs.build_segments(request_ids, starts, n_new, num_rows, tokens, self.kv_cache.block_table,
+                                          pad_to=shape.num_seqs if shape else None,
+                                          pad_tokens_to=shape.num_tokens if shape else None)
+        if input_ids is not None:
+            step.input_ids[:len(input_ids)].copy_(input_ids)
+        if shape is None:
+            return run_model(self.model, self.kv_caches, step)
+        logits = self.graphs.replay(shape)
+        return sampled_logits(logits, shape, step) if step.num_logits else None
 
     def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Proposals from the draft's logits under each request's sampling settings, and

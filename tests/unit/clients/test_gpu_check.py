@@ -27,6 +27,7 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     for name in ("ngram", "draft_model"):   # fp32 on CPU: exact
         assert spec[name]["greedy_tokens_equal"] == spec[name]["greedy_tokens"] and spec[name]["sampled_completed"]
     assert spec["draft_model"]["acceptance_rate"] == 1.0
+    assert spec["draft_model"]["draft_graphs_captured"] == 0 and "draft_graphs_captured" not in spec["ngram"]  # (CPU)
     assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0

@@ -85,6 +85,69 @@ def test_engine_through_verify_graphs_matches_transformers(ckpt_dir):
     assert_pool_free(llm)
 
 
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
+    """The draft model's forwards replay graphs of its own (stand-ins over the draft's
+    fixed buffers, Triton kernels under the interpreter): one-token proposals its decode
+    ladder, a catch-up of up to k + 1 tokens a row its verify ladder. Greedy output stays
+    transformers'. A draft equal to the target proposes exactly the target's tokens
+    (every proposal accepted); another draft proposes exactly what it proposes eagerly.
+    Proposals are verified, so the output alone could not show a wrong draft forward."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    other = make_checkpoint(str(ckpt_dir / "llama_draft_graphs"), "llama", seed=7, num_hidden_layers=1,
+                            hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    prompts = random_prompts(3, [1, 30, 9], seed=2)
+    expected = hf_greedy(path, prompts, 10)
+    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0)
+    spec = {"method": "draft_model", "model": path if draft == "same" else other, "num_speculative_tokens": 3}
+    engine = dict(block_size=8, num_kv_blocks=40, max_num_seqs=4, max_num_batched_tokens=32,
+                  attention_backend="triton", speculative_config=spec)
+    runs = {}
+    for graphs in (False, True):
+        llm = LLM(path, **engine)
+        proposer = llm.engine.runner.drafter
+        if graphs:
+            proposer.graphs = EagerReplayGraphs(proposer, 4, verify_query_len=4)
+            _poison_before_each_build(proposer.inputs, 40 * 8)
+        proposals = []
+        real = proposer.propose
+
+        def propose(sched, sampled, real=real, proposals=proposals):
+            result = real(sched, sampled)
+            proposals.append(sorted((rid, tokens) for rid, (tokens, _) in result.tokens.items()))
+            return result
+        proposer.propose = propose
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == expected
+        assert_pool_free(llm)
+        runs[graphs] = (proposals, llm.stats())
+    replayed = proposer.graphs.replayed
+    assert any(s.query_len == 1 for s in replayed), replayed
+    if draft == "same":     # all accepted: a catch-up is the k + 1 tokens that landed (the verify ladder)
+        assert any(s.query_len == 4 for s in replayed), replayed
+    # Same proposals, step by step (request ids differ between the engines only in name).
+    strip = [[tokens for _, tokens in step] for step in runs[False][0]]
+    assert [[tokens for _, tokens in step] for step in runs[True][0]] == strip and any(strip)
+    if draft == "same":
+        assert runs[True][1]["spec_decode_acceptance_rate"] == 1.0
+
+
+def _poison_before_each_build(builder, num_slots: int) -> None:
+    """Before each step is built, fill the per-token inputs (host and device, every
+    entry) with tokens that write real slots: a replay that read past what its step
+    wrote (a padding row or token left stale) would corrupt the cache."""
+    rng = np.random.default_rng(0)
+    real = builder.build_segments
+
+    def build_segments(*args, **kwargs):
+        for name, high in (("input_ids", 64), ("positions", 16), ("slot_mapping", num_slots)):
+            values = rng.integers(0, high, builder.T)
+            builder._host(name, builder.T)[:] = values
+            builder.device_view(name, builder.T).copy_(torch.from_numpy(values))
+        return real(*args, **kwargs)
+    builder.build_segments = build_segments
+
+
 def test_graph_memory_is_reserved_in_the_plan(llama_ckpt):
     from backend.models.config import load_model_config
     cfg = load_model_config(llama_ckpt)
@@ -172,5 +235,26 @@ def test_captured_graphs_serve_the_eager_tokens(llama_ckpt):
                   attention_backend="triton", enforce_eager=eager)
         assert (llm.engine.runner.graphs is None) == eager
         runs.append([o.token_ids for o in llm.generate(prompts, params)])
+        assert_pool_free(llm)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures real CUDA graphs")
+def test_the_draft_models_captured_graphs_propose_the_targets_tokens(llama_ckpt):
+    """On a GPU: fp32, TF32 off; a draft equal to the target, with CUDA graphs of its own,
+    proposes what the target samples (near-ties aside, every proposal accepted), and the
+    output equals enforce_eager's."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = random_prompts(7, [3, 40, 17], seed=5)
+    params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0)
+    spec = {"method": "draft_model", "model": llama_ckpt, "num_speculative_tokens": 3}
+    runs = []
+    for eager in (False, True):
+        llm = LLM(llama_ckpt, dtype="float32", device="cuda", block_size=8, num_kv_blocks=64, max_num_seqs=8,
+                  attention_backend="triton", enforce_eager=eager, speculative_config=spec)
+        drafter = llm.engine.runner.drafter
+        assert (drafter.graphs is None) == eager
+        runs.append([o.token_ids for o in llm.generate(prompts, params)])
+        assert llm.stats()["spec_decode_acceptance_rate"] > 0.9
         assert_pool_free(llm)
     assert runs[0] == runs[1]
