@@ -76,6 +76,8 @@ class TritonPythonModel(Watcher):
         contract = trtllm_front.contract_of(model_config)
         if contract:
             self._front = trtllm_front.TrtLlmFront(args, contract)
+            # Its stub can die too (a native crash): the supervisor must see that.
+            self._start_heartbeat(args, trtllm_front.STALE_AFTER_S)
             return
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise ConfigError("this backend needs model_transaction_policy { decoupled: true }")
@@ -110,17 +112,11 @@ class TritonPythonModel(Watcher):
         self._seen_ready = False
         self._readiness_failures = 0
         self._draining = False
-        self.health = HealthReporter.from_env(args["model_instance_name"], self.model_name,
-                                              self.settings.engine_stall_timeout_s)
+        self._start_heartbeat(args, self.settings.engine_stall_timeout_s)    # (before the watcher reports to it)
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
         self._response_thread.start()
         self._watch_thread.start()
-        self._beating = threading.Event()   # set once the final report is written (finalize)
-        if self.health:
-            self.health.heartbeat()
-            threading.Thread(target=self.health.beat_until, args=(self._beating,), name="heartbeat",
-                             daemon=True).start()
         s = self.engine.stats()
         self.logger.log_info(
             f"[paged_llm] loaded {engine_args.model} on {self.engine.device} ({self.engine.dtype}); "
@@ -268,9 +264,25 @@ class TritonPythonModel(Watcher):
                 for child_id in writer.unfinished_child_ids:
                     self.loop.abort(child_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
 
+    def _start_heartbeat(self, args: dict[str, Any], stale_after_s: float) -> None:
+        """Under the supervisor (health_report.py): this instance's report, rewritten by a
+        thread of its own until finalize has written the last one."""
+        self.health = HealthReporter.from_env(args["model_instance_name"], args["model_name"], stale_after_s)
+        self._beating = threading.Event()   # set once the final report is written (finalize)
+        if self.health:
+            self.health.heartbeat()
+            threading.Thread(target=self.health.beat_until, args=(self._beating,), name="heartbeat",
+                             daemon=True).start()
+
+    def _stop_heartbeat(self) -> None:
+        if self.health:
+            self.health.stopped()
+        self._beating.set()
+
     def finalize(self) -> None:
         if self._front:
-            return  # nothing of its own: every row ended with its request
+            self._stop_heartbeat()  # nothing else of its own: every row ended with its request
+            return
         if self._unhealthy:
             # In-flight requests already got their error; a stalled loop thread would
             # only hold the unload up (it is a daemon and dies with the process).
@@ -285,6 +297,4 @@ class TritonPythonModel(Watcher):
         self.engine.shutdown()  # tensor-parallel ranks: unloading stops every one
         if self._unhealthy and self.metrics:
             self.metrics.close()  # the supervisor loads the model again: start its metrics clean
-        if self.health:
-            self.health.stopped()
-        self._beating.set()
+        self._stop_heartbeat()

@@ -31,6 +31,11 @@ from backend.triton_server.trtllm_contract import (CONTRACTS, INPUT_SPECS, OUTPU
                                                    batch_size, is_last, row_request, row_responses)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Under the supervisor a front writes a health report too (its stub can crash natively),
+# and a heartbeat older than this reads as a hung stub. Its heartbeat thread runs while
+# execute() waits on a BLS stream (the stub releases the GIL there: checked by
+# tests/integration/test_recovery.py), so only a hang that holds the GIL stops it.
+STALE_AFTER_S = 60.0
 LLM_OUTPUTS = ["text_output", "output_ids", "num_output_tokens", "finish_reason", "cumulative_logprob", "logprobs"]
 
 

@@ -6,6 +6,7 @@ the same greedy tokens again, with a clean KV pool and metrics."""
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import threading
@@ -241,6 +242,98 @@ def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(shared_s
     # the tests before (which shared it), and the one that served.
     assert shm_regions() <= regions_before
     print(f"shutdown right after a kill: exited {code} after {elapsed:.1f}s")
+
+
+def _ensemble_stream(srv, max_tokens: int, received: list, stream: bool = True) -> "queue.Queue":
+    """A greedy request to the `ensemble` front (TensorRT-LLM's contract, over BLS to
+    `llm`), streamed or not, on a gRPC stream; each response's time goes to `received`;
+    (result, error) pairs to the queue returned, the last one (None, error) or the final
+    response."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tests.integration.conftest import tensor
+    done: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+
+    def callback(result, error):
+        received.append(time.monotonic())
+        done.put((result, error))
+    client.start_stream(callback=callback)
+    inputs = {"text_input": np.array([["The pass statement"]], dtype=object),
+              "max_tokens": np.array([[max_tokens]], np.int32), "stream": np.array([[stream]]),
+              "temperature": np.array([[0.0]], np.float32), "end_id": np.array([[-1]], np.int32)}
+    client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()], enable_empty_final_response=True)
+    # The queue keeps the client: a client dropped closes its stream, which waits for the
+    # stream to end.
+    done.client = client
+    return done
+
+
+def _last(done: "queue.Queue", timeout_s: float, text: list | None = None):
+    """Reads the stream to its end: (the last result, its error); each text_output goes
+    to `text`."""
+    while True:
+        result, error = done.get(timeout=timeout_s)
+        if error is None and text is not None and result.as_numpy("text_output") is not None:
+            text.extend(t.decode() for t in result.as_numpy("text_output").reshape(-1))
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            return result, error
+
+
+def test_a_dead_front_is_seen_and_recovered(tmp_path, tiny_ckpt):
+    """TensorRT-LLM's fronts (`ensemble`, ...) run in stubs of their own, which can crash
+    natively too (a python-backend stub segfault was seen in CI). A front writes a health
+    report like `llm`: its heartbeat stays fresh while it waits on a BLS stream (the stub
+    releases the GIL there, or a long generation would read as a hang), and its stub
+    killed is `backend_died`: the supervisor restarts the server and `ensemble` serves
+    again. Without the report the supervisor saw nothing, and Triton 24.10 does not
+    restart a dead stub: every request to that instance failed until someone did."""
+    from builder.trtllm_models import write_fronts
+    from backend.triton_server.health_report import HEALTH_DIR_ENV, read_reports
+    repo = build_fault_repo(str(tmp_path), tiny_ckpt)
+    write_fronts(repo, instances=1)
+    srv = TritonServer(repo, log_path=str(tmp_path / "server.log"), supervised=True)
+    t0 = time.monotonic()
+    srv.start()
+    load_time = time.monotonic() - t0
+    with running(srv):
+        with open(f"/proc/{backend_pid(repo, 'ensemble_0_0')}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        health_dir = env[HEALTH_DIR_ENV.encode()].decode()
+        before = supervisor_json(srv, "/status")[1]
+        reference: list = []
+        assert _last(_ensemble_stream(srv, 8, []), 60, reference)[1] is None and "".join(reference)
+        # A long request, not streamed: the front waits on its BLS stream with nothing
+        # arriving until the end, and its heartbeat keeps beating meanwhile.
+        received: list = []
+        done = _ensemble_stream(srv, 400, received, stream=False)
+        ages = []
+        while done.empty():
+            report = read_reports(health_dir)["ensemble_0_0"]
+            ages.append(time.time() - report.time)
+            time.sleep(0.1)
+        assert _last(done, 60)[1] is None and len(received) == 1
+        assert len(ages) >= 8 and max(ages) < 1.5, ages      # beats every 0.5 s
+        assert report.state == "serving" and report.stale_after_s == 60.0
+        # Then its stub dies mid-stream.
+        received = []
+        done = _ensemble_stream(srv, 300, received)
+        wait_until(lambda: len(received) >= 4, 30)
+        t_kill = time.monotonic()
+        os.kill(backend_pid(repo, "ensemble_0_0"), signal.SIGKILL)
+        _, error = _last(done, 60)
+        assert error is not None and len(received) < 300
+        wait_until(lambda: counts_since(before, supervisor_json(srv, "/status")[1])[1] >= 1, load_time + 30,
+                   step_s=0.2, seen=lambda: supervisor_json(srv, "/status")[1])
+        failures, recoveries = counts_since(before, supervisor_json(srv, "/status")[1])
+        assert failures == {"backend_died": 1} and recoveries == 1, (failures, recoveries)
+        wait_until(lambda: srv.model_ready("ensemble") and supervisor_json(srv, "/ready")[0] == 200, 30)
+        text: list = []
+        assert _last(_ensemble_stream(srv, 8, []), 60, text)[1] is None
+        assert "".join(text) == "".join(reference)          # the same greedy text as before
+        wait_blocks_free(srv)
+        print(f"dead front: recovered {time.monotonic() - t_kill:.1f}s after the kill; heartbeat ages "
+              f"while a request waited {min(ages):.2f}-{max(ages):.2f}s ({len(ages)} reads)")
 
 
 def test_recovery_that_keeps_failing_gives_up_and_says_why(tmp_path, tiny_ckpt):
