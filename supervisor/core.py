@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from backend.triton_server.health_report import HEALTH_DIR_ENV, SERVING, UNHEALTHY, read_reports
+from backend.triton_server.health_report import HEALTH_DIR_ENV, SERVING, STOPPED, UNHEALTHY, read_reports
 from supervisor import processes
 from supervisor.status import FAILED, SERVING as STATE_SERVING, STOPPING, Failure, StatusServer, SupervisorStatus
 from supervisor.triton_api import TritonAPI
@@ -202,8 +202,18 @@ class Supervisor:
             self._stubs[stub.pid] = stub
 
     def _live_stubs(self) -> list[int]:
-        return [r.pid for r in read_reports(self.o.health_dir).values()
-                if r.state == SERVING and r.pid not in self._handled and processes.alive(r.pid, r.instance)]
+        """The stubs a drain or a shutdown waits for: serving and alive, less those tied to
+        a dead stub by requests between models (a TensorRT-LLM front and its `llm`). Triton
+        24.10 never ends the streams a front of a dead `llm` waits on, nor releases the
+        requests a dead front sent to `llm` (so `llm` never finishes unloading): either
+        would hold the wait up to its timeout."""
+        reports = list(read_reports(self.o.health_dir).values())
+        live = {r.pid for r in reports
+                if r.state == SERVING and r.pid not in self._handled and processes.alive(r.pid, r.instance)}
+        dead = [r for r in reports if r.state != STOPPED and r.pid not in live]
+        dead_models, called_by_dead = {r.model for r in dead}, {r.calls for r in dead}
+        return [r.pid for r in reports
+                if r.pid in live and r.calls not in dead_models and r.model not in called_by_dead]
 
     def _stop_server(self, force: bool) -> None:
         """Let the other models' stubs drain (SIGTERM), then kill the server and clean up."""

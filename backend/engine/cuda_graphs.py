@@ -77,11 +77,11 @@ def needs_query_len(out: SchedulerOutput) -> Optional[int]:
 
 
 def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, max_splits: int = 16) -> int:
-    """Memory the captured graphs keep (one shared pool, sized by the largest graph):
-    the logits and one layer's intermediates at its rows (max_num_seqs for decode; pass
-    a verify ladder's num_seqs x query_len when larger; the pool reuses memory across
-    layers), plus the split-KV partials. Reserved in the memory plan before the KV
-    cache is sized; the measured figure is logged after capture."""
+    """Memory one captured graph of `max_num_seqs` token rows needs: the logits and one
+    layer's intermediates at its rows (the pool reuses memory across layers), plus the
+    split-KV partials. A ladder's shared pool is graph_pool_bytes; it is reserved in the
+    memory plan before the KV cache is sized, and the measured figure is logged after
+    capture."""
     rows = max_num_seqs
     per_row = (cfg.vocab_size * (dtype_bytes + 4)                        # logits, fp32 copy for sampling
                + dtype_bytes * (4 * cfg.hidden_size                      # embedding, norms, residuals
@@ -89,6 +89,15 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
                                 + 3 * cfg.intermediate_size)
                + 4 * cfg.num_heads * max_splits * (cfg.head_dim + 2))   # split-KV partials
     return rows * per_row
+
+
+def graph_pool_bytes(cfg: ModelConfig, shapes: list[GraphShape], dtype_bytes: int) -> int:
+    """Memory a ladder of graphs keeps in its shared pool: the largest graph's
+    intermediates (estimate_graph_bytes), and every graph's logits, which stay allocated
+    as its output while the others are captured."""
+    rows = [shape.num_tokens for shape in shapes]
+    logits_per_row = cfg.vocab_size * (dtype_bytes + 4)
+    return estimate_graph_bytes(cfg, max(rows), dtype_bytes) + logits_per_row * (sum(rows) - max(rows))
 
 
 @dataclass

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine.cuda_graphs import estimate_graph_bytes, graph_ladders, verify_query_len
+from backend.engine.cuda_graphs import graph_ladders, graph_pool_bytes, verify_query_len
+from backend.engine.step_inputs import GraphShape
 from backend.models.config import ModelConfig
 from backend.parallel.sharding import check_tensor_parallel
 
@@ -139,10 +140,10 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
             dtype_bytes = torch.tensor([], dtype=dtype).element_size()
-            reserved += estimate_graph_bytes(cfg, graph_rows(args), dtype_bytes)
+            reserved += graph_pool_bytes(cfg, graph_shapes(args), dtype_bytes)
             reserved_what += " and the CUDA graphs' pool"
             if draft_cfg is not None:
-                reserved += estimate_graph_bytes(draft_cfg, draft_graph_rows(args), dtype_bytes)
+                reserved += graph_pool_bytes(draft_cfg, draft_graph_shapes(args), dtype_bytes)
                 reserved_what += "s (the target's and the draft model's)"
         budget = cuda_kv_budget(profile, args.gpu_memory_utilization, reserved, reserved_what)
         what = "gpu_memory_utilization"
@@ -155,20 +156,23 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
     return num
 
 
+def graph_shapes(args: EngineArgs) -> list[GraphShape]:
+    """The CUDA graphs the engine captures: the decode ladder up to max_num_seqs rows, and
+    under speculative decoding (without LoRA) the verify ladder of k + 1 tokens a row."""
+    return graph_ladders(args.max_num_seqs, verify_query_len(args), input_sizes(args, 0)[0]).shapes
+
+
 def graph_rows(args: EngineArgs) -> int:
-    """Token rows of the largest CUDA graph the engine captures: max_num_seqs decode rows,
-    or a verify graph's num_seqs x (k + 1) under speculative decoding (without LoRA)."""
-    ladders = graph_ladders(args.max_num_seqs, verify_query_len(args), input_sizes(args, 0)[0])
-    return max(shape.num_tokens for shape in ladders.shapes)
+    """Token rows of the largest of them."""
+    return max(shape.num_tokens for shape in graph_shapes(args))
 
 
-def draft_graph_rows(args: EngineArgs) -> int:
-    """Token rows of the draft model's largest CUDA graph: its decode ladder, and its
-    verify ladder of k + 1 tokens a row over its step buffers (tokens + sequences; LoRA
-    or not: the draft has none)."""
+def draft_graph_shapes(args: EngineArgs) -> list[GraphShape]:
+    """A draft model's CUDA graphs: its decode ladder, and its verify ladder of k + 1
+    tokens a row over its step buffers (tokens + sequences; LoRA or not: the draft has
+    none)."""
     tokens, seqs, _ = input_sizes(args, 0)
-    ladders = graph_ladders(args.max_num_seqs, args.speculative_config.num_speculative_tokens + 1, tokens + seqs)
-    return max(shape.num_tokens for shape in ladders.shapes)
+    return graph_ladders(args.max_num_seqs, args.speculative_config.num_speculative_tokens + 1, tokens + seqs).shapes
 
 
 def resolve_max_model_len(args: EngineArgs, cfg: ModelConfig, num_kv_blocks: int) -> int:

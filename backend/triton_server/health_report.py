@@ -36,6 +36,10 @@ class HealthReport:
     kind: str = ""           # why unhealthy: engine_failed | engine_stalled
     cause: str = ""          # the same, in words
     stale_after_s: float = 60.0  # the supervisor treats an older heartbeat as a hung process
+    # The model this one sends its requests to, if any (a TensorRT-LLM front's `llm`):
+    # while that model has a dead process, this one's requests wait on streams that never
+    # end, so a drain or a shutdown does not wait for it.
+    calls: str = ""
     time: float = field(default_factory=time.time)  # wall clock of the last write
 
 
@@ -74,18 +78,19 @@ def read_reports(directory: str) -> dict[str, HealthReport]:
 class HealthReporter:
     """Stub side: one model instance's report, rewritten on every heartbeat."""
 
-    def __init__(self, directory: str, instance: str, model: str, stale_after_s: float) -> None:
+    def __init__(self, directory: str, instance: str, model: str, stale_after_s: float, calls: str = "") -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
-        self.report = HealthReport(instance=instance, model=model, pid=os.getpid(), stale_after_s=stale_after_s)
+        self.report = HealthReport(instance=instance, model=model, pid=os.getpid(), stale_after_s=stale_after_s,
+                                   calls=calls)
         # The heartbeat thread and the adapter's (unhealthy, stopped) write the same
         # temporary file: one at a time.
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, instance: str, model: str, stale_after_s: float) -> Optional["HealthReporter"]:
+    def from_env(cls, instance: str, model: str, stale_after_s: float, calls: str = "") -> Optional["HealthReporter"]:
         directory = os.environ.get(HEALTH_DIR_ENV)
-        return cls(directory, instance, model, stale_after_s) if directory else None
+        return cls(directory, instance, model, stale_after_s, calls) if directory else None
 
     def heartbeat(self) -> None:
         with self._lock:

@@ -77,7 +77,7 @@ class TritonPythonModel(Watcher):
         if contract:
             self._front = trtllm_front.TrtLlmFront(args, contract)
             # Its stub can die too (a native crash): the supervisor must see that.
-            self._start_heartbeat(args, trtllm_front.STALE_AFTER_S)
+            self._start_heartbeat(args, trtllm_front.STALE_AFTER_S, calls=self._front.llm_model)
             return
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise ConfigError("this backend needs model_transaction_policy { decoupled: true }")
@@ -264,10 +264,11 @@ class TritonPythonModel(Watcher):
                 for child_id in writer.unfinished_child_ids:
                     self.loop.abort(child_id, RequestCancelled(f"request '{request_id}' was cancelled by the client"))
 
-    def _start_heartbeat(self, args: dict[str, Any], stale_after_s: float) -> None:
+    def _start_heartbeat(self, args: dict[str, Any], stale_after_s: float, calls: str = "") -> None:
         """Under the supervisor (health_report.py): this instance's report, rewritten by a
         thread of its own until finalize has written the last one."""
-        self.health = HealthReporter.from_env(args["model_instance_name"], args["model_name"], stale_after_s)
+        self.health = HealthReporter.from_env(args["model_instance_name"], args["model_name"], stale_after_s,
+                                              calls)
         self._beating = threading.Event()   # set once the final report is written (finalize)
         if self.health:
             self.health.heartbeat()

@@ -1,5 +1,7 @@
 """A CPU stand-in for captured decode and verify CUDA graphs."""
 
+import torch
+
 from backend.engine.cuda_graphs import DecodeGraphs, graph_ladders
 from backend.engine.step_inputs import static_decode_inputs
 
@@ -14,8 +16,16 @@ class EagerReplayGraphs(DecodeGraphs):
         ladders = graph_ladders(max_num_seqs, verify_query_len, runner.inputs.T)
         super().__init__(ladders.sizes, ladders.verify_sizes, ladders.verify_query_len)
         self.runner, self.splits, self.replayed = runner, splits, []
+        self._out = None
 
     def replay(self, shape):
         m, step = self.runner.model, static_decode_inputs(self.runner.inputs, shape, self.splits)
         self.replayed.append(shape)
-        return m.compute_logits(m(step.input_ids, step.positions, self.runner.kv_caches, step.meta))
+        logits = m.compute_logits(m(step.input_ids, step.positions, self.runner.kv_caches, step.meta))
+        # Into one buffer that every replay overwrites, as graphs sharing a memory pool may:
+        # a caller still holding the logits of an earlier replay reads another's.
+        if self._out is None or self._out.shape[0] < logits.shape[0] or self._out.shape[1:] != logits.shape[1:]:
+            self._out = torch.empty((max(logits.shape[0], 64), *logits.shape[1:]), dtype=logits.dtype)
+        out = self._out[:logits.shape[0]]
+        out.copy_(logits)
+        return out

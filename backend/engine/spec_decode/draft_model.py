@@ -24,7 +24,7 @@ On CUDA the draft has CUDA graphs of its own (captured by the engine after the t
 backend/engine/cuda_graphs.py), over its own step inputs: the one-token forwards replay
 its decode ladder, and a catch-up of at most k + 1 tokens a row (a verification's
 accepted tokens and the target's next: the steady state) its verify ladder. A catch-up
-over a prompt runs eagerly, as do steps past both ladders.
+with a longer row (a prompt's chunk) runs eagerly, as do steps past both ladders.
 
 A prefix-cache hit reuses the draft's K/V of the hit blocks too. It is whatever the
 draft wrote there: right unless the request that computed the block was preempted or

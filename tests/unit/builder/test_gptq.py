@@ -58,7 +58,9 @@ def test_correlated_inputs_beat_round_to_nearest(bits, group_size):
     """Inputs with a low-rank correlated part (as activations have): GPTQ's output error
     on those inputs is a fraction of round-to-nearest's (measured: about 1/5), every
     weight sits on the grid (its group's scale times an integer in range), and the
-    blocked ("lazy batch") error updates give the integers of one block over all columns."""
+    blocked ("lazy batch") error updates give the integers of one block over all columns,
+    but for near-ties that the two summation orders round apart (4 of 8,192 on one
+    AVX-512 machine, then the row's compensation follows; none on others)."""
     torch.manual_seed(1)
     n, cols = 2048, 128
     x = torch.randn(n, 8) @ torch.randn(8, cols) + 0.1 * torch.randn(n, cols)
@@ -66,7 +68,7 @@ def test_correlated_inputs_beat_round_to_nearest(bits, group_size):
     qparams, fq, rtn = grid(bits, group_size)
     rtn_err = output_error(w, rtn(w)[0], x)
     g = cols if group_size == -1 else group_size
-    integers = []
+    integers, errors = [], []
     for block_size in (32, cols):
         q, scales, zeros = gptq_quantize(w, (x.T @ x).double(), qparams, fq, group_size, block_size=block_size)
         gptq_err = output_error(w, q, x)
@@ -76,7 +78,10 @@ def test_correlated_inputs_beat_round_to_nearest(bits, group_size):
         assert ints.round().min() >= -(2 ** (bits - 1)) and ints.round().max() <= 2 ** (bits - 1) - 1
         assert torch.all(zeros == 0)
         integers.append(ints.round())
-    assert torch.equal(integers[0], integers[1])
+        errors.append(gptq_err)
+    apart = integers[0] != integers[1]
+    assert apart.float().mean() < 0.005 and (integers[0] - integers[1]).abs().max() <= 1, apart.sum()
+    assert abs(errors[0] - errors[1]) < 0.02 * errors[1], errors
 
 
 def test_inputs_never_seen_get_zero_weights():

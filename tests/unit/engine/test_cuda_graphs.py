@@ -11,7 +11,8 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.engine.cuda_graphs import (DecodeGraphs, _check_against_eager, capture_decode_graphs, capture_sizes,
-                                        estimate_graph_bytes, graph_ladders, graph_size_for, needs_query_len)
+                                        estimate_graph_bytes, graph_ladders, graph_pool_bytes, graph_size_for,
+                                        needs_query_len)
 from backend.engine.step_inputs import GraphShape
 from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
 from tests.conftest import assert_pool_free, random_prompts
@@ -96,9 +97,9 @@ def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     other = make_checkpoint(str(ckpt_dir / "llama_draft_graphs"), "llama", seed=7, num_hidden_layers=1,
                             hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
-    prompts = random_prompts(3, [1, 30, 9], seed=2)
-    expected = hf_greedy(path, prompts, 10)
-    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0)
+    prompts = random_prompts(3, [1, 30, 9], seed=2)       # (3 rows: a graph of 4 pads one)
+    expected = hf_greedy(path, prompts, 9)
+    params = SamplingParams(max_tokens=9, min_tokens=9, temperature=0)
     spec = {"method": "draft_model", "model": path if draft == "same" else other, "num_speculative_tokens": 3}
     engine = dict(block_size=8, num_kv_blocks=40, max_num_seqs=4, max_num_batched_tokens=32,
                   attention_backend="triton", speculative_config=spec)
@@ -107,6 +108,11 @@ def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
         llm = LLM(path, **engine)
         proposer = llm.engine.runner.drafter
         if graphs:
+            # What capture_decode_graphs asks of the proposer: its check against eager
+            # (one graph of each ladder), over the draft's buffers, which serve on after it.
+            one_row = EagerReplayGraphs(proposer, 1, verify_query_len=4)
+            assert _check_against_eager(one_row, proposer, np.random.default_rng(0),
+                                        {shape: 2 for shape in one_row.shapes}) is None
             proposer.graphs = EagerReplayGraphs(proposer, 4, verify_query_len=4)
             _poison_before_each_build(proposer.inputs, 40 * 8)
         proposals = []
@@ -153,6 +159,11 @@ def test_graph_memory_is_reserved_in_the_plan(llama_ckpt):
     cfg = load_model_config(llama_ckpt)
     small, big = estimate_graph_bytes(cfg, 8, 2), estimate_graph_bytes(cfg, 64, 2)
     assert 0 < small < big and big >= 64 * cfg.vocab_size * 2
+    # A ladder's pool: the largest graph's intermediates, and every graph's logits (each
+    # stays allocated as its output): 1 + 2 + 4 + 8 + 16 + 32 + 48 rows beside the 64.
+    ladder = graph_ladders(64, 0, 64).shapes
+    assert graph_pool_bytes(cfg, ladder, 2) == big + 111 * cfg.vocab_size * (2 + 4)
+    assert graph_pool_bytes(cfg, [GraphShape(64)], 2) == big
 
 
 def test_engine_through_padded_graph_path_matches_transformers(ckpt_dir):

@@ -229,7 +229,7 @@ def test_a_draft_models_cuda_graphs_are_reserved(tiny_ckpt, llama_ckpt):
     """The draft model captures graphs of its own (its decode ladder and a verify ladder
     of k + 1 tokens a row over its step buffers): their pool, by the draft's shapes, comes
     off the KV budget beside the target's."""
-    from backend.engine.cuda_graphs import estimate_graph_bytes
+    from backend.engine.cuda_graphs import graph_pool_bytes
     from backend.models.config import load_model_config
     cfg, draft_cfg = _cfg(tiny_ckpt), load_model_config(llama_ckpt)
     p = MemoryProfile(total=8 * GIB, in_use=GIB, activation_peak=0)
@@ -237,10 +237,12 @@ def test_a_draft_models_cuda_graphs_are_reserved(tiny_ckpt, llama_ckpt):
                              speculative_config={"method": "draft_model", "model": llama_ckpt,
                                                  "num_speculative_tokens": 3})
     # (With LoRA the target verifies eagerly; the draft has no LoRA and keeps its verify ladder.)
-    assert sizing.graph_rows(args) == 64 and sizing.draft_graph_rows(args) == 64 * 4
+    shapes = sizing.draft_graph_shapes(args)
+    assert sizing.graph_rows(args) == 64 and max(s.num_tokens for s in shapes) == 64 * 4
+    assert {s.query_len for s in shapes} == {1, 4}
     without = blocks_from_budget(args, cfg, CUDA, torch.bfloat16, True, 1, p)
     with_draft = blocks_from_budget(args, cfg, CUDA, torch.bfloat16, True, 1, p, draft_cfg=draft_cfg)
-    assert without - with_draft == estimate_graph_bytes(draft_cfg, 64 * 4, 2)
+    assert without - with_draft == graph_pool_bytes(draft_cfg, shapes, 2)
     assert blocks_from_budget(args, cfg, CUDA, torch.bfloat16, False, 1, p, draft_cfg=draft_cfg) == \
         blocks_from_budget(args, cfg, CUDA, torch.bfloat16, False, 1, p)     # no graphs, nothing reserved
 

@@ -24,8 +24,8 @@ def sup(tmp_path):
     s.proc.wait()
 
 
-def report(sup, pid, state="serving", age_s=0.0, instance="llm_0_0", **kw):
-    r = HealthReport(instance=instance, model="llm", pid=pid, state=state, **kw)
+def report(sup, pid, state="serving", age_s=0.0, instance="llm_0_0", model="llm", **kw):
+    r = HealthReport(instance=instance, model=model, pid=pid, state=state, **kw)
     write_report(sup.o.health_dir, r)
     if age_s:
         path = os.path.join(sup.o.health_dir, f"{instance}.json")
@@ -156,3 +156,31 @@ def test_shutdown_kills_a_server_that_outlives_its_models(sup):
     t0 = time.monotonic()
     assert sup.shutdown() == 0
     assert time.monotonic() - t0 < 5 and sup.proc.poll() is not None
+
+
+def test_stubs_tied_to_a_dead_one_hold_no_drain_up(sup):
+    """A TensorRT-LLM front's requests wait on `llm`'s streams: while `llm` has a dead
+    stub those never end (Triton 24.10), so the front never stops; and `llm` never
+    finishes unloading the requests of a dead front. A drain or a shutdown waits only
+    for stubs not tied to a dead one."""
+    llm, front, other = child("llm_0_0"), child("ensemble_0_0"), child("embed_0_0")
+    try:
+        report(sup, llm.pid)
+        report(sup, front.pid, instance="ensemble_0_0", model="ensemble", calls="llm")
+        report(sup, other.pid, instance="embed_0_0", model="embed")
+        assert sorted(sup._live_stubs()) == sorted([llm.pid, front.pid, other.pid])
+        front.kill()
+        front.wait()
+        assert sup._live_stubs() == [other.pid]                   # the dead front's llm is left out
+        report(sup, front.pid, instance="ensemble_0_0", model="ensemble", calls="llm", state="stopped")
+        front = child("ensemble_0_0")
+        report(sup, front.pid, instance="ensemble_0_0", model="ensemble", calls="llm")
+        llm.kill()
+        llm.wait()
+        assert sup._live_stubs() == [other.pid]                   # and a dead llm's front
+        report(sup, llm.pid, state="stopped")       # a clean stop ends the front's streams: it drains
+        assert sorted(sup._live_stubs()) == sorted([front.pid, other.pid])
+    finally:
+        for p in (llm, front, other):
+            p.kill()
+            p.wait()
