@@ -277,6 +277,10 @@ def _last(done: "queue.Queue", timeout_s: float, text: list | None = None):
         if error is None and text is not None and result.as_numpy("text_output") is not None:
             text.extend(t.decode() for t in result.as_numpy("text_output").reshape(-1))
         if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            # Closed now: the client and its callback hold each other, and a stream left
+            # open keeps `ensemble` from unloading (the server then waits out its exit
+            # timeout, and the client's close at exit waits on it).
+            done.client.close()
             return result, error
 
 
