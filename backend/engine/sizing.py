@@ -162,11 +162,6 @@ def graph_shapes(args: EngineArgs) -> list[GraphShape]:
     return graph_ladders(args.max_num_seqs, verify_query_len(args), input_sizes(args, 0)[0]).shapes
 
 
-def graph_rows(args: EngineArgs) -> int:
-    """Token rows of the largest of them."""
-    return max(shape.num_tokens for shape in graph_shapes(args))
-
-
 def draft_graph_shapes(args: EngineArgs) -> list[GraphShape]:
     """A draft model's CUDA graphs: its decode ladder, and its verify ladder of k + 1
     tokens a row over its step buffers (tokens + sequences; LoRA or not: the draft has

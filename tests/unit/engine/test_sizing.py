@@ -62,6 +62,11 @@ def test_startup_refuses_a_share_that_is_not_free():
     assert "'gpu_memory_utilization'" in msg and "72.00 GiB requested" in msg and "8.00 GiB is free" in msg
 
 
+def _largest(shapes) -> int:
+    """Token rows of the largest graph of a ladder."""
+    return max(shape.num_tokens for shape in shapes)
+
+
 def _cfg(tiny_ckpt):
     from backend.models.config import load_model_config
     return load_model_config(tiny_ckpt)
@@ -220,7 +225,7 @@ def test_a_draft_models_held_distributions_are_reserved(tiny_ckpt, llama_ckpt):
     assert blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, False, 1, p) == base
     assert sizing.draft_probs_bytes(SpeculativeConfig(method="ngram", num_speculative_tokens=2), 8, 10) == 0
     # The verify graphs (64 rows x 4 tokens) make the graphs' pool larger than decode's.
-    assert sizing.graph_rows(ngram) == 64 * 4 and sizing.graph_rows(plain) == 64
+    assert _largest(sizing.graph_shapes(ngram)) == 64 * 4 and _largest(sizing.graph_shapes(plain)) == 64
     assert (blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, True, 1, p)
             < blocks_from_budget(plain, cfg, CUDA, torch.bfloat16, True, 1, p))
 
@@ -238,7 +243,7 @@ def test_a_draft_models_cuda_graphs_are_reserved(tiny_ckpt, llama_ckpt):
                                                  "num_speculative_tokens": 3})
     # (With LoRA the target verifies eagerly; the draft has no LoRA and keeps its verify ladder.)
     shapes = sizing.draft_graph_shapes(args)
-    assert sizing.graph_rows(args) == 64 and max(s.num_tokens for s in shapes) == 64 * 4
+    assert _largest(sizing.graph_shapes(args)) == 64 and _largest(shapes) == 64 * 4
     assert {s.query_len for s in shapes} == {1, 4}
     without = blocks_from_budget(args, cfg, CUDA, torch.bfloat16, True, 1, p)
     with_draft = blocks_from_budget(args, cfg, CUDA, torch.bfloat16, True, 1, p, draft_cfg=draft_cfg)
