@@ -174,7 +174,8 @@ class TritonPythonModel(Watcher):
             return
         request_id = f"{request.request_id() or 'req'}#{next(self._ids)}"
         children = child_requests(request_id, parsed.params)
-        writer = ResponseWriter(request_id, sender, parsed, arrival, [cid for cid, _ in children])
+        writer = ResponseWriter(request_id, sender, parsed, arrival, [cid for cid, _ in children],
+                                request.requested_output_names())
         with self._inflight_lock:
             self._inflight[request_id] = (request, writer)
         if self.metrics:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Collection, Optional
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,6 +28,16 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def _strings(values: list[str]) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+
+
+def inference_response(tensors: dict[str, np.ndarray], requested: Collection[str]):
+    """A response with only the outputs its request asked for (all of the model's when
+    it named none: Triton asks for all then). Python backend 24.10's send drops the
+    others itself, but with the GIL released, and the numpy array it frees then
+    corrupts the stub's heap: segfaults and garbled tensors under load, in whichever
+    stub sent them (python_backend #390, fixed in 24.12)."""
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value)
+                                                      for name, value in tensors.items() if name in requested])
 
 
 @dataclass
@@ -46,9 +56,10 @@ class Sequence:
 
 class ResponseWriter:
     def __init__(self, request_id: str, sender, parsed: ParsedRequest, arrival: float,
-                 child_ids: list[str]) -> None:
+                 child_ids: list[str], requested_outputs: Collection[str]) -> None:
         self.request_id = request_id
         self.sender = sender
+        self.requested_outputs = frozenset(requested_outputs)
         self.parsed = parsed
         self.arrival = arrival
         self.seqs = [Sequence(cid, SequenceTiming(arrival)) for cid in child_ids]
@@ -134,29 +145,25 @@ class ResponseWriter:
 
     def _response(self, texts: list[str], token_ids: list[list[int]], entries: list[list]):
         p = self.parsed
-        tensors = [pb_utils.Tensor("text_output", _strings(texts)),
-                   pb_utils.Tensor("output_ids", _token_ids(token_ids))]
+        tensors = {"text_output": _strings(texts), "output_ids": _token_ids(token_ids)}
         if p.return_finish_reason:  # "None" until a sequence ends, as vLLM
-            tensors.append(pb_utils.Tensor("finish_reason", _strings([str(s.finish_reason) for s in self.seqs])))
+            tensors["finish_reason"] = _strings([str(s.finish_reason) for s in self.seqs])
         if p.return_cumulative_logprob:
-            tensors.append(pb_utils.Tensor("cumulative_logprob",
-                                           np.array([s.cumulative_logprob for s in self.seqs], dtype=np.float32)))
+            tensors["cumulative_logprob"] = np.array([s.cumulative_logprob for s in self.seqs], dtype=np.float32)
         if p.return_logprobs:
-            tensors.append(pb_utils.Tensor("logprobs", _strings([_logprobs_json(e) if p.logprobs_requested else "null"
-                                                                 for e in entries])))
+            tensors["logprobs"] = _strings([_logprobs_json(e) if p.logprobs_requested else "null" for e in entries])
         if p.return_prompt_logprobs:    # once: on the first response that has it
             text = "null"
             if self.prompt_logprobs is not None and not self.sent_prompt_logprobs:
                 text, self.sent_prompt_logprobs = _logprobs_json(self.prompt_logprobs), True
-            tensors.append(pb_utils.Tensor("prompt_logprobs", _strings([text])))
+            tensors["prompt_logprobs"] = _strings([text])
         if p.return_num_input_tokens:
-            tensors.append(pb_utils.Tensor("num_input_tokens",
-                                           np.array([self.seqs[0].timing.num_prompt_tokens], dtype=np.uint32)))
+            tensors["num_input_tokens"] = np.array([self.seqs[0].timing.num_prompt_tokens], dtype=np.uint32)
         if p.return_num_output_tokens:
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(t) for t in token_ids], dtype=np.uint32)))
+            tensors["num_output_tokens"] = np.array([len(t) for t in token_ids], dtype=np.uint32)
         if self.seqs[0].embedding is not None:
-            tensors.append(pb_utils.Tensor("embedding", self.seqs[0].embedding))
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+            tensors["embedding"] = self.seqs[0].embedding
+        return inference_response(tensors, self.requested_outputs)
 
 
 def _token_ids(token_ids: list[list[int]]) -> np.ndarray:

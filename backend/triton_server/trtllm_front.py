@@ -13,6 +13,14 @@ own, so there are none.
 Python backend 24.10 cannot cancel a BLS request, so a cancelled or failed request stops
 its rows the way TensorRT-LLM's BLS stops its engine: a `stop` request to `llm` under
 the rows' request id, which ends them with what they have.
+
+Python backend 24.10 also frees numpy arrays without the GIL in two places, which
+corrupts the stub's heap (segfaults, garbled tensors, a stub found dead under
+perf_analyzer; python_backend #390, fixed in 24.12). Its response sender drops outputs the
+client did not ask for that way: we send only those asked for (inference_response). And
+a finished BLS stream is freed, with every response it read, by the thread that sends
+its cleanup to the server, whenever the stub's map of streams holds the last reference:
+we keep each stream until that cleanup is surely done (_release_streams).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.engine.errors import InvalidRequestError
 from backend.triton_server.errors import triton_error
+from backend.triton_server.response_writer import inference_response
 from backend.triton_server.trtllm_contract import (CONTRACTS, INPUT_SPECS, OUTPUT_SPECS, TOKENS, RowRequest,
                                                    batch_size, is_last, row_request, row_responses)
 
@@ -66,6 +75,7 @@ class _Request:
 
     def __init__(self, request, sender, row_id: str, num_rows: int) -> None:
         self.request, self.sender, self.row_id = request, sender, row_id
+        self.requested_outputs = frozenset(request.requested_output_names())
         self.open_rows = num_rows
         self.done = False
         self.stopped = False
@@ -77,6 +87,9 @@ class TrtLlmFront:
         self.contract = contract
         self.llm_model = ((config.get("parameters") or {}).get("llm_model") or {}).get("string_value") or "llm"
         self.input_names = [s["name"] for s in INPUT_SPECS[contract]]
+        # BLS streams read to their end, kept past their cleanup (the last request's stay
+        # until the stub exits, whose interpreter frees them with the GIL)
+        self._read_streams: list = []
 
     def execute(self, requests):
         for request in requests:
@@ -101,6 +114,7 @@ class TrtLlmFront:
             if not request.request_id():
                 raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
             self._stop(request.request_id())
+            self._release_streams(request)
             sender.send(flags=FINAL)
             return
         rows = [row_request(self.contract, inputs, b) for b in range(batch_size(self.contract, inputs))]
@@ -112,6 +126,7 @@ class TrtLlmFront:
         streams = [self._exec(served.row_id, row) for row in rows]
         for row, stream in zip(rows, streams):
             self._read_row(served, row, stream)
+            self._read_streams.append(stream)
 
     def _exec(self, row_id: str, row: RowRequest):
         bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=row_id,
@@ -146,13 +161,14 @@ class TrtLlmFront:
             return
         served.open_rows -= last
         final = last and served.open_rows == 0
+        if final:
+            self._release_streams(served.request)
         try:
             for i, tensors in enumerate(responses):
                 # The last data response carries FINAL itself: clients that do not ask
                 # for empty final responses (perf_analyzer) learn the end from it.
                 flags = FINAL if final and i == len(responses) - 1 else 0
-                served.sender.send(pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]), flags=flags)
+                served.sender.send(inference_response(tensors, served.requested_outputs), flags=flags)
             if final and not responses:
                 served.sender.send(flags=FINAL)
         except Exception:
@@ -169,6 +185,7 @@ class TrtLlmFront:
         if served.done:
             return
         served.done = True
+        self._release_streams(served.request)
         try:
             served.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
         except Exception:
@@ -184,7 +201,19 @@ class TrtLlmFront:
     def _stop(self, request_id: str) -> None:
         bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=request_id, requested_output_names=[],
                                         inputs=[pb_utils.Tensor("stop", np.array([True]))])
-        for response in bls.exec(decoupled=True):
+        stream = bls.exec(decoupled=True)
+        for response in stream:
             if response.has_error():
                 print(f"[paged_llm] could not stop {request_id}: {response.error().message()}", file=sys.stderr,
                       flush=True)
+        self._read_streams.append(stream)
+
+    def _release_streams(self, request) -> None:
+        """Drop the streams read to their end before now, once the stub has dropped its own
+        reference to each (else its sender thread frees them without the GIL). A stream
+        queues its cleanup, for that thread, when its last response is read; an
+        is_cancelled query is queued behind it, and returns once the thread has answered
+        it. Asked before the request's FINAL only (after it, it crashes the server); a
+        cached answer (already cancelled) asks nothing and proves nothing."""
+        if self._read_streams and not request.is_cancelled():
+            self._read_streams.clear()
