@@ -192,9 +192,9 @@ class LLMEngine(RequestIntake):
         if spec is not None:
             draft_layers = (allocate_kv_cache(draft[1], self.num_kv_blocks, args.block_size, kv_dtype, self.device)
                             if draft is not None else None)
-            tokens, seqs, blocks = sizing.input_sizes(args, self.max_model_len)
+            tokens, seqs, blocks = sizing.draft_input_sizes(args, self.max_model_len)
             self.speculator = Speculator(spec, make_proposer(
-                spec, draft, self.kv_cache, draft_layers, StepInputBuilder(tokens + seqs, seqs, blocks,
+                spec, draft, self.kv_cache, draft_layers, StepInputBuilder(tokens, seqs, blocks,
                                                                            args.block_size, self.device),
                 Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
             if draft_layers is not None:
@@ -206,7 +206,7 @@ class LLMEngine(RequestIntake):
                 if self.use_cuda_graphs:        # (a draft runs on one rank: no collectives)
                     self.runner.drafter.graphs = capture_decode_graphs(
                         self.runner.drafter, args.max_num_seqs, self.max_model_len,
-                        spec.num_speculative_tokens + 1, of="the draft model")
+                        sizing.draft_verify_query_len(args), of="the draft model")
         self.outputs = OutputProcessor(self.tokenizer)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test

@@ -163,11 +163,22 @@ def graph_shapes(args: EngineArgs) -> list[GraphShape]:
 
 
 def draft_graph_shapes(args: EngineArgs) -> list[GraphShape]:
-    """A draft model's CUDA graphs: its decode ladder, and its verify ladder of k + 1
-    tokens a row over its step buffers (tokens + sequences; LoRA or not: the draft has
-    none)."""
-    tokens, seqs, _ = input_sizes(args, 0)
-    return graph_ladders(args.max_num_seqs, args.speculative_config.num_speculative_tokens + 1, tokens + seqs).shapes
+    """A draft model's CUDA graphs: its decode ladder, and its verify ladder over its step
+    buffers (LoRA or not: the draft has none)."""
+    return graph_ladders(args.max_num_seqs, draft_verify_query_len(args), draft_input_sizes(args, 0)[0]).shapes
+
+
+def draft_verify_query_len(args: EngineArgs) -> int:
+    """Tokens per row of a draft model's catch-up graphs: a verification's accepted
+    tokens and the target's next, at most k + 1."""
+    return args.speculative_config.num_speculative_tokens + 1
+
+
+def draft_input_sizes(args: EngineArgs, max_model_len: int) -> tuple[int, int, int]:
+    """A draft model's step buffer capacities: its catch-up step can hold a target step's
+    tokens and one more a sequence (the target's next token)."""
+    tokens, seqs, blocks = input_sizes(args, max_model_len)
+    return tokens + seqs, seqs, blocks
 
 
 def resolve_max_model_len(args: EngineArgs, cfg: ModelConfig, num_kv_blocks: int) -> int:
