@@ -83,7 +83,7 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
     memory plan before the KV cache is sized, and the measured figure is logged after
     capture."""
     rows = max_num_seqs
-    per_row = (cfg.vocab_size * (dtype_bytes + 4)                        # logits, fp32 copy for sampling
+    per_row = (_logits_bytes_per_row(cfg, dtype_bytes)
                + dtype_bytes * (4 * cfg.hidden_size                      # embedding, norms, residuals
                                 + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * 2
                                 + 3 * cfg.intermediate_size)
@@ -91,13 +91,17 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
     return rows * per_row
 
 
+def _logits_bytes_per_row(cfg: ModelConfig, dtype_bytes: int) -> int:
+    return cfg.vocab_size * (dtype_bytes + 4)      # the logits, and their fp32 copy for sampling
+
+
 def graph_pool_bytes(cfg: ModelConfig, shapes: list[GraphShape], dtype_bytes: int) -> int:
     """Memory a ladder of graphs keeps in its shared pool: the largest graph's
     intermediates (estimate_graph_bytes), and every graph's logits, which stay allocated
     as its output while the others are captured."""
     rows = [shape.num_tokens for shape in shapes]
-    logits_per_row = cfg.vocab_size * (dtype_bytes + 4)
-    return estimate_graph_bytes(cfg, max(rows), dtype_bytes) + logits_per_row * (sum(rows) - max(rows))
+    return (estimate_graph_bytes(cfg, max(rows), dtype_bytes)
+            + _logits_bytes_per_row(cfg, dtype_bytes) * (sum(rows) - max(rows)))
 
 
 @dataclass
