@@ -287,8 +287,14 @@ def row_responses(contract: str, row: RowRequest, outputs: dict[str, np.ndarray]
         if row.return_log_probs:
             entries = json.loads(bytes(outputs["logprobs"].reshape(-1)[i]).decode() or "null") or []
             chosen = [next(d["logprob"] for t, d in e.items() if int(t) == tok) for e, tok in zip(entries, new_ids)]
-            tensors["cum_log_probs"] = np.array([[float(outputs["cumulative_logprob"].reshape(-1)[i])]],
-                                                dtype=np.float32)
-            tensors["output_log_probs"] = np.array([[chosen]], dtype=np.float32)
+            cumulative = float(outputs["cumulative_logprob"].reshape(-1)[i])
+        else:
+            # Zeros when not asked for, but present: clients name every output of the
+            # model config (perf_analyzer, genai-perf), and perf_analyzer 24.10 reads an
+            # absent one as a value from a zero-byte buffer: heap garbage, and when that
+            # is a NaN its profile export is left empty (genai-perf then fails).
+            chosen, cumulative = [0.0] * len(new_ids), 0.0
+        tensors["cum_log_probs"] = np.array([[cumulative]], dtype=np.float32)
+        tensors["output_log_probs"] = np.array([[chosen]], dtype=np.float32)
         result.append(tensors)
     return result

@@ -244,6 +244,24 @@ def test_an_error_in_one_request_leaves_others_served(trt_server, offline):
     assert error is None and responses[0].as_numpy("text_output")[0].decode() == greedy(offline, PROMPTS[1]).text
 
 
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"])
+def test_every_output_asked_for_comes_in_every_response(trt_server, model):
+    """What perf_analyzer and genai-perf ask for: every output of the model's config. Each
+    streamed response has them all (perf_analyzer 24.10 reads an absent one as heap
+    garbage, and a NaN there leaves its profile export empty)."""
+    config = grpcclient.InferenceServerClient(trt_server.grpc_url).get_model_config(model, as_json=True)
+    names = [o["name"] for o in config["config"]["output"]]
+    inputs = (text_request(PROMPTS[1], max_tokens=3, stream=True) if model != "tensorrt_llm" else
+              {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": np.array([[3]], np.int32),
+               "request_output_len": np.array([[3]], np.int32), "streaming": np.array([[True]])})
+    responses, error = infer(trt_server, model, inputs, outputs=names)
+    assert error is None and len(responses) == 3
+    for r in responses:
+        assert all(r.as_numpy(n) is not None and r.as_numpy(n).size for n in names), names
+        assert r.as_numpy("output_log_probs").tolist() == [[[0.0]]] and r.as_numpy("cum_log_probs").tolist() == [[0.0]]
+    wait_blocks_free(trt_server)
+
+
 def test_perf_analyzer_against_ensemble(trt_server):
     from clients import perf_analyzer
     r = perf_analyzer.run(trt_server.grpc_url, model="ensemble", concurrency=2, seconds=2, max_tokens=8,

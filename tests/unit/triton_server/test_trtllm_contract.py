@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from backend.engine.errors import InvalidRequestError
-from backend.triton_server.trtllm_contract import TEXT, TOKENS, batch_size, row_request, row_responses
+from backend.triton_server.trtllm_contract import (OUTPUT_SPECS, TEXT, TOKENS, batch_size, row_request,
+                                                      row_responses)
 
 
 def text(prompt="hi", **extra):
@@ -141,3 +142,18 @@ def test_streamed_sequences_split_by_index_with_log_probs():
     [resp] = row_responses(TEXT, row, out)
     assert resp["sequence_index"].tolist() == [[1]] and resp["text_output"].tolist() == [b"b"]
     assert resp["output_log_probs"].tolist() == [[[-0.5]]] and resp["cum_log_probs"].tolist() == [[-0.5]]
+
+
+@pytest.mark.parametrize("contract", [TEXT, TOKENS])
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_response_carries_every_declared_output(contract, stream):
+    """perf_analyzer and genai-perf ask for every output of the model config. perf_analyzer
+    24.10 reads one a response lacks from a zero-byte buffer: heap garbage, sometimes a
+    NaN, and then it writes an empty profile export. So the log probs come as zeros
+    when not asked for, one per new token, like the real ones."""
+    inputs = text(stream=stream) if contract == TEXT else tokens([4, 5], streaming=np.array([[stream]]))
+    row = row_request(contract, inputs, 0)
+    [resp] = row_responses(contract, row, llm_outputs(["xy"], [7, 8], [2]))
+    assert set(resp) == {o["name"] for o in OUTPUT_SPECS[contract]}
+    assert resp["cum_log_probs"].tolist() == [[0.0]] and resp["output_log_probs"].tolist() == [[[0.0, 0.0]]]
+    assert all(v.size for v in resp.values())       # (an empty tensor is read the same way)
