@@ -52,7 +52,8 @@ def command(exe: str, url: str, model: str, tokenizer: str, concurrency: int, in
             request_count: Optional[int] = None) -> list[str]:
     # A fixed request count measures exactly that many requests, however slow the machine;
     # time windows can close with none finished on a loaded CI box, and perf_analyzer then
-    # leaves an empty profile export.
+    # leaves an empty profile export. (It also does when a response lacks an FP32 output
+    # it asked for and the garbage it reads there is a NaN: docs/reliability.md.)
     window = (["--request-count", str(request_count)] if request_count
               else ["--measurement-interval", str(measurement_ms)])
     return [exe, "profile", "-m", model, "--backend", backend, "--endpoint-type", "kserve", "--streaming",
