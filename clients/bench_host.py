@@ -144,8 +144,9 @@ def _runner_class():
             mask = self.structured.bitmask(rows) if self.structured is not None else None
             if speculative:
                 self.rejection_sampler.plan(sampling)
-            # What the device would send back: ids, logprobs, accept flags.
-            tokens, flags = [], []
+            # What the device would send back: ids, logprobs, each row's proposal and
+            # whether it stands.
+            tokens, proposals, flags = [], [], []
             guided = dict.fromkeys(mask[1]) if mask is not None else {}
             for s in sampling:
                 r, spec = s.request, s.spec_token_ids
@@ -156,13 +157,14 @@ def _runner_class():
                     t = _first_allowed(mask[0][i]) if i in guided else self.token(r, base + j)
                     tokens.append(t)
                     flags.append(float(j < len(spec) and j < ACCEPT_MAX and spec[j] == t))
+                    proposals.append(float(spec[j]) if j < len(spec) else -1.0)
             values = [float(t) for t in tokens]
             if batch.logprobs is not None:
                 m = batch.logprobs.max_count
                 for row in batch.logprobs.row_ids:
                     values += [-1.0, 1.0] + [-1.0 - k for k in range(m)] + [float(tokens[row] + k) for k in range(m)]
             launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
-            launched.values, launched.flags = values, flags
+            launched.values, launched.proposals, launched.flags = values, proposals, flags
 
         def collect(self, launched):
             from backend.engine import logprobs
@@ -174,7 +176,7 @@ def _runner_class():
             if not hasattr(launched, "values"):
                 return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
             ids, by_row = logprobs.unpack(launched.values, launched.num_rows, launched.batch.logprobs)
-            return tokens_per_request(launched.sched.scheduled, ids, launched.flags, by_row)
+            return tokens_per_request(launched.sched.scheduled, ids, launched.proposals, launched.flags, by_row)
 
     return SimulatedDeviceRunner
 

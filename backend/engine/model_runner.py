@@ -21,6 +21,7 @@ from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
 from backend.engine.sched_output import SchedulerOutput
+from backend.engine.spec_decode.draft_tokens import device_fill
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
 from backend.engine.step_inputs import GraphShape, StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
@@ -91,6 +92,7 @@ class ModelRunner:
         # tells the wrapped projections which rows run under which.
         self.lora = lora
         self._placeholder_index = GrowingStagedBuffer(torch.int64, device)
+        self._proposal_index = GrowingStagedBuffer(torch.int64, device)
         self._prompt_logprobs = prompt_logprobs.PromptLogprobPlanner(device)
         self._host_out: Optional[torch.Tensor] = None
         self._copied: Optional[torch.cuda.Event] = None
@@ -139,6 +141,8 @@ class ModelRunner:
         step = self.inputs.build(out, self._block_table_of, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)
+        if step.proposals:
+            device_fill(step.input_ids, step.proposals, self._proposal_index)
         lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
         if self.lora is not None:       # (LoRA engines capture decode graphs only)
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],
@@ -184,8 +188,8 @@ class ModelRunner:
             logits = logits.float()
             self.structured.apply(logits, mask)
         if speculative:
-            sampled, accepted = self.rejection_sampler.sample(
-                self.sampler, logits, batch, self.rejection_sampler.plan(sampling))
+            verify = self.rejection_sampler.plan(sampling)
+            sampled, accepted = self.rejection_sampler.sample(self.sampler, logits, batch, verify)
         else:
             sampled, accepted = self.sampler.sample(logits, batch), None
         # What the next step's placeholders are filled from: the row of each request that
@@ -196,12 +200,13 @@ class ModelRunner:
                 launched.row_of[s.request.request_id] = row
             row += len(s.spec_token_ids) + 1
         # The step's one device-to-host copy: the ids with the logprobs asked for, the
-        # prompt logprobs of its prompt chunks, and whether each proposal stands.
+        # prompt logprobs of its prompt chunks, and each row's proposal (a draft model's
+        # reach the host only here) and whether it stands.
         packed = logprobs.pack(logits, sampled, batch.logprobs)
         if plan is not None:
             packed = torch.cat([packed.float(), prompt_packed])
         if accepted is not None:
-            packed = torch.cat([packed.float(), accepted.float()])
+            packed = torch.cat([packed.float(), verify.proposals.float(), accepted.float()])
         launched.batch, launched.num_rows, launched.speculative = batch, len(rows), speculative
         self._to_host(launched, packed)
 
@@ -237,14 +242,15 @@ class ModelRunner:
         values = launched.packed.tolist()
         plan = launched.prompt_plan
         prompt = {}
-        if plan is not None:        # [sampled part][prompt logprobs][proposal flags]
+        if plan is not None:        # [sampled part][prompt logprobs][proposals][proposal flags]
             start = logprobs.packed_len(launched.num_rows, launched.batch.logprobs) if launched.batch else 0
             prompt = prompt_logprobs.unpack(values[start:start + plan.packed_len], plan)
         if launched.batch is None:
             return ModelRunnerOutput([[] for _ in launched.sched.scheduled], prompt_logprobs=prompt)
         tokens, by_row = logprobs.unpack(values, launched.num_rows, launched.batch.logprobs)
-        flags = values[-launched.num_rows:] if launched.speculative else []
-        result = tokens_per_request(launched.sched.scheduled, tokens, flags, by_row)
+        n = launched.num_rows
+        proposals, flags = (values[-2 * n:-n], values[-n:]) if launched.speculative else ([], [])
+        result = tokens_per_request(launched.sched.scheduled, tokens, proposals, flags, by_row)
         result.prompt_logprobs = prompt
         return result
 
@@ -275,11 +281,13 @@ _FINISHED_ROW = Request(request_id="", prompt_token_ids=[0], sampling_params=Sam
                         arrival_time=0.0, max_tokens=1)
 
 
-def tokens_per_request(scheduled, tokens: list[int], flags: list[float],
+def tokens_per_request(scheduled, tokens: list[int], proposals: list[float], flags: list[float],
                        by_row: dict[int, TokenLogprobs]) -> ModelRunnerOutput:
     """The step's sampled rows, back per scheduled request (in order): a request whose
     prompt is still being prefilled gets none; a verifying one its accepted proposals and
-    the token after them; with the logprobs of each request's first row."""
+    the token after them (`proposals`, `flags`: each row's proposal and whether it
+    stands, as the step's copy brought them); with the logprobs of each request's first
+    row."""
     result: list[list[int]] = []
     by_index: dict[int, TokenLogprobs] = {}
     row = 0
@@ -287,9 +295,10 @@ def tokens_per_request(scheduled, tokens: list[int], flags: list[float],
         if not s.completes_prompt:
             result.append([])
             continue
-        spec = s.spec_token_ids
-        result.append(accepted_tokens(spec, tokens, flags, row) if spec else [tokens[row]])
+        k = len(s.spec_token_ids)
+        result.append(accepted_tokens([int(p) for p in proposals[row:row + k]], tokens, flags, row)
+                      if k else [tokens[row]])
         if row in by_row:
             by_index[i] = by_row[row]
-        row += len(spec) + 1
+        row += k + 1
     return ModelRunnerOutput(result, by_index)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -73,9 +73,10 @@ class Request:
     # scheduler restarted it on crossing).
     long_rope: bool = False
     # Speculative decoding (backend/engine/spec_decode/): tokens proposed for the next
-    # step to verify, and with a draft model on a sampled request the draft's
-    # distribution each was drawn from ([len(spec_token_ids), V] on the device).
-    spec_token_ids: list[int] = field(default_factory=list)
+    # step to verify (a draft model's stay on the device: spec_decode/draft_tokens.py),
+    # and with a draft model on a sampled request the draft's distribution each was
+    # drawn from ([len(spec_token_ids), V] on the device).
+    spec_token_ids: Sequence[int] = field(default_factory=list)
     draft_probs: Optional[torch.Tensor] = None
     # Tokens whose K/V the draft model has in its cache (the same blocks as the target's).
     num_draft_computed: int = 0

@@ -31,6 +31,7 @@ from backend.engine.logprobs import LogprobRows
 from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
 from backend.engine.sampling_row import SamplingRow
+from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill
 from backend.ops.cpu_argmax import argmax_rows
 
 # Columns of the per-row parameter tensor.
@@ -71,6 +72,8 @@ class Sampler:
         self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device)
         self._indices = GrowingStagedBuffer(torch.int64, self.device)
         self._bias_values = GrowingStagedBuffer(torch.float32, self.device)
+        # (one per penalty: a staging buffer rewritten within the step would wait for the device)
+        self._draft_index = tuple(GrowingStagedBuffer(torch.int64, self.device) for _ in range(2))
         self.penalties = PenaltyState(self.device, max_slots=max_num_seqs)
 
     # ------------------------------------------------------------------ host side
@@ -88,6 +91,8 @@ class Sampler:
         # banned ids (min_tokens, bad words), logprobs (row, its count), logit_bias ids.
         index_sets: list[tuple[list[int], list[int]]] = [([], []) for _ in range(5)]
         rep_extra, cnt_extra, banned, want_logprobs, biased = index_sets
+        # A draft model's proposals stay on the device: (place in the set's ids, tokens).
+        on_device: tuple[list, list] = ([], [])
         bias_values: list[float] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
@@ -122,7 +127,11 @@ class Sampler:
                         slots[k][i] = slot
                         if proposed:
                             index_sets[k][0].extend([i] * len(proposed))
-                            index_sets[k][1].extend(proposed)
+                            if isinstance(proposed, DraftTokens):   # on the device: written there
+                                on_device[k].append((len(index_sets[k][1]), proposed))
+                                index_sets[k][1].extend([0] * len(proposed))
+                            else:
+                                index_sets[k][1].extend(proposed)
                 any_counted |= counted and r.num_output_tokens > 0
             if r.bad_words is not None:         # the words' own tokens, never the context
                 ids = r.bad_words.banned(r)
@@ -145,6 +154,9 @@ class Sampler:
         # One upload: the index sets, the rows' slots, the penalty state's updates.
         flat = [s for s in slots if s is not None] + penalties.host_updates()
         uploaded, dev = self._upload_indices(index_sets, flat)
+        for k in (0, 1):
+            if on_device[k]:
+                device_fill(uploaded[k][1], on_device[k], self._draft_index[k])
         slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[:len(dev) - 5], dev[-5:]
         penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
         penalty_rows: list[Optional[PenaltyRows]] = [None, None]

@@ -4,7 +4,7 @@ scheduled request's share of the step, as the scheduler left it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -16,8 +16,9 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     # Proposed tokens verified in this step (the last len() of num_new_tokens), and the
-    # draft's distributions they were drawn from, if any.
-    spec_token_ids: list[int] = field(default_factory=list)
+    # draft's distributions they were drawn from, if any. A draft model's are on the
+    # device (spec_decode/draft_tokens.py): the host holds how many.
+    spec_token_ids: Sequence[int] = field(default_factory=list)
     draft_probs: Optional[torch.Tensor] = None
     # Set from the step's result: proposed tokens the target rejected.
     num_rejected: int = 0

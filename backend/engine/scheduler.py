@@ -154,7 +154,7 @@ class Scheduler(ProposalSlots):
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 request.spec_token_ids = []
             while not self.kv_cache.allocate_slots(request, num_new):
-                if self._reclaim_proposal_blocks(idx + 1):
+                if self._reclaim_proposal_blocks({request.request_id, *(s.request.request_id for s in out.scheduled)}):
                     continue
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -224,7 +224,7 @@ class Scheduler(ProposalSlots):
         next step, scheduled before this one's result with async scheduling, starts
         after them), and a token it samples is a placeholder until the result arrives."""
         num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders)
-        spec = request.spec_token_ids[:num_spec]
+        spec = request.spec_token_ids[:num_spec] if num_spec else []
         probs = request.draft_probs[:num_spec] if spec and request.draft_probs is not None else None
         request.spec_token_ids, request.draft_probs = [], None      # proposals are used once
         scheduled = ScheduledRequest(request, num_new, spec, probs)

@@ -39,6 +39,7 @@ from backend.attention.metadata import AttentionMetadata
 from backend.engine.buffers import StagedBuffer
 from backend.engine.persistent_block_tables import PersistentBlockTables
 from backend.engine.sched_output import SchedulerOutput
+from backend.engine.spec_decode.draft_tokens import DraftTokens
 
 
 class GraphShape(NamedTuple):
@@ -68,6 +69,9 @@ class StepInputs:
     # Async scheduling: (index into input_ids, request id) of each token sampled by the
     # step still in flight; its id is 0 here and comes from that step on the device.
     placeholders: list[tuple[int, str]] = field(default_factory=list)
+    # A draft model's proposals verified in this step, left on the device by the draft:
+    # (index into input_ids of the first, the proposals); their ids are 0 here.
+    proposals: list[tuple[int, DraftTokens]] = field(default_factory=list)
 
 
 class StepInputBuilder:
@@ -119,6 +123,7 @@ class StepInputBuilder:
         rows = np.fromiter(((1 + len(s.spec_token_ids)) if s.completes_prompt else 0 for s in sched),
                            dtype=np.int64, count=B)
         placeholders: list[tuple[int, int]] = []       # (request index, its position)
+        proposals: list[tuple[int, int, DraftTokens]] = []     # (request index, first position, tokens)
 
         def tokens(i: int, a: int, b: int) -> list[int]:
             r = sched[i].request
@@ -126,8 +131,12 @@ class StepInputBuilder:
             if b <= n:
                 return r.token_slice(a, b)
             known = r.token_slice(a, n) if a < n else []
-            if sched[i].spec_token_ids:
-                return known + sched[i].spec_token_ids[:b - n]
+            spec = sched[i].spec_token_ids
+            if isinstance(spec, DraftTokens):       # on the device: written there (ModelRunner.launch)
+                proposals.append((i, n, spec[:b - n]))
+                return known + [0] * min(len(spec), b - n)
+            if spec:
+                return known + spec[:b - n]
             placeholders.extend((i, p) for p in range(max(a, n), b))
             return known + [0] * (b - max(a, n))
 
@@ -141,10 +150,11 @@ class StepInputBuilder:
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
                                    extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None)
-        if placeholders:
+        if placeholders or proposals:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
                                  for i, p in placeholders]
+            step.proposals = [(int(first[i] + p - starts[i]), spec) for i, p, spec in proposals]
         return step
 
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,

@@ -16,8 +16,9 @@ plus the step's new tokens (read, never written). For the step's requests it
    whose logits give proposal 1;
 2. proposes: k - 1 more one-token forwards. Each proposal is drawn from the draft's
    distribution under the request's sampling settings (argmax for greedy requests) and
-   written into the next forward's input on the device, so the k forwards cost one
-   device-to-host copy, at the end, of all the proposals.
+   written into the next forward's input on the device. The proposals stay on the
+   device (draft_tokens.py): the step that verifies them reads them there, and the
+   host learns them with that step's own copy, so drafting adds no copy to the host.
 The distributions go with the proposals to the rejection sampler, which needs q.
 
 On CUDA the draft has CUDA graphs of its own (captured by the engine after the target's,
@@ -50,6 +51,7 @@ from backend.engine.model_runner import run_model
 from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
+from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.speculator import Proposals
 from backend.engine.step_inputs import StepInputBuilder
 
@@ -102,13 +104,18 @@ class DraftModelProposer:
         proposing = [row for row in rows if row.k > 0]
         if first is None:
             return Proposals(num_draft_computed=computed)
+        num_forwards = max(row.k for row in proposing)
+        # Every index the forwards and the hand-over take, in one upload: a staging buffer
+        # rewritten within the step would first wait for the device to have read it.
+        keeps, places = _layout(proposing, num_forwards)
+        index = self._index.upload(np.concatenate([*keeps, *places]))
         tokens, probs = [first[0]], [first[1]]
-        active = proposing
-        for j in range(1, max(row.k for row in proposing)):
-            keep = [i for i, row in enumerate(active) if row.k > j]
-            prev_tokens = tokens[-1]
-            if len(keep) < len(active):     # (staged: an upload, not a sync)
-                prev_tokens = prev_tokens.index_select(0, self._index.upload(np.asarray(keep, dtype=np.int64)))
+        active, used = proposing, 0
+        for j in range(1, num_forwards):
+            keep, prev_tokens = keeps[j - 1], tokens[-1]
+            if len(keep) < len(active):
+                prev_tokens = prev_tokens.index_select(0, index[used:used + len(keep)])
+            used += len(keep)
             active = [active[i] for i in keep]
             starts = np.asarray([row.num_tokens - 1 + j for row in active], dtype=np.int64)
             ones = np.ones(len(active), np.int64)
@@ -117,7 +124,8 @@ class DraftModelProposer:
             t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
-        return Proposals(self._hand_over(proposing, tokens, probs), computed)
+        return Proposals(self._hand_over(proposing, torch.cat(tokens).index_select(0, index[used:]), places, probs),
+                         computed)
 
     def _catch_up(self, rows: list[_Row]):
         """The forward over what the draft lacks: (proposal 1 per proposing row and its
@@ -171,24 +179,44 @@ class DraftModelProposer:
         # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
         return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
-    def _hand_over(self, proposing: list[_Row], tokens: list[torch.Tensor],
-                   probs: list[Optional[torch.Tensor]]) -> dict[str, tuple[list[int], Optional[torch.Tensor]]]:
-        """The proposals by request id: one device-to-host copy of all of them. Forward j
-        ran the rows with more than j proposals, in `proposing` order."""
-        flat = torch.cat(tokens).tolist()
-        ids: dict[str, list[int]] = {row.request.request_id: [] for row in proposing}
-        rows: dict[str, list[torch.Tensor]] = {}
-        offset = 0
-        for j in range(len(tokens)):
-            active = [row for row in proposing if row.k > j]
-            for i, row in enumerate(active):
-                rid = row.request.request_id
-                ids[rid].append(flat[offset + i])
-                if probs[j] is not None and not row.request.sampling_params.greedy:
-                    rows.setdefault(rid, []).append(probs[j][i])
-            offset += len(active)
-        # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
-        return {rid: (spec, torch.stack(rows[rid]) if rid in rows else None) for rid, spec in ids.items()}
+    def _hand_over(self, proposing: list[_Row], ordered: torch.Tensor, places: list[np.ndarray],
+                   probs: list[Optional[torch.Tensor]]) -> dict[str, tuple[DraftTokens, Optional[torch.Tensor]]]:
+        """The proposals by request id, left on the device (draft_tokens.py): `ordered`
+        holds them in request order, and each request's are a slice of it. probs[j]:
+        forward j's distributions, a row per request with more than j proposals."""
+        q: dict[int, list[torch.Tensor]] = {}
+        for j, dist in enumerate(probs):
+            if dist is None:
+                continue
+            active = [i for i, row in enumerate(proposing) if row.k > j]
+            for n, i in enumerate(active):
+                if not proposing[i].request.sampling_params.greedy:
+                    q.setdefault(i, []).append(dist[n])
+        out, start = {}, 0
+        for i, (row, own) in enumerate(zip(proposing, places)):
+            # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
+            out[row.request.request_id] = (DraftTokens(ordered, start, len(own)),
+                                           torch.stack(q[i]) if i in q else None)
+            start += len(own)
+        return out
+
+
+def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(for forwards 1..num_forwards-1, the rows of the previous forward that go on: those
+    with more than j proposals; for each proposing row, the places of its proposals in
+    the forwards' concatenated output, forward by forward)."""
+    keeps, places = [], [[] for _ in proposing]
+    active = list(range(len(proposing)))
+    offset = 0
+    for j in range(num_forwards):
+        for n, i in enumerate(active):
+            places[i].append(offset + n)
+        offset += len(active)
+        if j + 1 < num_forwards:
+            keep = [n for n, i in enumerate(active) if proposing[i].k > j + 1]
+            keeps.append(np.asarray(keep, dtype=np.int64))
+            active = [active[n] for n in keep]
+    return keeps, [np.asarray(p, dtype=np.int64) for p in places]
 
 
 @dataclass

@@ -34,14 +34,16 @@ class ProposalSlots:
     # step for what the draft writes ahead in it. 0: no draft model.
     num_lookahead_tokens: int = 0
 
-    def _reclaim_proposal_blocks(self, start: int) -> bool:
-        """Before anyone is preempted: the blocks that running requests not yet scheduled
-        in this step hold only for their proposals (the draft model writes its proposals'
-        K/V there) go back to the pool, and those proposals are dropped. True when a block
-        came back."""
+    def _reclaim_proposal_blocks(self, keep: set[str]) -> bool:
+        """Before anyone is preempted: the blocks that running requests other than `keep`
+        (those scheduled in this step, and the one being scheduled) hold only for their
+        proposals (the draft model writes its proposals' K/V there) go back to the pool,
+        and those proposals are dropped. With async scheduling that includes the requests
+        skipped because their step is in flight, wherever they stand in the queue: the
+        draft then writes only into the slots they still hold. True when a block came back."""
         freed = False
-        for r in self.running[start:]:
-            if self.kv_cache.num_blocks_beyond(r, r.num_computed_tokens + 1):
+        for r in self.running:
+            if r.request_id not in keep and self.kv_cache.num_blocks_beyond(r, r.num_computed_tokens + 1):
                 r.spec_token_ids, r.draft_probs = [], None
                 self.kv_cache.trim(r, r.num_computed_tokens + 1)
                 freed = True

@@ -13,7 +13,7 @@ bonus token drawn from p. An n-gram proposal is a point mass: q(d) = 1. The outp
 distributed exactly as p, whatever q is.
 
 Everything runs on the logits' device; the host learns the outcome from the step's one
-device-to-host copy (accept flags beside the tokens).
+device-to-host copy (each row's proposal and accept flag beside the tokens).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
+from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill
 from backend.ops.cpu_argmax import argmax_rows
 
 # Row kinds in the verification plan. PLAIN: the one row of a request that verifies
@@ -41,7 +42,7 @@ class VerifyRow:
     __slots__ = ("verified_request", "proposed", "sampling_params", "sampling_row", "generator", "bad_words",
                  "eos_token_ids")
 
-    def __init__(self, request, proposed: list[int]) -> None:
+    def __init__(self, request, proposed: Sequence[int]) -> None:
         self.verified_request = request
         self.proposed = proposed
         # What the sampler reads of every row, copied (fixed for the request's life):
@@ -57,11 +58,11 @@ class VerifyRow:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.verified_request.output_token_ids + self.proposed
+        return self.verified_request.output_token_ids + list(self.proposed)
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.verified_request.all_token_ids + self.proposed
+        return self.verified_request.all_token_ids + list(self.proposed)
 
     @property
     def num_output_tokens(self) -> int:
@@ -96,10 +97,13 @@ class VerifyPlan:
 class RejectionSampler:
     def __init__(self, device: torch.device) -> None:
         self._plan = GrowingStagedBuffer(torch.int64, device)
+        self._draft_index = GrowingStagedBuffer(torch.int64, device)
 
     def plan(self, scheduled: Sequence) -> VerifyPlan:
-        """Host side: each row's proposal and kind, in one upload."""
+        """Each row's proposal and kind, in one upload; a draft model's proposals, on the
+        device (draft_tokens.py), written into the plan there."""
         proposals, kinds, drawn, probs, plain = [], [], [], [], []
+        on_device: list[tuple[int, DraftTokens]] = []
         for s in scheduled:
             spec = s.spec_token_ids
             drawn_from_draft = s.draft_probs is not None
@@ -108,10 +112,15 @@ class RejectionSampler:
                 probs.append(s.draft_probs)
             if not spec:
                 plain.append(len(proposals))
-            proposals += spec + [-1]
+            if isinstance(spec, DraftTokens):
+                on_device.append((len(proposals), spec))
+                proposals += [0] * len(spec) + [-1]
+            else:
+                proposals += [*spec, -1]
             kinds += [DRAWN if drawn_from_draft else POINT] * len(spec) + [BONUS if spec else PLAIN]
         R = len(proposals)
         dev = self._plan.upload(np.asarray(proposals + kinds + drawn, dtype=np.int64))
+        device_fill(dev[:R], on_device, self._draft_index)
         return VerifyPlan(dev[:R], dev[R:2 * R], dev[2 * R:], probs, frozenset(plain))
 
     def sample(self, sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, plan: VerifyPlan

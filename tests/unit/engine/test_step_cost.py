@@ -102,3 +102,35 @@ def test_counter_sees_syncs_copies_and_launches():
     assert c.outside["torch.tensor"] == 1
     assert c.outside["triton:_add_rms_norm_kernel"] == 1
     assert "aten.view.default" not in c.outside and "aten.empty.memory_format" not in c.outside
+
+
+def test_a_draft_models_verify_step_keeps_one_sync(ckpt_dir):
+    """A verify step with a draft model: the target's forward and the rejection sampler,
+    then, inside the same step, the draft's catch-up and its proposals' forwards. The
+    proposals stay on the device for the step that verifies them (they come back within
+    that step's copy), so the step still has one host sync (two before: the draft read its
+    proposals back). Greedy, sampled and penalized rows mixed."""
+    from backend.engine.spec_decode.draft_tokens import DraftTokens
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+    llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_seqs=8, attention_backend="torch", device="cpu",
+              async_scheduling=False, speculative_config=spec)
+    engine = llm.engine
+    params = [p.model_copy(update={"max_tokens": 24, **({"repetition_penalty": 1.2} if i % 3 == 0 else {})})
+              for i, p in enumerate(mixed_batch_params())]
+    for prompt, p in zip(random_prompts(8, [5, 9, 3, 12], seed=4), params):
+        engine.add_request(prompt, p)
+    engine.step()                                  # the prompts; the draft proposes
+    engine.step()                                  # a first verification (warms caches)
+    sched = engine.scheduler.schedule()
+    assert all(isinstance(s.spec_token_ids, DraftTokens) and len(s.spec_token_ids) == 3 for s in sched.scheduled)
+    with count_dispatches(engine.model) as counts:
+        result = engine.runner.execute(sched)
+    assert all(isinstance(tokens, DraftTokens) for tokens, _ in result.proposals.tokens.values())
+    assert len(result.proposals.tokens) == 8
+    assert counts.num_syncs <= MAX_SYNCS, dict(counts.syncs)
+    engine.scheduler.update_from_output(sched, result)
+    assert all(len(t) == 4 for t in result.sampled_token_ids)        # (the draft is the target)
+    for rid in list(engine.scheduler.requests):
+        engine.abort_request(rid)
+    assert_pool_free(engine)

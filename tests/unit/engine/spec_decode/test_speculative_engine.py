@@ -251,16 +251,20 @@ def test_triton_kernels(target):
     assert_pool_free(llm)
 
 
-def test_no_preemption_while_proposals_hold_blocks(target):
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_no_preemption_while_proposals_hold_blocks(target, async_scheduling):
     """A draft model writes its proposals' K/V into blocks past each request's tokens.
     Those blocks go back to the pool (and the proposals are dropped) before anyone is
     preempted: at every preemption no running request holds a block for proposals only.
     Twelve requests outgrow the pool while decoding; half ask for logprobs (they do not
-    speculate), as in the issue's run. Greedy output still equals transformers'."""
+    speculate), as in the issue's run. Greedy output still equals transformers'. With
+    async scheduling that includes the requests whose step is in flight, ahead of the
+    one being scheduled (they were left out before)."""
     from backend.engine.scheduler import Scheduler
     prompts = random_prompts(12, [20], seed=3)
     reference = hf_greedy(target, prompts, 48)
-    llm = LLM(target, speculative_config=spec_config("draft_same", 5, target, target), **ENGINE)
+    llm = LLM(target, speculative_config=spec_config("draft_same", 5, target, target),
+              async_scheduling=async_scheduling, **ENGINE)
     scheduler = llm.engine.scheduler
     real_preempt = Scheduler._preempt
     held_at_preemption = []
@@ -284,8 +288,11 @@ def test_the_draft_proposes_inside_the_runners_step(target, other_draft, prompts
     scheduler applies the step), its proposals come back in the ModelRunnerOutput, and
     each proposing request's slots were reserved when the step was scheduled: blocks for
     the step's tokens plus ScheduledRequest.num_lookahead_tokens, at least as many as the
-    proposals it made. Output still transformers' greedy."""
-    llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), **ENGINE)
+    proposals it made. Output still transformers' greedy. In series: with async
+    scheduling the next step's schedule may take reserved slots back before the draft
+    runs (test_under_async_scheduling_the_draft_writes_only_into_slots_still_held)."""
+    llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), async_scheduling=False,
+              **ENGINE)
     engine, runner = llm.engine, llm.engine.runner
     assert runner.drafter is engine.speculator.proposer
     real_collect, proposed = runner.collect, []

@@ -1,0 +1,86 @@
+"""A draft model's proposals, kept on the device until the step that verifies them.
+
+The draft proposes inside the runner's step (draft_model.py), after that step's one copy
+to the host. Reading its proposals back would be a second device-to-host copy and wait:
+with async scheduling, a wait for the next step's forward too, launched before. So the
+proposals stay where the draft drew them, and the host holds only how many there are
+(all the scheduler needs: slots, budget, rows). The verifying step writes them on the
+device where it needs their values, into its input ids (StepInputBuilder's proposal
+positions), the rejection sampler's plan and the penalties' proposal counts
+(`device_fill`), and sends them to the host within its own copy, beside the accept
+flags (ModelRunner.sample): the host learns a request's accepted tokens from that.
+
+Only bad words that span several tokens read proposals on the host before that (a
+verification row's output tail: `tolist`, one wait for the draft's step).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+import torch
+
+from backend.engine.buffers import GrowingStagedBuffer
+
+
+class DraftTokens:
+    """Proposals start:start + length of `base` (int64, on the device), one request's."""
+    __slots__ = ("base", "start", "length", "_host")
+
+    def __init__(self, base: torch.Tensor, start: int, length: int) -> None:
+        self.base, self.start, self.length = base, start, length
+        self._host = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            return self.tolist()[index]
+        a, b, step = index.indices(self.length)
+        if step != 1:
+            raise ValueError("DraftTokens slices take step 1")
+        return DraftTokens(self.base, self.start + a, max(b - a, 0))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, DraftTokens)) else NotImplemented
+
+    __hash__ = None
+
+    def tolist(self) -> list[int]:
+        """The values on the host: a copy and a wait for the draft's step (on a GPU). The
+        step paths never call it; bad words spanning several tokens do."""
+        if self._host is None:
+            self._host = self.base[self.start:self.start + self.length].tolist()
+        return self._host
+
+    def __repr__(self) -> str:
+        return f"DraftTokens(start={self.start}, length={self.length})"
+
+
+Proposed = Union[Sequence[int], DraftTokens]
+
+
+def device_fill(dest: torch.Tensor, entries: list[tuple[int, DraftTokens]], staging: GrowingStagedBuffer) -> None:
+    """dest[pos : pos + len(tokens)] = tokens, on the device, for each (pos, tokens) of
+    `entries`: one upload of indices, at most one concatenation (proposals drawn by
+    different draft steps), one gather, one scatter. No host sync."""
+    entries = [(pos, t) for pos, t in entries if t.length]
+    if not entries:
+        return
+    bases: dict[int, tuple[torch.Tensor, int]] = {}
+    offset = 0
+    for _, t in entries:
+        if id(t.base) not in bases:
+            bases[id(t.base)] = (t.base, offset)
+            offset += t.base.shape[0]
+    positions = np.concatenate([np.arange(pos, pos + t.length) for pos, t in entries])
+    sources = np.concatenate([np.arange(t.start, t.start + t.length) + bases[id(t.base)][1] for _, t in entries])
+    n = positions.shape[0]
+    index = staging.upload(np.concatenate([positions, sources]).astype(np.int64))
+    source = next(iter(bases.values()))[0] if len(bases) == 1 else torch.cat([b for b, _ in bases.values()])
+    dest.index_copy_(0, index[:n], source.index_select(0, index[n:]).to(dest.dtype))
