@@ -322,11 +322,10 @@ class EngineArgs(BaseModel):
     def use_async_scheduling(self) -> bool:
         if self.async_scheduling is not None:
             return self.async_scheduling
-        # Not by default with a draft model: its proposals come back to the host (one sync
-        # after the step in flight) before the next step is sampled, so nothing overlaps,
-        # and a speculating request would still verify only every other step.
-        draft = self.speculative_config is not None and self.speculative_config.method == "draft_model"
-        return self.runner == "generate" and self.world_size == 1 and self.model_runner == "torch" and not draft
+        # With speculation too (n-gram or a draft model, whose proposals stay on the device
+        # until the step that verifies them): a speculating request then verifies every
+        # other step (README, async_scheduling).
+        return self.runner == "generate" and self.world_size == 1 and self.model_runner == "torch"
 
     @property
     def pooler(self) -> PoolerConfig:

@@ -143,7 +143,7 @@ def test_async_scheduling_is_refused_where_it_would_not_be_exact():
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1}
     assert EngineArgs.create(model="m", speculative_config=ngram).use_async_scheduling
     draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
-    assert not EngineArgs.create(model="m", speculative_config=draft).use_async_scheduling
+    assert EngineArgs.create(model="m", speculative_config=draft).use_async_scheduling
     assert not EngineArgs.create(model="m", tensor_parallel_size=2).use_async_scheduling
     with pytest.raises(ConfigError, match="async_scheduling=true is not supported where tensor_parallel_size=2"):
         EngineArgs.create(model="m", tensor_parallel_size=2, async_scheduling=True)
