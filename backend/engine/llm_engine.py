@@ -193,10 +193,13 @@ class LLMEngine(RequestIntake):
             draft_layers = (allocate_kv_cache(draft[1], self.num_kv_blocks, args.block_size, kv_dtype, self.device)
                             if draft is not None else None)
             tokens, seqs, blocks = sizing.draft_input_sizes(args, self.max_model_len)
+            # The draft builds and draws k times a step: k host staging buffers each, so
+            # none waits for the device to have read the one before (buffers.py).
+            slots = spec.num_speculative_tokens if draft is not None else 1
             self.speculator = Speculator(spec, make_proposer(
-                spec, draft, self.kv_cache, draft_layers, StepInputBuilder(tokens, seqs, blocks,
-                                                                           args.block_size, self.device),
-                Sampler(args.seed + 1, self.device, args.max_num_seqs), cfg.vocab_size))
+                spec, draft, self.kv_cache, draft_layers,
+                StepInputBuilder(tokens, seqs, blocks, args.block_size, self.device, staging_slots=slots),
+                Sampler(args.seed + 1, self.device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
             if draft_layers is not None:
                 self.kv_cache_bytes += kv_bytes(draft_layers)
             self.scheduler.may_speculate = Speculator.can_speculate

@@ -66,12 +66,16 @@ class SamplingBatch:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, device: torch.device = torch.device("cpu"), max_num_seqs: int = 256) -> None:
+    def __init__(self, seed: int = 0, device: torch.device = torch.device("cpu"), max_num_seqs: int = 256,
+                 staging_slots: int = 1) -> None:
+        """staging_slots: host buffers used in turn (buffers.py), for a sampler that
+        prepares several draws a step (the draft model's)."""
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device)
-        self._indices = GrowingStagedBuffer(torch.int64, self.device)
-        self._bias_values = GrowingStagedBuffer(torch.float32, self.device)
+        self._slots = staging_slots
+        self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device, staging_slots)
+        self._indices = GrowingStagedBuffer(torch.int64, self.device, slots=staging_slots)
+        self._bias_values = GrowingStagedBuffer(torch.float32, self.device, slots=staging_slots)
         # (one per penalty: a staging buffer rewritten within the step would wait for the device)
         self._draft_index = tuple(GrowingStagedBuffer(torch.int64, self.device) for _ in range(2))
         self.penalties = PenaltyState(self.device, max_slots=max_num_seqs)
@@ -85,7 +89,7 @@ class Sampler:
         proposals."""
         B = len(requests)
         if B * NUM_COLUMNS > self._params.np.shape[0]:
-            self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device)
+            self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device, self._slots)
         params_rows: list[tuple] = []
         # Index sets as flat (rows, ids) lists: repetition proposals, counted proposals,
         # banned ids (min_tokens, bad words), logprobs (row, its count), logit_bias ids.

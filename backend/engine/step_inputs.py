@@ -76,7 +76,9 @@ class StepInputs:
 
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, staging_slots: int = 1) -> None:
+        """staging_slots: host buffers used in turn (buffers.py), for a builder that builds
+        several forwards a step (the draft model's)."""
         self.T, self.B, self.M = max_num_tokens, max_num_seqs, max_blocks_per_seq
         self.block_size = block_size
         off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
@@ -87,7 +89,7 @@ class StepInputBuilder:
             off[name] = pos
             pos += n
         self.offsets = off
-        self.buffer = StagedBuffer(pos, torch.int32, device)
+        self.buffer = StagedBuffer(pos, torch.int32, device, staging_slots)
         # Every rank keeps the device table (each applies the same updates); rank 0 also
         # the host side.
         self.tables = PersistentBlockTables(self.B, self.M)
