@@ -165,9 +165,9 @@ class EngineArgs(BaseModel):
     speculative_config: Optional[SpeculativeConfig] = None
     # vLLM's name: schedule step N+1 while the device runs step N (its sampled ids feed
     # step N+1 on the device; stops are seen one step behind). None: on wherever output
-    # stays exact, which is everywhere except with speculative decoding (proposals are
-    # made from step N's tokens), tensor parallelism (the ranks would need step N's ids)
-    # and the exported-graph runners.
+    # stays exact, which is everywhere (speculation included: a speculating request sits
+    # out the step launched while its own is in flight) except tensor and pipeline
+    # parallelism (the ranks would need step N's ids) and the exported-graph runners.
     async_scheduling: Optional[bool] = None
     # The CPU forward split by sequences into this many shards, each run on its own thread
     # with the intra-op threads divided between them (backend/engine/cpu_shards.py): small

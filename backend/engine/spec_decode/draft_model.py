@@ -192,10 +192,10 @@ class DraftModelProposer:
             for n, i in enumerate(active):
                 if not proposing[i].request.sampling_params.greedy:
                     q.setdefault(i, []).append(dist[n])
-        out, start = {}, 0
+        out, start, read = {}, 0, [None]       # (read: one host copy for all, if ever read)
         for i, (row, own) in enumerate(zip(proposing, places)):
             # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
-            out[row.request.request_id] = (DraftTokens(ordered, start, len(own)),
+            out[row.request.request_id] = (DraftTokens(ordered, start, len(own), read),
                                            torch.stack(q[i]) if i in q else None)
             start += len(own)
         return out

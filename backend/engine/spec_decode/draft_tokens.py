@@ -11,12 +11,14 @@ positions), the rejection sampler's plan and the penalties' proposal counts
 flags (ModelRunner.sample): the host learns a request's accepted tokens from that.
 
 Only bad words that span several tokens read proposals on the host before that (a
-verification row's output tail: `tolist`, one wait for the draft's step).
+verification row's output tail: `tolist`). The first read copies the whole draft step's
+proposals, which every slice of them shares: one wait per draft step, for the draft's
+forwards and, with async scheduling, the step launched before them.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -26,11 +28,12 @@ from backend.engine.buffers import GrowingStagedBuffer
 
 class DraftTokens:
     """Proposals start:start + length of `base` (int64, on the device), one request's."""
-    __slots__ = ("base", "start", "length", "_host")
+    __slots__ = ("base", "start", "length", "_read")
 
-    def __init__(self, base: torch.Tensor, start: int, length: int) -> None:
+    def __init__(self, base: torch.Tensor, start: int, length: int, _read: Optional[list] = None) -> None:
         self.base, self.start, self.length = base, start, length
-        self._host = None
+        # [base on the host, or None until read], shared by every slice of `base`.
+        self._read = _read if _read is not None else [None]
 
     def __len__(self) -> int:
         return self.length
@@ -41,7 +44,7 @@ class DraftTokens:
         a, b, step = index.indices(self.length)
         if step != 1:
             raise ValueError("DraftTokens slices take step 1")
-        return DraftTokens(self.base, self.start + a, max(b - a, 0))
+        return DraftTokens(self.base, self.start + a, max(b - a, 0), self._read)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.tolist())
@@ -52,11 +55,14 @@ class DraftTokens:
     __hash__ = None
 
     def tolist(self) -> list[int]:
-        """The values on the host: a copy and a wait for the draft's step (on a GPU). The
-        step paths never call it; bad words spanning several tokens do."""
-        if self._host is None:
-            self._host = self.base[self.start:self.start + self.length].tolist()
-        return self._host
+        """The values on the host: the first read of any slice of `base` copies all of
+        it and waits for the draft's step (on a GPU). The step paths never call it; bad
+        words spanning several tokens do."""
+        if not self.length:
+            return []
+        if self._read[0] is None:
+            self._read[0] = self.base.tolist()
+        return self._read[0][self.start:self.start + self.length]
 
     def __repr__(self) -> str:
         return f"DraftTokens(start={self.start}, length={self.length})"

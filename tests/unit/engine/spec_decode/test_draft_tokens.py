@@ -27,6 +27,17 @@ def test_slices_stay_on_the_device_until_read():
         t[::2]
 
 
+def test_one_read_serves_every_slice_and_sibling():
+    """Bad words read a verification row's proposals back (row j: the first j): every
+    slice, and every request's proposals from the same draft step, share one copy."""
+    base, read = torch.tensor([5, 6, 7, 8, 9, 10]), [None]
+    first, second = DraftTokens(base, 0, 4, read), DraftTokens(base, 4, 2, read)
+    with count_dispatches() as counts:
+        rows = [list(first[:j]) for j in range(5)] + [list(second[:j]) for j in range(3)]
+    assert counts.num_syncs == 1, dict(counts.syncs)
+    assert rows == [[], [5], [5, 6], [5, 6, 7], [5, 6, 7, 8], [], [9], [9, 10]]
+
+
 def test_device_fill_writes_proposals_of_several_draft_steps_without_a_sync():
     """Proposals drawn by two draft steps (a request skipped a step keeps older ones)
     land at their positions; nothing is read back to the host."""
