@@ -31,7 +31,7 @@ from backend.engine.logprobs import LogprobRows
 from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
 from backend.engine.sampling_row import SamplingRow
-from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill
+from backend.engine.spec_decode.draft_tokens import device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 
 # Columns of the per-row parameter tensor.
@@ -131,11 +131,7 @@ class Sampler:
                         slots[k][i] = slot
                         if proposed:
                             index_sets[k][0].extend([i] * len(proposed))
-                            if isinstance(proposed, DraftTokens):   # on the device: written there
-                                on_device[k].append((len(index_sets[k][1]), proposed))
-                                index_sets[k][1].extend([0] * len(proposed))
-                            else:
-                                index_sets[k][1].extend(proposed)
+                            extend_staged(index_sets[k][1], proposed, on_device[k])
                 any_counted |= counted and r.num_output_tokens > 0
             if r.bad_words is not None:         # the words' own tokens, never the context
                 ids = r.bad_words.banned(r)

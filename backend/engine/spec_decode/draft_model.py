@@ -107,7 +107,7 @@ class DraftModelProposer:
         num_forwards = max(row.k for row in proposing)
         # Every index the forwards and the hand-over take, in one upload: a staging buffer
         # rewritten within the step would first wait for the device to have read it.
-        keeps, places = _layout(proposing, num_forwards)
+        keeps, places, starts_of = _layout(proposing, num_forwards)
         index = self._index.upload(np.concatenate([*keeps, *places]))
         tokens, probs = [first[0]], [first[1]]
         active, used = proposing, 0
@@ -124,8 +124,8 @@ class DraftModelProposer:
             t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
-        return Proposals(self._hand_over(proposing, torch.cat(tokens).index_select(0, index[used:]), places, probs),
-                         computed)
+        ordered = torch.cat(tokens).index_select(0, index[used:])
+        return Proposals(self._hand_over(proposing, ordered, places, starts_of, probs), computed)
 
     def _catch_up(self, rows: list[_Row]):
         """The forward over what the draft lacks: (proposal 1 per proposing row and its
@@ -180,35 +180,34 @@ class DraftModelProposer:
         return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
     def _hand_over(self, proposing: list[_Row], ordered: torch.Tensor, places: list[np.ndarray],
-                   probs: list[Optional[torch.Tensor]]) -> dict[str, tuple[DraftTokens, Optional[torch.Tensor]]]:
+                   starts_of: list[int], probs: list[Optional[torch.Tensor]]
+                   ) -> dict[str, tuple[DraftTokens, Optional[torch.Tensor]]]:
         """The proposals by request id, left on the device (draft_tokens.py): `ordered`
         holds them in request order, and each request's are a slice of it. probs[j]:
-        forward j's distributions, a row per request with more than j proposals."""
-        q: dict[int, list[torch.Tensor]] = {}
-        for j, dist in enumerate(probs):
-            if dist is None:
-                continue
-            active = [i for i, row in enumerate(proposing) if row.k > j]
-            for n, i in enumerate(active):
-                if not proposing[i].request.sampling_params.greedy:
-                    q.setdefault(i, []).append(dist[n])
+        forward j's distributions, whose rows start at starts_of[j] in `places`' terms
+        (None when forward j drew every row greedily)."""
         out, start, read = {}, 0, [None]       # (read: one host copy for all, if ever read)
-        for i, (row, own) in enumerate(zip(proposing, places)):
-            # The rejection sampler's q; the K/V of the proposals is rewritten by the next catch-up.
-            out[row.request.request_id] = (DraftTokens(ordered, start, len(own), read),
-                                           torch.stack(q[i]) if i in q else None)
+        for row, own in zip(proposing, places):
+            q = None
+            if not row.request.sampling_params.greedy:
+                # The rejection sampler's q: its row in each forward's distributions.
+                q = torch.stack([probs[j][p - starts_of[j]] for j, p in enumerate(own.tolist())])
+            # (the K/V of the proposals is rewritten by the next catch-up)
+            out[row.request.request_id] = (DraftTokens(ordered, start, len(own), read), q)
             start += len(own)
         return out
 
 
-def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
     """(for forwards 1..num_forwards-1, the rows of the previous forward that go on: those
     with more than j proposals; for each proposing row, the places of its proposals in
-    the forwards' concatenated output, forward by forward)."""
-    keeps, places = [], [[] for _ in proposing]
+    the forwards' concatenated output, forward by forward; where each forward's rows
+    start in that output)."""
+    keeps, places, starts_of = [], [[] for _ in proposing], []
     active = list(range(len(proposing)))
     offset = 0
     for j in range(num_forwards):
+        starts_of.append(offset)
         for n, i in enumerate(active):
             places[i].append(offset + n)
         offset += len(active)
@@ -216,7 +215,7 @@ def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray
             keep = [n for n, i in enumerate(active) if proposing[i].k > j + 1]
             keeps.append(np.asarray(keep, dtype=np.int64))
             active = [active[n] for n in keep]
-    return keeps, [np.asarray(p, dtype=np.int64) for p in places]
+    return keeps, [np.asarray(p, dtype=np.int64) for p in places], starts_of
 
 
 @dataclass

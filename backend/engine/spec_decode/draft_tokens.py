@@ -18,7 +18,7 @@ forwards and, with async scheduling, the step launched before them.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -68,7 +68,15 @@ class DraftTokens:
         return f"DraftTokens(start={self.start}, length={self.length})"
 
 
-Proposed = Union[Sequence[int], DraftTokens]
+def extend_staged(values: list[int], tokens: Sequence[int], on_device: list[tuple[int, DraftTokens]]) -> None:
+    """Appends proposals to a host list bound for an upload: their ids, or for a draft
+    model's (on the device) zeros and where they go in `on_device`, for device_fill to
+    write once the list is on the device."""
+    if isinstance(tokens, DraftTokens):
+        on_device.append((len(values), tokens))
+        values.extend([0] * len(tokens))
+    else:
+        values.extend(tokens)
 
 
 def device_fill(dest: torch.Tensor, entries: list[tuple[int, DraftTokens]], staging: GrowingStagedBuffer) -> None:

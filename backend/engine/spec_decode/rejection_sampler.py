@@ -26,7 +26,7 @@ import torch
 
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
-from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill
+from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 
 # Row kinds in the verification plan. PLAIN: the one row of a request that verifies
@@ -112,11 +112,8 @@ class RejectionSampler:
                 probs.append(s.draft_probs)
             if not spec:
                 plain.append(len(proposals))
-            if isinstance(spec, DraftTokens):
-                on_device.append((len(proposals), spec))
-                proposals += [0] * len(spec) + [-1]
-            else:
-                proposals += [*spec, -1]
+            extend_staged(proposals, spec, on_device)
+            proposals.append(-1)
             kinds += [DRAWN if drawn_from_draft else POINT] * len(spec) + [BONUS if spec else PLAIN]
         R = len(proposals)
         dev = self._plan.upload(np.asarray(proposals + kinds + drawn, dtype=np.int64))
