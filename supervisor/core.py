@@ -22,12 +22,20 @@ Recover:
  A try that fails is retried after a doubling backoff (a failed reload escalates to a
  server restart); after `max_tries` the supervisor gives up: the server stays down and
  `/live` fails with the reason.
+
+Sidecars (the OpenAI API, the HTTP guard: supervisor/sidecars.py) are restarted whenever
+they exit, and keep `/ready` at 503 while down.
+
+File descriptors: the soft limit is raised to the hard one at start, and a poll that
+fails with an OSError (EMFILE under a connection flood) is logged and retried on the next
+tick instead of ending the supervisor and orphaning tritonserver.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -39,6 +47,7 @@ from typing import Optional
 
 from backend.triton_server.health_report import HEALTH_DIR_ENV, SERVING, STOPPED, UNHEALTHY, read_reports
 from supervisor import processes
+from supervisor.sidecars import Sidecar, Sidecars
 from supervisor.status import FAILED, SERVING as STATE_SERVING, STOPPING, Failure, StatusServer, SupervisorStatus
 from supervisor.triton_api import TritonAPI
 
@@ -62,6 +71,7 @@ class SupervisorOptions:
     drain_timeout_s: float = 30.0       # other models' drain before a restart kills the server
     kill_after_stubs_exit_s: float = 3.0
     health_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="paged_llm_health_"))
+    sidecars: list[Sidecar] = field(default_factory=list)
 
 
 class Supervisor:
@@ -74,12 +84,16 @@ class Supervisor:
         self._handled: set[int] = set()       # stub pids whose failure was dealt with
         self._stubs: dict[int, processes.Stub] = {}  # seen for this server process, for cleanup
         self._next_scan = 0.0
+        self.sidecars = Sidecars(options.sidecars)
 
     # ---------------------------------------------------------------- main
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
+        raise_fd_limit()
         http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host).start()
+        self.sidecars.start()
+        self.status.set_sidecars(self.sidecars.snapshot())
         try:
             if not self._start_server():
                 if self._stop.is_set():  # Ctrl-C while loading: let Triton stop on its own terms
@@ -89,16 +103,25 @@ class Supervisor:
                 return 1
             self.status.set_state(STATE_SERVING)
             while not self._stop.wait(self.o.poll_interval_s):
-                if self.status.state == FAILED:
-                    continue
-                self._scan_stubs()
-                failure = self.check()
-                if failure is not None:
-                    self.recover(failure)
+                try:
+                    self.tick()
+                except OSError as e:        # EMFILE and the like: the next tick tries again
+                    log.error("supervisor poll failed: %s", e)
             return self.shutdown()
         finally:
+            self.sidecars.stop()
             http.stop()
             shutil.rmtree(self.o.health_dir, ignore_errors=True)
+
+    def tick(self) -> None:
+        self.sidecars.poll()
+        self.status.set_sidecars(self.sidecars.snapshot())
+        if self.status.state == FAILED:
+            return
+        self._scan_stubs()
+        failure = self.check()
+        if failure is not None:
+            self.recover(failure)
 
     def check(self) -> Optional[Failure]:
         exited = self.proc is None or self.proc.poll() is not None
@@ -261,3 +284,14 @@ class Supervisor:
             time.sleep(0.1)
         self._cleanup_stubs()
         return self.proc.returncode
+
+
+def raise_fd_limit() -> None:
+    """Soft descriptor limit up to the hard one: Python's default keeps the soft 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536),
+                                                        hard))
+        except (ValueError, OSError):
+            pass

@@ -6,9 +6,15 @@ server restart its ports are closed; these endpoints stay up through recovery an
 the backend cannot serve:
  - `GET /live`: 200 while serving or recovering; 503 once recovery has given up (then a
    Kubernetes liveness probe restarts the pod).
- - `GET /ready`: 200 only while serving and tritonserver reports itself ready; else 503.
- - `GET /status`: the state, the last failure and its cause, counts, time to recover.
+ - `GET /ready`: 200 only while serving, tritonserver reports itself ready and every
+   sidecar (the OpenAI API, the HTTP guard) runs; else 503.
+ - `GET /status`: the state, the last failure and its cause, counts, time to recover,
+   and each sidecar's state and restarts.
  - `GET /metrics`: the same as Prometheus counters and gauges.
+
+The port takes at most MAX_CONNECTIONS connections at a time, each with a read timeout:
+one thread per idle connection, unbounded, used to exhaust the supervisor's file
+descriptors (about 1,000 idle connections at a 1,024 limit) until it exited.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class SupervisorStatus:
     last_failure: Optional[Failure] = None
     last_recovery_s: Optional[float] = None
     server_starts: int = 0
+    sidecars: dict[str, dict] = field(default_factory=dict)   # name -> Sidecar.snapshot()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def set_state(self, state: str, reason: str = "") -> None:
@@ -62,6 +69,17 @@ class SupervisorStatus:
         with self._lock:
             self.server_starts += 1
 
+    def set_sidecars(self, sidecars: dict[str, dict]) -> None:
+        with self._lock:
+            self.sidecars = sidecars
+
+    def sidecars_down(self) -> str:
+        """Why the sidecars keep the server from being ready, in words; "" when all run."""
+        with self._lock:
+            down = [f"sidecar '{n}' is down (last exit code {s['last_exit']})"
+                    for n, s in self.sidecars.items() if s["state"] != "running"]
+        return "; ".join(down)
+
     def on_recovered(self, seconds: float) -> None:
         with self._lock:
             self.recoveries += 1
@@ -73,7 +91,8 @@ class SupervisorStatus:
             return {"state": self.state, "reason": self.reason, "failures": dict(self.failures),
                     "recoveries": self.recoveries, "recovery_attempts": self.recovery_attempts,
                     "last_failure": asdict(self.last_failure) if self.last_failure else None,
-                    "last_recovery_s": self.last_recovery_s, "server_starts": self.server_starts}
+                    "last_recovery_s": self.last_recovery_s, "server_starts": self.server_starts,
+                    "sidecars": {n: dict(v) for n, v in self.sidecars.items()}}
 
     def prometheus(self) -> str:
         s = self.snapshot()
@@ -96,6 +115,12 @@ class SupervisorStatus:
             "# HELP llm_backend_state 1 for the supervisor's current state.",
             "# TYPE llm_backend_state gauge",
             *(f'llm_backend_state{{state="{st}"}} {int(st == s["state"])}' for st in STATES),
+            "# HELP llm_sidecar_up 1 while the sidecar process (the OpenAI API, the HTTP guard) runs.",
+            "# TYPE llm_sidecar_up gauge",
+            *(f'llm_sidecar_up{{name="{n}"}} {int(v["state"] == "running")}' for n, v in s["sidecars"].items()),
+            "# HELP llm_sidecar_restarts_total Times the supervisor started a sidecar again after it exited.",
+            "# TYPE llm_sidecar_restarts_total counter",
+            *(f'llm_sidecar_restarts_total{{name="{n}"}} {v["restarts"]}' for n, v in s["sidecars"].items()),
         ]
         last = s["last_failure"]
         if last:
@@ -115,6 +140,47 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+MAX_CONNECTIONS = 256
+READ_TIMEOUT_S = 2.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread a connection, at most MAX_CONNECTIONS: one more is closed at once, so
+    idle connections hold neither threads nor file descriptors past the bound."""
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        pass                                # a reset or timed-out probe: nothing to log
+
+    def get_request(self):
+        try:
+            return super().get_request()
+        except OSError:                     # accept() at the descriptor limit: the caller skips
+            time.sleep(0.05)                # this one; wait rather than spin on the listener
+            raise
+
+
 class StatusServer:
     """The endpoints above on a background thread. `server_ready` asks tritonserver."""
 
@@ -123,6 +189,8 @@ class StatusServer:
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S        # an idle or slow connection is dropped
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 s = status_ref.snapshot()
                 path = self.path.split("?")[0].rstrip("/")
@@ -130,8 +198,9 @@ class StatusServer:
                     ok = s["state"] != FAILED
                     self._json(200 if ok else 503, {"live": ok, "state": s["state"], "reason": s["reason"]})
                 elif path == "/ready":
-                    ok = s["state"] == SERVING and server_ready()
-                    reason = s["reason"] or ("" if ok else "tritonserver is not ready")
+                    down = status_ref.sidecars_down()
+                    ok = s["state"] == SERVING and not down and server_ready()
+                    reason = s["reason"] or down or ("" if ok else "tritonserver is not ready")
                     self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason})
                 elif path == "/status":
                     self._json(200, s)
@@ -153,8 +222,7 @@ class StatusServer:
             def log_message(self, *args) -> None:  # probes every few seconds: keep the log clean
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((host, port), Handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="supervisor-http", daemon=True)
 
     def start(self) -> "StatusServer":

@@ -184,3 +184,23 @@ def test_stubs_tied_to_a_dead_one_hold_no_drain_up(sup):
         for p in (llm, front, other):
             p.kill()
             p.wait()
+
+
+def test_a_poll_that_fails_with_emfile_does_not_end_the_supervisor(sup, monkeypatch):
+    """At the descriptor limit `os.listdir` raised EMFILE out of the loop: the supervisor
+    exited and left tritonserver and its stubs orphaned."""
+    from clients.tritonserver import free_port
+    sup.o.port, sup.o.poll_interval_s = free_port(), 0.01
+    ticks = []
+
+    def tick():
+        ticks.append(1)
+        if len(ticks) == 5:
+            sup._stop.set()
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("supervisor.core.signal.signal", lambda *a: None)   # keep pytest's handlers
+    monkeypatch.setattr(sup, "_start_server", lambda: True)
+    monkeypatch.setattr(sup, "tick", tick)
+    monkeypatch.setattr(sup, "shutdown", lambda: 0)
+    assert sup.run() == 0 and len(ticks) == 5

@@ -48,3 +48,43 @@ def test_endpoints_follow_the_state():
         assert get(port, "/nope")[0] == 404
     finally:
         srv.stop()
+
+
+FLOOD_SERVER = """
+import resource, sys, time
+from supervisor import status
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+status.MAX_CONNECTIONS, status.READ_TIMEOUT_S = 16, 0.5
+s = status.SupervisorStatus(state=status.SERVING)
+status.StatusServer(int(sys.argv[1]), s, lambda: True).start()
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_idle_connections_past_the_descriptor_limit_leave_the_port_serving():
+    """The red team's flood: a thread per idle connection, unbounded, ran the supervisor
+    out of descriptors (1,024) until it exited. Here the limit is 64 and 300 idle
+    connections come: the extra ones are closed, the idle ones time out, and it answers."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", FLOOD_SERVER, str(port)], stdout=subprocess.PIPE)
+    socks = []
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        for _ in range(300):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                pass
+        time.sleep(1.0)                             # past the read timeout
+        assert proc.poll() is None
+        assert get(port, "/live")[0] == 200
+    finally:
+        for s in socks:
+            s.close()
+        proc.kill()
+        proc.wait()
