@@ -14,7 +14,9 @@ tritonserver alone. `TritonServer` starts one in the background for tests and be
 
 Every server started here listens on `--host` (loopback unless asked) and restricts
 Triton's repository API, and by default its shared-memory, logging, trace and model-config
-groups, to the admin key (supervisor/admin_access.py, docs/security.md).
+groups, to the admin key (supervisor/admin_access.py, docs/security.md). Off loopback,
+Triton's HTTP port is served by the validating guard (frontend/http_guard.py), with
+tritonserver's own HTTP server on a loopback port behind it (`--http-guard`).
 """
 
 from __future__ import annotations
@@ -118,10 +120,12 @@ def server_env() -> dict[str, str]:
 
 def server_command(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
                    admin: AdminAccess, extra: Optional[list[str]] = None, binary: Optional[str] = None,
-                   backend_directory: Optional[str] = None, host: str = "127.0.0.1") -> list[str]:
+                   backend_directory: Optional[str] = None, host: str = "127.0.0.1",
+                   http_host: Optional[str] = None) -> list[str]:
+    """`http_host`: where Triton's HTTP port listens, when not `host` (behind the guard)."""
     return [binary or server_binary(), "--model-repository", os.path.abspath(model_repository),
             "--backend-directory", backend_directory or BACKENDS,
-            "--http-address", host, "--grpc-address", host, "--metrics-address", host,
+            "--http-address", http_host or host, "--grpc-address", host, "--metrics-address", host,
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
             # Explicit control, everything loaded at start: lets an unhealthy model unload
@@ -151,6 +155,15 @@ def frontend_tls_args(triton_args: list[str]) -> list[str]:
 def local_address(host: str) -> str:
     """Where a process on this machine reaches a server bound to `host`."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def guard_enabled(mode: str, host: str) -> bool:
+    """`--http-guard`: on, off, or auto (on wherever Triton's HTTP port is not on loopback)."""
+    return mode == "on" or (mode == "auto" and not is_loopback(host))
 
 
 def free_port() -> int:
@@ -303,6 +316,34 @@ class TritonServer:
         self.stop()
 
 
+def sidecars(args: argparse.Namespace, triton_args: list[str], admin: AdminAccess, triton_http_port: int,
+             guarded: bool) -> list:
+    """The processes the supervisor keeps beside tritonserver: the OpenAI API (it waits for
+    tritonserver on its own; its /health says so) and the HTTP guard. Keys reach them in
+    their environment: a command line is readable by every user."""
+    from supervisor.sidecars import Sidecar
+    out = []
+    if guarded:
+        out.append(Sidecar("http-guard", [sys.executable, "-m", "frontend.http_guard",
+                                          "--listen", f"{args.host}:{args.http_port}",
+                                          "--upstream", f"127.0.0.1:{triton_http_port}"], env=dict(os.environ)))
+    if args.openai_port:
+        tls = [a for flag, v in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)) if v
+               for a in (flag, v)]
+        out.append(Sidecar("openai", [sys.executable, "-m", "frontend.openai_api", "--host", args.host,
+                                      "--port", str(args.openai_port),
+                                      "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
+                                      "--model-repository", args.model_repository, *tls,
+                                      *frontend_tls_args(triton_args),
+                                      *(["--enable-log-requests"] if args.enable_log_requests else []),
+                                      *(["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []),
+                                      *(a for flag, v in (("--tool-call-parser", args.tool_call_parser),
+                                                          ("--reasoning-parser", args.reasoning_parser)) if v
+                                        for a in (flag, v))],
+                           env={**os.environ, **admin.env()}))
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m clients.tritonserver", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -334,7 +375,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     s.add_argument("--reasoning-parser", help="deepseek_r1 or qwen3: <think> blocks become reasoning_content")
     s.add_argument("--ssl-certfile", help="TLS certificate of the OpenAI API (uvicorn's)")
     s.add_argument("--ssl-keyfile", help="TLS private key of the OpenAI API (uvicorn's)")
-    s.add_argument("--no-supervisor", action="store_true", help="exec tritonserver alone, unwatched (no OpenAI API)")
+    s.add_argument("--http-guard", choices=("auto", "on", "off"), default=os.environ.get("HTTP_GUARD", "auto"),
+                   help="serve Triton's HTTP port through the validating guard (frontend/http_guard.py), "
+                        "tritonserver's own HTTP server on a loopback port behind it; auto (HTTP_GUARD): on "
+                        "unless --host is loopback. Triton 24.10's HTTP server crashes on some bodies "
+                        "(CVE-2025-23310/23311)")
+    s.add_argument("--no-supervisor", action="store_true",
+                   help="exec tritonserver alone, unwatched (no OpenAI API, no HTTP guard)")
     s.add_argument("--max-recovery-tries", type=int, default=3)
     s.add_argument("--tritonserver", default=os.environ.get("TRITONSERVER"),
                    help="a tritonserver binary to use instead of the unpacked wheel's (e.g. in NVIDIA's image)")
@@ -351,50 +398,37 @@ def main(argv: Optional[list[str]] = None) -> None:
                         write_generated=True)
     except AdminKeyError as e:
         raise SystemExit(f"serve: {e}") from None
-    cmd = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, admin, extra,
-                         binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host)
+    guarded = guard_enabled(args.http_guard, args.host) and not args.no_supervisor
+    triton_http_port = free_port() if guarded else args.http_port
+    cmd = server_command(args.model_repository, triton_http_port, args.grpc_port, args.metrics_port, admin, extra,
+                         binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host,
+                         http_host="127.0.0.1" if guarded else None)
     env = server_env() if args.tritonserver is None else dict(os.environ)
     for name in ("API_KEY", "API_KEY_FILE", KEY_ENV, KEY_FILE_ENV):   # the frontend's, and ours
         env.pop(name, None)
     print(" ".join(admin.redact(cmd)), flush=True)
     where = f"generated, in {admin.key_file}" if admin.generated else "given"
     print(f"Triton's {', '.join(admin.restricted)} APIs take the header '{HEADER}' (key {where})", flush=True)
+    if not is_loopback(args.host):
+        print(f"warning: --host {args.host} exposes Triton's inference APIs (HTTP and gRPC), which take no key: "
+              "anyone who reaches them can run requests (docs/security.md)", file=sys.stderr, flush=True)
     if args.no_supervisor:
+        if guard_enabled(args.http_guard, args.host):
+            print("warning: --no-supervisor runs no HTTP guard: Triton 24.10's HTTP port is exposed to "
+                  "CVE-2025-23310/23311", file=sys.stderr, flush=True)
         os.execve(cmd[0], cmd, env)
     import logging
 
     from supervisor.core import Supervisor, SupervisorOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [supervisor] %(levelname)s %(message)s",
                         stream=sys.stderr)
-    frontend = None
-    if args.openai_port:
-        # It waits for tritonserver on its own (its /health says so) and lives as long as we
-        # do. Keys reach it in its environment: a command line is readable by every user.
-        tls = [a for flag, v in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)) if v
-               for a in (flag, v)]
-        frontend = subprocess.Popen([sys.executable, "-m", "frontend.openai_api", "--host", args.host,
-                                     "--port", str(args.openai_port),
-                                     "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
-                                     "--model-repository", args.model_repository, *tls, *frontend_tls_args(extra),
-                                     *(["--enable-log-requests"] if args.enable_log_requests else []),
-                                     *(["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []),
-                                     *(a for flag, v in (("--tool-call-parser", args.tool_call_parser),
-                                                         ("--reasoning-parser", args.reasoning_parser)) if v
-                                       for a in (flag, v))],
-                                    env={**os.environ, **admin.env()})
     try:
-        code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=args.http_port,
+        code = Supervisor(SupervisorOptions(command=cmd, env=env, http_port=triton_http_port,
                                             port=args.supervisor_port, host=args.host,
-                                            triton_host=local_address(args.host),
-                                            admin_headers=admin.headers(), max_tries=args.max_recovery_tries)).run()
+                                            triton_host="127.0.0.1" if guarded else local_address(args.host),
+                                            admin_headers=admin.headers(), max_tries=args.max_recovery_tries,
+                                            sidecars=sidecars(args, extra, admin, triton_http_port, guarded))).run()
     finally:
-        if frontend is not None:
-            frontend.terminate()
-            try:
-                frontend.wait(timeout=10)
-            except subprocess.TimeoutExpired:     # a client holding a connection open
-                frontend.kill()
-                frontend.wait()
         if admin.generated and admin.key_file:
             shutil.rmtree(os.path.dirname(admin.key_file), ignore_errors=True)
     sys.exit(code)

@@ -71,9 +71,11 @@ def server(model_repo):
     # Supervised and with the OpenAI frontend, as `make serve` runs it. perf_analyzer and
     # genai-perf read the model config over gRPC and cannot send headers there, so this
     # server opens model-config (test_security.py checks the default on a server of its own).
+    # Its HTTP port is the guard's, as `make serve` off loopback has it: every HTTP client
+    # of the suite goes through frontend/http_guard.py to tritonserver.
     srv = TritonServer(model_repo, log_path=os.path.join(model_repo, "..", "server.log"), supervised=True,
                        openai=True, api_keys=(API_KEY, NEXT_API_KEY), unrestricted_apis=("model-config",),
-                       extra_args=OPENAI_FLAGS)
+                       extra_args=[*OPENAI_FLAGS, "--http-guard", "on"])
     with srv:
         yield srv
 

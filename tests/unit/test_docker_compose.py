@@ -42,7 +42,7 @@ def test_command_is_the_documented_one():
 
 def test_gpu_ports_and_health():
     svc = load()
-    assert svc["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert svc["image"] == "nvcr.io/nvidia/tritonserver:25.08-py3"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert [str(p).split(":")[-1] for p in svc["ports"]] == ["8000", "8001", "8002", "8003", "9000"]
     assert "localhost:8003/ready" in " ".join(svc["healthcheck"]["test"])

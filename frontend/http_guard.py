@@ -1,0 +1,145 @@
+"""A validating front for tritonserver's HTTP port: what a client may send is checked here,
+before Triton's own HTTP server parses it.
+
+    python -m frontend.http_guard --listen 0.0.0.0:8000 --upstream 127.0.0.1:18000
+
+Why: Triton 24.10's HTTP server (the release the pytriton wheel carries, and the newest on
+PyPI) crashes on a chunked body of many small chunks and on a deeply nested JSON body
+(CVE-2025-23310, CVE-2025-23311; fixed in 25.07). Inference needs no key, so anyone who
+reaches the port could crash the server, again and again. `make serve` runs this guard in
+front of Triton's HTTP port whenever that port is not on loopback (`--http-guard auto`),
+with tritonserver itself on a loopback port behind it.
+
+What it does to each request:
+ - the body is read whole by aiohttp's parser, chunked or not, and refused with 413 past
+   `--max-body-bytes` (16 MiB) before more is read; Triton receives it with a
+   Content-Length, never chunked;
+ - its JSON (the whole body, or the part `Inference-Header-Content-Length` names for
+   Triton's binary tensor extension) is refused with 400 when it nests more than 128
+   levels, measured in linear time before anything parses it (frontend/openai_api/json_depth.py);
+ - everything else (method, path, query, headers such as the admin key) goes to Triton
+   as sent, and Triton's answer, streamed or not, comes back as Triton sent it.
+While tritonserver is down (a restart) requests get 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Optional
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+
+log = logging.getLogger("http_guard")
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+SESSION = web.AppKey("session", ClientSession)
+BINARY_HEADER = "Inference-Header-Content-Length"    # Triton's binary tensor data extension
+# Hop-by-hop headers (RFC 9110 7.6.1), and the framing this proxy sets itself.
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)     # Triton's error body
+
+
+async def _read_body(request: web.Request, limit: int) -> Optional[bytes]:
+    """The whole body, or None once it passes `limit` (declared or counted)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _json_part(request: web.Request, body: bytes) -> bytes | str:
+    """The JSON Triton will parse: the whole body, or its binary-extension header part.
+    A str is an error message."""
+    declared = request.headers.get(BINARY_HEADER)
+    if declared is None:
+        return body
+    if not declared.isdigit() or int(declared) > len(body):
+        return f"{BINARY_HEADER} must be a length within the body's {len(body)} bytes"
+    return body[:int(declared)]
+
+
+def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    base = f"http://{upstream}"
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        body = await _read_body(request, max_body_bytes)
+        if body is None:
+            return _error(413, f"the request body is larger than {max_body_bytes} bytes (the HTTP guard's "
+                               "--max-body-bytes)")
+        part = _json_part(request, body)
+        if isinstance(part, str):
+            return _error(400, part)
+        if part and too_deep(part):
+            return _error(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        session = request.app[SESSION]
+        response: Optional[web.StreamResponse] = None
+        try:
+            async with session.request(request.method, base + request.rel_url.raw_path_qs, headers=headers,
+                                       data=body if body or request.can_read_body else None) as up:
+                response = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in up.headers.items():
+                    if k.lower() not in _HOP:
+                        response.headers.add(k, v)
+                if up.content_length is not None:
+                    response.content_length = up.content_length
+                await response.prepare(request)
+                async for chunk in up.content.iter_any():   # server-sent events as they come
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except ClientError as e:
+            # A client that leaves mid-answer ends here too (or with ConnectionResetError):
+            # leaving the `async with` closes Triton's side of the stream.
+            if response is not None and response.prepared:
+                raise                       # cut mid-answer: the client sees the cut too
+            log.warning("tritonserver unreachable: %s", e)
+            return _error(503, "tritonserver is not reachable (starting or restarting); retry")
+
+    async def open_session(app: web.Application) -> None:
+        # No read timeout: a stream may run as long as generation does. No decompression:
+        # bytes go back as Triton sent them, Content-Encoding included.
+        app[SESSION] = ClientSession(connector=TCPConnector(limit=1024), auto_decompress=False,
+                                       timeout=ClientTimeout(total=None, connect=5, sock_read=None))
+
+    async def close_session(app: web.Application) -> None:
+        await app[SESSION].close()
+
+    # client_max_size is aiohttp's own bound on request.read(); ours is counted above.
+    app = web.Application(client_max_size=max_body_bytes)
+    app.on_startup.append(open_session)
+    app.on_cleanup.append(close_session)
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m frontend.http_guard", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--listen", required=True, help="HOST:PORT clients reach (e.g. 0.0.0.0:8000)")
+    ap.add_argument("--upstream", required=True, help="tritonserver's HTTP HOST:PORT, on loopback")
+    ap.add_argument("--max-body-bytes", type=int,
+                    default=int(os.environ.get("HTTP_GUARD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
+                    help="larger request bodies get 413 (default 16 MiB; HTTP_GUARD_MAX_BODY_BYTES)")
+    args = ap.parse_args(argv)
+    if args.max_body_bytes < 1:
+        ap.error("--max-body-bytes must be at least 1")
+    host, _, port = args.listen.rpartition(":")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [http-guard] %(levelname)s %(message)s")
+    web.run_app(make_app(args.upstream, args.max_body_bytes), host=host.strip("[]") or "0.0.0.0", port=int(port),
+                access_log=None, print=None, shutdown_timeout=5.0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""frontend/http_guard.py in front of a stand-in upstream (an aiohttp app that echoes
+what reached it): what it refuses, what it passes through unchanged, and that a crash
+payload's parsing leaves other requests served. tests/integration/test_http_guard.py
+puts a real tritonserver behind it."""
+
+import asyncio
+import json
+import time
+
+from aiohttp import ClientSession, web
+
+from clients.tritonserver import free_port
+from frontend.http_guard import make_app
+
+
+async def _upstream(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if request.path.endswith("generate_stream"):
+        r = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await r.prepare(request)
+        for i in range(3):
+            await r.write(f"data: {i}\n\n".encode())
+            await asyncio.sleep(0.02)
+        await r.write_eof()
+        return r
+    return web.json_response({"method": request.method, "len": len(body), "body": body[:64].decode(errors="replace"),
+                              "key": request.headers.get("triton-admin-key"), "query": request.query_string,
+                              "chunked": request.headers.get("Transfer-Encoding"),
+                              "length": request.headers.get("Content-Length")}, status=201)
+
+
+def run(scenario, max_body_bytes=1 << 20, upstream_up=True):
+    async def main():
+        up_port, guard_port = free_port(), free_port()
+        runners = []
+        if upstream_up:
+            app = web.Application(client_max_size=1 << 30)
+            app.router.add_route("*", "/{t:.*}", _upstream)
+            runners.append((web.AppRunner(app), up_port))
+        runners.append((web.AppRunner(make_app(f"127.0.0.1:{up_port}", max_body_bytes)), guard_port))
+        for runner, port in runners:
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with ClientSession() as session:
+                return await scenario(session, f"http://127.0.0.1:{guard_port}", guard_port)
+        finally:
+            for runner, _ in reversed(runners):
+                await runner.cleanup()
+    return asyncio.run(main())
+
+
+def test_requests_pass_through_unchanged():
+    async def scenario(s, url, _):
+        async with s.post(url + "/v2/models/llm/infer?x=1", data=b'{"inputs": [{"data": [[1]]}]}',
+                          headers={"triton-admin-key": "k"}) as r:
+            return r.status, await r.json()
+    status, seen = run(scenario)
+    assert status == 201
+    assert seen == {"method": "POST", "len": 29, "body": '{"inputs": [{"data": [[1]]}]}', "key": "k", "query": "x=1",
+                    "chunked": None, "length": "29"}
+
+
+def test_server_sent_events_stream_through():
+    async def scenario(s, url, _):
+        async with s.post(url + "/v2/models/llm/generate_stream", data=b"{}") as r:
+            arrivals = []
+            async for line in r.content:
+                if line.strip():
+                    arrivals.append((line.strip(), time.monotonic()))
+            return r.headers["Content-Type"], arrivals
+    content_type, arrivals = run(scenario)
+    assert content_type == "text/event-stream" and [a for a, _ in arrivals] == [b"data: 0", b"data: 1", b"data: 2"]
+    assert arrivals[-1][1] - arrivals[0][1] > 0.03      # as they came, not buffered to the end
+
+
+def test_deep_json_is_refused_before_triton_parses_it():
+    async def scenario(s, url, _):
+        async with s.post(url + "/v2/models/llm/infer", data=b"[" * (1 << 20)) as r:   # the red team's 1 MB
+            return r.status, await r.json()
+    status, body = run(scenario, max_body_bytes=4 << 20)
+    assert status == 400 and "levels deep" in body["error"]
+
+
+def test_the_binary_extension_checks_only_its_json_header():
+    header = b'{"inputs": [{"name": "x", "parameters": {"binary_data_size": 256}}]}'
+    payload = header + b"[" * 256                         # tensor bytes may look like anything
+
+    async def scenario(s, url, _):
+        out = []
+        for declared in (str(len(header)), str(len(payload) + 1), "x"):
+            async with s.post(url + "/v2/models/llm/infer", data=payload,
+                              headers={"Inference-Header-Content-Length": declared}) as r:
+                out.append(r.status)
+        return out
+    assert run(scenario) == [201, 400, 400]
+
+
+def test_bodies_past_the_limit_get_413_declared_or_chunked():
+    async def chunks():
+        for _ in range(64):
+            yield b"x" * 1024
+
+    async def scenario(s, url, _):
+        async with s.post(url + "/v2/models/llm/infer", data=b"x" * 70_000) as r:
+            declared = r.status
+        async with s.post(url + "/v2/models/llm/infer", data=chunks()) as r:
+            return declared, r.status, (await r.json())["error"]
+    declared, chunked, message = run(scenario, max_body_bytes=60_000)
+    assert declared == chunked == 413 and "--max-body-bytes" in message
+
+
+def test_many_one_byte_chunks_reach_triton_as_one_body_and_others_are_served():
+    """CVE-2025-23310's shape (600k one-byte chunks crashed Triton 24.10): the guard
+    de-chunks them, and a request sent meanwhile is answered without waiting for it."""
+    json_body = b'{"text_input": "' + b"a" * 200_000 + b'"}'
+    wire = b"".join(b"1\r\n" + bytes([c]) + b"\r\n" for c in json_body) + b"0\r\n\r\n"
+
+    async def scenario(s, url, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v2/models/llm/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        async def send():
+            for i in range(0, len(wire), 65536):
+                writer.write(wire[i:i + 65536])
+                await writer.drain()
+
+        async def probe():
+            t0 = time.monotonic()
+            async with s.get(url + "/v2/health/ready") as r:
+                assert r.status == 201
+            return time.monotonic() - t0
+
+        sender = asyncio.create_task(send())
+        waits = []
+        while not sender.done():
+            waits.append(await probe())
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        seen = json.loads(await reader.readexactly(length))
+        writer.close()
+        return head.split(b"\r\n")[0], seen, waits
+    status_line, seen, waits = run(scenario)
+    assert status_line == b"HTTP/1.1 201 Created"
+    assert seen["len"] == len(json_body) and seen["chunked"] is None and seen["length"] == str(len(json_body))
+    assert waits and max(waits) < 1.0
+
+
+def test_a_down_tritonserver_is_a_503():
+    async def scenario(s, url, _):
+        async with s.get(url + "/v2/health/ready") as r:
+            return r.status, await r.json()
+    status, body = run(scenario, upstream_up=False)
+    assert status == 503 and "retry" in body["error"]
