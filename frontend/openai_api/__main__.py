@@ -2,7 +2,7 @@
 [--model-repository model_repository] [--chat-template FILE_OR_TEMPLATE] [--api-key KEY]
 [--ssl-certfile F --ssl-keyfile F] [--max-request-body-bytes N]
 [--enable-auto-tool-choice --tool-call-parser hermes|llama3_json|mistral|pythonic]
-[--reasoning-parser deepseek_r1|qwen3] [--responses-store-size N]"""
+[--reasoning-parser deepseek_r1|qwen3] [--responses-store-size N] [--responses-store-bytes N]"""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def main(argv=None) -> None:
                     help="split <think> reasoning into reasoning_content (vLLM's flag)")
     ap.add_argument("--responses-store-size", type=int, default=1024,
                     help="/v1/responses replies kept for previous_response_id (oldest dropped; 0: none)")
+    ap.add_argument("--responses-store-bytes", type=int, default=None,
+                    help="at most this many bytes of /v1/responses replies and their conversations kept "
+                         "(oldest dropped; a larger reply is not kept; 0: none; default 64 MiB)")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
@@ -57,6 +60,7 @@ def main(argv=None) -> None:
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
     from frontend.openai_api.request_log import RequestLog
+    from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES
     from frontend.openai_api.tools.choice import ToolConfig
     from frontend.openai_api.triton_client import TritonTLS
     from supervisor.admin_access import KEY_ENV, KEY_FILE_ENV, AdminKeyError, resolve
@@ -92,7 +96,9 @@ def main(argv=None) -> None:
                      triton_tls=TritonTLS(args.triton_ssl_root_cert, args.triton_ssl_target_name)
                      if args.triton_ssl_root_cert else None,
                      tool_config=ToolConfig(args.enable_auto_tool_choice, args.tool_call_parser),
-                     reasoning_parser=args.reasoning_parser, responses_store_size=args.responses_store_size)
+                     reasoning_parser=args.reasoning_parser, responses_store_size=args.responses_store_size,
+                     responses_store_bytes=DEFAULT_RESPONSES_STORE_BYTES if args.responses_store_bytes is None
+                     else args.responses_store_bytes)
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

@@ -30,7 +30,7 @@ from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
 from frontend.openai_api.reasoning import REASONING_PARSERS, reasoning_sampling
-from frontend.openai_api.responses import register_responses
+from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES, register_responses
 from frontend.openai_api.schemas import openapi
 from frontend.openai_api.startup import preload_tokenizers
 from frontend.openai_api.tools.choice import ToolConfig, plan
@@ -48,10 +48,12 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
                request_log: Optional[RequestLog] = None, triton_tls: Optional[TritonTLS] = None,
                tool_config: ToolConfig = ToolConfig(), reasoning_parser: Optional[str] = None,
-               responses_store_size: int = 1024) -> FastAPI:
+               responses_store_size: int = 1024,
+               responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
     model-config groups, which listing the served models reads. request_log: off unless
-    given enabled (prompts and outputs are the users' data)."""
+    given enabled (prompts and outputs are the users' data). responses_store_size and
+    responses_store_bytes bound the /v1/responses store (entries, and bytes in all)."""
     keys = api_keys or APIKeys()
 
     @asynccontextmanager
@@ -72,6 +74,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         raise ValueError(f"--reasoning-parser must be one of {sorted(REASONING_PARSERS)}, not {reasoning_parser!r}")
     app.state.reasoning_parser = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
     app.state.responses_store_size = responses_store_size
+    app.state.responses_store_bytes = responses_store_bytes
 
     app.openapi = lambda: openapi(app, api_keys=bool(keys))    # the routes parse bodies themselves: schemas.py
 

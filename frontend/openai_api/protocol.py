@@ -4,8 +4,10 @@ into our Triton contract's `sampling_parameters` (vLLM's names).
 Unknown fields are ignored, as OpenAI's own API does for fields it does not know; wrong
 types and values are a 400 naming the field. Types are strict (pydantic's strict mode):
 "10" is not a number and "yes" not a boolean, though an integer is a valid float and 10.0
-a valid integer (JSON has one number type). Message roles are OpenAI's (system, developer, user, assistant, tool);
-only an assistant message may have null content; content parts are text (images and
+a valid integer (JSON has one number type). An explicit null for an optional field means
+"not given", its default (nulls.py: what OpenAI, vLLM and the openai client do); a
+required field's null is a 400 naming it. Counts are at most INT32's. Message roles are
+OpenAI's (system, developer, user, assistant, tool); only an assistant message may have null content; content parts are text (images and
 audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does.
 The body must be strict JSON (read_json). /openapi.json declares these models' JSON
@@ -23,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.tools.protocol import (ChatTool, FunctionDefinition, FunctionName, MessageToolCall,
                                                 NamedToolChoice)
 
@@ -40,7 +43,7 @@ def _integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integral)]
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(NullMeansDefault):
     model_config = STRICT
     include_usage: bool = False
 
@@ -53,8 +56,10 @@ class ResponseFormat(BaseModel):
 
 # The declared schemas (/openapi.json, schemas.py) of fields whose validators (here or the
 # engine's SamplingParams) narrow their type.
-# Token ids travel as INT32 (the engine then checks them against its vocabulary).
-TokenId = Annotated[Int, Field(ge=0, le=2**31 - 1)]
+# Token ids and counts travel as INT32 (the engine then checks them against its vocabulary
+# and context): a larger count is a 400 naming it, not a number that wraps on the way.
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[Int, Field(ge=0, le=INT32_MAX)]
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}, "minItems": 1}
 _NONEMPTY = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _LOGIT_BIAS = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
@@ -67,14 +72,14 @@ _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
                      {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}
 
 
-class _Common(BaseModel):
+class _Common(NullMeansDefault):
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_STREAM_OPTIONS)
 
     model: str
-    max_tokens: Optional[Int] = Field(None, ge=1)
+    max_tokens: Optional[Int] = Field(None, ge=1, le=INT32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: Int = Field(1, ge=1)                         # the engine's max_n bounds it
+    n: Int = Field(1, ge=1, le=INT32_MAX)           # the engine's max_n bounds it
     stop: Union[None, str, list[str]] = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, _NONEMPTY,
                                                                                  {"type": "null"}]})
     seed: Optional[Int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as OpenAI's
@@ -85,10 +90,10 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None                      # accepted, unused
     # vLLM's extras
-    top_k: Int = Field(-1, ge=-1)
+    top_k: Int = Field(-1, ge=-1, le=INT32_MAX)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
-    min_tokens: Int = Field(0, ge=0)
+    min_tokens: Int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
     bad_words: Optional[list[str]] = Field(None, json_schema_extra={"anyOf": [{**_NONEMPTY, "maxItems": 128},
                                                                               {"type": "null"}]})
@@ -148,13 +153,28 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     # A list of prompts gets one set of n choices each (completions.py).
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]] = Field(json_schema_extra=_PROMPT)
-    max_tokens: Optional[Int] = Field(16, ge=0, description="0 only with echo (the prompt alone, as vLLM)")
-    logprobs: Optional[Int] = Field(None, ge=0)     # the engine's max_logprobs bounds it
+    max_tokens: Optional[Int] = Field(16, ge=0, le=INT32_MAX,
+                                      description="0 only with echo (the prompt alone, as vLLM)")
+    logprobs: Optional[Int] = Field(None, ge=0, le=INT32_MAX)     # the engine's max_logprobs bounds it
     echo: bool = False
     # vLLM's extra: each choice's `prompt_logprobs` (echo with logprobs implies them).
-    prompt_logprobs: Optional[Int] = Field(None, ge=0)
+    prompt_logprobs: Optional[Int] = Field(None, ge=0, le=INT32_MAX)
     suffix: Optional[str] = Field(None, json_schema_extra={"anyOf": [{"const": ""}, {"type": "null"}]})
-    best_of: Optional[Int] = Field(None, description="n, if given")
+    best_of: Optional[Int] = Field(None, ge=1, le=INT32_MAX, description="n, if given")
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, v):
+        # Sent on, an empty prompt came back as the engine's words ("the request has no
+        # prompt: 'text_input' is missing or empty"); the declared schema refuses it too.
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("the prompt is empty: give at least one character or token id")
+        elif not v:
+            raise ValueError("the list of prompts is empty")
+        elif any(isinstance(p, (str, list)) and not p for p in v):
+            raise ValueError("a prompt in the list is empty: give at least one character or token id each")
+        return v
 
     @field_validator("suffix")
     @classmethod
@@ -163,11 +183,15 @@ class CompletionRequest(_Common):
             raise ValueError("not supported")
         return v
 
-    @model_validator(mode="after")
-    def _best_of(self) -> "CompletionRequest":
-        if self.best_of not in (None, self.n):
-            raise ValueError("best_of is not supported")
-        return self
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v, info):
+        # A field validator (not a model one): the 400 names best_of. n is validated first.
+        n = info.data.get("n")
+        if v is not None and n is not None and v != n:
+            raise ValueError(f"best_of other than n is not supported (got best_of={v}, n={n}): "
+                             "leave it out or set it to n")
+        return v
 
 
 _PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
@@ -218,7 +242,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[Int] = Field(None, ge=1)
+    max_completion_tokens: Optional[Int] = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: Optional[Int] = Field(None, ge=0, le=20)  # OpenAI's bound (and the engine's max_logprobs)
     tools: Optional[list[ChatTool]] = None
@@ -279,6 +303,8 @@ def parse(model_cls: type[BaseModel], body: Any):
         param = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and (p in _TYPE_TAGS or "[" in p)))
         param = param or None
         msg = err["msg"].removeprefix("Value error, ")
+        if err.get("input", ...) is None and err["type"].endswith("_type"):
+            msg = f"it must not be null ({msg[:1].lower()}{msg[1:]})"     # a required field (nulls.py)
         raise APIError(400, f"invalid '{param}': {msg}" if param else msg, param) from None
 
 

@@ -4,8 +4,12 @@ by the same reasoning and tool-call parsers (chat_output.py), and comes back as 
 items (reasoning, message, function_call), or streamed as the API's typed events.
 
 With `store` (the default), a reply and its conversation are kept, up to the server's
-`responses_store_size` (oldest dropped first; 0 keeps none), so that a later request can
-continue it with `previous_response_id`.
+`responses_store_size` entries and `responses_store_bytes` in all (oldest dropped first;
+0 keeps none), so that a later request can continue it with `previous_response_id`. An
+entry is counted at the length of its JSON (the response and the whole conversation
+through it, though a continued conversation shares its earlier messages with the entry it
+continues: an upper bound); one larger than the whole budget is not kept (a later
+request naming it gets the usual 404).
 """
 
 from __future__ import annotations
@@ -37,26 +41,59 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponseStore:
-    """Stored replies by id: (the conversation through the reply, the response object)."""
+DEFAULT_RESPONSES_STORE_BYTES = 64 * 1024 * 1024
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, tuple[list[dict], dict]] = OrderedDict()
+
+def entry_bytes(response: dict, conversation: list[dict]) -> int:
+    """A stored entry's size, estimated (linear in it): the length of its JSON, as UTF-8
+    would be at least (a character counts one byte; Python holds 1 to 4 a character)."""
+    return len(json.dumps(response, ensure_ascii=False, default=str)) + \
+        len(json.dumps(conversation, ensure_ascii=False, default=str))
+
+
+class ResponseStore:
+    """Stored replies by id: (the conversation through the reply, the response object),
+    at most `size` of them and `max_bytes` (entry_bytes) in all, oldest dropped first."""
+
+    def __init__(self, size: int, max_bytes: int = DEFAULT_RESPONSES_STORE_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0                  # the stored entries' entry_bytes, summed
+        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+
+    @property
+    def off(self) -> bool:
+        return self.size <= 0 or self.max_bytes <= 0
 
     def put(self, response: dict, conversation: list[dict]) -> None:
-        if self.size <= 0:
+        if self.off:
             return
-        self._items[response["id"]] = (conversation, response)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        self._drop(response["id"])
+        cost = entry_bytes(response, conversation)
+        if cost > self.max_bytes:
+            log.info("response %s is not stored: %d bytes is more than responses_store_bytes (%d)",
+                     response["id"], cost, self.max_bytes)
+            return
+        self._items[response["id"]] = (conversation, response, cost)
+        self.bytes += cost
+        while len(self._items) > self.size or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, response_id: str) -> None:
+        entry = self._items.pop(response_id, None)
+        if entry is not None:
+            self.bytes -= entry[2]
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, response_id: str, param: str) -> tuple[list[dict], dict]:
-        if self.size <= 0:
-            raise APIError(400, "this server keeps no responses (started with --responses-store-size 0)", param)
+        if self.off:
+            raise APIError(400, "this server keeps no responses (started with --responses-store-size 0 or "
+                                "--responses-store-bytes 0)", param)
         if response_id not in self._items:
             raise APIError(404, f"no stored response with id '{response_id}'", param)
-        return self._items[response_id]
+        conversation, response, _ = self._items[response_id]
+        return conversation, response
 
 
 def _message_item() -> dict:
@@ -182,7 +219,8 @@ class ResponseBuilder:
 
 
 def register_responses(app: FastAPI) -> None:
-    store = ResponseStore(app.state.responses_store_size)
+    store = ResponseStore(app.state.responses_store_size, app.state.responses_store_bytes)
+    app.state.responses_store = store
 
     @app.post("/v1/responses")
     async def create_response(request: Request):

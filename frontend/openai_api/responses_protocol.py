@@ -13,7 +13,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from frontend.openai_api.errors import APIError
-from frontend.openai_api.protocol import ChatMessage
+from frontend.openai_api.nulls import NullMeansDefault
+from frontend.openai_api.protocol import INT32_MAX, ChatMessage
 from frontend.openai_api.tools.protocol import FunctionDefinition
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -41,7 +42,7 @@ class TextConfig(BaseModel):
     format: Optional[TextFormat] = None
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(NullMeansDefault):
     model_config = ConfigDict(extra="ignore")
 
     model: str
@@ -51,7 +52,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: Union[None, Literal["none", "auto", "required"], NamedFunction] = None
     parallel_tool_calls: bool = True
     text: Optional[TextConfig] = None
-    max_output_tokens: Optional[int] = Field(None, ge=1)
+    max_output_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stream: bool = False
@@ -62,7 +63,7 @@ class ResponsesRequest(BaseModel):
     user: Optional[str] = None
     truncation: Literal["disabled", "auto"] = "disabled"
     # vLLM's extras, as in chat
-    top_k: int = Field(-1, ge=-1)
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX)
     seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)
     chat_template_kwargs: Optional[dict[str, Any]] = None
 

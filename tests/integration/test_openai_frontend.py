@@ -206,7 +206,7 @@ def test_structured_output(client, server):
     ({"model": "llm", "prompt": "word " * 2000}, 400, None),
     ("{not json", 400, None),
     ({"model": "llm", "prompt": "x", "suffix": "y"}, 400, "suffix"),
-    ({"model": "llm", "prompt": "x", "best_of": 2}, 400, None),
+    ({"model": "llm", "prompt": "x", "best_of": 2}, 400, "best_of"),
     ({"model": "llm", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
 ], ids=["unknown-model", "negative-max-tokens", "wrong-type", "prompt-type", "invalid-schema", "schema-missing",
         "oversize-prompt", "bad-json-body", "suffix", "best-of", "max-tokens-0-without-echo"])

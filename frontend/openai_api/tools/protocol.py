@@ -7,6 +7,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from frontend.openai_api.nulls import NullMeansDefault
+
 
 class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -35,7 +37,7 @@ class ToolCallFunction(BaseModel):
     arguments: str                                  # JSON text, as OpenAI sends it
 
 
-class MessageToolCall(BaseModel):
+class MessageToolCall(NullMeansDefault):
     model_config = ConfigDict(extra="ignore")
     id: str
     type: Literal["function"] = "function"

@@ -40,7 +40,17 @@ def test_requests_translate_to_sampling_parameters():
 
 @pytest.mark.parametrize("body, param", [
     ({"model": "m", "prompt": "a", "suffix": "b"}, "suffix"),
-    ({"model": "m", "prompt": "a", "best_of": 2}, None),
+    ({"model": "m", "prompt": "a", "best_of": 2}, "best_of"),              # was param null
+    ({"model": "m", "prompt": "a", "n": 2, "best_of": 3}, "best_of"),
+    ({"model": "m", "prompt": "a", "max_tokens": 2**31}, "max_tokens"),     # a count travels as INT32
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2**31},
+     "max_completion_tokens"),
+    ({"model": "m", "prompt": ""}, "prompt"),              # was the engine's words
+    ({"model": "m", "prompt": ["a", ""]}, "prompt"),
+    ({"model": "m", "prompt": [[]]}, "prompt"),
+    ({"model": None, "prompt": "a"}, "model"),             # null: "not given", and these are required
+    ({"model": "m", "prompt": None}, "prompt"),
+    ({"model": "m", "messages": None}, "messages"),
     ({"model": "m", "prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"model": "m", "prompt": "a", "n": 0}, "n"),
     ({"model": "m", "messages": []}, "messages"),

@@ -1,6 +1,8 @@
 """The Responses API's pieces (frontend/openai_api/responses*.py): input items -> chat
 messages, and the output items and events a reply is built into."""
 
+import logging
+
 import pytest
 
 from frontend.openai_api.chat_output import ChoiceOutput
@@ -85,3 +87,59 @@ def test_the_store_is_bounded_and_can_be_off():
     with pytest.raises(APIError) as e:
         ResponseStore(0).get("r2", "previous_response_id")
     assert e.value.status == 400
+
+
+def test_the_store_is_bounded_in_bytes_oldest_first():
+    """40 replies with 10 MB of reasoning each grew the frontend by 442 MB, never freed:
+    the store had a count bound only."""
+    from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES, entry_bytes
+
+    def reply(i: int, size: int) -> tuple[dict, list[dict]]:
+        return ({"id": f"r{i:02d}", "reasoning": {"effort": "x" * size}},
+                [{"role": "user", "content": "é" * size}, {"role": "assistant", "content": "ok"}])
+
+    assert ResponseStore(1024).max_bytes == DEFAULT_RESPONSES_STORE_BYTES == 64 * 1024 * 1024
+    store = ResponseStore(1000, max_bytes=10_000)
+    one = entry_bytes(*reply(0, 1000))
+    assert 2000 < one < 2200                           # linear in the entry: its JSON's length
+    for i in range(40):
+        store.put(*reply(i, 1000))
+        assert store.bytes <= 10_000
+    kept = 10_000 // one
+    assert len(store) == kept and store.bytes == kept * one
+    assert store.get("r39", "previous_response_id")[1]["id"] == "r39"
+    with pytest.raises(APIError) as e:                 # the oldest went first
+        store.get(f"r{39 - kept:02d}", "previous_response_id")
+    assert e.value.status == 404
+    store.put(*reply(39, 1000))                        # the same id again: counted once
+    assert len(store) == kept and store.bytes == kept * one
+    store.put(*reply(99, 20_000))                      # larger than the whole budget: not kept ...
+    with pytest.raises(APIError) as e:
+        store.get("r99", "previous_response_id")
+    assert e.value.status == 404
+    assert len(store) == kept and store.get("r39", "previous_response_id")    # ... and nothing dropped for it
+    with pytest.raises(APIError) as e:
+        ResponseStore(10, max_bytes=0).get("r0", "previous_response_id")
+    assert e.value.status == 400
+
+
+def test_the_store_bound_is_a_setting(monkeypatch):
+    import uvicorn
+
+    from frontend.openai_api.__main__ import main
+    from frontend.openai_api.app import create_app
+    from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES
+    assert create_app("127.0.0.1:1", responses_store_bytes=5000).state.responses_store.max_bytes == 5000
+    assert create_app("127.0.0.1:1").state.responses_store.max_bytes == DEFAULT_RESPONSES_STORE_BYTES
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    for name in ("TRITON_ADMIN_KEY", "TRITON_ADMIN_KEY_FILE", "API_KEY", "API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("frontend", "frontend.requests"):     # main() sets up the frontend's logging
+        logger = logging.getLogger(name)
+        for attr in ("handlers", "level", "propagate"):
+            monkeypatch.setattr(logger, attr, list(logger.handlers) if attr == "handlers" else getattr(logger, attr))
+    main(["--responses-store-bytes", "1234", "--responses-store-size", "7"])
+    main([])
+    assert (served[0].state.responses_store.max_bytes, served[0].state.responses_store.size) == (1234, 7)
+    assert served[1].state.responses_store.max_bytes == DEFAULT_RESPONSES_STORE_BYTES
