@@ -24,6 +24,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Optional, Union
 
+from backend.engine.errors import InvalidRequestError
+from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.protocol import CompletionRequest
 from frontend.openai_api.triton_client import Delta, Generation
@@ -80,7 +82,7 @@ async def start(state, req: CompletionRequest) -> tuple["BatchGeneration", "Comp
         need_ids = req.logprobs is not None
         if need_ids or any(not isinstance(p, str) for p in prompts):
             tokenizer = await asyncio.to_thread(state.chat.tokenizer, served.checkpoint, req.model, "echo", "echo")
-            infos = await asyncio.to_thread(_echo_infos, tokenizer, prompts, need_ids)
+            infos = await asyncio.to_thread(_echo_infos, tokenizer, prompts, need_ids, served.max_model_len)
         else:
             infos = [PromptInfo(p, echo_text=p) for p in prompts]
     gens = [state.llm.generate(req.model, info.prompt, sampling, req.stream, req.logprobs is not None)
@@ -89,11 +91,14 @@ async def start(state, req: CompletionRequest) -> tuple["BatchGeneration", "Comp
     return BatchGeneration(gens, req.n, hold), Completion(req, infos), sampling
 
 
-def _echo_infos(tokenizer, prompts: list[Prompt], need_ids: bool) -> list[PromptInfo]:
+def _echo_infos(tokenizer, prompts: list[Prompt], need_ids: bool,
+                max_model_len: Optional[int] = None) -> list[PromptInfo]:
+    """A text prompt too long for max_model_len is refused after tokenizing about that
+    many tokens of it (prompt_length.py), not all of it: the backend would refuse it too."""
     infos = []
     for p in prompts:
         if isinstance(p, str):
-            ids = tokenizer.encode(p) if need_ids else None     # as the backend tokenizes
+            ids = _encode_within(tokenizer, p, max_model_len) if need_ids else None   # as the backend tokenizes
             text = p
         else:
             ids, text = p, tokenizer.decode(p)
@@ -279,3 +284,12 @@ def _clamped(entries: Optional[list]) -> Optional[list]:
         return None
     return [None if e is None else {t: {**lp, "logprob": _json_logprob(lp["logprob"])} for t, lp in e.items()}
             for e in entries]
+
+
+def _encode_within(tokenizer, text: str, max_model_len: Optional[int]) -> list[int]:
+    if not max_model_len:
+        return tokenizer.encode(text)
+    try:
+        return tokenize_within(tokenizer.encode, text, max_model_len)
+    except InvalidRequestError as e:
+        raise APIError(400, str(e), "prompt") from None

@@ -129,3 +129,27 @@ def test_one_failed_prompt_fails_the_completion():
     with pytest.raises(APIError, match="bad"):
         collect(BatchGeneration(gens, n=1, hold=False))
     assert prompts_of("x") == ["x"] and prompts_of([1, 2]) == [[1, 2]] and prompts_of([[1], [2]]) == [[1], [2]]
+
+
+def test_echo_with_logprobs_refuses_a_prompt_past_max_model_len_without_tokenizing_it_whole():
+    """echo with logprobs tokenized a 16 MB prompt whole in the frontend (22 s)."""
+    import pytest
+
+    from frontend.openai_api.completions import _echo_infos
+    from frontend.openai_api.errors import APIError
+
+    class Tokenizer:
+        seen = 0
+
+        def encode(self, text):
+            Tokenizer.seen += len(text)
+            return [5] * len(text.split())
+
+        def decode(self, ids):
+            return "w"
+
+    with pytest.raises(APIError) as e:
+        _echo_infos(Tokenizer(), ["word " * 2_000_000], need_ids=True, max_model_len=1024)
+    assert e.value.param == "prompt" and "max_model_len" in str(e.value)
+    assert Tokenizer.seen <= 4 * 16384
+    assert _echo_infos(Tokenizer(), ["a b"], need_ids=True, max_model_len=1024)[0].token_ids == [5, 5]

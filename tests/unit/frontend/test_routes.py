@@ -136,3 +136,23 @@ def test_metrics_count_requests_by_route_and_status_without_a_key(client):
     assert sample(r.text, "http_requests_total", handler="unmatched", method="GET", status="404") == 1
     assert sample(r.text, "http_request_duration_seconds_count", handler=route, method="GET", status="404") == 2
     assert "nope" not in r.text                                 # the template, never the path
+
+
+def test_tokenize_refuses_a_prompt_past_max_model_len_without_tokenizing_it_whole(client, monkeypatch):
+    """A 16 MB prompt was tokenized whole (22 s of the frontend's CPU, 8.1M ids). Now it
+    is refused (as generation would refuse it) after about max_model_len tokens of it."""
+    from backend.engine import prompt_length
+    seen = []
+    real = prompt_length.tokenize_within
+
+    def counting(tokenize, text, max_model_len):
+        return real(lambda t: (seen.append(len(t)), tokenize(t))[1], text, max_model_len)
+
+    monkeypatch.setattr("frontend.openai_api.tokenization.tokenize_within", counting)
+    r = client.post("/tokenize", json={"model": "llm", "prompt": "word " * 400_000}, headers=KEY)   # 2 MB
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "max_model_len" in r.text
+    assert sum(seen) <= 4 * prompt_length.CHUNK_CHARS
+    r = client.post("/tokenize", json={"model": "llm", "messages": [{"role": "user", "content": "word " * 400_000}]},
+                    headers=KEY)
+    assert r.status_code == 400 and "max_model_len" in r.text
+    assert client.post("/tokenize", json={"model": "llm", "prompt": "word " * 100}, headers=KEY).json()["count"] > 100

@@ -76,6 +76,24 @@ def test_input_ids_checked_against_text():
         parse_request({"text_input": b("x"), "input_ids": np.array([1, 2], dtype=np.int32)}, tokenize)
 
 
+def test_a_huge_text_beside_input_ids_is_not_tokenized_whole():
+    """The red team's gRPC request: 16 MB of text_input with input_ids=[1]. Checking they
+    agree tokenized all of it on the execute thread (55 s); now about len(ids) tokens'
+    worth, a chunk or two (prompt_length.py)."""
+    seen = []
+
+    def tokenize(text):
+        seen.append(len(text))
+        return [7] * len(text.split())            # a word a token
+
+    text = "word " * (3 << 20)                        # 15 MiB
+    with pytest.raises(InvalidRequestError, match="disagree"):
+        parse_request({"text_input": b(text), "input_ids": np.array([1], dtype=np.int32)}, tokenize)
+    assert sum(seen) <= 2 * 16384
+    assert parse_request({"text_input": b("a b"), "input_ids": np.array([7, 7], dtype=np.int32)}, tokenize).prompt \
+        == [7, 7]
+
+
 @pytest.mark.parametrize("inputs, match", [
     ({}, "no prompt"),
     ({"text_input": b("")}, "no prompt"),
