@@ -46,6 +46,9 @@ MAX_ABANDONED_COMPILES = 4
 # Compiles at once: more than one, so a fast grammar never queues behind a slow one; at
 # most half the cores (each compile holds one), and 4.
 COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
+# xgrammar's compiled-grammar cache, bounded (its default, -1, is unbounded: every distinct
+# schema a client sends would stay in memory); least recently used first out.
+GRAMMAR_CACHE_BYTES = 256 << 20
 
 
 def _json_safe_row(info, vocab_size: int, width: int) -> torch.Tensor:
@@ -77,7 +80,8 @@ class StructuredOutput:
         self.xgr = xgr
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True,
+                                              cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self.pool = CompilePool(COMPILE_THREADS, "grammar")
         self._width = -(-vocab_size // 32)
         self._json_safe = _json_safe_row(info, vocab_size, self._width)

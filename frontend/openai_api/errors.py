@@ -29,6 +29,11 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
 _PARAM = re.compile(r"(?:sampling parameter|parameter|field|invalid) '([\w.]+)'")
 
 
+# Triton's python backend, about a stub process it has lost (hung past its health check,
+# or dead) rather than about a request.
+_BACKEND_DOWN = ("Stub process", "stub process", "Failed to process the request(s) for model instance")
+
+
 def from_triton(message: str) -> APIError:
     """A Triton error -> the OpenAI status. gRPC streaming delivers only the message; the
     backend spells out the codes a client must act on (backend/triton_server/errors.py):
@@ -40,6 +45,10 @@ def from_triton(message: str) -> APIError:
         return APIError(504, message, "request_timeout_s")
     if message.startswith("UNAVAILABLE") or "UNAVAILABLE:" in message:
         return APIError(503, message)
+    if any(marker in message for marker in _BACKEND_DOWN):
+        # Triton's own words when a model's stub process is hung or gone: not the request's
+        # fault, and retryable once the supervisor has recovered it (it was a 400).
+        return APIError(503, f"the model's backend process is not healthy (being recovered); retry: {message}")
     if message.startswith(("INTERNAL", "CANCELLED")):
         return APIError(500, message)
     m = _PARAM.search(message)

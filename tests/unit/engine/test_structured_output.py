@@ -256,3 +256,13 @@ def test_the_grammar_waits_for_the_end_of_the_reasoning(tiny_ckpt, async_schedul
     with pytest.raises(Exception, match="reasoning_end_token_ids"):
         llm.generate(prompt, SamplingParams(max_tokens=4, reasoning_end_token_ids=[10 ** 6]))
     assert_pool_free(llm)
+
+
+def test_the_compiled_grammar_cache_is_bounded(tiny_ckpt):
+    """xgrammar's cache defaults to unbounded: every distinct schema stayed in memory."""
+    from transformers import AutoTokenizer
+
+    from backend.engine.structured_output import GRAMMAR_CACHE_BYTES, StructuredOutput
+    import torch
+    so = StructuredOutput(AutoTokenizer.from_pretrained(tiny_ckpt), 512, torch.device("cpu"), 4)
+    assert so._compiler.cache_limit_bytes == GRAMMAR_CACHE_BYTES > 0

@@ -16,6 +16,10 @@ from frontend.openai_api.protocol import ChatCompletionRequest, CompletionReques
     ("sampling parameter 'bad_words' has 130 token sequences, more than 128", 400, "bad_words"),
     ("Request for unknown model: 'x' is not found", 404, "model"),
     ("INTERNAL: RuntimeError('boom')", 500, None),
+    # A hung or dead stub, in Triton's words: retryable, never the client's 400.
+    ("Failed to process the request(s) for model instance 'llm_0_0', message: Stub process 'llm_0_0' is not "
+     "healthy.", 503, None),
+    ("Stub process is not healthy.", 503, None),
 ])
 def test_backend_errors_map_to_openai_statuses(message, status, param):
     e = from_triton(message)
