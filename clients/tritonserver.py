@@ -326,7 +326,8 @@ def sidecars(args: argparse.Namespace, triton_args: list[str], admin: AdminAcces
     if guarded:
         out.append(Sidecar("http-guard", [sys.executable, "-m", "frontend.http_guard",
                                           "--listen", f"{args.host}:{args.http_port}",
-                                          "--upstream", f"127.0.0.1:{triton_http_port}"], env=dict(os.environ)))
+                                          "--upstream", f"127.0.0.1:{triton_http_port}"], env=dict(os.environ),
+                           ready_url=f"http://{local_address(args.host)}:{args.http_port}/v2/health/ready"))
     if args.openai_port:
         tls = [a for flag, v in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)) if v
                for a in (flag, v)]
@@ -340,7 +341,9 @@ def sidecars(args: argparse.Namespace, triton_args: list[str], admin: AdminAcces
                                       *(a for flag, v in (("--tool-call-parser", args.tool_call_parser),
                                                           ("--reasoning-parser", args.reasoning_parser)) if v
                                         for a in (flag, v))],
-                           env={**os.environ, **admin.env()}))
+                           env={**os.environ, **admin.env()},
+                           # Over TLS the certificate may be one no client here trusts: running is enough.
+                           ready_url="" if tls else f"http://{local_address(args.host)}:{args.openai_port}/health"))
     return out
 
 

@@ -91,7 +91,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         raise_fd_limit()
-        http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host).start()
+        http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host,
+                            sidecars_not_ready=self.sidecars.not_ready).start()
         self.sidecars.start()
         self.status.set_sidecars(self.sidecars.snapshot())
         try:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from supervisor.triton_api import http_request
+
 log = logging.getLogger("supervisor")
 
 
@@ -23,6 +25,7 @@ class Sidecar:
     name: str                           # e.g. "openai", "http-guard"
     command: list[str]
     env: dict[str, str]
+    ready_url: str = ""                 # answers 200 once the sidecar serves (checked by /ready)
     proc: Optional[subprocess.Popen] = None
     restarts: int = 0
     last_exit: Optional[int] = None
@@ -67,6 +70,17 @@ class Sidecars:
             elif now >= s.next_start:
                 s.restarts += 1
                 self._spawn(s)
+
+    def not_ready(self) -> str:
+        """Why a running sidecar does not serve yet, in words ("" when all do): `/ready`
+        asks each one's ready_url, so that it turns 200 only once the OpenAI API does too
+        (it answered 503 for about 3 s after tritonserver was ready)."""
+        for s in self.sidecars:
+            if s.up and s.ready_url:
+                status, _ = http_request(s.ready_url, timeout_s=2.0)
+                if status != 200:
+                    return f"sidecar '{s.name}' is not ready yet ({s.ready_url} answered {status or 'nothing'})"
+        return ""
 
     def down(self) -> list[str]:
         return [s.name for s in self.sidecars if not s.up]

@@ -185,7 +185,8 @@ class StatusServer:
     """The endpoints above on a background thread. `server_ready` asks tritonserver."""
 
     def __init__(self, port: int, status: SupervisorStatus, server_ready: Callable[[], bool],
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", sidecars_not_ready: Callable[[], str] = lambda: "") -> None:
+        """`sidecars_not_ready`: why a running sidecar does not serve yet ("" when all do)."""
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):
@@ -200,7 +201,9 @@ class StatusServer:
                 elif path == "/ready":
                     down = status_ref.sidecars_down()
                     ok = s["state"] == SERVING and not down and server_ready()
-                    reason = s["reason"] or down or ("" if ok else "tritonserver is not ready")
+                    waiting = sidecars_not_ready() if ok else ""
+                    ok = ok and not waiting
+                    reason = s["reason"] or down or waiting or ("" if ok else "tritonserver is not ready")
                     self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason})
                 elif path == "/status":
                     self._json(200, s)

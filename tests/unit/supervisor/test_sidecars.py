@@ -73,3 +73,41 @@ def test_a_sidecar_that_cannot_start_is_tried_again():
     time.sleep(0.06)
     cars.poll()
     assert len(calls) == 2
+
+
+def test_ready_waits_for_a_running_sidecar_to_serve():
+    """/ready turned 200 about 3 s before the OpenAI API stopped answering 503."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from clients.tritonserver import free_port
+    from supervisor.status import StatusServer
+    from supervisor.triton_api import http_request
+    answer = [503]
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(answer[0])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    health_port, status_port = free_port(), free_port()
+    health = HTTPServer(("127.0.0.1", health_port), Health)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    cars = Sidecars([Sidecar("openai", SLEEPER, env={}, ready_url=f"http://127.0.0.1:{health_port}/health")])
+    status = SupervisorStatus(state=SERVING)
+    cars.start()
+    srv = StatusServer(status_port, status, lambda: True, sidecars_not_ready=cars.not_ready).start()
+    try:
+        status.set_sidecars(cars.snapshot())
+        code, body = http_request(f"http://127.0.0.1:{status_port}/ready")
+        assert code == 503 and "sidecar 'openai' is not ready yet" in body
+        answer[0] = 200
+        assert http_request(f"http://127.0.0.1:{status_port}/ready")[0] == 200
+    finally:
+        srv.stop()
+        health.shutdown()
+        cars.stop()
