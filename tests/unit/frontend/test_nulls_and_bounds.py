@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from frontend.openai_api.app import create_app
 from frontend.openai_api.auth import APIKeys
-from frontend.openai_api.errors import APIError
 from frontend.openai_api.triton_client import Delta, ServedModel
+from tests.helpers.fake_triton import FakeTriton
 
 KEY = {"authorization": "Bearer key-1"}
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -33,31 +33,20 @@ class FakeGeneration:
             yield Delta(i, "Hello.", [5, 6], "stop", [], 3)
 
 
-class FakeTriton:
+class GeneratingTriton(FakeTriton):
     def __init__(self, models):
-        self._models = models
+        super().__init__(models)
         self.sent: list[dict] = []          # the sampling parameters of each request
-
-    async def models(self):
-        return self._models
-
-    async def model(self, name):
-        if name not in self._models:
-            raise APIError(404, f"The model '{name}' does not exist", "model")
-        return self._models[name]
 
     def generate(self, model, prompt, sampling, stream, logprobs):
         self.sent.append(sampling)
         return FakeGeneration(int(sampling.get("n", 1)))
 
-    async def close(self):
-        pass
-
 
 @pytest.fixture
 def client(tiny_ckpt):
     with TestClient(create_app("127.0.0.1:1", api_keys=APIKeys(["key-1"]))) as c:
-        c.app.state.llm = FakeTriton({"llm": ServedModel("llm", tiny_ckpt, 7, "llm", max_model_len=1024)})
+        c.app.state.llm = GeneratingTriton({"llm": ServedModel("llm", tiny_ckpt, 7, "llm", max_model_len=1024)})
         yield c
 
 

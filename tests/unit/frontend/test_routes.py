@@ -11,27 +11,11 @@ from fastapi.testclient import TestClient
 from frontend.openai_api.app import create_app
 from frontend.openai_api.auth import APIKeys
 from frontend.openai_api.chat import ChatTemplates
-from frontend.openai_api.errors import APIError
 from frontend.openai_api.triton_client import ServedModel
+from tests.helpers.fake_triton import FakeTriton
 
 KEY = {"authorization": "Bearer key-1"}
 MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
-
-
-class FakeTriton:
-    def __init__(self, models):
-        self._models = models
-
-    async def models(self):
-        return self._models
-
-    async def model(self, name):
-        if name not in self._models:
-            raise APIError(404, f"The model '{name}' does not exist", "model")
-        return self._models[name]
-
-    async def close(self):
-        pass
 
 
 @pytest.fixture
