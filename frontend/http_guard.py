@@ -5,18 +5,21 @@ before Triton's own HTTP server parses it.
 
 Why: Triton 24.10's HTTP server (the release the pytriton wheel carries, and the newest on
 PyPI) crashes on a chunked body of many small chunks and on a deeply nested JSON body
-(CVE-2025-23310, CVE-2025-23311; fixed in 25.07). Inference needs no key, so anyone who
+(CVE-2025-23310, CVE-2025-23311; fixed from 25.07 on: the image uses 25.08). Inference needs no key, so anyone who
 reaches the port could crash the server, again and again. `make serve` runs this guard in
 front of Triton's HTTP port whenever that port is not on loopback (`--http-guard auto`),
 with tritonserver itself on a loopback port behind it.
 
 What it does to each request:
- - the body is read whole by aiohttp's parser, chunked or not, and refused with 413 past
-   `--max-body-bytes` (16 MiB) before more is read; Triton receives it with a
-   Content-Length, never chunked;
- - its JSON (the whole body, or the part `Inference-Header-Content-Length` names for
-   Triton's binary tensor extension) is refused with 400 when it nests more than 128
-   levels, measured in linear time before anything parses it (frontend/openai_api/json_depth.py);
+ - the body is read whole by aiohttp's parser, chunked or not, gzip or deflate unpacked
+   (any other Content-Encoding is a 415), and refused with 413 past `--max-body-bytes`
+   (16 MiB, counted unpacked: no zip bomb reaches Triton) before more is read; Triton
+   receives it plain, with a Content-Length, never chunked or compressed;
+ - its JSON is refused with 400 when it nests more than 128 levels, measured in linear
+   time before anything parses it (frontend/openai_api/json_depth.py). That is the whole
+   body, except on `/infer`, where Triton's binary tensor extension takes only the part
+   `Inference-Header-Content-Length` names as JSON (Triton honours that header there
+   alone); a header this check depends on, sent twice, is a 400;
  - everything else (method, path, query, headers such as the admin key) goes to Triton
    as sent, and Triton's answer, streamed or not, comes back as Triton sent it.
 While tritonserver is down (a restart) requests get 503.
@@ -27,9 +30,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from multidict import CIMultiDict
 
 from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
 
@@ -37,9 +42,16 @@ log = logging.getLogger("http_guard")
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 SESSION = web.AppKey("session", ClientSession)
 BINARY_HEADER = "Inference-Header-Content-Length"    # Triton's binary tensor data extension
-# Hop-by-hop headers (RFC 9110 7.6.1), and the framing this proxy sets itself.
+# Where Triton reads the binary tensor extension: KServe's infer route, nowhere else
+# (/generate and /generate_stream parse the whole body as JSON).
+_INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+# Hop-by-hop headers (RFC 9110 7.6.1), and the framing and coding this proxy sets itself
+# (the body goes on unpacked: aiohttp's parser has undone gzip and deflate).
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-        "transfer-encoding", "upgrade", "host", "content-length"}
+        "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "expect"}
+_CODINGS = {"", "identity", "gzip", "deflate", "x-gzip"}      # what aiohttp unpacks and Triton takes
+# Headers whose value decides what is checked: one each, or the request is refused.
+_SINGLE = (BINARY_HEADER, "Content-Encoding", "Content-Length")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -58,13 +70,23 @@ async def _read_body(request: web.Request, limit: int) -> Optional[bytes]:
     return bytes(body)
 
 
+def _header_problem(request: web.Request) -> Optional[tuple[int, str]]:
+    for name in _SINGLE:
+        if len(request.headers.getall(name, [])) > 1:
+            return 400, f"the header {name} is sent more than once"
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in _CODINGS:
+        return 415, f"Content-Encoding '{coding}' is not accepted (gzip, deflate or none)"
+    return None
+
+
 def _json_part(request: web.Request, body: bytes) -> bytes | str:
-    """The JSON Triton will parse: the whole body, or its binary-extension header part.
-    A str is an error message."""
+    """The JSON Triton will parse: the whole body, or on /infer its binary-extension header
+    part. A str is an error message."""
     declared = request.headers.get(BINARY_HEADER)
-    if declared is None:
+    if declared is None or not _INFER_PATH.match(request.path):
         return body
-    if not declared.isdigit() or int(declared) > len(body):
+    if not (declared.isascii() and declared.isdigit()) or int(declared) > len(body):
         return f"{BINARY_HEADER} must be a length within the body's {len(body)} bytes"
     return body[:int(declared)]
 
@@ -73,6 +95,9 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
     base = f"http://{upstream}"
 
     async def proxy(request: web.Request) -> web.StreamResponse:
+        problem = _header_problem(request)
+        if problem is not None:
+            return _error(*problem)
         body = await _read_body(request, max_body_bytes)
         if body is None:
             return _error(413, f"the request body is larger than {max_body_bytes} bytes (the HTTP guard's "
@@ -82,7 +107,8 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
             return _error(400, part)
         if part and too_deep(part):
             return _error(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        # Every value of every other header, in order (a dict would keep one of each).
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
         session = request.app[SESSION]
         response: Optional[web.StreamResponse] = None
         try:

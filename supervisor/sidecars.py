@@ -35,10 +35,13 @@ class Sidecar:
 
     @property
     def up(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        proc = self.proc                # one read: the status port's thread asks while poll() writes
+        return proc is not None and proc.poll() is None
 
     def snapshot(self) -> dict:
-        return {"state": "running" if self.up else "down", "pid": self.proc.pid if self.up else None,
+        proc = self.proc
+        up = proc is not None and proc.poll() is None
+        return {"state": "running" if up else "down", "pid": proc.pid if up else None,
                 "restarts": self.restarts, "last_exit": self.last_exit}
 
 

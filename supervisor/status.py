@@ -12,14 +12,17 @@ the backend cannot serve:
    and each sidecar's state and restarts.
  - `GET /metrics`: the same as Prometheus counters and gauges.
 
-The port takes at most MAX_CONNECTIONS connections at a time, each with a read timeout:
-one thread per idle connection, unbounded, used to exhaust the supervisor's file
-descriptors (about 1,000 idle connections at a 1,024 limit) until it exited.
+The port takes at most MAX_CONNECTIONS connections at a time, MAX_PER_CLIENT from one
+address, each with a read timeout and a deadline for the whole request: one thread per
+idle connection, unbounded, used to exhaust the supervisor's file descriptors (about
+1,000 idle connections at a 1,024 limit) until it exited, and a client trickling a byte
+a second could hold a slot for ever.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -141,7 +144,9 @@ def _escape(value: str) -> str:
 
 
 MAX_CONNECTIONS = 256
+MAX_PER_CLIENT = 16
 READ_TIMEOUT_S = 2.0
+REQUEST_DEADLINE_S = 5.0
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -153,22 +158,42 @@ class _BoundedServer(ThreadingHTTPServer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_client: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            if self._per_client.get(client, 0) >= MAX_PER_CLIENT or not self._slots.acquire(blocking=False):
+                return False
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            return True
+
+    def _give(self, client: str) -> None:
+        with self._lock:
+            self._per_client[client] -= 1
+            if not self._per_client[client]:
+                del self._per_client[client]
+            self._slots.release()
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._take(client_address[0]):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give(client_address[0])
             raise
 
     def process_request_thread(self, request, client_address) -> None:
+        # The whole request within its deadline, however slowly it trickles in.
+        deadline = threading.Timer(REQUEST_DEADLINE_S, _cut, (request,))
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            deadline.cancel()
+            self._give(client_address[0])
 
     def handle_error(self, request, client_address) -> None:
         pass                                # a reset or timed-out probe: nothing to log
@@ -179,6 +204,13 @@ class _BoundedServer(ThreadingHTTPServer):
         except OSError:                     # accept() at the descriptor limit: the caller skips
             time.sleep(0.05)                # this one; wait rather than spin on the listener
             raise
+
+
+def _cut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class StatusServer:

@@ -162,7 +162,8 @@ class TritonPythonModel(Watcher):
             return
         tokenize = (lambda t: self.engine.tokenize(t)) if self.engine.tokenizer is not None else None
         try:
-            parsed = parse_request(inputs, tokenize, request.parameters(), self.engine.limits)
+            parsed = parse_request(inputs, tokenize, request.parameters(), self.engine.limits,
+                                   self.engine.max_model_len)
             if isinstance(parsed.prompt, str) and tokenize is not None:
                 # Here, not on the engine thread (every running stream would wait for it),
                 # and refused early when it is too long (prompt_length.py).

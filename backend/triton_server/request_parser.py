@@ -184,8 +184,9 @@ def structured_outputs(value: Any) -> dict[str, Any]:
 
 def _tokenizes_to(tokenize: Callable[[str], list[int]], text: str, ids: list[int]) -> bool:
     """Whether `text` tokenizes to `ids`, tokenizing about len(ids) tokens' worth of it at
-    most: a 16 MB text beside `input_ids=[1]` was tokenized whole on the execute thread
-    (55 s that every new request waited), past the prompt-length check (prompt_length.py)."""
+    most (len(ids) is bounded by max_model_len before this): a 16 MB text beside
+    `input_ids=[1]` was tokenized whole on the execute thread (55 s that every new request
+    waited), past the prompt-length check (prompt_length.py)."""
     try:
         return tokenize_within(tokenize, text, len(ids) + 1) == ids
     except InvalidRequestError:         # it has more tokens than ids: they cannot agree
@@ -194,12 +195,15 @@ def _tokenizes_to(tokenize: Callable[[str], list[int]], text: str, ids: list[int
 
 def parse_request(inputs: dict[str, np.ndarray],
                   tokenize: Optional[Callable[[str], list[int]]] = None,
-                  request_parameters: str = "", limits: Optional[RequestLimits] = None) -> ParsedRequest:
+                  request_parameters: str = "", limits: Optional[RequestLimits] = None,
+                  max_model_len: Optional[int] = None) -> ParsedRequest:
     """`inputs` maps input name -> numpy array as Triton delivered it (absent = not sent).
     `request_parameters` is the request's own parameters as JSON (Triton's
     `request.parameters()`): the sampling parameters when the tensor is absent, as the
     vLLM backend takes them. `limits`: the engine's per-request limits (default: the
-    engine arguments' defaults), checked here, before n fans out."""
+    engine arguments' defaults), checked here, before n fans out. `max_model_len`: input_ids
+    that leave no room for one generated token are refused here, before any text beside
+    them is tokenized."""
     text: Optional[str] = None
     if "text_input" in inputs:
         text = _text("text_input", _scalar("text_input", inputs["text_input"]))
@@ -210,6 +214,9 @@ def parse_request(inputs: dict[str, np.ndarray],
             raise InvalidRequestError("input 'input_ids' must be INT32 token ids")
         input_ids = arr.reshape(-1).tolist()    # in C: millions of ids in milliseconds
 
+    if input_ids and max_model_len is not None and len(input_ids) >= max_model_len:
+        raise InvalidRequestError(f"input 'input_ids' has {len(input_ids)} tokens; max_model_len is {max_model_len}, "
+                                  "which must leave room for at least one generated token")
     if input_ids:
         if text and tokenize is not None and not _tokenizes_to(tokenize, text, input_ids):
             raise InvalidRequestError("inputs 'text_input' and 'input_ids' disagree: "

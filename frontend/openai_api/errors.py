@@ -31,7 +31,9 @@ _PARAM = re.compile(r"(?:sampling parameter|parameter|field|invalid) '([\w.]+)'"
 
 # Triton's python backend, about a stub process it has lost (hung past its health check,
 # or dead) rather than about a request.
-_BACKEND_DOWN = ("Stub process", "stub process", "Failed to process the request(s) for model instance")
+# ("Failed to process the request(s) ..." alone is also how it reports any exception in
+# execute(): not a sign of a lost stub.)
+_BACKEND_DOWN = ("Stub process", "stub process")
 
 
 def from_triton(message: str) -> APIError:

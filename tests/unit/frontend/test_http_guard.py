@@ -26,6 +26,7 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
     return web.json_response({"method": request.method, "len": len(body), "body": body[:64].decode(errors="replace"),
                               "key": request.headers.get("triton-admin-key"), "query": request.query_string,
                               "chunked": request.headers.get("Transfer-Encoding"),
+                              "coding": request.headers.get("Content-Encoding"),
                               "length": request.headers.get("Content-Length")}, status=201)
 
 
@@ -58,7 +59,7 @@ def test_requests_pass_through_unchanged():
     status, seen = run(scenario)
     assert status == 201
     assert seen == {"method": "POST", "len": 29, "body": '{"inputs": [{"data": [[1]]}]}', "key": "k", "query": "x=1",
-                    "chunked": None, "length": "29"}
+                    "chunked": None, "coding": None, "length": "29"}
 
 
 def test_server_sent_events_stream_through():
@@ -94,6 +95,56 @@ def test_the_binary_extension_checks_only_its_json_header():
                 out.append(r.status)
         return out
     assert run(scenario) == [201, 400, 400]
+
+
+def test_the_binary_header_counts_only_on_infer_and_only_once():
+    """/generate parses its whole body as JSON whatever the header says; a header sent
+    twice let the guard check the first value while Triton took the last (review)."""
+    deep = b"[" * 200_000
+
+    async def scenario(s, url, _):
+        out = []
+        async with s.post(url + "/v2/models/llm/generate", data=deep,
+                          headers={"Inference-Header-Content-Length": "1"}) as r:
+            out.append(r.status)
+        async with s.post(url + "/v2/models/llm/infer", data=deep,
+                          headers=[("Inference-Header-Content-Length", "0"),
+                                   ("Inference-Header-Content-Length", "200000")]) as r:
+            out.append(r.status)
+        async with s.post(url + "/v2/models/llm/infer", data=b"{}",
+                          headers={"Inference-Header-Content-Length": "\u00b2"}) as r:   # '²'.isdigit()
+            out.append(r.status)
+        return out
+    assert run(scenario) == [400, 400, 400]
+
+
+def test_compressed_bodies_are_checked_and_sent_on_unpacked():
+    """aiohttp unpacks gzip; Triton unpacks it again if told so: a body gzipped twice got
+    a deep body past the check, and a small bomb past the bound (review)."""
+    import gzip
+    deep = b"[" * 200_000
+
+    async def scenario(s, url, _):
+        out = []
+        async with s.post(url + "/v2/models/llm/infer", data=gzip.compress(b'{"inputs": []}'),
+                          headers={"Content-Encoding": "gzip"}) as r:
+            out.append((r.status, await r.json()))
+        async with s.post(url + "/v2/models/llm/infer", data=gzip.compress(deep),
+                          headers={"Content-Encoding": "gzip"}) as r:
+            out.append(r.status)
+        async with s.post(url + "/v2/models/llm/infer", data=gzip.compress(gzip.compress(deep)),
+                          headers={"Content-Encoding": "gzip"}) as r:
+            out.append((r.status, (await r.json())["len"]))             # plain gzip bytes: Triton's 400
+        async with s.post(url + "/v2/models/llm/infer", data=gzip.compress(b" " * (8 << 20)),
+                          headers={"Content-Encoding": "gzip"}) as r:
+            out.append(r.status)                                        # 8 KB packed, 8 MiB unpacked
+        async with s.post(url + "/v2/models/llm/infer", data=b"xx", headers={"Content-Encoding": "br"}) as r:
+            out.append(r.status)
+        return out
+    plain, deep_status, twice, bomb, brotli = run(scenario, max_body_bytes=1 << 20)
+    assert plain[0] == 201 and plain[1]["len"] == 14 and plain[1]["body"] == '{"inputs": []}'
+    assert plain[1]["coding"] is None
+    assert deep_status == 400 and twice[0] == 201 and bomb == 413 and brotli == 415
 
 
 def test_bodies_past_the_limit_get_413_declared_or_chunked():

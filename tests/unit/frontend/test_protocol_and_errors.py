@@ -20,6 +20,7 @@ from frontend.openai_api.protocol import ChatCompletionRequest, CompletionReques
     ("Failed to process the request(s) for model instance 'llm_0_0', message: Stub process 'llm_0_0' is not "
      "healthy.", 503, None),
     ("Stub process is not healthy.", 503, None),
+    ("Failed to process the request(s) for model instance 'llm_0_0', message: ValueError('x')", 400, None),
 ])
 def test_backend_errors_map_to_openai_statuses(message, status, param):
     e = from_triton(message)

@@ -88,3 +88,48 @@ def test_idle_connections_past_the_descriptor_limit_leave_the_port_serving():
             s.close()
         proc.kill()
         proc.wait()
+
+
+def test_trickling_clients_hold_no_slot_past_the_deadline_nor_more_than_their_share(monkeypatch):
+    """A byte every 1.9 s beat the 2 s read timeout and held a slot for ever; 256 such
+    clients would close every probe (review)."""
+    import socket
+    import threading
+    import time
+    from supervisor import status as st
+    monkeypatch.setattr(st, "MAX_PER_CLIENT", 4)
+    monkeypatch.setattr(st, "REQUEST_DEADLINE_S", 0.6)
+    monkeypatch.setattr(st, "READ_TIMEOUT_S", 0.5)
+    s = SupervisorStatus(state=SERVING)
+    port = free_port()
+    srv = StatusServer(port, s, lambda: True).start()
+    stop = threading.Event()
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]   # past this client's 4
+
+    def trickle():
+        while not stop.is_set():
+            for sock in socks:
+                try:
+                    sock.send(b"G")
+                except OSError:
+                    pass
+            time.sleep(0.2)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        time.sleep(1.0)                                   # past the deadline: their slots are free
+        closed = 0
+        for sock in socks:
+            sock.settimeout(0.5)
+            try:
+                closed += sock.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == 8
+        assert get(port, "/live")[0] == 200
+    finally:
+        stop.set()
+        for sock in socks:
+            sock.close()
+        srv.stop()

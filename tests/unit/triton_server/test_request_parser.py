@@ -90,6 +90,11 @@ def test_a_huge_text_beside_input_ids_is_not_tokenized_whole():
     with pytest.raises(InvalidRequestError, match="disagree"):
         parse_request({"text_input": b(text), "input_ids": np.array([1], dtype=np.int32)}, tokenize)
     assert sum(seen) <= 2 * 16384
+    seen.clear()                                      # ids past max_model_len: no text tokenized at all
+    with pytest.raises(InvalidRequestError, match="max_model_len is 1024"):
+        parse_request({"text_input": b(text), "input_ids": np.ones(5_000_000, dtype=np.int32)}, tokenize,
+                      max_model_len=1024)
+    assert seen == []
     assert parse_request({"text_input": b("a b"), "input_ids": np.array([7, 7], dtype=np.int32)}, tokenize).prompt \
         == [7, 7]
 
