@@ -49,6 +49,8 @@ _INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 # (the body goes on unpacked: aiohttp's parser has undone gzip and deflate).
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "expect"}
+# Triton's answer keeps its own coding (Accept-Encoding goes through): its bytes pass as sent.
+_RESPONSE_HOP = _HOP - {"content-encoding"}
 _CODINGS = {"", "identity", "gzip", "deflate", "x-gzip"}      # what aiohttp unpacks and Triton takes
 # Headers whose value decides what is checked: one each, or the request is refused.
 _SINGLE = (BINARY_HEADER, "Content-Encoding", "Content-Length")
@@ -116,7 +118,7 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
                                        data=body if body or request.can_read_body else None) as up:
                 response = web.StreamResponse(status=up.status, reason=up.reason)
                 for k, v in up.headers.items():
-                    if k.lower() not in _HOP:
+                    if k.lower() not in _RESPONSE_HOP:
                         response.headers.add(k, v)
                 if up.content_length is not None:
                     response.content_length = up.content_length

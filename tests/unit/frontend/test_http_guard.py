@@ -23,6 +23,10 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(0.02)
         await r.write_eof()
         return r
+    if request.headers.get("Accept-Encoding") == "gzip":
+        response = web.json_response({"method": request.method}, status=201)
+        response.enable_compression()
+        return response
     return web.json_response({"method": request.method, "len": len(body), "body": body[:64].decode(errors="replace"),
                               "key": request.headers.get("triton-admin-key"), "query": request.query_string,
                               "chunked": request.headers.get("Transfer-Encoding"),
@@ -60,6 +64,14 @@ def test_requests_pass_through_unchanged():
     assert status == 201
     assert seen == {"method": "POST", "len": 29, "body": '{"inputs": [{"data": [[1]]}]}', "key": "k", "query": "x=1",
                     "chunked": None, "coding": None, "length": "29"}
+
+
+def test_a_compressed_answer_keeps_its_coding():
+    async def scenario(s, url, _):
+        async with s.get(url + "/v2/models/llm/infer", headers={"Accept-Encoding": "gzip"}) as r:
+            return r.status, r.headers.get("Content-Encoding"), await r.json()      # aiohttp unpacks it
+    status, coding, seen = run(scenario)
+    assert (status, coding, seen["method"]) == (201, "gzip", "GET")
 
 
 def test_server_sent_events_stream_through():
