@@ -16,7 +16,8 @@ What it does to each request:
    (16 MiB, counted unpacked: no zip bomb reaches Triton) before more is read; Triton
    receives it plain, with a Content-Length, never chunked or compressed;
  - its JSON is refused with 400 when it nests more than 128 levels, measured in linear
-   time before anything parses it (frontend/openai_api/json_depth.py). That is the whole
+   time, in a thread for a large body, before anything parses it
+   (frontend/openai_api/json_depth.py). That is the whole
    body, except on `/infer`, where Triton's binary tensor extension takes only the part
    `Inference-Header-Content-Length` names as JSON (Triton honours that header there
    alone); a header this check depends on, sent twice, is a 400;
@@ -36,7 +37,7 @@ from typing import Optional
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from multidict import CIMultiDict
 
-from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+from frontend.openai_api.json_depth import MAX_JSON_DEPTH, nests_too_deep
 
 log = logging.getLogger("http_guard")
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -107,7 +108,7 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
         part = _json_part(request, body)
         if isinstance(part, str):
             return _error(400, part)
-        if part and too_deep(part):
+        if part and await nests_too_deep(part):
             return _error(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
         # Every value of every other header, in order (a dict would keep one of each).
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)

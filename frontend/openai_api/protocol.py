@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
-from frontend.openai_api.json_depth import MAX_JSON_DEPTH, too_deep
+from frontend.openai_api.json_depth import MAX_JSON_DEPTH, nests_too_deep
 from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.tools.protocol import (ChatTool, FunctionDefinition, FunctionName, MessageToolCall,
                                                 NamedToolChoice)
@@ -330,7 +330,7 @@ async def read_json(request, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise too_large
-    if too_deep(body):                  # before json.loads, which recurses
+    if await nests_too_deep(body):      # before json.loads, which recurses
         raise APIError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     try:
         value = json.loads(body, parse_constant=_not_json)
