@@ -17,9 +17,8 @@ import os
 import threading
 from typing import Iterable, Optional
 
-from backend.engine.errors import InvalidRequestError
-from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
+from frontend.openai_api.tokenization import tokenize_or_400
 
 
 def load_template(value: Optional[str]) -> Optional[str]:
@@ -81,9 +80,4 @@ class ChatTemplates:
         except Exception as e:  # a template error is about these messages
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
         tokenize = lambda t: tok(t, add_special_tokens=add_special_tokens)["input_ids"]  # noqa: E731
-        if max_model_len is None:
-            return text, tokenize(text)
-        try:
-            return text, tokenize_within(tokenize, text, max_model_len)
-        except InvalidRequestError as e:
-            raise APIError(400, str(e), "messages") from None
+        return text, tokenize_or_400(tokenize, text, max_model_len, "messages")

@@ -24,10 +24,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Optional, Union
 
-from backend.engine.errors import InvalidRequestError
-from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.protocol import CompletionRequest
+from frontend.openai_api.tokenization import tokenize_or_400
 from frontend.openai_api.triton_client import Delta, Generation
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -98,7 +97,7 @@ def _echo_infos(tokenizer, prompts: list[Prompt], need_ids: bool,
     infos = []
     for p in prompts:
         if isinstance(p, str):
-            ids = _encode_within(tokenizer, p, max_model_len) if need_ids else None   # as the backend tokenizes
+            ids = tokenize_or_400(tokenizer.encode, p, max_model_len, "prompt") if need_ids else None  # as the backend
             text = p
         else:
             ids, text = p, tokenizer.decode(p)
@@ -284,12 +283,3 @@ def _clamped(entries: Optional[list]) -> Optional[list]:
         return None
     return [None if e is None else {t: {**lp, "logprob": _json_logprob(lp["logprob"])} for t, lp in e.items()}
             for e in entries]
-
-
-def _encode_within(tokenizer, text: str, max_model_len: Optional[int]) -> list[int]:
-    if not max_model_len:
-        return tokenizer.encode(text)
-    try:
-        return tokenize_within(tokenizer.encode, text, max_model_len)
-    except InvalidRequestError as e:
-        raise APIError(400, str(e), "prompt") from None

@@ -14,7 +14,7 @@ when keys are set (auth.py): tokenizing is work a stranger should not get for fr
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -85,6 +85,18 @@ def _tokenizer(app: FastAPI, served: ServedModel):
     return app.state.chat.tokenizer(served.checkpoint, served.name, "tokenizing")
 
 
+def tokenize_or_400(tokenize: Callable[[str], list[int]], text: str, max_model_len: Optional[int],
+                    param: str) -> list[int]:
+    """`tokenize(text)`, or a 400 naming `param` once the text is known not to fit
+    max_model_len (when known), after about that many tokens of it (prompt_length.py)."""
+    if not max_model_len:
+        return tokenize(text)
+    try:
+        return tokenize_within(tokenize, text, max_model_len)
+    except InvalidRequestError as e:
+        raise APIError(400, str(e), param) from None
+
+
 def tokenize_ids(app: FastAPI, served: ServedModel, req: TokenizeRequest) -> list[int]:
     """A prompt that generation would refuse for its length (max_model_len, with room
     for one generated token) is a 400 once that is known, after tokenizing about that many
@@ -92,13 +104,8 @@ def tokenize_ids(app: FastAPI, served: ServedModel, req: TokenizeRequest) -> lis
     frontend's CPU, 8.1M ids)."""
     if isinstance(req, TokenizeCompletionRequest):
         tok = _tokenizer(app, served)
-        tokenize = lambda t: tok(t, add_special_tokens=req.add_special_tokens)["input_ids"]  # noqa: E731
-        if not served.max_model_len:
-            return tokenize(req.prompt)
-        try:
-            return tokenize_within(tokenize, req.prompt, served.max_model_len)
-        except InvalidRequestError as e:
-            raise APIError(400, str(e), "prompt") from None
+        return tokenize_or_400(lambda t: tok(t, add_special_tokens=req.add_special_tokens)["input_ids"], req.prompt,
+                               served.max_model_len, "prompt")
     # Rendered as chat renders it (chat.py), with /tokenize's switches.
     return app.state.chat.render(served.checkpoint, served.name, [m.for_template() for m in req.messages],
                                  max_model_len=served.max_model_len or None, template_kwargs=req.chat_template_kwargs,
