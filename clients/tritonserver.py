@@ -401,7 +401,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         write_generated=True)
     except AdminKeyError as e:
         raise SystemExit(f"serve: {e}") from None
-    guarded = guard_enabled(args.http_guard, args.host) and not args.no_supervisor
+    wants_guard = guard_enabled(args.http_guard, args.host)
+    guarded = wants_guard and not args.no_supervisor        # the supervisor runs the guard
     triton_http_port = free_port() if guarded else args.http_port
     cmd = server_command(args.model_repository, triton_http_port, args.grpc_port, args.metrics_port, admin, extra,
                          binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host,
@@ -416,7 +417,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"warning: --host {args.host} exposes Triton's inference APIs (HTTP and gRPC), which take no key: "
               "anyone who reaches them can run requests (docs/security.md)", file=sys.stderr, flush=True)
     if args.no_supervisor:
-        if guard_enabled(args.http_guard, args.host):
+        if wants_guard:
             print("warning: --no-supervisor runs no HTTP guard: Triton 24.10's HTTP port is exposed to "
                   "CVE-2025-23310/23311", file=sys.stderr, flush=True)
         os.execve(cmd[0], cmd, env)

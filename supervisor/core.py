@@ -290,9 +290,9 @@ class Supervisor:
 def raise_fd_limit() -> None:
     """Soft descriptor limit up to the hard one: Python's default keeps the soft 1,024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
+    target = max(soft, 65536) if hard == resource.RLIM_INFINITY else hard
+    if soft < target:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536),
-                                                        hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             pass

@@ -33,15 +33,19 @@ class Sidecar:
     backoff_s: float = 1.0
     started_at: float = 0.0
 
+    def running(self) -> Optional[subprocess.Popen]:
+        """Its process while it runs. One read of `proc`: the status port's thread asks
+        while the supervisor's poll() may clear it."""
+        proc = self.proc
+        return proc if proc is not None and proc.poll() is None else None
+
     @property
     def up(self) -> bool:
-        proc = self.proc                # one read: the status port's thread asks while poll() writes
-        return proc is not None and proc.poll() is None
+        return self.running() is not None
 
     def snapshot(self) -> dict:
-        proc = self.proc
-        up = proc is not None and proc.poll() is None
-        return {"state": "running" if up else "down", "pid": proc.pid if up else None,
+        proc = self.running()
+        return {"state": "running" if proc else "down", "pid": proc.pid if proc else None,
                 "restarts": self.restarts, "last_exit": self.last_exit}
 
 
@@ -84,9 +88,6 @@ class Sidecars:
                 if status != 200:
                     return f"sidecar '{s.name}' is not ready yet ({s.ready_url} answered {status or 'nothing'})"
         return ""
-
-    def down(self) -> list[str]:
-        return [s.name for s in self.sidecars if not s.up]
 
     def snapshot(self) -> dict[str, dict]:
         return {s.name: s.snapshot() for s in self.sidecars}

@@ -29,11 +29,10 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
 _PARAM = re.compile(r"(?:sampling parameter|parameter|field|invalid) '([\w.]+)'")
 
 
-# Triton's python backend, about a stub process it has lost (hung past its health check,
-# or dead) rather than about a request.
-# ("Failed to process the request(s) ..." alone is also how it reports any exception in
-# execute(): not a sign of a lost stub.)
-_BACKEND_DOWN = ("Stub process", "stub process")
+# Triton's python backend names a stub process it has lost (hung past its health check,
+# or dead) as "Stub process ..." ("Failed to process the request(s) ..." alone is how it
+# reports any exception in execute(): not a sign of a lost stub).
+_BACKEND_DOWN = "stub process"
 
 
 def from_triton(message: str) -> APIError:
@@ -47,7 +46,7 @@ def from_triton(message: str) -> APIError:
         return APIError(504, message, "request_timeout_s")
     if message.startswith("UNAVAILABLE") or "UNAVAILABLE:" in message:
         return APIError(503, message)
-    if any(marker in message for marker in _BACKEND_DOWN):
+    if _BACKEND_DOWN in message.lower():
         # Triton's own words when a model's stub process is hung or gone: not the request's
         # fault, and retryable once the supervisor has recovered it (it was a 400).
         return APIError(503, f"the model's backend process is not healthy (being recovered); retry: {message}")
