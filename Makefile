@@ -44,7 +44,7 @@ PY312 ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.12
 test-py312:
 	@if ! $(PY312) -c pass >/dev/null 2>&1; then echo "test-py312: no Python 3.12 here: skipped"; exit 0; fi; \
 	set -e; test -x .venv312/bin/python || $(PY312) -m venv .venv312; \
-	.venv312/bin/python -m pip install -q numpy==1.26.4 aiohttp==3.14.5 "pytest>=8" pytest-timeout; \
+	.venv312/bin/python -m pip install -q numpy==1.26.4 aiohttp==3.14.5 "pytest>=8" pytest-timeout "hypothesis>=6"; \
 	.venv312/bin/python -m compileall -q -x '/(\.venv|third_party)' backend builder clients frontend supervisor tests; \
 	.venv312/bin/python -m pytest -q -p no:cacheprovider --noconftest tests/unit/supervisor/test_sidecars.py \
 		tests/unit/supervisor/test_status.py tests/unit/frontend/test_http_guard.py tests/unit/frontend/test_json_depth.py
