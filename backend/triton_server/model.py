@@ -37,6 +37,7 @@ from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import EMBEDDING_SPEC, INPUT_SPECS, OUTPUT_SPECS, parse_request
 from backend.triton_server.response_writer import FINAL, ResponseWriter
 from backend.triton_server import trtllm_front
+from backend.triton_server.stop_key import may_stop, required_stop_key
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 from backend.triton_server.vllm_model_json import read_model_json
 from backend.triton_server.watcher import Watcher, log_local
@@ -154,7 +155,7 @@ class TritonPythonModel(Watcher):
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
         if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
-            self._stop(request.request_id(), sender)
+            self._stop(request.request_id(), required_stop_key(request.parameters()), sender)
             return
         if self._unhealthy:
             sender.send(pb_utils.InferenceResponse(error=triton_error(EngineDeadError(
@@ -185,19 +186,20 @@ class TritonPythonModel(Watcher):
             self.loop.add_request(parsed.prompt, params, child_id,
                                   callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
 
-    def _stop(self, triton_request_id: str, sender) -> None:
+    def _stop(self, triton_request_id: str, stop_key: str, sender) -> None:
         """End every in-flight request sent with this request id, or with "<id>/..." (how the
-        TensorRT-LLM fronts name their rows), as TensorRT-LLM's `stop` does:
-        each sends what it has as its final response, not an error. (An error after
-        streamed responses never reaches a BLS caller in Python backend 24.10: the
-        TensorRT-LLM fronts stop their rows this way.)"""
+        TensorRT-LLM fronts name their rows), and with this `stop_key` (stop_key.py), as
+        TensorRT-LLM's `stop` does: each sends what it has as its final response, not an
+        error. (An error after streamed responses never reaches a BLS caller in Python
+        backend 24.10: the TensorRT-LLM fronts stop their rows this way.)"""
         if not triton_request_id:
             raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
         target = triton_request_id
         with self._inflight_lock:
             # Our ids are "<Triton request id>#<counter>".
             sent_as = [(w, w.request_id.rsplit("#", 1)[0]) for _, w in self._inflight.values()]
-        writers = [w for w, base in sent_as if base == target or base.startswith(target + "/")]
+        writers = [w for w, base in sent_as
+                   if (base == target or base.startswith(target + "/")) and may_stop(w.parsed.stop_key, stop_key)]
         for writer in writers:
             for child_id in writer.unfinished_child_ids:
                 self.loop.abort(child_id, RequestStopped(f"request '{target}' was stopped"))

@@ -20,6 +20,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.prompt_length import tokenize_within
 from backend.engine.request_limits import RequestLimits
 from backend.sampling_params import SamplingParams, SamplingParamsError, json_object
+from backend.triton_server.stop_key import STOP_KEY, stop_key_of
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
                "return_num_output_tokens", "return_cumulative_logprob", "return_logprobs", "ignore_eos",
@@ -93,6 +94,7 @@ class ParsedRequest:
     logprobs_requested: bool = False
     return_prompt_logprobs: bool = False
     prompt_text: str = ""
+    stop_key: Optional[str] = None   # what a `stop` must carry to end this request (stop_key.py)
 
 
 def _scalar(name: str, arr: np.ndarray) -> Any:
@@ -228,10 +230,12 @@ def parse_request(inputs: dict[str, np.ndarray],
         raise InvalidRequestError("the request has no prompt: 'text_input' is missing or empty "
                                   "(and no 'input_ids' were sent)")
 
+    stop_key = stop_key_of(request_parameters)
     raw = request_parameters
     if "sampling_parameters" in inputs:
         raw = _text("sampling_parameters", _scalar("sampling_parameters", inputs["sampling_parameters"]))
-    fields: dict[str, Any] = {key: _coerce_json_value(key, value) for key, value in parse_sampling_json(raw).items()}
+    fields: dict[str, Any] = {key: _coerce_json_value(key, value) for key, value in parse_sampling_json(raw).items()
+                              if not (key == STOP_KEY and raw is request_parameters)}
 
     if "structured_outputs" in fields:
         fields.update(structured_outputs(fields.pop("structured_outputs")))
@@ -274,4 +278,4 @@ def parse_request(inputs: dict[str, np.ndarray],
     if flags.get("return_cumulative_logprob") and not requested:
         params = params.model_copy(update={"logprobs": 0})
     return ParsedRequest(prompt=prompt, params=params, prompt_text=text or "", logprobs_requested=requested,
-                         **flags)
+                         stop_key=stop_key, **flags)

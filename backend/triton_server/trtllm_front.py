@@ -26,6 +26,7 @@ we keep each stream until that cleanup is surely done (_release_streams).
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import uuid
 from typing import Any, Optional
@@ -36,6 +37,7 @@ import triton_python_backend_utils as pb_utils
 from backend.engine.errors import InvalidRequestError
 from backend.triton_server.errors import triton_error
 from backend.triton_server.response_writer import inference_response
+from backend.triton_server.stop_key import STOP_KEY, required_stop_key, stop_key_of
 from backend.triton_server.trtllm_contract import (CONTRACTS, INPUT_SPECS, OUTPUT_SPECS, TOKENS, RowRequest,
                                                    batch_size, is_last, row_request, row_responses)
 
@@ -73,8 +75,9 @@ def auto_complete_config(config, contract: str):
 class _Request:
     """One client request being served: its rows' streams, and whether FINAL went out."""
 
-    def __init__(self, request, sender, row_id: str, num_rows: int) -> None:
+    def __init__(self, request, sender, row_id: str, num_rows: int, stop_key: str) -> None:
         self.request, self.sender, self.row_id = request, sender, row_id
+        self.stop_key = stop_key  # the rows' in `llm`: the client's own, or one only we know
         self.requested_outputs = frozenset(request.requested_output_names())
         self.open_rows = num_rows
         self.done = False
@@ -113,25 +116,28 @@ class TrtLlmFront:
             # run in `llm` under that id (whichever instance serves them).
             if not request.request_id():
                 raise InvalidRequestError("input 'stop' needs the request_id of the request to stop")
-            self._stop(request.request_id())
+            self._stop(request.request_id(), required_stop_key(request.parameters()))
             self._release_streams(request)
             sender.send(flags=FINAL)
             return
         rows = [row_request(self.contract, inputs, b) for b in range(batch_size(self.contract, inputs))]
         # "<client's id>/<unique>": the rows stop alone, and a `stop` under the client's id
-        # (to any instance) stops them too.
-        served = _Request(request, sender, f"{request.request_id()}/{uuid.uuid4().hex[:12]}", len(rows))
+        # and with its stop_key (to any instance) stops them too. Without one, a key no
+        # client knows: only this front can stop them.
+        served = _Request(request, sender, f"{request.request_id()}/{uuid.uuid4().hex[:12]}", len(rows),
+                          stop_key_of(request.parameters()) or secrets.token_hex(16))
         # Every row goes to `llm` first, so the engine batches them; their streams are
         # then read in order (what arrives meanwhile waits in each iterator).
-        streams = [self._exec(served.row_id, row) for row in rows]
+        streams = [self._exec(served, row) for row in rows]
         for row, stream in zip(rows, streams):
             self._read_row(served, row, stream)
             self._read_streams.append(stream)
 
-    def _exec(self, row_id: str, row: RowRequest):
-        bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=row_id,
+    def _exec(self, served: _Request, row: RowRequest):
+        bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=served.row_id,
                                         requested_output_names=LLM_OUTPUTS,
-                                        inputs=[pb_utils.Tensor(name, value) for name, value in row.inputs.items()])
+                                        inputs=[pb_utils.Tensor(name, value) for name, value in row.inputs.items()],
+                                        parameters={STOP_KEY: served.stop_key})
         return bls.exec(decoupled=True)
 
     def _read_row(self, served: _Request, row: RowRequest, stream) -> None:
@@ -196,11 +202,12 @@ class TrtLlmFront:
     def _stop_rows(self, served: _Request) -> None:
         if not served.stopped:
             served.stopped = True
-            self._stop(served.row_id)
+            self._stop(served.row_id, served.stop_key)
 
-    def _stop(self, request_id: str) -> None:
+    def _stop(self, request_id: str, stop_key: str) -> None:
         bls = pb_utils.InferenceRequest(model_name=self.llm_model, request_id=request_id, requested_output_names=[],
-                                        inputs=[pb_utils.Tensor("stop", np.array([True]))])
+                                        inputs=[pb_utils.Tensor("stop", np.array([True]))],
+                                        parameters={STOP_KEY: stop_key})
         stream = bls.exec(decoupled=True)
         for response in stream:
             if response.has_error():

@@ -112,9 +112,10 @@ class InferenceRequest:
     stub: Stub   # set on the class by install()
 
     def __init__(self, model_name: str, inputs: list, request_id: str = "",
-                 requested_output_names: Optional[list] = None, **_) -> None:
+                 requested_output_names: Optional[list] = None, parameters: Optional[dict] = None, **_) -> None:
         self.model_name, self.inputs, self.request_id = model_name, inputs, request_id
         self.requested_output_names = requested_output_names
+        self.parameters = dict(parameters or {})
 
     def exec(self, decoupled: bool = False) -> Stream:
         self.stub.bls_requests.append(self)
@@ -140,8 +141,8 @@ class ClientRequest:
     """A request as execute() receives it."""
 
     def __init__(self, stub: Stub, inputs: dict[str, np.ndarray], requested: list[str],
-                 request_id: str = "r1") -> None:
-        self.stub, self.requested, self._id = stub, list(requested), request_id
+                 request_id: str = "r1", parameters: str = "") -> None:
+        self.stub, self.requested, self._id, self._parameters = stub, list(requested), request_id, parameters
         self.inputs = [Tensor(name, value) for name, value in inputs.items()]
         self.sender = Sender(self)
         self.final_sent = False
@@ -154,6 +155,9 @@ class ClientRequest:
 
     def request_id(self) -> str:
         return self._id
+
+    def parameters(self) -> str:
+        return self._parameters
 
     def is_cancelled(self) -> bool:
         if self.final_sent:

@@ -208,9 +208,11 @@ def test_client_cancellation_frees_the_engine(trt_server):
     wait_blocks_free(trt_server, timeout_s=20)
 
 
-def test_stop_request_ends_a_running_request(trt_server):
+def test_stop_request_ends_a_running_request_only_with_its_key(trt_server):
     """TensorRT-LLM's way: a second request to tensorrt_llm with `stop` and the same id
-    ends the first, which sends its final response."""
+    ends the first, which sends its final response; here only when the stop carries the
+    `stop_key` the request was sent with (issue 49 item 6: request ids are guessable). A
+    stop without a key is a clear error; one with another key ends nothing."""
     done: "queue.Queue" = queue.Queue()
     client = grpcclient.InferenceServerClient(trt_server.grpc_url)
     client.start_stream(callback=lambda result, error: done.put((result, error)))
@@ -218,13 +220,43 @@ def test_stop_request_ends_a_running_request(trt_server):
               "request_output_len": np.array([[500]], np.int32), "streaming": np.array([[True]]),
               "end_id": np.array([[-1]], np.int32)}
     client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in inputs.items()], request_id="long-1",
-                              enable_empty_final_response=True)
+                              enable_empty_final_response=True, parameters={"stop_key": "mine"})
     assert done.get(timeout=30)[1] is None  # it is generating
     stop = {"input_ids": np.array([[0]], np.int32), "input_lengths": np.array([[1]], np.int32),
             "request_output_len": np.array([[0]], np.int32), "stop": np.array([[True]])}
-    client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in stop.items()], request_id="long-1",
-                              enable_empty_final_response=True)
-    finals, tokens = 0, 1
+
+    def send_stop(**parameters):
+        client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in stop.items()], request_id="long-1",
+                                  enable_empty_final_response=True, parameters=parameters or None)
+
+    def answer_to_stop():
+        """Read until the stop's own answer: (long-1's tokens meanwhile, whether it ended,
+        the stop's error)."""
+        tokens, ended = 0, False
+        while True:
+            result, err = done.get(timeout=30)
+            if err is not None:
+                return tokens, ended, str(err)
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if result.as_numpy("output_ids") is not None:
+                tokens, ended = tokens + 1, ended or final
+            elif final:
+                return tokens, ended, None
+
+    send_stop()                                         # no key: refused
+    read1, ended, error = answer_to_stop()
+    assert error and "stop_key" in error and not ended
+    send_stop(stop_key="guessed")                       # another key: ends nothing
+    read2, ended, error = answer_to_stop()
+    assert error is None and not ended
+    # long-1 runs on: it sends more tokens after the wrong stop was answered
+    more = 0
+    while more < 5:
+        result, err = done.get(timeout=30)
+        assert err is None and not result.get_response().parameters["triton_final_response"].bool_param
+        more += result.as_numpy("output_ids") is not None
+    send_stop(stop_key="mine")                          # its own key: ends it
+    tokens, finals = 1 + read1 + read2 + more, 0
     while finals < 2:  # the stop request's own final, and the stopped request's
         result, err = done.get(timeout=30)
         assert err is None
