@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
+from backend.engine.early_aborts import EarlyAborts
 from backend.engine.errors import EngineDeadError
 from backend.engine.gc_policy import freeze_heap
 from backend.engine.intake import PreparedPrompt
@@ -103,6 +104,7 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
         self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop]]" = queue.Queue()
+        self._early_aborts: EarlyAborts[_Abort] = EarlyAborts()   # engine thread only
         self._outbox: "queue.Queue[Union[_Added, list[EngineCoreOutput], _Closed]]" = queue.Queue()
         # Output thread state: each request's output side and callback.
         self._outputs = OutputProcessor(engine.tokenizer)
@@ -221,13 +223,18 @@ class EngineLoop:
             if out is not None:
                 out.error = item.reason or RequestCancelled(f"request '{item.request_id}' was cancelled")
                 self._outbox.put([out])
+            else:
+                self._early_aborts.hold(item.request_id, item)   # its add may still be on the way
             return
+        early = self._early_aborts.take(item.request_id)
         try:
             request = self.engine.add_core_request(item.prompt, item.params, item.request_id, item.arrival_time)
         except Exception as e:  # a bad request fails alone
             self._deliver_final(item.callback, error_output(item.request_id, e))
             return
         self._outbox.put(_Added(item.request_id, request.prompt_token_ids, item.params, item.callback))
+        if early is not None:
+            self._handle(early)
 
     def _close(self, error: Exception) -> None:
         """The engine thread's end: requests still queued fail; those in the engine are

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from frontend.openai_api import completions as completion, embeddings, metrics, tokenization
@@ -26,6 +26,7 @@ from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.chat_completion import ChatCompletion, Shape
 from frontend.openai_api.chat_output import ChoiceOutput
+from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
@@ -171,15 +172,14 @@ def _model_card(m) -> dict:
 async def _respond(request: Request, gen: Generation, req, shape: Shape):
     deltas = gen.__aiter__()
     if req.stream:
-        # Wait for the first response (or error) before answering 200: a bad request is
-        # a proper 400, not an event inside a stream that already said OK.
         try:
-            first: Optional[Delta] = await deltas.__anext__()
-        except StopAsyncIteration:
-            first = None
+            first = await first_delta(request, gen, deltas)
+        except ClientDisconnected:
+            log.info("client disconnected before the first token of %s; its request was cancelled", shape.id)
+            return Response(status_code=499)
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_events(gen, deltas, first, shape, usage, request.app.state.request_log),
-                                 media_type="text/event-stream")
+        return ClosingStreamingResponse(_events(gen, deltas, first, shape, usage, request.app.state.request_log),
+                                        media_type="text/event-stream")
     watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
     try:
         async for delta in deltas:

@@ -23,9 +23,10 @@ from collections import OrderedDict
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from frontend.openai_api.chat_output import ChoiceOutput
+from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
 from frontend.openai_api.protocol import parse, read_json
@@ -255,11 +256,13 @@ def register_responses(app: FastAPI) -> None:
 
         if not req.stream:
             return await _whole(request, gen, deltas, output, builder, stored)
-        try:                                        # a bad request is a 400, not an event after a 200
-            first = await deltas.__anext__()
-        except StopAsyncIteration:
-            first = None
-        return StreamingResponse(_events(gen, deltas, first, output, builder, stored), media_type="text/event-stream")
+        try:
+            first = await first_delta(request, gen, deltas)
+        except ClientDisconnected:
+            log.info("client disconnected before the first token of %s; its request was cancelled", builder.id)
+            return Response(status_code=499)
+        return ClosingStreamingResponse(_events(gen, deltas, first, output, builder, stored),
+                                        media_type="text/event-stream")
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> dict:

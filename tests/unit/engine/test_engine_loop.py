@@ -222,3 +222,14 @@ def test_a_failing_callback_aborts_its_request_alone(loop):
     while loop.engine.scheduler.num_unfinished and time.monotonic() < deadline:
         time.sleep(0.01)
     assert loop.engine.scheduler.num_unfinished == 0 and loop.num_in_flight == 0
+
+
+def test_an_abort_that_overtakes_its_add_still_ends_the_request(loop):
+    """The adapter's cancellation poll can abort a request whose add is still being
+    prepared on another thread (issue 49: a closed stream ran its full length)."""
+    long = SamplingParams(max_tokens=80, min_tokens=80, temperature=0)
+    loop.abort("early", RequestCancelled("the client left"))
+    outs = list(loop.add_request([5, 6, 7, 8], long, "early"))
+    assert isinstance(outs[-1].error, RequestCancelled) and len(outs) < 80
+    other = list(loop.add_request([5, 6, 7, 8], P, "later"))   # the held abort was for that id alone
+    assert other[-1].finish_reason == "length" and other[-1].error is None
