@@ -31,6 +31,7 @@ class PartialCall:
     name: Optional[str]                 # None until the name is whole
     arguments: Any = None               # the arguments as far as they parse (a dict), or None
     complete: bool = False              # its text has ended: the arguments are final
+    text: Optional[str] = None          # a forced call's arguments as generated so far (streaming.py)
 
 
 @dataclass

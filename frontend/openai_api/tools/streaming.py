@@ -5,11 +5,19 @@ A call's name goes out once, whole, with the call's id; its arguments go out as 
 certain part is the dump of what parses so far less its closing quotes and brackets (the
 parsers never give cut numbers or literals, whose dump could change). So the pieces of a
 stream concatenate to the `arguments` of the same reply unstreamed.
+
+A forced call (tool_choice "required" or named) that max_tokens cuts comes back as OpenAI
+returns it: its arguments are the text generated so far, unterminated, and the finish
+reason stays "length" (chat_completion.py), never the dump of what parses (`{}` or
+`{"city": "Par"}`, which look complete and which a client would run the tool with). So
+that a stream ends with the same text, a forced call's pieces never go past what the
+model generated (the grammar writes json.dumps' layout, but may escape differently).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -33,7 +41,8 @@ def _certain(call: PartialCall) -> str:
         return arguments_text(call.arguments)
     if call.arguments is None:
         return ""
-    return arguments_text(call.arguments).rstrip('}]"')
+    certain = arguments_text(call.arguments).rstrip('}]"')
+    return certain if call.text is None else os.path.commonprefix([certain, call.text])
 
 
 def new_call_id() -> str:
@@ -98,13 +107,13 @@ class NamedFunction:
             try:
                 args: Any = json.loads(text)
             except ValueError:
-                args = RawArguments(text)
+                args = RawArguments(text)   # cut by max_tokens: as generated
             return Parsed("", [PartialCall(self.name, args, True)])
         try:
             args = partial_json_parser.loads(text, PARTIAL) if text.strip() else None
         except Exception:
             args = None
-        return Parsed("", [PartialCall(self.name, args)])
+        return Parsed("", [PartialCall(self.name, args, text=text)])
 
 
 class RequiredFunctions:
@@ -118,19 +127,54 @@ class RequiredFunctions:
                 items = json.loads(text)
                 return Parsed("", [PartialCall(i["name"], i.get("parameters", {}), True) for i in items])
             except (ValueError, TypeError, KeyError):
-                pass                        # cut by max_tokens: what parses, as it is
+                pass                        # cut by max_tokens: the calls as far as they go
         try:
             names = partial_json_parser.loads(text, WHOLE_NAMES) if text.strip() else []
             cut = partial_json_parser.loads(text, PARTIAL) if text.strip() else []
         except Exception:
             return Parsed("")
+        cut = cut if isinstance(cut, list) else []
+        texts = _open_arguments(text)
         calls = []
-        for i, item in enumerate(cut if isinstance(cut, list) else []):
+        for i, item in enumerate(cut):
             name = names[i].get("name") if i < len(names) and isinstance(names[i], dict) else None
-            done = final or i < len(cut) - 1
-            calls.append(PartialCall(name if isinstance(name, str) else None,
-                                     item.get("parameters") if isinstance(item, dict) else None, done))
+            call = PartialCall(name if isinstance(name, str) else None,
+                               item.get("parameters") if isinstance(item, dict) else None, final or i < len(cut) - 1)
+            if i < len(texts) and texts[i] is not None:     # its arguments have not ended
+                call.text = texts[i]
+                if final:                   # cut by max_tokens: as generated ("" if not begun)
+                    call.arguments = RawArguments(texts[i])
+            calls.append(call)
         return Parsed("", calls)
+
+
+def _open_arguments(text: str) -> list[Optional[str]]:
+    """A "required" reply (a JSON list of {"name", "parameters"}), item by item: the text
+    of its parameters as generated while they are open ("" before they begin), None once
+    they have ended. A scan, not a parse: the text may be cut anywhere."""
+    out: list[Optional[str]] = []
+    depth, in_str, escape, opened, key, start = 0, False, False, 0, "", None
+    for i, ch in enumerate(text):
+        if in_str:
+            escape, in_str = (False, True) if escape else (ch == "\\", ch != '"')
+            if not in_str and depth == 2:
+                key = text[opened:i + 1]    # an item's key (or its name's value)
+            continue
+        if ch == '"':
+            in_str, opened = True, i
+        elif ch in "[{":
+            depth += 1
+            if depth == 2:                  # an item begins
+                out.append("")
+        elif ch in "]}":
+            depth -= 1
+            if out and (depth == 1 or (depth == 2 and start is not None)):
+                out[-1], start = None, None     # its parameters (or the item) ended
+        elif ch == ":" and depth == 2 and key == '"parameters"':
+            start = i + 1
+    if out and start is not None:
+        out[-1] = text[start:].lstrip()
+    return out
 
 
 def forced_parser(tool_choice: Any) -> Optional[Any]:
