@@ -53,6 +53,11 @@ from supervisor.triton_api import TritonAPI
 
 log = logging.getLogger("supervisor")
 RESTART_KINDS = ("backend_died", "backend_unresponsive", "server_exited")
+# A stub writes its heartbeat every 0.5 s. One this old is hung (SIGSTOP, a native call
+# holding the GIL), or busy past what a client should wait for: `/ready` says 503 at
+# once, long before its stall timeout has the supervisor kill it (a hung stub answered
+# "Stub process is not healthy" for 20 s while `/ready` stayed 200).
+NOT_READY_AFTER_S = 5.0
 
 
 @dataclass
@@ -92,7 +97,7 @@ class Supervisor:
             signal.signal(sig, lambda *_: self._stop.set())
         raise_fd_limit()
         http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host,
-                            sidecars_not_ready=self.sidecars.not_ready).start()
+                            not_ready=self.not_ready).start()
         self.sidecars.start()
         self.status.set_sidecars(self.sidecars.snapshot())
         try:
@@ -123,6 +128,16 @@ class Supervisor:
         failure = self.check()
         if failure is not None:
             self.recover(failure)
+
+    def not_ready(self) -> str:
+        """Why the server should not take requests though tritonserver says ready, in
+        words ("" when nothing stops it): a stub whose heartbeat is late, or a sidecar."""
+        for r in read_reports(self.o.health_dir).values():
+            late = time.time() - r.time
+            if r.state == SERVING and r.pid not in self._handled and late > min(NOT_READY_AFTER_S,
+                                                                               r.stale_after_s / 2):
+                return f"the backend process of '{r.instance}' (pid {r.pid}) has sent no heartbeat for {late:.0f}s"
+        return self.sidecars.not_ready()
 
     def check(self) -> Optional[Failure]:
         exited = self.proc is None or self.proc.poll() is not None

@@ -6,8 +6,10 @@ server restart its ports are closed; these endpoints stay up through recovery an
 the backend cannot serve:
  - `GET /live`: 200 while serving or recovering; 503 once recovery has given up (then a
    Kubernetes liveness probe restarts the pod).
- - `GET /ready`: 200 only while serving, tritonserver reports itself ready and every
-   sidecar (the OpenAI API, the HTTP guard) runs; else 503.
+ - `GET /ready`: 200 only while serving, tritonserver reports itself ready, every
+   backend process has sent a heartbeat within 5 s (core.NOT_READY_AFTER_S: a hung one
+   makes requests fail long before the supervisor kills it), and every sidecar (the
+   OpenAI API, the HTTP guard) runs and serves; else 503 with the reason.
  - `GET /status`: the state, the last failure and its cause, counts, time to recover,
    and each sidecar's state and restarts.
  - `GET /metrics`: the same as Prometheus counters and gauges.
@@ -217,8 +219,9 @@ class StatusServer:
     """The endpoints above on a background thread. `server_ready` asks tritonserver."""
 
     def __init__(self, port: int, status: SupervisorStatus, server_ready: Callable[[], bool],
-                 host: str = "127.0.0.1", sidecars_not_ready: Callable[[], str] = lambda: "") -> None:
-        """`sidecars_not_ready`: why a running sidecar does not serve yet ("" when all do)."""
+                 host: str = "127.0.0.1", not_ready: Callable[[], str] = lambda: "") -> None:
+        """`not_ready`: why the server should not take requests though tritonserver says
+        it is ready (a hung stub, a sidecar not serving yet); "" when nothing stops it."""
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):
@@ -233,7 +236,7 @@ class StatusServer:
                 elif path == "/ready":
                     down = status_ref.sidecars_down()
                     ok = s["state"] == SERVING and not down and server_ready()
-                    waiting = sidecars_not_ready() if ok else ""
+                    waiting = not_ready() if ok else ""
                     ok = ok and not waiting
                     reason = s["reason"] or down or waiting or ("" if ok else "tritonserver is not ready")
                     self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason})

@@ -11,6 +11,8 @@ import re
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -361,3 +363,41 @@ def test_recovery_that_keeps_failing_gives_up_and_says_why(tmp_path, tiny_ckpt):
         assert supervisor_json(srv, "/ready")[0] == 503 and not srv.is_ready()
         status = supervisor_json(srv, "/status")[1]
         assert status["recovery_attempts"] == 2 and status["recoveries"] == 0
+
+
+def test_a_hung_backend_turns_ready_503_until_it_beats_again(server):
+    """Issue 49 item 10: a stub hung (SIGSTOP) for 20 s made requests fail while /ready
+    stayed 200. Its heartbeat late past 5 s turns /ready 503, naming it; resumed before
+    its stall timeout (60 s here), it serves again, with nothing restarted."""
+    from tests.integration.conftest import API_KEY  # the session server's OpenAI key
+    pid = backend_pid(server.model_repository)
+    before = supervisor_json(server, "/status")[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hung = wait_until(lambda: supervisor_json(server, "/ready")[0] == 503, 10)
+        # (the OpenAI API's own health check may say so first: Triton's model readiness)
+        named = wait_until(lambda: "no heartbeat" in supervisor_json(server, "/ready")[1]["reason"], 10)
+        assert str(pid) in supervisor_json(server, "/ready")[1]["reason"]
+        request = urllib.request.Request(
+            server.openai_url + "/v1/completions", data=json.dumps({"model": "llm", "prompt": "x", "max_tokens": 2}).encode(),
+            headers={"authorization": f"Bearer {API_KEY}", "content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=4) as r:
+                code, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read()
+        except OSError as e:            # still waiting on the hung stub
+            code, body = None, str(e).encode()
+        print(f"hung stub: /ready 503 after {hung:.1f}s, naming it after {hung + named:.1f}s; "
+              f"a completion meanwhile: {code} {body[:200]!r}")
+        assert code != 400, body
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Triton 24.10's python backend aborts the whole server when a request finds the stub
+    # hung (boost::interprocess::lock_exception, upstream): the supervisor restarts it.
+    back = wait_until(lambda: server.model_ready("llm") and supervisor_json(server, "/ready")[0] == 200, 120)
+    res = StreamingRequest(server.grpc_url).run("The pass statement", GREEDY, timeout_s=60)
+    assert res.ok, res.error
+    print(f"serving again {back:.1f}s after the stub resumed; failures, recoveries: "
+          f"{counts_since(before, supervisor_json(server, '/status')[1])}")
+    wait_blocks_free(server)

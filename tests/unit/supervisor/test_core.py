@@ -9,7 +9,7 @@ import time
 import pytest
 
 from backend.triton_server.health_report import HealthReport, write_report
-from supervisor.core import Supervisor, SupervisorOptions
+from supervisor.core import NOT_READY_AFTER_S, Supervisor, SupervisorOptions
 from supervisor.status import FAILED, SERVING, Failure
 from tests.helpers.children import sleeping_child as child
 
@@ -204,3 +204,20 @@ def test_a_poll_that_fails_with_emfile_does_not_end_the_supervisor(sup, monkeypa
     monkeypatch.setattr(sup, "tick", tick)
     monkeypatch.setattr(sup, "shutdown", lambda: 0)
     assert sup.run() == 0 and len(ticks) == 5
+
+
+def test_a_late_heartbeat_makes_the_server_not_ready_before_it_is_killed(sup):
+    """Issue 49 item 10: a stub hung for 20 s left /ready at 200 while requests failed.
+    Late past NOT_READY_AFTER_S, /ready's reason names it; the kill waits for the stall
+    timeout."""
+    stub = child("llm_0_0")
+    try:
+        report(sup, stub.pid, stale_after_s=60.0)
+        assert sup.not_ready() == ""
+        report(sup, stub.pid, age_s=NOT_READY_AFTER_S + 2, stale_after_s=60.0)
+        assert "llm_0_0" in sup.not_ready() and "no heartbeat" in sup.not_ready()
+        assert sup.check() is None and stub.poll() is None      # not killed yet
+        report(sup, stub.pid, stale_after_s=60.0)                # it beats again
+        assert sup.not_ready() == ""
+    finally:
+        stub.kill()

@@ -100,7 +100,7 @@ def test_ready_waits_for_a_running_sidecar_to_serve():
     cars = Sidecars([Sidecar("openai", SLEEPER, env={}, ready_url=f"http://127.0.0.1:{health_port}/health")])
     status = SupervisorStatus(state=SERVING)
     cars.start()
-    srv = StatusServer(status_port, status, lambda: True, sidecars_not_ready=cars.not_ready).start()
+    srv = StatusServer(status_port, status, lambda: True, not_ready=cars.not_ready).start()
     try:
         status.set_sidecars(cars.snapshot())
         code, body = http_request(f"http://127.0.0.1:{status_port}/ready")
