@@ -1,18 +1,20 @@
 """Structured output: each guided request's grammar, compiled by xgrammar off the step
 loop, enforced as a token bitmask in the batched sampler and advanced with every token.
 
-- Compilation runs on COMPILE_THREADS worker threads (compile_pool.py; xgrammar releases
-  the GIL while it compiles, and its compiler keeps a cache keyed by the grammar, so a
-  repeated schema compiles once): one slow compile does not hold up the grammars behind
-  it; the scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
-  structured_output_manager.py) until its grammar is ready, and an invalid grammar fails
-  that request alone with the compiler's message.
+- Compilation runs on COMPILE_THREADS worker threads (compile_pool.py), each sending its
+  work to a child process of its own (grammar_process.py); compiled grammars are kept
+  for reuse in a cache bounded in bytes (grammar_cache.py), so a repeated schema
+  compiles once. One slow compile does not hold up the grammars behind it; the
+  scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
+  structured_output_manager.py) until its grammar is ready, and an invalid grammar
+  fails that request alone with the compiler's message.
 - A compile running longer than guided_compile_timeout_s fails its request alone, naming
   the limit (small specs can be slow: a JSON-schema pattern such as `(a|b){1,8000}`
-  takes seconds to minutes in xgrammar 0.2.8); its thread is given up on and replaced, so
-  the grammars queued behind it and every running stream go on. While
-  MAX_ABANDONED_COMPILES such compiles still run, new guided requests are refused
-  (UNAVAILABLE): each holds a CPU core until xgrammar returns.
+  takes seconds to minutes in xgrammar 0.2.8), and its process is killed: its core is
+  free at once, and the grammars queued behind it and every running stream go on. (On
+  threads alone, six such schemas held every core for about 130 s.) Should
+  MAX_ABANDONED_COMPILES compiles given up on still run anyway, new guided requests are
+  refused (UNAVAILABLE) until one ends.
 - Each step, the rows of guided requests get their allowed-token bitmask (one
   [rows, vocab / 32] int32 buffer, filled on the host, uploaded in one copy) and the
   disallowed logits become -inf before the draw, greedy rows included.
@@ -25,17 +27,18 @@ xgrammar is imported lazily: the engine needs it only when a request asks for a 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
-import re
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from backend.engine.buffers import StagedBuffer
-from backend.engine.compile_pool import CompilePool, Job
+from backend.engine.compile_pool import CompilePool, Job, current_job
+from backend.engine.grammar_cache import GrammarCache, cache_key
+from backend.engine.grammar_process import GrammarProcesses
 from backend.engine.deadlines import Deadlines
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.sampling_params import SamplingParams
@@ -46,8 +49,7 @@ MAX_ABANDONED_COMPILES = 4
 # Compiles at once: more than one, so a fast grammar never queues behind a slow one; at
 # most half the cores (each compile holds one), and 4.
 COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
-# xgrammar's compiled-grammar cache, bounded (its default, -1, is unbounded: every distinct
-# schema a client sends would stay in memory); least recently used first out.
+# Compiled grammars kept for reuse (grammar_cache.py), least recently used first out.
 GRAMMAR_CACHE_BYTES = 256 << 20
 
 
@@ -64,9 +66,9 @@ def _json_safe_row(info, vocab_size: int, width: int) -> torch.Tensor:
     return torch.from_numpy(packed.view(np.int32).copy())
 
 
-def _choice_grammar(choices: list[str]) -> str:
-    """EBNF whose only sentences are the choices (string literals, JSON-escaped)."""
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+def _close(pool: CompilePool, processes: GrammarProcesses) -> None:
+    pool.shutdown()
+    processes.close()
 
 
 class StructuredOutput:
@@ -80,9 +82,11 @@ class StructuredOutput:
         self.xgr = xgr
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True,
-                                              cache_limit_bytes=GRAMMAR_CACHE_BYTES)
-        self.pool = CompilePool(COMPILE_THREADS, "grammar")
+        self._info = info
+        self._cache = GrammarCache(GRAMMAR_CACHE_BYTES)
+        self._processes = GrammarProcesses(info.serialize_json())
+        self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._processes.current)
+        self._finalizer = weakref.finalize(self, _close, self.pool, self._processes)
         self._width = -(-vocab_size // 32)
         self._json_safe = _json_safe_row(info, vocab_size, self._width)
         self._device = device
@@ -102,20 +106,22 @@ class StructuredOutput:
         return self.pool.submit(self._compile, field, value, tag=tag)
 
     def _compile(self, field: str, value):
-        c = self._compiler
-        try:
-            if field == "guided_json":
-                return c.compile_json_schema(json.dumps(value), any_whitespace=False)
-            if field == "guided_json_object":    # any JSON object (as vLLM does it)
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
-            if field == "guided_regex":
-                return c.compile_regex(value)
-            if field == "guided_choice":
-                return c.compile_grammar(_choice_grammar(value))
-            return c.compile_grammar(value)
-        except Exception as e:  # the compiler's own words: what is wrong and where
-            message = re.sub(r"^\[[\d:]+\] \S+: ", "", str(e).strip())
-            raise InvalidRequestError(f"invalid {field}: {message}") from None
+        """On a compile thread: the cached grammar, or one compiled in this thread's
+        process, which abandon() kills (current_job().interrupt)."""
+        key = cache_key(field, value)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            proc = self._processes.current()
+            job = current_job()
+            if job is not None:
+                job.interrupt = proc.kill
+            compiled = self.xgr.CompiledGrammar.deserialize_json(proc.compile(field, value), self._info)
+            self._cache.put(key, compiled, compiled.memory_size_bytes)
+        return compiled
+
+    def close(self) -> None:
+        """Ends the compile threads and processes (also when the object is collected)."""
+        self._finalizer()
 
     def matcher(self, compiled):
         return self.xgr.GrammarMatcher(compiled)
@@ -209,6 +215,10 @@ class AwaitingGrammar:
                 request.grammar = structured.matcher(job.future.result())
             except InvalidRequestError as e:
                 failed.append((request, e))
+                continue
+            except Exception as e:              # its compile process died: this request alone fails
+                (field,) = request.sampling_params.guided_fields()
+                failed.append((request, InvalidRequestError(f"sampling parameter '{field}' could not be compiled: {e}")))
                 continue
             admitted.append(request)
         return admitted, failed

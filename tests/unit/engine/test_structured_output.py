@@ -265,4 +265,37 @@ def test_the_compiled_grammar_cache_is_bounded(tiny_ckpt):
     from backend.engine.structured_output import GRAMMAR_CACHE_BYTES, StructuredOutput
     import torch
     so = StructuredOutput(AutoTokenizer.from_pretrained(tiny_ckpt), 512, torch.device("cpu"), 4)
-    assert so._compiler.cache_limit_bytes == GRAMMAR_CACHE_BYTES > 0
+    try:
+        first = so.compile(SamplingParams(guided_regex="[0-9]{3}")).future.result(60)
+        again = so.compile(SamplingParams(guided_regex="[0-9]{3}")).future.result(60)
+        assert again is first                                   # compiled once, then reused
+        assert so._cache._limit == GRAMMAR_CACHE_BYTES > 0 and 0 < so._cache.size_bytes <= GRAMMAR_CACHE_BYTES
+    finally:
+        so.close()
+
+
+# Minutes to compile in xgrammar 0.2.8 (the red team's shape).
+SLOWER_SCHEMA = {"type": "string", "pattern": "(e|f){1,16000}"}
+
+
+def test_slow_compiles_past_their_limit_are_killed_and_lock_nothing_out(tiny_ckpt):
+    """Issue 49 item 9: six tiny schemas that compile for minutes held every core and
+    refused structured output (503) for about 130 s. Each compile now runs in a process
+    killed at its limit: the cores are free at once, and the next guided request is taken
+    and served."""
+    llm = LLM(tiny_ckpt, num_kv_blocks=256, guided_compile_timeout_s=0.5)
+    engine = llm.engine
+    slow = [engine.add_request("a", SamplingParams(max_tokens=8, guided_json={**SLOWER_SCHEMA, "maxLength": 9000 + i}))
+            for i in range(6)]
+    finals = {}
+    while not all(r.request_id in finals for r in slow):
+        finals.update({out.request_id: out for out in engine.step() if out.finished})
+    assert all("did not compile within guided_compile_timeout_s" in str(finals[r.request_id].error) for r in slow)
+    pool = engine.runner.structured.pool
+    deadline = time.monotonic() + 2.0
+    while pool.num_abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.num_abandoned == 0                      # no compile still holds a core
+    out = llm.generate(["z"], SamplingParams(max_tokens=8, guided_regex="[0-9]{2}"))[0]
+    assert out.error is None and re.fullmatch(r"[0-9]{2}", out.text)
+    assert_pool_free(llm)
