@@ -29,7 +29,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, parse, read_json
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, read_request
 from frontend.openai_api.reasoning import REASONING_PARSERS, reasoning_sampling
 from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES, register_responses
 from frontend.openai_api.schemas import openapi
@@ -127,7 +127,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse(CompletionRequest, await read_json(request, app.state.max_request_body_bytes))
+        req = await read_request(request, CompletionRequest, app.state.max_request_body_bytes)
         embeddings.check_generates(await app.state.llm.model(req.model))
         gen, shape, sampling = await completion.start(app.state, req)      # completions.py
         app.state.request_log.received(shape.id, req.model, req.prompt, sampling)
@@ -135,7 +135,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse(ChatCompletionRequest, await read_json(request, app.state.max_request_body_bytes))
+        req = await read_request(request, ChatCompletionRequest, app.state.max_request_body_bytes)
         served = await app.state.llm.model(req.model)
         embeddings.check_generates(served)
         served.check_n(req.n)
@@ -148,9 +148,11 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                          guided=any(k.startswith("guided_") for k in sampling), legacy=legacy)
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
-        messages = [m.for_template() for m in req.messages]
-        text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model, messages,
-                                            tool_plan.tools, req.chat_template_kwargs, served.max_model_len)
+        def render() -> tuple[list[dict], str, list[int]]:    # in a thread: 400k messages take seconds
+            messages = [m.for_template() for m in req.messages]
+            return (messages, *app.state.chat.render(served.checkpoint, req.model, messages, tool_plan.tools,
+                                                     req.chat_template_kwargs, served.max_model_len))
+        messages, text, ids = await asyncio.to_thread(render)
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
             reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
-from frontend.openai_api.protocol import TokenId, parse, read_json
+from frontend.openai_api.protocol import TokenId, read_request
 from frontend.openai_api.triton_client import ServedModel
 
 MAX_INPUTS = 2048          # OpenAI's bound on inputs per request
@@ -141,7 +141,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> Union[list[float], str]
 def register(app: FastAPI) -> None:
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> dict:
-        req = parse(EmbeddingRequest, await read_json(request, app.state.max_request_body_bytes))
+        req = await read_request(request, EmbeddingRequest, app.state.max_request_body_bytes)
         served = await app.state.llm.model(req.model)
         if served.runner != "pooling":
             raise APIError(400, f"model '{req.model}' is not an embedding model (it generates text: use "

@@ -29,7 +29,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.protocol import parse, read_json
+from frontend.openai_api.protocol import read_request
 from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
@@ -225,7 +225,7 @@ def register_responses(app: FastAPI) -> None:
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        req = parse(ResponsesRequest, await read_json(request, app.state.max_request_body_bytes))
+        req = await read_request(request, ResponsesRequest, app.state.max_request_body_bytes)
         served = await app.state.llm.model(req.model)
         check_generates(served)
         conversation: list[dict] = []
@@ -239,9 +239,9 @@ def register_responses(app: FastAPI) -> None:
                          guided=any(k.startswith("guided_") for k in sampling))
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
-        text, ids = await asyncio.to_thread(app.state.chat.render, served.checkpoint, req.model,
-                                            for_template(system + conversation), tool_plan.tools,
-                                            req.chat_template_kwargs, served.max_model_len)
+        text, ids = await asyncio.to_thread(lambda: app.state.chat.render(   # a thread: long inputs take seconds
+            served.checkpoint, req.model, for_template(system + conversation), tool_plan.tools,
+            req.chat_template_kwargs, served.max_model_len))
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
             reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))

@@ -8,13 +8,13 @@ take them back), as vLLM does. Tools are function tools. `text.format` is struct
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.nulls import NullMeansDefault
-from frontend.openai_api.protocol import INT32_MAX, ChatMessage
+from frontend.openai_api.protocol import INT32_MAX, ChatMessage, at_most_messages
 from frontend.openai_api.tools.protocol import FunctionDefinition
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -46,7 +46,7 @@ class ResponsesRequest(NullMeansDefault):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    input: Union[str, list[dict[str, Any]]]
+    input: Annotated[Union[str, list[dict[str, Any]]], BeforeValidator(lambda v: at_most_messages(v, "input"))]
     instructions: Optional[str] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[None, Literal["none", "auto", "required"], NamedFunction] = None

@@ -158,3 +158,22 @@ def test_the_largest_counts_still_pass(client):
     r = client.post("/v1/completions", json={"model": "llm", "prompt": "a", "max_tokens": 2**31 - 1, "best_of": 1},
                     headers=KEY)
     assert r.status_code == 200 and client.app.state.llm.sent[0]["max_tokens"] == 2**31 - 1
+
+
+@pytest.mark.parametrize("route,field", [("/v1/chat/completions", "messages"), ("/v1/responses", "input")])
+def test_too_many_messages_are_refused_before_any_is_validated(client, route, field):
+    """Issue 49 item 13: a chat of 400k tiny messages (16 MiB) stalled every stream about
+    4 s (pydantic holds the GIL while it validates: a thread does not help). Counted
+    first, refused with a 400 naming the field."""
+    import json
+    import time
+
+    from frontend.openai_api.protocol import MAX_CHAT_MESSAGES
+    many = [{"role": "user", "content": "x"}] * 400_000
+    body = json.dumps({"model": "llm", field: many}).encode()
+    t0 = time.perf_counter()
+    r = client.post(route, content=body, headers={**KEY, "content-type": "application/json"})
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert f"more than the {MAX_CHAT_MESSAGES}" in r.json()["error"]["message"]
+    assert elapsed < 2.0                # was 4+ s; json.loads of the 12 MiB remains
