@@ -13,7 +13,9 @@ from typing import Any, Optional
 
 
 def cache_key(field: str, value: Any) -> str:
-    return field + "\0" + (value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+    """The text that is compiled: not sorted, since a schema's key order is the order the
+    grammar makes the model write its properties in."""
+    return field + "\0" + (value if isinstance(value, str) else json.dumps(value))
 
 
 class GrammarCache:

@@ -82,8 +82,20 @@ def compile_spec(compiler, field: str, value: Any):
         raise InvalidRequestError(f"invalid {field}: {message}") from None
 
 
+def _exit_with_parent() -> None:
+    """A thread of the child: a compile runs on in C++ (GIL released) after the engine's
+    process is gone (SIGKILLed by the supervisor as hung); the child then ends itself."""
+    import os
+    import time
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 def _serve(conn, tokenizer_info_json: str) -> None:
     """The child: compiles what the pipe brings until the parent closes it."""
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     import xgrammar as xgr
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # the parent caches
@@ -112,8 +124,13 @@ class GrammarProcess:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, tokenizer_info_json), daemon=True,
                                  name="grammar-compile")
-        _start_without_main(self._proc)
-        child.close()
+        try:
+            _start_without_main(self._proc)
+        except BaseException:
+            self._conn.close()
+            raise
+        finally:
+            child.close()
         self._killed = False
 
     @property
@@ -162,8 +179,7 @@ class GrammarProcesses:
     def current(self) -> GrammarProcess:
         proc: Optional[GrammarProcess] = getattr(self._local, "proc", None)
         if proc is None or not proc.alive:
-            if proc is not None:
-                self._forget(proc)
+            self._prune()                   # killed ones (their threads may have ended)
             proc = GrammarProcess(self._info)
             with self._lock:
                 if self._closed:
@@ -173,10 +189,18 @@ class GrammarProcesses:
             self._local.proc = proc
         return proc
 
-    def _forget(self, proc: GrammarProcess) -> None:
+    def discard(self, proc: GrammarProcess) -> None:
+        """A process that was killed (or died): its pipe and handle go now."""
         with self._lock:
             self._all.discard(proc)
         proc.close()
+
+    def _prune(self) -> None:
+        with self._lock:
+            dead = [p for p in self._all if not p.alive]
+            self._all.difference_update(dead)
+        for proc in dead:
+            proc.close()
 
     def __len__(self) -> int:
         with self._lock:

@@ -27,6 +27,7 @@ xgrammar is imported lazily: the engine needs it only when a request asks for a 
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import weakref
@@ -38,10 +39,12 @@ import torch
 from backend.engine.buffers import StagedBuffer
 from backend.engine.compile_pool import CompilePool, Job, current_job
 from backend.engine.grammar_cache import GrammarCache, cache_key
-from backend.engine.grammar_process import GrammarProcesses
+from backend.engine.grammar_process import CompileKilled, GrammarProcess, GrammarProcesses, compile_spec
 from backend.engine.deadlines import Deadlines
 from backend.engine.errors import InvalidRequestError, QueueFullError
 from backend.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 # Compiles past their time limit (or whose request ended) whose thread still runs: at
 # this many, new guided requests are refused until one ends.
@@ -83,6 +86,7 @@ class StructuredOutput:
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._info = info
+        self._fallback = None
         self._cache = GrammarCache(GRAMMAR_CACHE_BYTES)
         self._processes = GrammarProcesses(info.serialize_json())
         self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._processes.current)
@@ -110,14 +114,38 @@ class StructuredOutput:
         process, which abandon() kills (current_job().interrupt)."""
         key = cache_key(field, value)
         compiled = self._cache.get(key)
-        if compiled is None:
-            proc = self._processes.current()
+        if compiled is not None:
+            return compiled
+        proc = self._process()
+        if proc is None:                        # no process starts here: this thread compiles
+            compiled = compile_spec(self._fallback, field, value)
+        else:
             job = current_job()
             if job is not None:
                 job.interrupt = proc.kill
-            compiled = self.xgr.CompiledGrammar.deserialize_json(proc.compile(field, value), self._info)
-            self._cache.put(key, compiled, compiled.memory_size_bytes)
+                if job.abandoned:               # given up on before it could be interrupted
+                    proc.kill()
+            try:
+                compiled = self.xgr.CompiledGrammar.deserialize_json(proc.compile(field, value), self._info)
+            except CompileKilled:
+                self._processes.discard(proc)
+                raise
+        self._cache.put(key, compiled, compiled.memory_size_bytes)
         return compiled
+
+    def _process(self) -> Optional[GrammarProcess]:
+        """This thread's compile process; None once processes have failed to start. Then
+        compiles run on the threads themselves, where one past its limit cannot be stopped
+        (MAX_ABANDONED_COMPILES bounds those)."""
+        if self._fallback is None:
+            try:
+                return self._processes.current()
+            except CompileKilled:
+                raise                           # shutting down
+            except Exception as e:
+                logger.error("grammar compile processes cannot start (%r); compiling on threads instead", e)
+                self._fallback = self.xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
+        return None
 
     def close(self) -> None:
         """Ends the compile threads and processes (also when the object is collected)."""
@@ -216,9 +244,9 @@ class AwaitingGrammar:
             except InvalidRequestError as e:
                 failed.append((request, e))
                 continue
-            except Exception as e:              # its compile process died: this request alone fails
+            except Exception as e:              # its compile process died (not the request's fault: INTERNAL)
                 (field,) = request.sampling_params.guided_fields()
-                failed.append((request, InvalidRequestError(f"sampling parameter '{field}' could not be compiled: {e}")))
+                failed.append((request, RuntimeError(f"sampling parameter '{field}' could not be compiled: {e}")))
                 continue
             admitted.append(request)
         return admitted, failed

@@ -155,7 +155,10 @@ class TritonPythonModel(Watcher):
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
         if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
-            self._stop(request.request_id(), required_stop_key(request.parameters()), sender)
+            try:
+                self._stop(request.request_id(), required_stop_key(request.parameters()), sender)
+            except InvalidRequestError as e:    # the client's mistake: no traceback in the log
+                sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
             return
         if self._unhealthy:
             sender.send(pb_utils.InferenceResponse(error=triton_error(EngineDeadError(

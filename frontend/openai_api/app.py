@@ -29,7 +29,8 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.request_log import RequestLog
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest, read_request
+from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend.openai_api.request_body import read_request
 from frontend.openai_api.reasoning import REASONING_PARSERS, reasoning_sampling
 from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES, register_responses
 from frontend.openai_api.schemas import openapi
@@ -209,6 +210,8 @@ async def _events(gen: Generation, deltas, first: Optional[Delta], shape: Shape,
         if include_usage:
             yield _sse({**shape.base(), "choices": [], "usage": shape.usage()}, False)
         yield "data: [DONE]\n\n"
+    except ClientDisconnected:  # cancelled as the first token came: nobody is reading
+        return
     except APIError as e:       # after the 200: the error as an event, as OpenAI does
         yield f"data: {json.dumps(error_body(e.status, e.message, e.param))}\n\n"
     finally:

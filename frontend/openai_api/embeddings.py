@@ -28,7 +28,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.triton_client import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
-from frontend.openai_api.protocol import TokenId, read_request
+from frontend.openai_api.protocol import TokenId
+from frontend.openai_api.request_body import read_request
 from frontend.openai_api.triton_client import ServedModel
 
 MAX_INPUTS = 2048          # OpenAI's bound on inputs per request

@@ -10,22 +10,19 @@ required field's null is a 400 naming it. Counts are at most INT32's. Message ro
 OpenAI's (system, developer, user, assistant, tool); only an assistant message may have null content; content parts are text (images and
 audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does.
-The body must be strict JSON (read_json). /openapi.json declares these models' JSON
+The body must be strict JSON (request_body.py). /openapi.json declares these models' JSON
 schemas (schemas.py); where a validator narrows a field, so does its declared schema.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
-from frontend.openai_api.json_depth import MAX_JSON_DEPTH, THREAD_BYTES, too_deep
 from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.tools.protocol import (ChatTool, FunctionDefinition, FunctionName, MessageToolCall,
                                                 NamedToolChoice)
@@ -254,8 +251,11 @@ def at_most_messages(value: Any, what: str = "messages") -> Any:
     return value
 
 
+Messages = Annotated[list[ChatMessage], BeforeValidator(at_most_messages)]
+
+
 class ChatCompletionRequest(_Common):
-    messages: Annotated[list[ChatMessage], BeforeValidator(at_most_messages)] = Field(min_length=1)
+    messages: Messages = Field(min_length=1)
     max_completion_tokens: Optional[Int] = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: Optional[Int] = Field(None, ge=0, le=20)  # OpenAI's bound (and the engine's max_logprobs)
@@ -320,61 +320,3 @@ def parse(model_cls: type[BaseModel], body: Any):
         if err.get("input", ...) is None and err["type"].endswith("_type"):
             msg = f"it must not be null ({msg[:1].lower()}{msg[1:]})"     # a required field (nulls.py)
         raise APIError(400, f"invalid '{param}': {msg}" if param else msg, param) from None
-
-
-# What Python's json reads beyond JSON (NaN, Infinity) is refused; so is an escaped lone
-# surrogate, a str that no tokenizer or UTF-8 encoder takes (a pair is one character).
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not JSON")
-
-
-async def read_json(request, limit: int) -> Any:
-    """The request's body as JSON: 413 past `limit` bytes (before reading any of it when
-    the length is declared), 400 when it is not JSON."""
-    body = await _read_body(request, limit)
-    return await _off_the_loop_if_large(body, _decode, body)
-
-
-async def read_request(request, model_cls: type[BaseModel], limit: int):
-    """The request's body as `model_cls` (read_json, then parse). A body of 1 MiB or more is
-    decoded and validated in a thread: 400k tiny chat messages (16 MiB) took seconds of
-    json.loads and pydantic, and every stream of the server waited on the event loop."""
-    body = await _read_body(request, limit)
-    return await _off_the_loop_if_large(body, lambda: parse(model_cls, _decode(body)))
-
-
-async def _off_the_loop_if_large(body: bytes, fn, *args):
-    return fn(*args) if len(body) < THREAD_BYTES else await asyncio.to_thread(fn, *args)
-
-
-async def _read_body(request, limit: int) -> bytes:
-    too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
-                         "max_request_body_bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():  # a chunked body declares no length: count it
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    return bytes(body)
-
-
-def _decode(body: bytes) -> Any:
-    if too_deep(body):                  # before json.loads, which recurses
-        raise APIError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        value = json.loads(body, parse_constant=_not_json)
-    except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, a constant
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    if _SURROGATE.search(body):
-        try:
-            json.dumps(value, ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            raise APIError(400, "the request body is not valid JSON: a string has a lone UTF-16 surrogate "
-                                "(\\ud800-\\udfff)") from None
-    return value

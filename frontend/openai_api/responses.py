@@ -29,7 +29,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.protocol import read_request
+from frontend.openai_api.request_body import read_request
 from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
@@ -314,6 +314,8 @@ async def _events(gen, deltas, first, output: ChoiceOutput, builder: ResponseBui
                 stored()
             if events:
                 yield sse(events)
+    except ClientDisconnected:  # cancelled as the first token came: nobody is reading
+        return
     except APIError as e:                           # after the 200: an error event, as OpenAI does
         body = error_body(e.status, e.message, e.param)["error"]
         yield sse([builder.event("error", code=str(body["code"]), message=body["message"], param=body["param"])])

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backend.engine.errors import InvalidRequestError
 from backend.engine.prompt_length import tokenize_within
 from frontend.openai_api.errors import APIError
-from frontend.openai_api.protocol import ChatMessage, TokenId, parse, read_json, read_request
+from frontend.openai_api.protocol import Messages, TokenId, parse
+from frontend.openai_api.request_body import read_json, read_request
 from frontend.openai_api.triton_client import ServedModel
 
 
@@ -39,7 +40,7 @@ class TokenizeCompletionRequest(_Base):
 
 
 class TokenizeChatRequest(_Base):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Messages = Field(min_length=1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

@@ -274,23 +274,21 @@ def test_the_compiled_grammar_cache_is_bounded(tiny_ckpt):
         so.close()
 
 
-# Minutes to compile in xgrammar 0.2.8 (the red team's shape).
-SLOWER_SCHEMA = {"type": "string", "pattern": "(e|f){1,16000}"}
-
-
 def test_slow_compiles_past_their_limit_are_killed_and_lock_nothing_out(tiny_ckpt):
     """Issue 49 item 9: six tiny schemas that compile for minutes held every core and
     refused structured output (503) for about 130 s. Each compile now runs in a process
     killed at its limit: the cores are free at once, and the next guided request is taken
     and served."""
+    from backend.engine import structured_output
     llm = LLM(tiny_ckpt, num_kv_blocks=256, guided_compile_timeout_s=0.5)
     engine = llm.engine
-    slow = [engine.add_request("a", SamplingParams(max_tokens=8, guided_json={**SLOWER_SCHEMA, "maxLength": 9000 + i}))
-            for i in range(6)]
+    slow = [engine.add_request("a", SamplingParams(max_tokens=8, guided_json={
+        "type": "string", "pattern": f"(e|f){{1,{16000 + i}}}"})) for i in range(6)]    # six distinct
     finals = {}
     while not all(r.request_id in finals for r in slow):
         finals.update({out.request_id: out for out in engine.step() if out.finished})
-    assert all("did not compile within guided_compile_timeout_s" in str(finals[r.request_id].error) for r in slow)
+    errors = [str(finals[r.request_id].error) for r in slow]
+    assert all("did not compile within guided_compile_timeout_s" in e for e in errors), errors
     pool = engine.runner.structured.pool
     deadline = time.monotonic() + 2.0
     while pool.num_abandoned and time.monotonic() < deadline:
@@ -298,4 +296,6 @@ def test_slow_compiles_past_their_limit_are_killed_and_lock_nothing_out(tiny_ckp
     assert pool.num_abandoned == 0                      # no compile still holds a core
     out = llm.generate(["z"], SamplingParams(max_tokens=8, guided_regex="[0-9]{2}"))[0]
     assert out.error is None and re.fullmatch(r"[0-9]{2}", out.text)
+    processes = engine.runner.structured.backend._processes
+    assert len(processes._all) <= structured_output.COMPILE_THREADS    # the killed ones' pipes closed
     assert_pool_free(llm)

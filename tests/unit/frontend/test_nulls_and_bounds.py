@@ -160,7 +160,8 @@ def test_the_largest_counts_still_pass(client):
     assert r.status_code == 200 and client.app.state.llm.sent[0]["max_tokens"] == 2**31 - 1
 
 
-@pytest.mark.parametrize("route,field", [("/v1/chat/completions", "messages"), ("/v1/responses", "input")])
+@pytest.mark.parametrize("route,field", [("/v1/chat/completions", "messages"), ("/v1/responses", "input"),
+                                         ("/tokenize", "messages")])
 def test_too_many_messages_are_refused_before_any_is_validated(client, route, field):
     """Issue 49 item 13: a chat of 400k tiny messages (16 MiB) stalled every stream about
     4 s (pydantic holds the GIL while it validates: a thread does not help). Counted
