@@ -22,7 +22,9 @@ What it does to each request:
    `Inference-Header-Content-Length` names as JSON (Triton honours that header there
    alone); a header this check depends on, sent twice, is a 400;
  - everything else (method, path, query, headers such as the admin key) goes to Triton
-   as sent, and Triton's answer, streamed or not, comes back as Triton sent it.
+   as sent, and Triton's answer, streamed or not, comes back as Triton sent it; except
+   Triton's 500 for a body it cannot read as its protocol ("Unable to parse ...": a
+   string as `max_tokens`, a negative `seed`), which is the client's mistake: a 400.
 While tritonserver is down (a restart) requests get 503.
 """
 
@@ -52,6 +54,8 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "expect"}
 # Triton's answer keeps its own coding (Accept-Encoding goes through): its bytes pass as sent.
 _RESPONSE_HOP = _HOP - {"content-encoding"}
+# How Triton's HTTP server words a request body it could not read as JSON of its protocol.
+_UNPARSABLE = re.compile(rb'\s*\{\s*"error"\s*:\s*"Unable to parse ')
 _CODINGS = {"", "identity", "gzip", "deflate", "x-gzip"}      # what aiohttp unpacks and Triton takes
 # Headers whose value decides what is checked: one each, or the request is refused.
 _SINGLE = (BINARY_HEADER, "Content-Encoding", "Content-Length")
@@ -117,6 +121,8 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
         try:
             async with session.request(request.method, base + request.rel_url.raw_path_qs, headers=headers,
                                        data=body if body or request.can_read_body else None) as up:
+                if up.status == 500:
+                    return await _client_error_or_500(up)
                 response = web.StreamResponse(status=up.status, reason=up.reason)
                 for k, v in up.headers.items():
                     if k.lower() not in _RESPONSE_HOP:
@@ -135,6 +141,14 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web
                 raise                       # cut mid-answer: the client sees the cut too
             log.warning("tritonserver unreachable: %s", e)
             return _error(503, "tritonserver is not reachable (starting or restarting); retry")
+
+    async def _client_error_or_500(up) -> web.Response:
+        """Triton answers 500 to a body it cannot read as its request (`"max_tokens": "5"`,
+        `"seed": -1`, a number as `text_input`: "Unable to parse ..."): the client's mistake,
+        so a 400 with Triton's words. Other 500s pass as they are."""
+        text = await up.read()          # an error answer: small
+        status = 400 if _UNPARSABLE.match(text) else 500
+        return web.Response(status=status, body=text, content_type=up.content_type or "application/json")
 
     async def open_session(app: web.Application) -> None:
         # No read timeout: a stream may run as long as generation does. No decompression:

@@ -15,6 +15,11 @@ from frontend.http_guard import make_app
 
 async def _upstream(request: web.Request) -> web.StreamResponse:
     body = await request.read()
+    if request.path.endswith("/unparsable"):        # Triton's words for a body it cannot read
+        return web.json_response({"error": "Unable to parse 'data': attempt to access JSON non-signed-integer "
+                                           "as signed-integer"}, status=500)
+    if request.path.endswith("/internal"):
+        return web.json_response({"error": "an internal failure"}, status=500)
     if request.path.endswith("generate_stream"):
         r = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await r.prepare(request)
@@ -215,3 +220,14 @@ def test_a_down_tritonserver_is_a_503():
             return r.status, await r.json()
     status, body = run(scenario, upstream_up=False)
     assert status == 503 and "retry" in body["error"]
+
+
+def test_triton_500_for_an_unreadable_body_is_a_400():
+    """Issue 49 item 13: Triton answers 500 to `"max_tokens": "5"`, `"seed": -1`, a number
+    as `text_input` (checked against the real 24.10 server): the client's mistake."""
+    async def scenario(s, url, _):
+        async with s.post(url + "/v2/models/llm/unparsable", data=b'{"max_tokens": "5"}') as r:
+            assert r.status == 400 and (await r.json())["error"].startswith("Unable to parse 'data'")
+        async with s.post(url + "/v2/models/llm/internal", data=b"{}") as r:
+            assert r.status == 500 and (await r.json())["error"] == "an internal failure"
+    run(scenario)
