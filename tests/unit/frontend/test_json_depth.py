@@ -67,7 +67,8 @@ def test_agrees_with_a_byte_by_byte_parser(value, wrap, ascii_only):
     body = b"[" * wrap + json.dumps(value, ensure_ascii=ascii_only).encode() + b"]" * wrap
     deepest = _reference_depth(body)
     for limit in (0, 1, deepest - 1, deepest, deepest + 1):
-        assert too_deep(body, max(limit, 0)) is (deepest > max(limit, 0))
+        for chunk_bytes in (1, 3, 7, 1 << 20):          # slices end anywhere: in strings, in escapes
+            assert too_deep(body, max(limit, 0), chunk_bytes) is (deepest > max(limit, 0))
 
 
 def test_a_large_body_is_measured_off_the_event_loop(monkeypatch):
