@@ -37,7 +37,7 @@ from frontend.openai_api.schemas import openapi
 from frontend.openai_api.startup import preload_tokenizers
 from frontend.openai_api.tools.choice import ToolConfig, plan
 from frontend.openai_api.triton_client import (ClientDisconnected, Delta, Generation, TritonLLM, TritonTLS,
-                                              cancel_on_disconnect)
+                                              cancelled_on_disconnect)
 
 log = logging.getLogger("frontend")
 # Room for a 128k-token prompt as token ids and long chat histories; far below what would
@@ -183,15 +183,14 @@ async def _respond(request: Request, gen: Generation, req, shape: Shape):
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return ClosingStreamingResponse(_events(gen, deltas, first, shape, usage, request.app.state.request_log),
                                         media_type="text/event-stream")
-    watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
     try:
-        async for delta in deltas:
-            shape.add(delta)
+        async with cancelled_on_disconnect(request, gen):
+            async for delta in deltas:
+                shape.add(delta)
     except ClientDisconnected:          # one line, not a CancelledError traceback
         log.info("client disconnected before the answer to %s; its request was cancelled", shape.id)
         return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     finally:
-        watcher.cancel()
         request.app.state.request_log.finished(shape.id, shape.texts, shape.finish)
     return shape.whole()
 

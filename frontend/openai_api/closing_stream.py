@@ -10,13 +10,12 @@ in 3 of 17 trials). Closing it here runs that `finally` at once.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Optional
 
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from frontend.openai_api.triton_client import Delta, Generation, cancel_on_disconnect
+from frontend.openai_api.triton_client import Delta, Generation, cancelled_on_disconnect
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -36,10 +35,8 @@ async def first_delta(request, gen: Generation, deltas) -> Optional[Delta]:
     request is a 400 and not an event. The client can leave meanwhile (its request may
     wait long to be scheduled): that cancels the request now, not after its first token,
     and raises ClientDisconnected."""
-    watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
-    try:
-        return await deltas.__anext__()
-    except StopAsyncIteration:
-        return None
-    finally:
-        watcher.cancel()
+    async with cancelled_on_disconnect(request, gen):
+        try:
+            return await deltas.__anext__()
+        except StopAsyncIteration:
+            return None

@@ -33,7 +33,7 @@ from frontend.openai_api.request_body import read_request
 from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
-from frontend.openai_api.triton_client import ClientDisconnected, cancel_on_disconnect
+from frontend.openai_api.triton_client import ClientDisconnected, cancelled_on_disconnect
 
 log = logging.getLogger("frontend")
 
@@ -270,19 +270,17 @@ def register_responses(app: FastAPI) -> None:
 
 
 async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: ResponseBuilder, stored):
-    watcher = asyncio.create_task(cancel_on_disconnect(request, gen))
     text, finish = "", None
     try:
-        async for d in deltas:
-            text += d.text
-            builder.input_tokens = d.num_input_tokens
-            builder.output_tokens += len(d.token_ids)
-            finish = d.finish_reason or finish
+        async with cancelled_on_disconnect(request, gen):
+            async for d in deltas:
+                text += d.text
+                builder.input_tokens = d.num_input_tokens
+                builder.output_tokens += len(d.token_ids)
+                finish = d.finish_reason or finish
     except ClientDisconnected:          # one line, as the chat API logs it
         log.info("client disconnected before the answer to %s; its request was cancelled", builder.id)
         return Response(status_code=499)
-    finally:
-        watcher.cancel()
     builder.feed(output.delta(text, final=True))
     builder.finish(finish)
     stored()

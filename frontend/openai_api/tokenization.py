@@ -120,7 +120,7 @@ def register(app: FastAPI) -> None:
     async def tokenize(request: Request) -> dict:
         body = await read_json(request, app.state.max_request_body_bytes)
         cls = TokenizeChatRequest if isinstance(body, dict) and "messages" in body else TokenizeCompletionRequest
-        req = await asyncio.to_thread(parse, cls, body)     # 400k tiny messages: seconds of pydantic
+        req = await asyncio.to_thread(parse, cls, body)     # validated off the event loop
         served = await _served(app, req.model)
         ids = await asyncio.to_thread(tokenize_ids, app, served, req)
         out = TokenizeResponse(count=len(ids), max_model_len=served.max_model_len or 0, tokens=ids)

@@ -9,6 +9,7 @@ token counts and logprobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -198,13 +199,21 @@ class ClientDisconnected(Exception):
     """The request was cancelled because its HTTP client went away (not an error of ours)."""
 
 
-async def cancel_on_disconnect(request, gen: "Generation") -> None:
-    """Cancels `gen` when the HTTP client of a non-streamed request goes away (run as a
-    task beside the request). Waits on the ASGI channel itself: polling is_disconnected()
+@contextlib.asynccontextmanager
+async def cancelled_on_disconnect(request, gen: "Generation") -> AsyncIterator[None]:
+    """Within the block, the HTTP client going away cancels `gen` (its iteration then
+    raises ClientDisconnected). Waits on the ASGI channel itself: polling is_disconnected()
     never saw a disconnect behind the app's BaseHTTPMiddleware, and the request ran to its end."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    gen.cancel()
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gen.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
 
 
 class Generation:
