@@ -255,6 +255,13 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
         """The loop's steps, in phases: fill the batch, warm up, time `steps` steps
         (from the first's start until the output thread has delivered the last's outputs)."""
         sched = engine.scheduler
+        if state["phase"] == "fill" and sched.structured is not None and sched.structured.num_compiling:
+            # Hold the fill step for the guided request's grammar: compiled on the side on a
+            # busy machine, it could outlast the other requests, and the batch never fill.
+            if time.monotonic() > deadline:
+                state["error"] = "the grammar did not compile in 60 s"
+                done.set()
+            return sched.update_grammars(wait_s=0.05)
         if state["phase"] == "fill":
             if len(sched.running) == num_seqs and all(r.num_output_tokens for r in sched.running):
                 runner.inputs, sched.max_num_batched_tokens = own
@@ -280,7 +287,13 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
         return real_step()
     engine.core_step = core_step
     loop.start()
-    done.wait(timeout=600)
+    # The fill deadline is checked here too: a loop with nothing left to step calls no core_step.
+    while not done.wait(timeout=1.0):
+        if state["phase"] == "fill" and time.monotonic() > deadline + 5:
+            state.setdefault("error", "the batch did not fill in 60 s (the loop went idle)")
+            break
+        if time.monotonic() > deadline + 600:
+            break
     loop.stop()
     if "wall" not in state:
         raise RuntimeError(state.get("error", "the timed steps did not end"))

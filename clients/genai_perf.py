@@ -14,6 +14,7 @@ It drives the perf_analyzer binary of the project's venv.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -33,7 +34,11 @@ _VENV_LOCK = threading.Lock()
 
 def ensure_venv() -> str:
     exe = os.path.join(VENV, "bin", "genai-perf")
-    with _VENV_LOCK:                    # a caller waits for an install already under way
+    # A caller waits for an install already under way: in this process (the lock) or in
+    # another (the file lock: make test's two workers both prepare it).
+    os.makedirs(THIRD_PARTY, exist_ok=True)
+    with _VENV_LOCK, open(VENV + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.isfile(exe):
             subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
             subprocess.run([os.path.join(VENV, "bin", "python"), "-m", "pip", "install", "-q", SPEC], check=True)

@@ -236,7 +236,9 @@ class StatusServer:
                 elif path == "/ready":
                     down = status_ref.sidecars_down()
                     ok = s["state"] == SERVING and not down and server_ready()
-                    waiting = not_ready() if ok else ""
+                    # In the most specific words: a stub's late heartbeat also explains a
+                    # tritonserver that has turned not ready (it pings its stubs too).
+                    waiting = not_ready() if s["state"] == SERVING and not down else ""
                     ok = ok and not waiting
                     reason = s["reason"] or down or waiting or ("" if ok else "tritonserver is not ready")
                     self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason})

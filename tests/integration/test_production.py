@@ -16,6 +16,7 @@ import pytest
 from builder.build import BuildOptions, build
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
+from supervisor.processes import stubs_of
 from tests.helpers.faults import build_fault_repo, trigger
 from tests.integration.conftest import metric, wait_blocks_free, wait_metric
 
@@ -160,7 +161,6 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
     (docs/reliability.md), recognised within 5 s so that a retry is cheap."""
     srv = _own_server(tmp_path, tiny_ckpt, grace_period_s=1.0)
     srv.extra_args = ["--exit-timeout-secs", "8"]
-    regions_before = set(os.listdir("/dev/shm"))
     srv.start()
     results = {}
     log_path = tmp_path / "server.log"
@@ -178,6 +178,8 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
     try:
         endless.start()
         assert streaming.wait(30), "the stream never started"
+        # This server's backend regions (other servers may run beside it: make test's workers).
+        own_regions = {stub.shm_region for stub in stubs_of() if stub.model_path.startswith(str(tmp_path))}
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         short.start()
@@ -192,9 +194,8 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
                     srv.proc.kill()  # it would only wait out its exit timeout, and more
                 srv.proc.wait()
                 # Nobody is left to unlink this server's python-backend regions.
-                for name in set(os.listdir("/dev/shm")) - regions_before:
-                    if name.startswith("triton_paged_llm_backend_shm_region_"):
-                        os.unlink(os.path.join("/dev/shm", name))
+                for name in own_regions & set(os.listdir("/dev/shm")):
+                    os.unlink(os.path.join("/dev/shm", name))
                 return STUB_CRASHED
             time.sleep(0.1)
         try:

@@ -50,6 +50,22 @@ def test_endpoints_follow_the_state():
         srv.stop()
 
 
+def test_a_late_heartbeat_is_the_reason_even_when_tritonserver_turned_not_ready_too():
+    """Triton pings its stubs as well: a hung stub can make it not ready before the
+    heartbeat is late enough to count. /ready then names the heartbeat once it is."""
+    s, late = SupervisorStatus(state=SERVING), [""]
+    port = free_port()
+    srv = StatusServer(port, s, lambda: False, host="127.0.0.1", not_ready=lambda: late[0]).start()
+    try:
+        code, body = get(port, "/ready")
+        assert code == 503 and json.loads(body)["reason"] == "tritonserver is not ready"
+        late[0] = "the backend process of 'llm_0_0' (pid 7) has sent no heartbeat for 6s"
+        code, body = get(port, "/ready")
+        assert code == 503 and json.loads(body)["reason"] == late[0]
+    finally:
+        srv.stop()
+
+
 FLOOD_SERVER = """
 import resource, sys, time
 from supervisor import status
