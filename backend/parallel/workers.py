@@ -39,8 +39,8 @@ from backend.parallel.messages import (CaptureMessage, Message, SetupMessage, St
                                        StopMessage, encode)
 from backend.parallel.pending import PendingWorks
 from backend.parallel.pipeline import PipelineStage
-from backend.parallel.worker_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
-                                          kv_bytes, model_bytes)
+from backend.parallel.rank_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
+                                        kv_bytes, model_bytes)
 
 logger = logging.getLogger(__name__)
 
