@@ -26,7 +26,8 @@ import torch
 
 from backend.models.fp8 import (FP8_MAX, QUANT_METHOD, QUANTIZED_LINEARS, fake_quantize, per_token_scale,
                                 quantize_per_channel)
-from backend.models.moe_fp8 import EXPERT_WEIGHTS, SCALE_SUFFIX, dequantize_experts, quantize_experts
+from backend.models.moe_fp8 import EXPERT_WEIGHTS, SCALE_SUFFIX, quantize_experts
+from backend.ops.fp8_quant import dequantize_experts
 from builder.quality import QualityReport, load_source, logit_quality, run_with_hooks
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")

@@ -125,18 +125,3 @@ def quantize_w8a8_checkpoint(src: str, dst: str, calibration_texts: list[str], h
     save_compressed(model, src, dst, "int-quantized")
     advance()
     return report
-
-
-def build_w8a8_entry(checkpoint: str, output: str, alpha: float = DEFAULT_ALPHA, **options) -> dict:
-    """A W8A8 model-repository entry of `checkpoint` in `output`, as `builder build
-    --weights w8a8` writes it (other build options as keywords), quietly; returns its
-    manifest (quality report included). For reports comparing formats."""
-    import json
-    import os
-
-    from backend.build_manifest import MANIFEST_NAME
-    from builder.build import BuildOptions, build
-    build(BuildOptions.create(checkpoint=checkpoint, output=output, weights="w8a8", smoothquant_alpha=alpha,
-                              **options), log=lambda *_: None, progress=False)
-    with open(os.path.join(output, MANIFEST_NAME)) as f:
-        return json.load(f)

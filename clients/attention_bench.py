@@ -110,7 +110,7 @@ def gpu_main(prog: str, run_rows: Callable, render_rows: Callable, argv=None) ->
     if not torch.cuda.is_available():
         print(f"{prog} needs an NVIDIA GPU")
         return 2
-    from clients.gpu_check import copy_bandwidth_gbs
+    from clients.device_bandwidth import copy_bandwidth_gbs
     rows = run_rows(copy_bandwidth_gbs(), torch.device("cuda"))
     print(render_rows(rows))
     if a.json:

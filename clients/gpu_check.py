@@ -53,6 +53,7 @@ import time
 import traceback
 
 import torch
+from clients.device_bandwidth import copy_bandwidth_gbs
 
 ARCHS = {
     "llama-3.2-1b": dict(arch="LlamaForCausalLM", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
@@ -96,21 +97,6 @@ def make_checkpoint(name: str, root: str) -> str:
     del model
     torch.cuda.empty_cache()
     return path
-
-
-def copy_bandwidth_gbs(nbytes: int = 2 << 30, iters: int = 20) -> float:
-    """Device-to-device copy bandwidth (reads + writes) in GB/s."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * nbytes * iters / (time.perf_counter() - t0) / 1e9
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

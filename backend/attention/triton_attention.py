@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _softmax_start, _store_kv
+from backend.attention.triton_common import (_as_storage, _find_seq, _kv_scales, _load_kv, _soft_cap,
+                                             _softmax_start, _store_kv)
 
 
 @triton.jit
@@ -146,10 +147,6 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
     l_sum = tl.sum(l * w, axis=0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum > 0, l_sum, 1.0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
-
-
-def _as_storage(cache: torch.Tensor) -> torch.Tensor:
-    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
 
 
 def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, block_size: int) -> int:

@@ -4,8 +4,14 @@ steps with prompts): E4M3 and INT8 rounding, loading K/V from the pool or this s
 input, writing K/V, the token -> sequence search and the cache scales (one per layer for
 FP8, one per KV head for INT8)."""
 
+import torch
 import triton
 import triton.language as tl
+
+
+def _as_storage(cache: torch.Tensor) -> torch.Tensor:
+    """The KV pool as the kernels address it: FP8 pools as bytes (the kernels decode them)."""
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
 
 
 @triton.jit

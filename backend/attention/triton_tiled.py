@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.attention.triton_attention import _as_storage
-from backend.attention.triton_common import _find_seq, _kv_scales, _load_kv, _soft_cap, _softmax_start, _store_kv
+from backend.attention.triton_common import (_as_storage, _find_seq, _kv_scales, _load_kv, _soft_cap,
+                                             _softmax_start, _store_kv)
 
 
 @triton.jit

@@ -60,7 +60,8 @@ from backend.parallel.group import SINGLE
 from backend.parallel.moe_sharding import with_expert_parallel
 from backend.parallel.sharding import kv_head_range, local_config
 from backend.parallel.pipeline import stage_kv_config
-from backend.parallel.workers import TensorParallelWorkers, check_world, kv_bytes, model_bytes, worker_spec
+from backend.parallel.rank_spec import kv_bytes, model_bytes
+from backend.parallel.workers import TensorParallelWorkers, check_world, worker_spec
 
 logger = logging.getLogger(__name__)
 

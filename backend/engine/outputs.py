@@ -10,7 +10,7 @@ import torch
 from backend.engine.logprobs import TokenLogprobs
 
 if TYPE_CHECKING:
-    from backend.engine.spec_decode.speculator import Proposals
+    from backend.engine.spec_decode.proposals import Proposals
 
 
 @dataclass

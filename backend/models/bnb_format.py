@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from backend.models.int_formats import IntFormatError, IntScheme, IntWeight, pack_along_k
+from backend.models.int_types import IntFormatError, IntScheme, IntWeight, pack_along_k
 
 QUANT_METHOD = "bitsandbytes"
 # transformers' Linear4bit quantizes with bitsandbytes' default blocksize; IntLinear's

@@ -74,7 +74,7 @@ class ModelConfig:
     # (`self_attn.sinks`, [num_heads]).
     attention_sinks: bool = False
     # The checkpoint's expert weights are MXFP4 (`quant_method: mxfp4`, gpt-oss as
-    # published): dequantized exactly at load (backend/models/mxfp4.py).
+    # published): dequantized exactly at load (backend/ops/mxfp4.py).
     mxfp4_experts: bool = False
 
     @property

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.models.fp8 import FP8_MAX, PROJECTIONS, QUANT_METHOD, replace_projections
+from backend.models.fp8 import PROJECTIONS, QUANT_METHOD, replace_projections
+from backend.ops.fp8_quant import quantize_per_group
 
 HF_METHOD = "fp8"
 
@@ -70,17 +71,6 @@ def fp8_scheme_of(quant: Optional[dict[str, Any]]) -> Optional[FP8Scheme]:
                                  "(block-wise activations are quantized at run time)")
         block = (block[0], block[1])
     return FP8Scheme(method, scheme == "dynamic", block)
-
-
-def quantize_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (E4M3 [M, K], fp32 scales [M, ceil(K/group)]): one scale per token and
-    group of `group` channels, max |x| of the group / 448; the last group may be shorter."""
-    M, K = x.shape
-    pad = (-K) % group
-    xp = F.pad(x.float(), (0, pad)).reshape(M, -1, group)
-    scale = xp.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
-    q = (xp / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(M, K + pad)[:, :K]
-    return q.contiguous(), scale
 
 
 def per_group_fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ What it adds, each where the rest of the engine keeps it:
 The checkpoint stores each layer's experts stacked and transposed
 (`mlp.experts.gate_up_proj` [E, H, 2I] with gate and up columns interleaved,
 `down_proj` [E, I, H], biases [E, 2I] and [E, H]), or as published in MXFP4
-(`*_blocks` / `*_scales` in [E, out, in] orientation, backend/models/mxfp4.py).
+(`*_blocks` / `*_scales` in [E, out, in] orientation, backend/ops/mxfp4.py).
 adapt_checkpoint turns either into the engine's [E, 2I, H] (gate rows, then up rows)
 and [E, H, I], and renames `mlp.router` to `mlp.gate`. MXFP4 experts are dequantized
 there, unless the Triton fused MoE kernel runs (attention_backend="triton"): then they
@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from backend.models import mxfp4
+from backend.ops import mxfp4
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 from backend.ops import LayerOps

@@ -22,34 +22,15 @@ gate/up concatenate along N, as the fused projections want; each keeps its own g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
+from backend.models import bnb_format
+from backend.models.int_types import IntFormatError, IntScheme, IntWeight, pack_along_k
+
 METHODS = ("compressed-tensors", "gptq", "awq", "bitsandbytes")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)           # nibble i of a word holds column AWQ_ORDER[i]
-
-
-class IntFormatError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class IntScheme:
-    method: str
-    bits: int
-    group_size: int                             # -1: one group per row (channel)
-    symmetric: bool
-
-    @property
-    def pack(self) -> int:
-        return 32 // self.bits
-
-    @property
-    def lookup(self) -> bool:
-        """Codes index a table of values (bitsandbytes NF4/FP4) instead of being integers."""
-        return self.method == "bitsandbytes"
 
 
 def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
@@ -59,8 +40,7 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
     if method not in METHODS:
         return None
     if method == "bitsandbytes":
-        from backend.models.bnb_format import bnb_scheme
-        return bnb_scheme(quant)
+        return bnb_format.bnb_scheme(quant)
     if method == "compressed-tensors":
         fmt = quant.get("format")
         if fmt == "int-quantized":          # W8A8 (weights and activations): backend/models/w8a8.py
@@ -91,17 +71,6 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
     return scheme
 
 
-@dataclass
-class IntWeight:
-    qweight: torch.Tensor       # int32 [K / pack, N]
-    scales: torch.Tensor        # [G, N]
-    zeros: Optional[torch.Tensor]   # float32 [G, N], unsigned domain; None with a quant_map
-    g_idx: torch.Tensor         # int32 [K], or [parts, K] once fused (concat)
-    bias: Optional[torch.Tensor] = None
-    # bitsandbytes NF4/FP4: fp32 [16], the value of each code (w = quant_map[q] * scale).
-    quant_map: Optional[torch.Tensor] = None
-
-
 def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words -> unsigned values, the first value in the low bits, along `dim`."""
     per = 32 // bits
@@ -113,14 +82,6 @@ def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return vals.reshape(packed.shape[0], packed.shape[1] * per)
 
 
-def pack_along_k(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned values [K, N] -> int32 [K / pack, N], the first row in the low bits."""
-    per = 32 // bits
-    K, N = q.shape
-    q = q.to(torch.int64).view(K // per, per, N) << (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
-    return q.sum(dim=1).to(torch.int32)            # no overlapping bits: the sum is the bitwise or
-
-
 def _groups(K: int, scheme: IntScheme) -> torch.Tensor:
     g = K if scheme.group_size == -1 else scheme.group_size
     return (torch.arange(K) // g).to(torch.int32)
@@ -129,7 +90,6 @@ def _groups(K: int, scheme: IntScheme) -> torch.Tensor:
 def read_projection(t: dict[str, torch.Tensor], name: str, scheme: IntScheme) -> IntWeight:
     """One projection's tensors (popped from `t`) in the one layout."""
     if scheme.lookup:
-        from backend.models import bnb_format
         return bnb_format.read_projection(t, name, scheme)
     bits, half = scheme.bits, float(1 << (scheme.bits - 1))
     bias = t.pop(f"{name}.bias", None)

@@ -18,6 +18,7 @@ from torch import nn
 
 from backend.models import int_formats
 from backend.models.int_formats import IntScheme, IntWeight
+from backend.models.projections import FUSED_PROJECTIONS
 
 
 class IntLinear(nn.Module):
@@ -78,7 +79,6 @@ def swap_in_int_linears(model: nn.Module, scheme: IntScheme, use_kernel: bool) -
 def int_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: IntScheme) -> dict[str, torch.Tensor]:
     """The checkpoint's quantized projections (popped from `state`) as the fused IntLinear
     parameters; every other tensor stays as it is."""
-    from backend.models.loader import FUSED_PROJECTIONS
     fused = dict(FUSED_PROJECTIONS)
     fused.update({"self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",)})
     for i in range(num_layers):

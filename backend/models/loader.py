@@ -13,6 +13,7 @@ from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
 from backend.models.moe import stack_experts
 from backend.models.moe_fp8 import fp8_experts_state_dict, is_fp8_moe, swap_in_fp8_experts
+from backend.models.projections import FUSED_PROJECTIONS
 from backend.models.quant_linears import (QUANTIZED_LINEARS, quantized_state_dict, single_rank_only,
                                           swap_in_quantized_linears)
 from backend.models.registry import model_class
@@ -34,11 +35,6 @@ def load_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-# Fused parameter <- the checkpoint's parameters it concatenates (along the output dim).
-FUSED_PROJECTIONS = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
 
 
 def fuse_projections(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:

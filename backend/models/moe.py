@@ -33,7 +33,7 @@ class StackedExperts(nn.Module):
         self.gate_up_proj_scale = self.down_proj_scale = None
         self.quantized = False          # FP8 builds: swapped in by moe_fp8.swap_in_fp8_experts
         if moe.packed_mxfp4:
-            # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/models/mxfp4.py).
+            # MXFP4: two E2M1 codes a byte, one E8M0 scale per 32 inputs (backend/ops/mxfp4.py).
             def packed(rows: int, cols: int, div: int) -> nn.Parameter:
                 return nn.Parameter(torch.empty(E, rows, cols // div, dtype=torch.uint8), requires_grad=False)
             self.gate_up_proj, self.gate_up_proj_scale = packed(2 * inter, hidden, 2), packed(2 * inter, hidden, 32)

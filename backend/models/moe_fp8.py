@@ -42,11 +42,6 @@ def quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def dequantize_experts(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The exact fp32 value of an FP8 expert stack: fp8 * scale per expert and channel."""
-    return q.float() * scale.float()[..., None]
-
-
 def is_fp8_moe(quant: Optional[dict[str, Any]], moe: object) -> bool:
     return moe is not None and bool(quant) and quant.get("quant_method") == QUANT_METHOD
 

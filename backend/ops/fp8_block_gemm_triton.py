@@ -21,7 +21,7 @@ import triton.language as tl
 
 from backend.ops.gemm_tiles import load_rows, load_transposed, output_tile, store_tile
 
-from backend.models.fp8_formats import quantize_per_group
+from backend.ops.fp8_quant import quantize_per_group
 
 
 @triton.jit

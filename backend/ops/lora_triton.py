@@ -12,11 +12,14 @@ With TRITON_INTERPRET=1 it runs on CPU tensors, which is how CI checks it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
-from backend.lora.punica import LoRAMetadata
+if TYPE_CHECKING:      # (annotations only: punica.py picks these kernels)
+    from backend.lora.punica import LoRAMetadata
 
 
 @triton.jit

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from backend.ops.fp8_quant import dequantize_experts
 from backend.ops.reference import act_and_mul
 
 
@@ -59,7 +60,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     E4M3 (w13 / w2 float8_e4m3fn, fp32 scales [E, rows] per expert and output channel),
     dequantized here. Returns [T, H] in x's dtype."""
     if w13.dtype == torch.float8_e4m3fn:
-        from backend.models.moe_fp8 import dequantize_experts
         w13, w2 = dequantize_experts(w13, w13_scale).to(x.dtype), dequantize_experts(w2, w2_scale).to(x.dtype)
     elif w13_scale is not None:
         w13, w2 = unpack_mxfp4(w13, w13_scale, x.dtype), unpack_mxfp4(w2, w2_scale, x.dtype)
@@ -80,5 +80,5 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 
 def unpack_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[E, rows, in / 2] bytes and [E, rows, in / 32] scales -> [E, rows, in] in dtype."""
-    from backend.models import mxfp4
+    from backend.ops import mxfp4
     return mxfp4.dequantize(packed.view(*scales.shape, 16), scales, dtype)

@@ -1,7 +1,7 @@
 """MXFP4 weight tiles decoded in registers, for the fused MoE grouped GEMM
 (fused_moe_triton.py): gpt-oss's experts kept 4-bit on the device.
 
-The format is backend/models/mxfp4.py's (OCP MX v1.0): per output row, bytes of two
+The format is backend/ops/mxfp4.py's (OCP MX v1.0): per output row, bytes of two
 E2M1 codes (element 2j in the low nibble of byte j) and one E8M0 scale byte per 32
 inputs. A [BLOCK_K, BLOCK_N] tile of W^T is read as its bytes (each byte twice: the
 two k of a pair) and its scales (one per 32 k), decoded from the bit fields and scaled

@@ -31,7 +31,8 @@ from typing import Optional
 import torch.distributed as dist
 
 from backend.parallel.nodes import HEARTBEAT_S, SPEC_KEY, dead_key, describe, heartbeat_key, joined_key, node_ranks
-from backend.parallel.workers import WorkerSpec, start_ranks
+from backend.parallel.rank_spec import WorkerSpec
+from backend.parallel.workers import start_ranks
 
 logger = logging.getLogger("paged_llm.node")
 

@@ -17,8 +17,8 @@ from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StageTimesMessage, StepMessage,
                                        decode)
-from backend.parallel.workers import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share, kv_bytes,
-                                      model_bytes)
+from backend.parallel.rank_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
+                                        kv_bytes, model_bytes)
 
 
 def worker_main(spec: WorkerSpec) -> None:

@@ -39,69 +39,10 @@ from backend.parallel.messages import (CaptureMessage, Message, SetupMessage, St
                                        StopMessage, encode)
 from backend.parallel.pending import PendingWorks
 from backend.parallel.pipeline import PipelineStage
+from backend.parallel.rank_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
+                                        kv_bytes, model_bytes)
 
 logger = logging.getLogger(__name__)
-
-# Data-plane collectives (all-reduce, gather) that wait this long on a rank raise.
-COLLECTIVE_TIMEOUT_S = 600.0
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    """What a rank needs to build its shard (picklable: it crosses the spawn)."""
-    model: str
-    size: int                       # world size: tensor_parallel_size x pipeline_parallel_size
-    device_type: str
-    dtype: str                      # torch dtype name, e.g. "float32"
-    kv_dtype: str
-    attention_backend: str
-    max_position: int
-    rank: int = 0
-    # With enable_lora: the engine arguments (model_dump()), from which each rank builds
-    # its shard of the adapters.
-    lora_engine_args: Optional[dict] = None
-    enable_expert_parallel: bool = False
-    kv_cache_scales: Optional[str] = None       # INT8 cache: the per-head scales file (kv_int8.py)
-    pp_size: int = 1
-    nnodes: int = 1                 # rank r runs on node r // ranks_per_node
-    # The rendezvous store rank 0 serves (port 0: the OS picks, every rank on this machine).
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    join_timeout_s: float = 600.0
-    node_health_timeout_s: float = 10.0
-
-    @property
-    def tp_size(self) -> int:
-        return self.size // self.pp_size
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.size // self.nnodes
-
-    def device(self) -> torch.device:
-        if self.device_type != "cuda":
-            return torch.device("cpu")
-        return torch.device("cuda", self.rank % self.ranks_per_node)
-
-    def client_store(self) -> dist.TCPStore:
-        """A connection to rank 0's rendezvous store (retried until join_timeout_s)."""
-        return dist.TCPStore(self.master_addr, self.master_port, None, False,
-                             datetime.timedelta(seconds=self.join_timeout_s))
-
-
-def model_bytes(model: torch.nn.Module) -> int:
-    from backend.models.cpu_packed_linear import packed_bytes
-    return sum(p.numel() * p.element_size() for p in model.parameters()) + packed_bytes(model)
-
-
-def kv_bytes(kv_caches) -> int:
-    return sum(c.key.nbytes + c.value.nbytes for c in kv_caches)
-
-
-def arrived_key(rank: int) -> str:
-    """Set by each rank in the store before it joins the process group."""
-    return f"paged_llm/rank{rank}/arrived"
-
 
 def start_ranks(spec: WorkerSpec, ranks: range) -> list:
     """Spawn these ranks on this machine (daemons: they go when their parent goes)."""
@@ -283,17 +224,6 @@ class TensorParallelWorkers:
                 p.join()
         destroy_group()
         torch.set_num_threads(self._threads)
-
-
-def cpu_share(size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // size)
-
-
-def agree(ok: bool, group) -> bool:
-    """True on every rank if `ok` on every rank."""
-    flag = torch.tensor([int(ok)], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
 
 
 def check_world(cfg, args, device: torch.device) -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
-from clients.triton_client import make_inputs
+from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
 from frontend.openai_api.protocol import TokenId
 from frontend.openai_api.request_body import read_request

@@ -24,7 +24,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
-from clients.triton_client import make_inputs
+from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
 from frontend.openai_api.triton_channel import channel_args, unavailable
 

@@ -1,5 +1,5 @@
 """MXFP4 packing transcribed from the OCP Microscaling Formats (MX) v1.0 spec, for tests:
-a test-side writer independent of backend/models/mxfp4.py (which reads).
+a test-side writer independent of backend/ops/mxfp4.py (which reads).
 
 Spec, section 6.3 (conversion from a vector of 32 floats V): shared exponent
 X = floor(log2(max |V|)) - emax_elem, with emax_elem = 2 for FP4 E2M1; scale byte

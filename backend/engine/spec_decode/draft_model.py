@@ -52,7 +52,7 @@ from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.draft_tokens import DraftTokens
-from backend.engine.spec_decode.speculator import Proposals
+from backend.engine.spec_decode.proposals import Proposals
 from backend.engine.step_inputs import StepInputBuilder
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from backend.engine.spec_decode.ngram_index import NgramIndex
-from backend.engine.spec_decode.speculator import Proposals
+from backend.engine.spec_decode.proposals import Proposals
 
 
 class _TokenArray:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from backend.engine.request import Request, RequestStatus
 from backend.engine.sched_output import SchedulerOutput
-from backend.engine.spec_decode.speculator import Proposals
+from backend.engine.spec_decode.proposals import Proposals
 
 if TYPE_CHECKING:
     from backend.engine.kv_cache_manager import KVCacheManager

@@ -14,22 +14,11 @@ the target's own one included).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Iterable, Optional
-
-import torch
 
 from backend.config import SpeculativeConfig
 from backend.engine.request import Request
-
-
-@dataclass
-class Proposals:
-    """A proposer's result, which the scheduler applies (Scheduler.set_proposals)."""
-    # By request id: (proposed tokens, the draft's distributions or None).
-    tokens: dict[str, tuple[list[int], Optional[torch.Tensor]]] = field(default_factory=dict)
-    # By request id: how far the draft model's K/V now reaches (its num_draft_computed).
-    num_draft_computed: dict[str, int] = field(default_factory=dict)
+from backend.engine.spec_decode.proposals import Proposals
 
 
 class Speculator:

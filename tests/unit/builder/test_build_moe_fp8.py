@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from backend.models.config import load_model_config
 from backend.models.fp8 import fake_quantize
-from backend.models.moe_fp8 import SCALE_SUFFIX, dequantize_experts
+from backend.models.moe_fp8 import SCALE_SUFFIX
+from backend.ops.fp8_quant import dequantize_experts
 from builder.build import BuildError, BuildOptions, build
 from tests.conftest import random_prompts
 from tests.helpers import quant_checkpoints as qc

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from backend import LLM, SamplingParams
 from backend.models import cpu_packed_linear
 from backend.models.cpu_packed_linear import PackedLinear, own_remaining_weights, pack_cpu_linears
-from backend.parallel.workers import model_bytes
+from backend.parallel.rank_spec import model_bytes
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backend import LLM, SamplingParams
-from backend.models import mxfp4
+from backend.ops import mxfp4
 from backend.models.config import UnsupportedModelError, model_config_from_dict
 from backend.models.rotary import RotaryEmbedding, inverse_frequencies
 from backend.parallel.sharding import check_tensor_parallel

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backend.models.config import UnsupportedModelError, load_model_config
-from builder.build import BuildError, BuildOptions
+from builder.build import BuildError, BuildOptions, build
 from builder.fp8 import default_texts
+from builder.w8a8 import DEFAULT_ALPHA
 from tests.conftest import random_prompts
 from tests.helpers import quant_checkpoints as qc
 from tests.helpers.checkpoints import make_checkpoint
@@ -47,7 +48,6 @@ def _texts():
 
 def test_w8a8_build_smooths_and_serves_transformers_fake_quant_tokens(outlier_base, tmp_path, monkeypatch):
     from builder.__main__ import main
-    from builder.w8a8 import build_w8a8_entry
     monkeypatch.setattr("builder.fp8.default_texts", _texts)
     assert main(["build", "--checkpoint", outlier_base, "--output", str(tmp_path / "entry"), "--weights", "w8a8",
                  "--smoothquant-alpha", "0.5", "--num-kv-blocks", "64"]) == 0
@@ -71,7 +71,9 @@ def test_w8a8_build_smooths_and_serves_transformers_fake_quant_tokens(outlier_ba
     # ... and it pays: without it, per-token INT8 rounds the outliers' tokens worse (measured:
     # relative logit error 0.20 unsmoothed, 0.11 smoothed; 0.053 and 0.051 without the outliers).
     monkeypatch.setattr("builder.w8a8.smooth", lambda model, batches, alpha: None)
-    plain = build_w8a8_entry(outlier_base, str(tmp_path / "plain"), num_kv_blocks=64)["quality"]
+    build(BuildOptions.create(checkpoint=outlier_base, output=str(tmp_path / "plain"), weights="w8a8",
+                              smoothquant_alpha=DEFAULT_ALPHA, num_kv_blocks=64), log=lambda *_: None, progress=False)
+    plain = json.load(open(tmp_path / "plain" / "build_manifest.json"))["quality"]
     assert report["relative_logit_error"] < 0.75 * plain["relative_logit_error"], (report, plain)
 
     # Per-token rounding is discontinuous: where the engine's and transformers' fp32 inputs

@@ -178,7 +178,8 @@ def test_fp8_experts_dequantized_in_the_tiles_match_the_reference(dtype, tol):
     """FP8 E4M3 experts with per-expert, per-channel fp32 scales (FP8 MoE builds): the
     kernel dequantizes each tile as the reference dequantizes the stack (fp8 * scale,
     rounded to the activation dtype); slots of another rank's experts still count nothing."""
-    from backend.models.moe_fp8 import dequantize_experts, quantize_experts
+    from backend.models.moe_fp8 import quantize_experts
+    from backend.ops.fp8_quant import dequantize_experts
     g = torch.Generator().manual_seed(11)
     T, E, K, H, I = 37, 6, 2, 64, 40
     x = torch.randn(T, H, generator=g).to(dtype)
