@@ -36,15 +36,15 @@ model: $(STAMP)
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
 # modules whose servers are their own, including every one that runs fault repositories
 # under Triton's python backend (the supervisor tests check that no python-backend shared
-# memory outlives a killed stub, so those run one after another), and three unit folders;
+# memory outlives a killed stub, so those run one after another), and four unit folders;
 # lane A takes everything else, so that a new test file needs no list. The lanes are
-# about equal: 9.2 and 9.3 minutes of the 18.5 that the suite takes in one process.
+# about equal (docs/development.md has their times).
 LANE_B := $(addprefix tests/integration/test_,recovery.py production.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	vllm_repository.py) tests/unit/parallel tests/unit/builder tests/unit/attention
+	vllm_repository.py) tests/unit/parallel tests/unit/builder tests/unit/attention tests/unit/models
 # Each lane's temporary files (server logs included) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
+PYTEST := PYTHONUNBUFFERED=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: $(STAMP) tritonserver test-py312
 	@set -u; mkdir -p $(TEST_TMP); \
 	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-a $(addprefix --ignore=,$(LANE_B)) tests 2>&1 | sed -u 's/^/A| /'; \
