@@ -26,18 +26,50 @@ def _not_json(constant: str):
 
 async def read_json(request, limit: int) -> Any:
     """The request's body as JSON: 413 past `limit` bytes (before reading any of it when
-    the length is declared), 400 when it is not JSON."""
-    return await _decoded(await _read_body(request, limit), _decode)
+    the length is declared), 400 when it is not JSON, 503 when MAX_LARGE_BODIES large
+    ones are in already."""
+    return await _read_and_decode(request, limit, _decode)
 
 
 async def read_request(request, model_cls: type[BaseModel], limit: int):
     """The request's body as `model_cls` (read_json, then parse)."""
-    return await _decoded(await _read_body(request, limit),
-                          lambda body, large: parse(model_cls, _decode(body, large)))
+    return await _read_and_decode(request, limit, lambda body, large: parse(model_cls, _decode(body, large)))
 
 
-# Large bodies are decoded one at a time (each holds a core while it runs).
+# Large bodies are decoded one at a time (each holds a core while it runs)...
 _large_bodies = asyncio.Semaphore(1)
+# ... and at most this many are read, waiting or decoding at once: each holds up to
+# max_request_body_bytes (16 MiB by default) until it is decoded; the next one is refused
+# (503, which OpenAI clients retry) before its body is read.
+MAX_LARGE_BODIES = 8
+
+
+class _LargeBodySlots:
+    """The count of large bodies in; only the event loop's thread touches it."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def take(self) -> None:
+        if self.taken >= MAX_LARGE_BODIES:
+            raise APIError(503, f"the server is reading {MAX_LARGE_BODIES} request bodies of "
+                                f"{THREAD_BYTES >> 20} MiB or more already: retry")
+        self.taken += 1
+
+    def give(self) -> None:
+        self.taken -= 1
+
+
+_slots = _LargeBodySlots()
+
+
+async def _read_and_decode(request, limit: int, fn: Callable[[bytes, bool], Any]) -> Any:
+    took = [False]
+    try:
+        return await _decoded(await _read_body(request, limit, took), fn)
+    finally:
+        if took[0]:
+            _slots.give()
 
 
 async def _decoded(body: bytes, fn: Callable[[bytes, bool], Any]) -> Any:
@@ -59,17 +91,25 @@ def _yielding_loads(body: bytes) -> Any:
     return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
-async def _read_body(request, limit: int) -> bytes:
+async def _read_body(request, limit: int, took: list[bool]) -> bytes:
+    """took[0]: set once the body holds one of the large bodies' slots (the caller gives
+    it back): at once when its declared length is large, else when it grows large."""
     too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
                          "max_request_body_bytes")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
+    if declared.isdigit() and int(declared) >= THREAD_BYTES:
+        _slots.take()
+        took[0] = True
     body = bytearray()
     async for chunk in request.stream():  # a chunked body declares no length: count it
         body += chunk
         if len(body) > limit:
             raise too_large
+        if not took[0] and len(body) >= THREAD_BYTES:
+            _slots.take()
+            took[0] = True
     return bytes(body)
 
 

@@ -55,3 +55,51 @@ def test_a_large_body_of_small_values_leaves_the_event_loop_running():
     value, gap = asyncio.run(measure())
     assert len(value["messages"]) == 400_000
     assert gap < 0.1, f"the event loop waited {gap * 1000:.0f} ms"
+
+
+class _Request:
+    """A Starlette request as read_json sees it: headers and a body stream, which waits
+    for `release` before its last chunk (a slow client)."""
+
+    def __init__(self, size: int, declared: bool, release: asyncio.Event) -> None:
+        body = json.dumps({"pad": "x" * (size - 11)}).encode()
+        self.headers = {"content-length": str(len(body))} if declared else {}
+        self.body, self.release, self.read = body, release, False
+
+    async def stream(self):
+        self.read = True
+        yield self.body[:THREAD_BYTES]
+        await self.release.wait()
+        yield self.body[THREAD_BYTES:]
+
+
+def test_at_most_max_large_bodies_are_held_at_once_the_next_is_a_503_unread():
+    """Issue 49: large bodies waited for the one decoding thread without bound, each up to
+    16 MiB. Past MAX_LARGE_BODIES (declared or grown large) the next is refused before
+    its body is read; every slot is given back, whatever the outcome."""
+    from frontend.openai_api import request_body
+
+    async def scenario():
+        release = asyncio.Event()
+        slow = [_Request(THREAD_BYTES + 100, declared=i % 2 == 0, release=release)
+                for i in range(request_body.MAX_LARGE_BODIES)]
+        reads = [asyncio.create_task(request_body.read_json(r, 16 << 20)) for r in slow]
+        await asyncio.sleep(0.05)
+        assert request_body._slots.taken == request_body.MAX_LARGE_BODIES
+        extra = _Request(THREAD_BYTES + 100, declared=True, release=release)
+        with pytest.raises(APIError) as e:
+            await request_body.read_json(extra, 16 << 20)
+        assert e.value.status == 503 and not extra.read
+        small = _Request(1000, declared=True, release=release)      # small bodies take no slot
+        release.set()
+        assert (await request_body.read_json(small, 16 << 20))["pad"] == "x" * 989
+        values = await asyncio.gather(*reads)
+        assert all(len(v["pad"]) == THREAD_BYTES + 89 for v in values)
+        assert request_body._slots.taken == 0
+        bad = _Request(THREAD_BYTES + 100, declared=True, release=release)
+        bad.body = bad.body[:-1]                                     # not JSON: a 400, the slot back
+        with pytest.raises(APIError) as e:
+            await request_body.read_json(bad, 16 << 20)
+        assert e.value.status == 400 and request_body._slots.taken == 0
+
+    asyncio.run(scenario())
