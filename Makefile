@@ -34,12 +34,10 @@ model: $(STAMP)
 	$(PY) -m builder default --repository model_repository
 
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
-# modules whose servers are their own, including every one that runs fault repositories
-# under Triton's python backend (the supervisor tests check that no python-backend shared
-# memory outlives a killed stub, so those run one after another), and four unit folders;
-# lane A takes everything else, so that a new test file needs no list. The lanes are
-# about equal (docs/development.md has their times).
-LANE_B := $(addprefix tests/integration/test_,recovery.py production.py trtllm_contract.py \
+# modules whose servers are their own (the session's server, which lane A's use, starts
+# in lane A only) and four unit folders; lane A takes everything else, so that a new test
+# file needs no list. The lanes are about equal (docs/development.md has their times).
+LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
 	vllm_repository.py) tests/unit/parallel tests/unit/builder tests/unit/attention tests/unit/models
 # Each lane's temporary files (server logs included) stay here until the next run.
