@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from backend.attention import cpu_decode
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.ops.cpu_build import heads_dense
+from backend.ops.fp8_quant import FP8_MAX as FP8_E4M3_MAX
 
-FP8_E4M3_MAX = 448.0
 # Decode rows attend in groups of this many, sorted by length (decode_groups):
 # at 128 rows of 64-512 tokens, 8 groups halved the attention's CPU time against one padded
 # batch (SDPA's cost follows the padded length); fewer rows than this stay one batch.

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.attention.torch_attention import FP8_E4M3_MAX as FP8_MAX
+from backend.ops.fp8_quant import FP8_MAX
 
 QUANT_METHOD = "paged_llm_fp8"
 # Checkpoint names (Hugging Face's, what the builder quantizes) and the engine's fused ones.
