@@ -133,6 +133,18 @@ def _number(name: str, arr: np.ndarray) -> Union[int, float]:
     raise InvalidRequestError(f"input '{name}' must be numeric")
 
 
+# The sampling parameters' JSON, and the request parameters': 4 MiB leaves room for a
+# logit_bias over a whole vocabulary (150k entries, about 2 MB) and large schemas, and
+# refuses the 16 MiB a client can send, which C json.loads would read on the execute thread.
+MAX_PARAMETERS_JSON_BYTES = 4 << 20
+
+
+def _json_size(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return sum(len(v) if isinstance(v, (bytes, str)) else 0 for v in value.reshape(-1))
+    return len(value)
+
+
 def parse_sampling_json(raw: str) -> dict[str, Any]:
     try:
         obj = json.loads(raw) if raw.strip() else {}
@@ -230,6 +242,12 @@ def parse_request(inputs: dict[str, np.ndarray],
         raise InvalidRequestError("the request has no prompt: 'text_input' is missing or empty "
                                   "(and no 'input_ids' were sent)")
 
+    # (Both are read on the model's execute thread, the request parameters twice: bounded.)
+    for name, value in (("request parameters", request_parameters),
+                        ("input 'sampling_parameters'", inputs.get("sampling_parameters"))):
+        if value is not None and _json_size(value) > MAX_PARAMETERS_JSON_BYTES:
+            raise InvalidRequestError(f"{name}: {_json_size(value)} bytes of JSON, more than "
+                                      f"{MAX_PARAMETERS_JSON_BYTES}")
     stop_key = stop_key_of(request_parameters)
     raw = request_parameters
     if "sampling_parameters" in inputs:

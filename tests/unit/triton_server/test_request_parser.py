@@ -206,3 +206,18 @@ def test_deeply_nested_json_is_a_bad_request_not_an_internal_error(raw, expected
     with pytest.raises(InvalidRequestError, match=re.escape(expected)):
         parse_request({"text_input": np.array([b"x"], dtype=object),
                        "sampling_parameters": np.array([raw.encode()], dtype=object)})
+
+
+def test_parameters_json_past_4_mib_is_refused_unread_and_a_whole_vocabulary_bias_is_not():
+    """Issue 49: sampling parameters' JSON (or the request parameters') of any size were
+    read on the execute thread, the request parameters twice."""
+    from backend.triton_server.request_parser import MAX_PARAMETERS_JSON_BYTES
+    huge = json.dumps({"max_tokens": 2, "stop": ["x" * MAX_PARAMETERS_JSON_BYTES]})
+    with pytest.raises(InvalidRequestError, match="input 'sampling_parameters': .* more than"):
+        parse_request({"text_input": b("hi"), "sampling_parameters": b(huge)})
+    with pytest.raises(InvalidRequestError, match="request parameters: .* more than"):
+        parse_request({"text_input": b("hi")}, request_parameters=huge)
+    bias = {str(i): -1.5 for i in range(150_000)}
+    req = parse_request({"text_input": b("hi"), "sampling_parameters": b(json.dumps({"logit_bias": bias}))},
+                        limits=RequestLimits.defaults())
+    assert len(req.params.logit_bias) == 150_000
