@@ -35,11 +35,11 @@ model: $(STAMP)
 
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
 # modules whose servers are their own (the session's server, which lane A's use, starts
-# in lane A only) and four unit folders; lane A takes everything else, so that a new test
+# in lane A only) and five unit folders; lane A takes everything else, so that a new test
 # file needs no list. The lanes are about equal (docs/development.md has their times).
 LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	vllm_repository.py) tests/unit/parallel tests/unit/builder tests/unit/attention tests/unit/models
+	vllm_repository.py) $(addprefix tests/unit/,parallel builder attention models ops)
 # Each lane's temporary files (server logs included) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
 PYTEST := PYTHONUNBUFFERED=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15
