@@ -50,26 +50,38 @@ class _LargeBodySlots:
     def __init__(self) -> None:
         self.taken = 0
 
-    def take(self) -> None:
-        if self.taken >= MAX_LARGE_BODIES:
-            raise APIError(503, f"the server is reading {MAX_LARGE_BODIES} request bodies of "
-                                f"{THREAD_BYTES >> 20} MiB or more already: retry")
-        self.taken += 1
-
-    def give(self) -> None:
-        self.taken -= 1
-
 
 _slots = _LargeBodySlots()
 
 
+class _LargeBodySlot:
+    """One request's hold on a large body's slot: taken once its body is known to be
+    large, given back when the request is done with it."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def take(self) -> None:
+        if self.held:
+            return
+        if _slots.taken >= MAX_LARGE_BODIES:
+            raise APIError(503, f"the server is reading {MAX_LARGE_BODIES} request bodies of "
+                                f"{THREAD_BYTES >> 20} MiB or more already: retry")
+        _slots.taken += 1
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            _slots.taken -= 1
+            self.held = False
+
+
 async def _read_and_decode(request, limit: int, fn: Callable[[bytes, bool], Any]) -> Any:
-    took = [False]
+    slot = _LargeBodySlot()
     try:
-        return await _decoded(await _read_body(request, limit, took), fn)
+        return await _decoded(await _read_body(request, limit, slot), fn)
     finally:
-        if took[0]:
-            _slots.give()
+        slot.give_back()
 
 
 async def _decoded(body: bytes, fn: Callable[[bytes, bool], Any]) -> Any:
@@ -91,25 +103,23 @@ def _yielding_loads(body: bytes) -> Any:
     return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
-async def _read_body(request, limit: int, took: list[bool]) -> bytes:
-    """took[0]: set once the body holds one of the large bodies' slots (the caller gives
-    it back): at once when its declared length is large, else when it grows large."""
+async def _read_body(request, limit: int, slot: _LargeBodySlot) -> bytes:
+    """Takes `slot` once the body is large: at once when its declared length is, else
+    when it grows so."""
     too_large = APIError(413, f"the request body is larger than max_request_body_bytes ({limit} bytes)",
                          "max_request_body_bytes")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     if declared.isdigit() and int(declared) >= THREAD_BYTES:
-        _slots.take()
-        took[0] = True
+        slot.take()
     body = bytearray()
     async for chunk in request.stream():  # a chunked body declares no length: count it
         body += chunk
         if len(body) > limit:
             raise too_large
-        if not took[0] and len(body) >= THREAD_BYTES:
-            _slots.take()
-            took[0] = True
+        if len(body) >= THREAD_BYTES:
+            slot.take()
     return bytes(body)
 
 
