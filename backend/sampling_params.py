@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional, Union
+from typing import Optional, Self, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from backend.config import validated
+from backend.engine.logits_processors import request_fields
 
 
 # Bad words limits (vLLM's; backend/engine/bad_words.py checks the tokenized words).
@@ -36,7 +37,9 @@ class SamplingParamsError(ValueError):
     """Bad sampling parameters; the message names the field."""
 
 
-class SamplingParams(BaseModel):
+class _CoreSamplingParams(BaseModel):
+    """The parameters the engine handles itself; SamplingParams adds the logits
+    processors' (backend/engine/logits_processors: min_p, ...)."""
     model_config = ConfigDict(extra="forbid")
 
     # Sequences to generate for the prompt (vLLM's `n`). The engine runs one sequence
@@ -48,7 +51,6 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_k: int = Field(-1, ge=-1)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
     seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)     # int64, as torch's generators take
     # Logits are divided or multiplied by it in float32: outside this range they overflow
     # (or the penalty rounds to 0), and NaN logits would slip past top-k, top-p and grammars.
@@ -118,7 +120,7 @@ class SamplingParams(BaseModel):
             raise ValueError("stop strings must not be empty")
         return v
 
-    @field_validator("temperature", "top_p", "min_p", "repetition_penalty",
+    @field_validator("temperature", "top_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "request_timeout_s")
     @classmethod
     def _finite(cls, v: Optional[float]) -> Optional[float]:
@@ -188,7 +190,7 @@ class SamplingParams(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "SamplingParams":
+    def _check(self) -> Self:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         guided = self.guided_fields()
@@ -207,5 +209,10 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
     @classmethod
-    def create(cls, **kwargs) -> "SamplingParams":
+    def create(cls, **kwargs) -> Self:
         return validated(cls, SamplingParamsError, "sampling parameter", **kwargs)
+
+
+# Each registered logits processor's parameter is a field too, validated like the rest.
+SamplingParams = create_model("SamplingParams", __base__=_CoreSamplingParams, __module__=__name__,
+                              **request_fields())

@@ -30,6 +30,7 @@ import torch
 
 from backend.config import EngineArgs
 from backend.engine import logprobs as logprob_ops
+from backend.engine.logits_processors import PROCESSORS
 from backend.engine.model_runner import allocate_kv_cache, run_model
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler
@@ -100,9 +101,10 @@ def dummy_requests(lengths: list[int], num_rows: int, vocab_size: int, max_logpr
     """num_rows requests that use every sampler feature that costs memory; the first
     len(lengths) have prompts of those lengths, the rest one token; one output token each
     (frequency and presence penalties read generated tokens)."""
-    params = SamplingParams(temperature=1.0, top_k=max(vocab_size - 1, 1), top_p=0.9, min_p=0.01,
+    params = SamplingParams(temperature=1.0, top_k=max(vocab_size - 1, 1), top_p=0.9,
                             repetition_penalty=1.1, frequency_penalty=0.1, presence_penalty=0.1,
-                            logprobs=max_logprobs if max_logprobs > 0 else None, max_tokens=1)
+                            logprobs=max_logprobs if max_logprobs > 0 else None, max_tokens=1,
+                            **{proc.name: proc.profile_value for proc in PROCESSORS})
     out = []
     for i in range(num_rows):
         n = lengths[i] if i < len(lengths) else 1

@@ -1,8 +1,9 @@
 """Turn one step's logits into next tokens: one batched pass over [B, V].
 
 Order of operations (as in vLLM): logit bias, penalties, min_tokens and bad words masking,
-then greedy argmax or temperature -> top-k -> top-p -> min-p -> draw. Per-row parameters
-travel as one [B, 7] tensor (one host-to-device copy); features no row uses cost nothing.
+then greedy argmax or temperature -> top-k -> top-p -> the logits processors
+(backend/engine/logits_processors: min-p, ...) -> draw. Per-row parameters travel as one
+[B, NUM_COLUMNS] tensor (one host-to-device copy); features no row uses cost nothing.
 Greedy rows ride in the same pass and take the argmax of the penalized logits.
 
 Every tensor made here lives on the logits' device, and nothing here reads a device
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from backend.engine.buffers import GrowingStagedBuffer, StagedBuffer
+from backend.engine.logits_processors import PROCESSORS
 from backend.engine.logprobs import LogprobRows
 from backend.engine.penalty_state import PenaltyState
 from backend.engine.request import Request
@@ -34,9 +36,11 @@ from backend.engine.sampling_row import SamplingRow
 from backend.engine.spec_decode.draft_tokens import device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 
-# Columns of the per-row parameter tensor.
-TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(7)
-NUM_COLUMNS = 7
+# Columns of the per-row parameter tensor; logits processor k reads column
+# FIRST_PROCESSOR_COLUMN + k.
+TEMPERATURE, TOP_K, TOP_P, REPETITION, PRESENCE, FREQUENCY = range(6)
+FIRST_PROCESSOR_COLUMN = 6
+NUM_COLUMNS = FIRST_PROCESSOR_COLUMN + len(PROCESSORS)
 
 
 class PenaltyRows(NamedTuple):
@@ -56,7 +60,7 @@ class SamplingBatch:
     any_greedy: bool
     max_top_k: int                              # 0: no row uses top-k
     any_top_p: bool
-    any_min_p: bool
+    processors: int                             # bit k: some sampled row turns PROCESSORS[k] on
     repetition: Optional[PenaltyRows]           # prompt and output tokens seen
     counted: Optional[PenaltyRows]              # output tokens generated, counted
     banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens, bad words: (rows, token ids)
@@ -100,7 +104,8 @@ class Sampler:
         bias_values: list[float] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
-        any_top_p = any_min_p = False
+        any_top_p = False
+        processors = 0
         penalties = self.penalties
         penalties.begin(vocab_size)
         slots: list[Optional[list[int]]] = [None, None]       # per row: repetition, counted
@@ -116,7 +121,7 @@ class Sampler:
                 if row.top_k > max_top_k:
                     max_top_k = row.top_k
                 any_top_p |= row.any_top_p
-                any_min_p |= row.any_min_p
+                processors |= row.processors
                 if r.generator is not None:
                     seeded.append((i, r.generator))
             repetition, counted = row.repetition, row.counted
@@ -175,7 +180,7 @@ class Sampler:
             bias=bias,
             params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
             all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
-            any_top_p=any_top_p, any_min_p=any_min_p, repetition=penalty_rows[0], counted=penalty_rows[1],
+            any_top_p=any_top_p, processors=processors, repetition=penalty_rows[0], counted=penalty_rows[1],
             banned=uploaded[2], seeded=seeded, logprobs=logprobs)
 
     def _upload_indices(self, index_sets: list[tuple[list[int], list[int]]], flat: list[list[int]]
@@ -223,7 +228,7 @@ class Sampler:
                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(the biased and penalized logits [B, V] float32, whose argmax a greedy row takes;
         the distribution each sampled row draws from [B, V], after temperature, top-k,
-        top-p and min-p, or None when every row is greedy). Greedy rows' distributions
+        top-p and the logits processors, or None when every row is greedy). Greedy rows' distributions
         are computed at temperature 1 and mean nothing."""
         logits = logits.float()
         params = batch.params
@@ -244,9 +249,11 @@ class Sampler:
         probs = torch.softmax(x, dim=-1)
         if batch.any_top_p:
             probs = apply_top_p(probs, params[:, TOP_P:TOP_P + 1])
-        if batch.any_min_p:
-            min_p = params[:, MIN_P:MIN_P + 1]
-            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        if batch.processors:
+            for k, processor in enumerate(PROCESSORS):
+                if batch.processors >> k & 1:
+                    column = FIRST_PROCESSOR_COLUMN + k
+                    probs = processor.apply(probs, params[:, column:column + 1])
         return logits, probs
 
     def noise(self, like: torch.Tensor, batch: SamplingBatch, kind: str = "exponential",

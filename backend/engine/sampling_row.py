@@ -1,8 +1,9 @@
 """A request's sampling settings as the sampler reads them every step, worked out once.
 
 Settings never change over a request's life, so its row of the per-step parameter table
-(backend/engine/sampler.py) and which index sets it joins (top-k, top-p, min-p,
-penalties, logprobs, logit bias, the ids min_tokens bans) are computed at intake. The
+(backend/engine/sampler.py) and which index sets it joins (top-k, top-p, the logits
+processors, penalties, logprobs, logit bias, the ids min_tokens bans) are computed at
+intake. The
 sampler's per-row loop then reads one object instead of a dozen attributes and
 comparisons: at 256 rows a step that loop is host time on the engine thread.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from backend.engine.logits_processors import PROCESSORS
 from backend.sampling_params import SamplingParams
 
 # top_p at or above 1 keeps everything; stored as 2 so that rounding in the cumulative
@@ -22,12 +24,13 @@ NO_TOP_P = 2.0
 @dataclass(frozen=True, slots=True)
 class SamplingRow:
     vocab_size: int
-    # temperature, top_k, top_p, min_p, repetition, presence, frequency (sampler.py's columns)
-    params: tuple[float, float, float, float, float, float, float]
+    # temperature, top_k, top_p, repetition, presence, frequency, then each logits
+    # processor's parameter (sampler.py's columns)
+    params: tuple[float, ...]
     greedy: bool
     top_k: int                          # 0: none (or not below the vocabulary)
     any_top_p: bool
-    any_min_p: bool
+    processors: int                     # bit k: PROCESSORS[k] is on for this request
     repetition: bool                    # repetition_penalty != 1
     counted: bool                       # presence or frequency penalty
     logprobs: Optional[int]
@@ -43,9 +46,11 @@ class SamplingRow:
         stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
         return cls(
             vocab_size=vocab_size,
-            params=(p.temperature, top_k, p.top_p if p.top_p < 1.0 else NO_TOP_P, p.min_p,
-                    p.repetition_penalty, p.presence_penalty, p.frequency_penalty),
-            greedy=p.greedy, top_k=top_k, any_top_p=p.top_p < 1.0, any_min_p=p.min_p > 0.0,
+            params=(p.temperature, top_k, p.top_p if p.top_p < 1.0 else NO_TOP_P,
+                    p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+                    *(getattr(p, proc.name) for proc in PROCESSORS)),
+            greedy=p.greedy, top_k=top_k, any_top_p=p.top_p < 1.0,
+            processors=sum(1 << k for k, proc in enumerate(PROCESSORS) if proc.is_on(getattr(p, proc.name))),
             repetition=p.repetition_penalty != 1.0,
             counted=p.presence_penalty != 0.0 or p.frequency_penalty != 0.0,
             logprobs=p.logprobs, bias_ids=bias_ids, bias_values=tuple(p.logit_bias[t] for t in bias_ids),

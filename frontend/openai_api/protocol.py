@@ -8,8 +8,10 @@ a valid integer (JSON has one number type). An explicit null for an optional fie
 "not given", its default (nulls.py: what OpenAI, vLLM and the openai client do); a
 required field's null is a 400 naming it. Counts are at most INT32's. Message roles are
 OpenAI's (system, developer, user, assistant, tool); only an assistant message may have null content; content parts are text (images and
-audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k, min_p,
-repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does.
+audio get a 400 saying this model does not take them: chat_content.py). vLLM's extras (top_k,
+repetition_penalty, min_tokens, ignore_eos, bad_words, guided_*) are accepted as `vllm serve` does,
+and so is each logits processor's parameter (min_p, ...: backend/engine/logits_processors),
+with the engine's own field definition.
 The body must be strict JSON (request_body.py). /openapi.json declares these models' JSON
 schemas (schemas.py); where a validator narrows a field, so does its declared schema.
 """
@@ -19,8 +21,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator,
+                      model_validator)
 
+from backend.engine.logits_processors import PROCESSORS, request_fields
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.nulls import NullMeansDefault
@@ -70,7 +74,7 @@ _PROMPT = {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
                      {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}
 
 
-class _Common(NullMeansDefault):
+class _CommonFields(NullMeansDefault):
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_STREAM_OPTIONS)
 
     model: str
@@ -89,7 +93,6 @@ class _Common(NullMeansDefault):
     user: Optional[str] = None                      # accepted, unused
     # vLLM's extras
     top_k: Int = Field(-1, ge=-1, le=INT32_MAX)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, ge=1e-30, le=1e30)  # the engine's float32-safe range
     min_tokens: Int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
@@ -115,9 +118,10 @@ class _Common(NullMeansDefault):
     def sampling_parameters(self, max_tokens: Optional[int]) -> dict[str, Any]:
         p: dict[str, Any] = {
             "n": self.n, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
-            "min_tokens": self.min_tokens, "ignore_eos": self.ignore_eos}
+            "min_tokens": self.min_tokens, "ignore_eos": self.ignore_eos,
+            **{proc.name: getattr(self, proc.name) for proc in PROCESSORS}}
         if max_tokens is not None:
             p["max_tokens"] = max_tokens
         if self.stop:
@@ -146,6 +150,10 @@ class _Common(NullMeansDefault):
                                "response_format")
             p["guided_json"] = schema
         return p
+
+
+# The logits processors' parameters, with the engine's bounds (so /openapi.json declares them).
+_Common = create_model("_Common", __base__=_CommonFields, __module__=__name__, **request_fields())
 
 
 class CompletionRequest(_Common):

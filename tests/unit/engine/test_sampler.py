@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backend.engine.request import Request
-from backend.engine.sampler import Sampler
+from backend.engine.sampler import NUM_COLUMNS, Sampler
 from tests.helpers.sampling import sample_ids
 from backend.sampling_params import SamplingParams, SamplingParamsError
 
@@ -180,7 +180,7 @@ def test_one_upload_of_parameters_and_ids_stay_on_the_logits_device():
     requests = mixed_requests(1)
     s = Sampler(0)
     batch = s.prepare(requests, 12)
-    assert batch.params.shape == (len(requests), 7) and batch.params.device == s.device
+    assert batch.params.shape == (len(requests), NUM_COLUMNS) and batch.params.device == s.device
     for idx in (batch.repetition, batch.counted, batch.banned):
         assert idx is not None and idx[0].device == s.device
     # The three index sets share one upload.
