@@ -169,6 +169,19 @@ def test_echo_prompt_logprobs_and_batch_prompts(client, offline, server):
     wait_blocks_free(server)
 
 
+def test_typical_p_through_extra_body_equals_offline(client, offline, server):
+    """A logits processor's parameter (typical_p) arrives from the openai client's
+    extra_body through Triton to the sampler: a small one keeps one token a step, so the
+    output is deterministic and equals the offline engine's; out of range is a 400."""
+    ref = offline.generate(PROMPT, SamplingParams(max_tokens=8, temperature=1.0, typical_p=0.01))[0]
+    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=8, extra_body={"typical_p": 0.01})
+    assert r.choices[0].text == ref.text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llm", prompt=PROMPT, max_tokens=8, extra_body={"typical_p": 2})
+    assert "typical_p" in str(e.value)
+    wait_blocks_free(server)
+
+
 def test_structured_output(client, server):
     schema = {"type": "object", "properties": {
         "title": {"type": "string", "maxLength": 12}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},

@@ -9,9 +9,11 @@ from typing import Any
 
 from backend.engine.logits_processors.base import LogitsProcessor
 from backend.engine.logits_processors.min_p import MinP
+from backend.engine.logits_processors.typical_p import TypicalP
 
 PROCESSORS: tuple[LogitsProcessor, ...] = (
     MinP(),
+    TypicalP(),
 )
 
 def request_fields() -> dict[str, tuple[type, Any]]:

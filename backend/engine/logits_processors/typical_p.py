@@ -1,0 +1,30 @@
+"""typical_p: locally typical sampling (Meister et al., 2022; Hugging Face's
+TypicalLogitsWarper). Keep the tokens whose surprisal is closest to the distribution's
+entropy, in that order, until their mass reaches typical_p (at least one token)."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from backend.engine.logits_processors.base import LogitsProcessor
+
+
+class TypicalP(LogitsProcessor):
+    name = "typical_p"
+    field = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    profile_value = 0.9
+
+    def apply(self, probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        p = probs / probs.sum(dim=-1, keepdim=True)
+        log_p = torch.log(p)                                        # -inf where dropped
+        entropy = -torch.where(p > 0, p * log_p, 0.0).sum(dim=-1, keepdim=True)
+        shifted = (-log_p - entropy).abs()                          # inf where dropped: sorted last
+        sorted_shifted, order = shifted.sort(dim=-1)
+        cumulative = p.gather(1, order).cumsum(dim=-1)
+        # Hugging Face's rule: keep every token at most as far from the entropy as the
+        # first one whose cumulative mass reaches typical_p (ties kept with it).
+        last = (cumulative < values).sum(dim=-1, keepdim=True).clamp(max=p.shape[-1] - 1)
+        drop = shifted > sorted_shifted.gather(1, last)
+        # A neutral row (1) keeps everything, even where rounding leaves its sum below 1.
+        return probs.masked_fill(drop & (values < 1.0), 0.0)
