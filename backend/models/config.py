@@ -8,23 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from backend.models import arch_config
+from backend.models.architectures import ARCHITECTURES
 from backend.models.int_formats import METHODS as INT_METHODS
 from backend.models.quant_linears import describe as describe_quantization
 from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
-    "Phi3ForCausalLM": "phi3",
-    "GptOssForCausalLM": "gpt_oss",
-}
+# Hugging Face architecture name -> family (the table: backend/models/architectures.py).
+SUPPORTED_ARCHITECTURES = {name: entry.family for name, entry in ARCHITECTURES.items()}
 
 
 class UnsupportedModelError(ValueError):
@@ -76,6 +66,9 @@ class ModelConfig:
     # The checkpoint's expert weights are MXFP4 (`quant_method: mxfp4`, gpt-oss as
     # published): dequantized exactly at load (backend/ops/mxfp4.py).
     mxfp4_experts: bool = False
+    # config.json as read: a model class takes what only its family has from here
+    # (Granite's multipliers), so a new architecture needs no field above.
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def rope_dim(self) -> int:
@@ -200,5 +193,6 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         rotary_dim=rotary_dim if rotary_dim < head_dim else None,
         attention_sinks=family == "gpt_oss",
         mxfp4_experts=mxfp4,
+        hf_config=dict(cfg),
         **gemma,
     )
