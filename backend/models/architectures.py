@@ -30,4 +30,5 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM"),
     "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM"),
     "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM"),
+    "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),
 }

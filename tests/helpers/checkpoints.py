@@ -64,6 +64,13 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
         kw.setdefault("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
                                        "long_factor": [2.0 + 0.5 * i for i in range(half)]})
         cfg, cls = tf.Phi3Config(**kw), tf.Phi3ForCausalLM
+    elif arch == "granite":
+        # Multipliers unlike 1 (Granite 3's are of these sizes), so that each one matters.
+        kw.setdefault("embedding_multiplier", 6.0)
+        kw.setdefault("attention_multiplier", 0.03)
+        kw.setdefault("residual_multiplier", 0.3)
+        kw.setdefault("logits_scaling", 4.0)
+        cfg, cls = tf.GraniteConfig(**kw), tf.GraniteForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
