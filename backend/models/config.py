@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 from backend.models import arch_config
 from backend.models.architectures import ARCHITECTURES
-from backend.models.int_formats import METHODS as INT_METHODS
 from backend.models.quant_linears import describe as describe_quantization
 from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
 
@@ -44,7 +43,7 @@ class ModelConfig:
     # Per layer: None for full attention, else the window length.
     sliding_windows: tuple[Optional[int], ...]
     eos_token_ids: tuple[int, ...] = field(default=())
-    # config.json's quantization_config (the layers it selects: backend/models/quant_linears.py).
+    # config.json's quantization_config (the weight format that reads it: backend/models/quant_linears.py).
     quantization: Optional[dict[str, Any]] = None
     # o_proj's bias: Llama / Qwen3 with attention_bias (Hugging Face gives every attention
     # projection a bias then); Qwen2 has one on q/k/v only.
@@ -141,22 +140,17 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         if family != "gpt_oss":
             raise UnsupportedModelError(f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
         quant = None        # dequantized at load: the model runs in the compute dtype
-    if quant is not None and quant.get("quant_method") not in ("paged_llm_fp8", "fp8", *INT_METHODS):
-        raise UnsupportedModelError(f"unsupported quantization '{quant.get('quant_method')}' (supported: FP8 builds "
-                                    "made by `python -m builder build --weights fp8`, fp8 (per-tensor or "
-                                    "block-wise); weight-only INT4/INT8 and compressed-tensors W8A8 checkpoints: "
-                                    f"{', '.join(INT_METHODS)})")
+    if quant is not None:
+        try:
+            describe_quantization(quant)    # a format reads it (backend/models/quant_linears.py)
+        except ValueError as e:             # the format's own error names the field
+            raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
     # MoE: only our FP8 builds of Mixtral / Qwen-MoE (backend/models/moe_fp8.py).
     fp8_moe_build = family != "gpt_oss" and quant is not None and quant.get("quant_method") == "paged_llm_fp8"
     if quant is not None and family in MOE_FAMILIES and not fp8_moe_build:
         raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
                                     f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights, or "
                                     "build FP8 ones with `python -m builder build --weights fp8`")
-    if quant is not None:
-        try:
-            describe_quantization(quant)
-        except ValueError as e:             # IntFormatError, FP8FormatError: they name the field
-            raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
 
     # GptOssConfig defaults attention_bias to true (every projection has one).
     attention_bias = bool(cfg.get("attention_bias", family == "gpt_oss"))

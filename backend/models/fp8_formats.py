@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.models.fp8 import PROJECTIONS, QUANT_METHOD, replace_projections
+from backend.models.fp8 import PROJECTIONS, QUANT_METHOD, FP8Linear, replace_projections, swap_in_fp8_linears
+from backend.models.weight_format import WeightFormat
 from backend.ops.fp8_quant import quantize_per_group
 
 HF_METHOD = "fp8"
@@ -150,3 +151,28 @@ def fp8_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: FP8S
                                      f"{None if inv is None else list(inv.shape)}")
             state[f"{name}.weight_scale"] = inv.float().repeat_interleave(bn, dim=0)[:N].contiguous()
     return state
+
+
+class FP8Format(WeightFormat):
+    summary = ("FP8 builds made by `python -m builder build --weights fp8`, fp8 (per-tensor or block-wise, "
+               "as Hugging Face and vLLM write it)")
+    linear_classes = (FP8Linear, FP8BlockLinear)
+
+    def scheme_of(self, quant: dict[str, Any]) -> Optional[FP8Scheme]:
+        return fp8_scheme_of(quant)
+
+    def describe(self, scheme: FP8Scheme) -> str:
+        return f"{scheme.method} FP8" + (" block-wise" if scheme.block else "") + (" dynamic" if scheme.dynamic else "")
+
+    def swap_in(self, model: nn.Module, scheme: FP8Scheme, use_kernel: bool) -> None:
+        if scheme.block is not None:
+            swap_in_fp8_block_linears(model, scheme.block, use_kernel)
+        else:
+            swap_in_fp8_linears(model, dynamic=scheme.dynamic)
+
+    def state_dict(self, state: dict[str, torch.Tensor], num_layers: int, scheme: FP8Scheme
+                   ) -> dict[str, torch.Tensor]:
+        return fp8_state_dict(state, num_layers, scheme)
+
+    def tensor_parallel(self, scheme: FP8Scheme) -> bool:
+        return scheme.method == QUANT_METHOD        # our builds' per-channel scales shard with their rows

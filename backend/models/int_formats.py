@@ -43,12 +43,12 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
         return bnb_format.bnb_scheme(quant)
     if method == "compressed-tensors":
         fmt = quant.get("format")
-        if fmt == "int-quantized":          # W8A8 (weights and activations): backend/models/w8a8.py
+        if fmt != "pack-quantized":         # another format's (int-quantized: W8A8, backend/models/w8a8.py)
             return None
         groups = list((quant.get("config_groups") or {}).values())
-        if fmt != "pack-quantized" or len(groups) != 1:
-            raise IntFormatError(f"compressed-tensors format {fmt!r} with {len(groups)} config groups: supported are "
-                                 "'pack-quantized' with one group (W4A16/W8A16) and 'int-quantized' (W8A8)")
+        if len(groups) != 1:
+            raise IntFormatError(f"compressed-tensors pack-quantized with {len(groups)} config groups: supported is "
+                                 "one (W4A16/W8A16)")
         w, act = groups[0].get("weights") or {}, groups[0].get("input_activations")
         if act is not None or w.get("type") != "int" or w.get("strategy") not in ("group", "channel"):
             raise IntFormatError("compressed-tensors: only weight-only int schemes (strategy group or channel, no "

@@ -10,7 +10,7 @@ is what is smaller.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from torch import nn
 from backend.models import int_formats
 from backend.models.int_formats import IntScheme, IntWeight
 from backend.models.projections import FUSED_PROJECTIONS
+from backend.models.weight_format import WeightFormat
 
 
 class IntLinear(nn.Module):
@@ -90,3 +91,22 @@ def int_state_dict(state: dict[str, torch.Tensor], num_layers: int, scheme: IntS
                 if value is not None:
                     state[f"model.layers.{i}.{target}.{field}"] = value
     return state
+
+
+class IntFormat(WeightFormat):
+    summary = ("weight-only INT4/INT8: " + ", ".join(int_formats.METHODS)
+               + " (compressed-tensors pack-quantized; bitsandbytes NF4/FP4)")
+    linear_classes = (IntLinear,)
+
+    def scheme_of(self, quant: dict[str, Any]) -> Optional[IntScheme]:
+        return int_formats.scheme_of(quant)
+
+    def describe(self, scheme: IntScheme) -> str:
+        return f"{scheme.method} INT{scheme.bits}"
+
+    def swap_in(self, model: nn.Module, scheme: IntScheme, use_kernel: bool) -> None:
+        swap_in_int_linears(model, scheme, use_kernel)
+
+    def state_dict(self, state: dict[str, torch.Tensor], num_layers: int, scheme: IntScheme
+                   ) -> dict[str, torch.Tensor]:
+        return int_state_dict(state, num_layers, scheme)

@@ -1,8 +1,10 @@
-"""Which quantized linear layers a checkpoint's quantization_config asks for, in one
-place: FP8 (ours, and Hugging Face / vLLM per-tensor or block-wise), weight-only
-INT4/INT8 (compressed-tensors pack-quantized, GPTQ, AWQ) and W8A8 INT8
-(compressed-tensors int-quantized). The loader swaps them in on the meta model and
-converts the checkpoint's tensors to their parameters."""
+"""The weight formats the engine reads, in the order they are asked (each one's
+scheme_of returns None for a checkpoint that is not its own): one class per format
+(backend/models/weight_format.py). A new format: its module and a line in FORMATS.
+
+The loader swaps a format's layers in on the meta model and converts the checkpoint's
+tensors to their parameters; config reading rejects a quantization_config no format
+reads, naming what is supported."""
 
 from __future__ import annotations
 
@@ -11,64 +13,62 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from backend.models.fp8 import FP8Linear, swap_in_fp8_linears
-from backend.models.fp8_formats import FP8BlockLinear, fp8_scheme_of, fp8_state_dict, swap_in_fp8_block_linears
-from backend.models.int_formats import scheme_of
-from backend.models.int_linear import IntLinear, int_state_dict, swap_in_int_linears
-from backend.models.w8a8 import W8A8Linear, is_w8a8, swap_in_w8a8_linears, w8a8_state_dict
+from backend.models.fp8_formats import FP8Format
+from backend.models.int_linear import IntFormat
+from backend.models.w8a8 import W8A8Format
+from backend.models.weight_format import WeightFormat
 
-QUANTIZED_LINEARS = (FP8Linear, FP8BlockLinear, IntLinear, W8A8Linear)
+FORMATS: tuple[WeightFormat, ...] = (
+    W8A8Format(),
+    IntFormat(),
+    FP8Format(),
+)
+
+QUANTIZED_LINEARS = tuple(cls for fmt in FORMATS for cls in fmt.linear_classes)
+
+
+class UnknownWeightFormat(ValueError):
+    pass
+
+
+def find_format(quant: Optional[dict[str, Any]]) -> Optional[tuple[WeightFormat, Any]]:
+    """(the format, its scheme) of a quantization_config; None when there is none;
+    UnknownWeightFormat when no format reads it (a format's own error when one reads it
+    in a variant the engine does not run)."""
+    if not quant:
+        return None
+    for fmt in FORMATS:
+        scheme = fmt.scheme_of(quant)
+        if scheme is not None:
+            return fmt, scheme
+    variant = f" format {quant['format']!r}" if quant.get("format") else ""
+    raise UnknownWeightFormat(f"quant_method {quant.get('quant_method')!r}{variant} is not one the engine reads "
+                              f"(supported: {'; '.join(fmt.summary for fmt in FORMATS)})")
 
 
 def describe(quant: Optional[dict[str, Any]]) -> Optional[str]:
-    """A short name of the checkpoint's scheme (None: not quantized); raises the format's
-    ValueError naming the field for a variant the engine does not run."""
-    if not quant:
-        return None
-    if is_w8a8(quant):
-        return "compressed-tensors W8A8 INT8"
-    int_scheme = scheme_of(quant)
-    if int_scheme is not None:
-        return f"{int_scheme.method} INT{int_scheme.bits}"
-    fp8 = fp8_scheme_of(quant)
-    if fp8 is not None:
-        return f"{fp8.method} FP8" + (" block-wise" if fp8.block else "") + (" dynamic" if fp8.dynamic else "")
-    return None
+    """A short name of the checkpoint's scheme (None: not quantized)."""
+    found = find_format(quant)
+    return None if found is None else found[0].describe(found[1])
 
 
 def swap_in_quantized_linears(model: nn.Module, quant: Optional[dict[str, Any]], int_kernel: bool) -> None:
     """Replace the decoder's projections (on the meta model) by the layers `quant` needs."""
-    if not quant:
-        return
-    if is_w8a8(quant):
-        swap_in_w8a8_linears(model, use_kernel=int_kernel)
-    elif (int_scheme := scheme_of(quant)) is not None:
-        swap_in_int_linears(model, int_scheme, use_kernel=int_kernel)
-    elif (fp8 := fp8_scheme_of(quant)) is not None:
-        if fp8.block is not None:
-            swap_in_fp8_block_linears(model, fp8.block, use_kernel=int_kernel)
-        else:
-            swap_in_fp8_linears(model, dynamic=fp8.dynamic)
+    found = find_format(quant)
+    if found is not None:
+        found[0].swap_in(model, found[1], int_kernel)
 
 
 def quantized_state_dict(state: dict[str, torch.Tensor], num_layers: int,
                          quant: Optional[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """The checkpoint's quantized tensors as those layers' parameters (before fusing)."""
-    if not quant:
-        return state
-    if is_w8a8(quant):
-        return w8a8_state_dict(state, num_layers)
-    if (int_scheme := scheme_of(quant)) is not None:
-        return int_state_dict(state, num_layers, int_scheme)
-    if (fp8 := fp8_scheme_of(quant)) is not None:
-        return fp8_state_dict(state, num_layers, fp8)
-    return state
+    found = find_format(quant)
+    return state if found is None else found[0].state_dict(state, num_layers, found[1])
 
 
 def single_rank_only(quant: Optional[dict[str, Any]]) -> Optional[str]:
-    """The scheme's name if its layers have no tensor-parallel sharding (all but our own
-    per-channel FP8 builds), else None."""
-    name = describe(quant)
-    if name is None or (quant.get("quant_method") == "paged_llm_fp8"):
+    """The scheme's name if its layers have no tensor-parallel sharding, else None."""
+    found = find_format(quant)
+    if found is None or found[0].tensor_parallel(found[1]):
         return None
-    return name
+    return found[0].describe(found[1])

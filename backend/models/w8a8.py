@@ -28,6 +28,7 @@ from torch import nn
 
 from backend.models.fp8 import PROJECTIONS, replace_projections
 from backend.models.int_formats import IntFormatError
+from backend.models.weight_format import WeightFormat
 
 FORMAT = "int-quantized"
 INT8_MAX = 127.0
@@ -136,3 +137,20 @@ def w8a8_state_dict(state: dict[str, torch.Tensor], num_layers: int) -> dict[str
                                      "(asymmetric weights are not supported)")
             state[f"{name}.weight_scale"] = scale.float().reshape(-1).expand(w.shape[0]).contiguous()
     return state
+
+
+class W8A8Format(WeightFormat):
+    summary = "compressed-tensors W8A8 INT8 (int-quantized)"
+    linear_classes = (W8A8Linear,)
+
+    def scheme_of(self, quant: dict[str, Any]) -> Optional[str]:
+        return FORMAT if is_w8a8(quant) else None
+
+    def describe(self, scheme: str) -> str:
+        return "compressed-tensors W8A8 INT8"
+
+    def swap_in(self, model: nn.Module, scheme: str, use_kernel: bool) -> None:
+        swap_in_w8a8_linears(model, use_kernel)
+
+    def state_dict(self, state: dict[str, torch.Tensor], num_layers: int, scheme: str) -> dict[str, torch.Tensor]:
+        return w8a8_state_dict(state, num_layers)
