@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from backend.models.ct_fp8 import CompressedTensorsFP8Format
 from backend.models.fp8_formats import FP8Format
 from backend.models.int_linear import IntFormat
 from backend.models.w8a8 import W8A8Format
@@ -22,9 +23,10 @@ FORMATS: tuple[WeightFormat, ...] = (
     W8A8Format(),
     IntFormat(),
     FP8Format(),
+    CompressedTensorsFP8Format(),
 )
 
-QUANTIZED_LINEARS = tuple(cls for fmt in FORMATS for cls in fmt.linear_classes)
+QUANTIZED_LINEARS = tuple(dict.fromkeys(cls for fmt in FORMATS for cls in fmt.linear_classes))
 
 
 class UnknownWeightFormat(ValueError):

@@ -178,3 +178,46 @@ def assert_engine_matches(path: str, ref, prompts: list[list[int]], max_new: int
     assert max(gaps) < tol, gaps
     assert_pool_free(llm)
     return [o.token_ids for o in outs], gaps
+
+
+def write_ct_fp8(base: str, path: str, preset: str, block: tuple[int, int] = (16, 32)) -> str:
+    """A compressed-tensors `float-quantized` checkpoint written by the library itself
+    (as llmcompressor saves one) in one of its FP8 presets: FP8_DYNAMIC (per-channel
+    weights, per-token activations), FP8 (per-tensor weights, static input_scale
+    STATIC_INPUT_SCALE) or FP8_BLOCK (`block` weight scales, per-group activations)."""
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from transformers import AutoModelForCausalLM
+
+    from builder.int_quant import save_compressed
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if preset == "FP8_BLOCK":
+        scheme.weights.block_structure = list(block)
+        scheme.input_activations.group_size = block[1]
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for m in model.modules():
+        if not hasattr(m, "weight_scale"):
+            continue
+        w = m.weight.data
+        if preset == "FP8_BLOCK":
+            (N, K), (bn, bk) = w.shape, block
+            s = w.reshape(N // bn, bn, K // bk, bk).abs().amax(dim=(1, 3)) / FP8_MAX
+        elif preset == "FP8":
+            s = w.abs().amax() / FP8_MAX
+            m.input_scale.data.copy_(torch.tensor(STATIC_INPUT_SCALE).reshape(m.input_scale.shape))
+        else:
+            s = w.abs().amax(-1, keepdim=True) / FP8_MAX
+        m.weight_scale.data.copy_(s.reshape(m.weight_scale.shape))
+    save_compressed(model, base, path, "float-quantized")
+    return path
+
+
+def fp8_block_dequantized_reference(base: str, path: str, block: tuple[int, int]):
+    """transformers on a block-wise FP8 checkpoint's weights (weight times its block's
+    `weight_scale`), inputs rounded through E4M3 per token and group of block_k."""
+    state = load_file(os.path.join(path, "model.safetensors"))
+    bn, bk = block
+    for name in _projection_names(state):
+        w, s = state.pop(f"{name}.weight"), state.pop(f"{name}.weight_scale")
+        state[f"{name}.weight"] = w.float() * s.float().repeat_interleave(bn, 0).repeat_interleave(bk, 1)
+    return with_input_hooks(_load_into(base, state), per_group_fp8(bk))
