@@ -59,12 +59,12 @@ WARMUP_STEPS = STREAM_PERIOD + 4
 def _small_kv_tensors():
     """The model never runs here: the KV manager gets its full block count, the cache
     tensors one block (gigabytes otherwise at long prompts)."""
-    from backend.engine import llm_engine
-    real = llm_engine.allocate_kv_cache
+    from backend.engine import assembly
+    real = assembly.allocate_kv_cache
 
     def allocate(cfg, num_blocks, block_size, kv_dtype, device):
         return real(cfg, 1, block_size, kv_dtype, device)
-    with mock.patch.object(llm_engine, "allocate_kv_cache", allocate):
+    with mock.patch.object(assembly, "allocate_kv_cache", allocate):
         yield
 
 

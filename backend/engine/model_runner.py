@@ -15,7 +15,7 @@ from backend.attention.metadata import KVCacheLayer
 from backend.engine import logprobs, prompt_logprobs
 from backend.engine.buffers import GrowingStagedBuffer
 from backend.engine.cpu_shards import ShardedForward
-from backend.engine.cuda_graphs import sampled_logits
+from backend.engine.cuda_graphs import capture_decode_graphs, sampled_logits
 from backend.engine.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
@@ -68,7 +68,8 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
-                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None) -> None:
+                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None, structured=None,
+                 shards: Optional[ShardedForward] = None, drafter=None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -77,16 +78,16 @@ class ModelRunner:
         self.inputs = inputs
         self.vocab_size = vocab_size
         self._block_table_of = block_table_of
-        # Set by capture_cuda_graphs (backend/engine/cuda_graphs.py) when graphs are on.
+        # This runner's CUDA graphs (capture_graphs, once its KV cache exists), or None.
         self.graphs = None
-        # Set by the engine on CPU: the forward split by sequences over threads.
-        self.shards: Optional[ShardedForward] = None
+        # On CPU: the forward split by sequences over threads (cpu_shards.py).
+        self.shards = shards
         # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
         # step's plan before this rank runs its shard of the same forward.
         self.workers = workers
-        # Structured output: the scheduler's StructuredOutputManager (set by the engine),
-        # which gives each step's bitmask.
-        self.structured = None
+        # Structured output: the scheduler's StructuredOutputManager, which gives each
+        # step's bitmask.
+        self.structured = structured
         self.rejection_sampler = RejectionSampler(device)
         # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and
         # tells the wrapped projections which rows run under which.
@@ -96,9 +97,17 @@ class ModelRunner:
         self._prompt_logprobs = prompt_logprobs.PromptLogprobPlanner(device)
         self._host_out: Optional[torch.Tensor] = None
         self._copied: Optional[torch.cuda.Event] = None
-        # Speculative decoding with a draft model (spec_decode/draft_model.py, set by the
-        # engine): proposes inside the step, once its tokens are back.
-        self.drafter = None
+        # Speculative decoding with a draft model (spec_decode/draft_model.py): proposes
+        # inside the step, once its tokens are back.
+        self.drafter = drafter
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
+        """Capture this runner's decode (and verify) CUDA graphs, every rank at once under
+        tensor parallelism (each keeps them only if all succeeded): after construction,
+        since a capture runs the runner's own forward over its KV cache."""
+        capture = lambda: capture_decode_graphs(self, max_num_seqs, max_model_len, verify_query_len)  # noqa: E731
+        self.graphs = capture() if self.workers is None else self.workers.capture_graphs(
+            capture, max_num_seqs, max_model_len, verify_query_len)
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
         return run_model(self.model, self.kv_caches, step, self.shards)

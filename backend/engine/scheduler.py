@@ -23,7 +23,7 @@ shares them, so `n` > 1 children compute their prompt once.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
@@ -38,7 +38,9 @@ from backend.models.rotary import long_rope_salt
 
 class Scheduler(ProposalSlots):
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None) -> None:
+                 max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
+                 long_rope_original: Optional[int] = None,
+                 may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0) -> None:
         self.kv_cache = kv_cache
         # Structured output (structured_output_manager.py): grammars compiled for guided
         # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
@@ -54,7 +56,11 @@ class Scheduler(ProposalSlots):
         self.num_chunked_prefills = 0
         self.num_generation_tokens_total = 0
         # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
-        self.long_rope_original: Optional[int] = None
+        self.long_rope_original = long_rope_original
+        # Speculative decoding (spec_decode/proposal_slots.py): which requests may propose
+        # tokens, and a draft model's lookahead slots.
+        self.may_speculate = may_speculate
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.num_long_rope_restarts = 0
         # Pipeline micro-batches (backend/engine/batch_queue.py): when set, the requests of
         # steps scheduled but not yet updated are in flight and left out of later steps.

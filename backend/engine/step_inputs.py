@@ -76,9 +76,10 @@ class StepInputs:
 
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, staging_slots: int = 1) -> None:
+                 device: torch.device, staging_slots: int = 1, long_rope: Optional[tuple[int, int]] = None) -> None:
         """staging_slots: host buffers used in turn (buffers.py), for a builder that builds
-        several forwards a step (the draft model's)."""
+        several forwards a step (the draft model's). long_rope (LongRoPE models):
+        (original_max_position_embeddings, the table's long-mode offset)."""
         self.T, self.B, self.M = max_num_tokens, max_num_seqs, max_blocks_per_seq
         self.block_size = block_size
         off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
@@ -99,7 +100,7 @@ class StepInputBuilder:
         self._gathered: Optional[np.ndarray] = None    # the row slots step_tables holds
         # LongRoPE (backend/models/rotary.py): (original_max_position_embeddings, offset of
         # the long rows in the rotary table), or None.
-        self.long_rope: Optional[tuple[int, int]] = None
+        self.long_rope = long_rope
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]

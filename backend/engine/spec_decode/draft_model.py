@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from backend.config import ConfigError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.buffers import GrowingStagedBuffer
-from backend.engine.cuda_graphs import DecodeGraphs, sampled_logits
+from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs, sampled_logits
 from backend.engine.model_runner import run_model
 from backend.engine.request import Request, RequestStatus
 from backend.engine.sampler import Sampler
@@ -79,13 +79,18 @@ class DraftModelProposer:
         self.device = kv_caches[0].key.device
         self.block_size = kv_cache.block_size
         self._index = GrowingStagedBuffer(torch.int64, self.device)
-        # The draft's own CUDA graphs over its step inputs (set by the engine when it
-        # captures graphs): a decode ladder for the one-token forwards, a verify ladder of
+        # The draft's own CUDA graphs over its step inputs (capture_graphs, when graphs
+        # are on): a decode ladder for the one-token forwards, a verify ladder of
         # k + 1 tokens a row for the catch-up after a verification. None: eager.
         self.graphs: Optional[DecodeGraphs] = None
 
     in_runner = True        # runs inside the runner's step, into slots the scheduler reserved
     lora = None             # (what capture_decode_graphs asks of what it captures)
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
+        """Capture the draft's own graphs (it runs on rank 0 alone: no collectives)."""
+        self.graphs = capture_decode_graphs(self, max_num_seqs, max_model_len, verify_query_len,
+                                            of="the draft model")
 
     def forget(self, request_ids) -> None:
         """Nothing is kept per request (the draft's K/V lives in the target's blocks)."""

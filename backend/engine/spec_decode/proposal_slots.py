@@ -27,12 +27,12 @@ class ProposalSlots:
     kv_cache: "KVCacheManager"
     running: list[Request]
     requests: dict[str, Request]
-    # Whether a request may propose tokens (Speculator.can_speculate, set by the engine
-    # when speculation is on): such a request is not scheduled while its step is in flight.
-    may_speculate: Optional[Callable[[Request], bool]] = None
-    # A draft model's num_speculative_tokens (set by the engine): the slots reserved past a
-    # step for what the draft writes ahead in it. 0: no draft model.
-    num_lookahead_tokens: int = 0
+    # Whether a request may propose tokens (Speculator.can_speculate when speculation is
+    # on): such a request is not scheduled while its step is in flight.
+    may_speculate: Optional[Callable[[Request], bool]]
+    # A draft model's num_speculative_tokens: the slots reserved past a step for what the
+    # draft writes ahead in it. 0: no draft model.
+    num_lookahead_tokens: int
 
     def _reclaim_proposal_blocks(self, keep: set[str]) -> bool:
         """Before anyone is preempted: the blocks that running requests other than `keep`

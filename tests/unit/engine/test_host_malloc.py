@@ -75,11 +75,11 @@ def test_user_choices_win():
 
 
 def test_a_cpu_engine_applies_the_policy(monkeypatch, tmp_path):
-    """LLMEngine._build calls it for a CPU engine (the policy itself: above)."""
-    import backend.engine.llm_engine as llm_engine
+    """The engine's assembly calls it for a CPU engine (the policy itself: above)."""
+    import backend.engine.assembly as assembly
     from backend import LLM
     from tests.helpers.checkpoints import make_checkpoint
     calls = []
-    monkeypatch.setattr(llm_engine, "keep_large_blocks", lambda: calls.append(1) or True)
+    monkeypatch.setattr(assembly, "keep_large_blocks", lambda: calls.append(1) or True)
     LLM(make_checkpoint(str(tmp_path)), device="cpu", num_kv_blocks=16, block_size=16)
     assert calls == [1]

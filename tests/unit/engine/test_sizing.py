@@ -286,14 +286,16 @@ def test_estimated_profile_where_no_step_can_run_alone(tiny_ckpt):
 
 
 def test_engine_profiles_with_its_own_model(llama_ckpt, monkeypatch):
-    """The engine's CUDA branch (_profile_memory), driven on the CPU with a fake device:
-    it runs the profile step on its loaded model and returns the fake's figures."""
+    """The engine's CUDA branch (assembly.measure_memory), driven on the CPU with a fake
+    device: it runs the profile step on its loaded model and returns the fake's figures."""
     from backend.engine import profile_run
+    from backend.engine.assembly import measure_memory
     llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=4,
               max_num_batched_tokens=16)
     mem = FakeMemory(total=64 * GIB, other=2 * GIB)
     monkeypatch.setattr(profile_run, "CudaMemory", lambda device: mem)
-    p = llm.engine._profile_memory(torch.float32)
+    e = llm.engine
+    p = measure_memory(e.model, None, e.model_config, e.args, e.dtype, torch.float32, e.device)
     assert p.profiled and p.total == 64 * GIB and p.in_use == 2 * GIB
     assert mem.calls.count("reset_peak") == 1
 
