@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional, Self, Union
+from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from typing_extensions import Self      # (typing's from Python 3.11; the project runs on 3.10 too)
 
 from backend.config import validated
 from backend.engine.logits_processors import request_fields

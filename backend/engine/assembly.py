@@ -11,6 +11,7 @@ runner, and last the CUDA graphs (a capture runs the runner's own forward). LLME
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -46,6 +47,8 @@ from backend.parallel.rank_spec import kv_bytes, model_bytes
 from backend.parallel.sharding import kv_head_range, local_config
 from backend.parallel.workers import TensorParallelWorkers, check_world, worker_spec
 
+logger = logging.getLogger(__name__)
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -80,8 +83,11 @@ def assemble(args: EngineArgs) -> EngineParts:
     try:
         return _assemble(args, started)
     except BaseException:
-        for part in reversed(started):
-            part.close() if isinstance(part, ShardedForward) else part.shutdown()
+        for part in started:        # the ranks first, then the shard threads
+            try:
+                part.close() if isinstance(part, ShardedForward) else part.shutdown()
+            except Exception:       # the build's own error is the one to raise
+                logger.exception("stopping %s after a failed engine build", type(part).__name__)
         raise
 
 

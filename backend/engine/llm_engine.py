@@ -47,6 +47,13 @@ class LLMEngine(RequestIntake):
         self.kv_cache_bytes, self.bytes_per_rank = parts.kv_cache_bytes, parts.bytes_per_rank
         self.kv_cache, self.scheduler, self.runner = parts.kv_cache, parts.scheduler, parts.runner
         self.speculator = parts.speculator
+        try:
+            self._build_step_side(args)
+        except BaseException:
+            self.shutdown()         # tensor-parallel ranks and shard threads already started
+            raise
+
+    def _build_step_side(self, args: EngineArgs) -> None:
         self.outputs = OutputProcessor(self.tokenizer)
         self.limits = RequestLimits.from_args(args)
         # Requests with a deadline (request_timeout_s), by deadline, on this clock (a test

@@ -42,10 +42,10 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
     if method == "bitsandbytes":
         return bnb_format.bnb_scheme(quant)
     if method == "compressed-tensors":
-        fmt = quant.get("format")
+        groups = list((quant.get("config_groups") or {}).values())
+        fmt = quant.get("format") or (groups[0].get("format") if groups else None)
         if fmt != "pack-quantized":         # another format's (int-quantized: W8A8, backend/models/w8a8.py)
             return None
-        groups = list((quant.get("config_groups") or {}).values())
         if len(groups) != 1:
             raise IntFormatError(f"compressed-tensors pack-quantized with {len(groups)} config groups: supported is "
                                  "one (W4A16/W8A16)")
