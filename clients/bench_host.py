@@ -317,14 +317,17 @@ def _host_cpu_s() -> float:
 
 # ------------------------------------------------------------------ parts
 def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, block_size: int = 16,
-             seed: int = 0) -> dict:
+             seed: int = 0, rows_at_intake: bool = False) -> dict:
     """`Sampler.prepare` and `StepInputBuilder.build` alone, per decode step, over
-    num_seqs requests holding `context` tokens (half prompt, half output)."""
+    num_seqs requests holding `context` tokens (half prompt, half output).
+    rows_at_intake: each request's SamplingRow worked out once, as the engine's intake
+    does (otherwise prepare works it out every step)."""
     import torch
 
     from backend.engine.kv_cache_manager import KVCacheManager
     from backend.engine.request import Request, RequestStatus
     from backend.engine.sampler import Sampler
+    from backend.engine.sampling_row import SamplingRow
     from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
     from backend.engine.step_inputs import StepInputBuilder
     from backend.sampling_params import SamplingParams
@@ -340,6 +343,8 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
                         SamplingParams(temperature=0.7, **extra), 0.0, max_tokens=context + steps)
             r.output_token_ids = rng.integers(3, vocab, context - context // 2 - 1).tolist()
             r.status = RequestStatus.RUNNING
+            if rows_at_intake:
+                r.sampling_row = SamplingRow.of(r.sampling_params, r.eos_token_ids, vocab)
             assert kv.allocate_slots(r, r.num_tokens)
             r.num_computed_tokens = r.num_tokens
             requests.append(r)
@@ -379,9 +384,11 @@ def main(argv=None) -> int:
                     help="--device-ms/--mix: the engine's steps in series (async_scheduling=False)")
     ap.add_argument("--parts", action="store_true", help="Sampler.prepare and StepInputBuilder.build alone")
     ap.add_argument("--context", type=int, default=4096, help="--parts: tokens per request")
+    ap.add_argument("--rows-at-intake", action="store_true",
+                    help="--parts: each request's sampling row worked out once, as the engine's intake does")
     a = ap.parse_args(argv)
     if a.parts:
-        for name, ms in parts_ms(a.num_seqs, a.context).items():
+        for name, ms in parts_ms(a.num_seqs, a.context, rows_at_intake=a.rows_at_intake).items():
             print(f"{name}: {ms:.2f}")
         return 0
     from clients.bench import ensure_checkpoint
