@@ -60,7 +60,7 @@ test-py312:
 	@if ! $(PY312) -c pass >/dev/null 2>&1; then echo "test-py312: no Python 3.12 here: skipped"; exit 0; fi; \
 	set -e; test -x .venv312/bin/python || $(PY312) -m venv .venv312; \
 	.venv312/bin/python -m pip install -q numpy==1.26.4 aiohttp==3.14.5 "pytest>=8" pytest-timeout "hypothesis>=6"; \
-	.venv312/bin/python -m compileall -q -x '/(\.venv|third_party)' backend builder clients frontend supervisor tests; \
+	.venv312/bin/python -m compileall -q -x '/(\.venv|third_party)' backend builder clients benchmarks frontend supervisor tests; \
 	.venv312/bin/python -m pytest -q -p no:cacheprovider --noconftest tests/unit/supervisor/test_sidecars.py \
 		tests/unit/supervisor/test_status.py tests/unit/frontend/test_http_guard.py tests/unit/frontend/test_json_depth.py
 
@@ -77,12 +77,12 @@ serve: $(STAMP) tritonserver model
 
 bench: $(STAMP) tritonserver model
 	$(PY) -m pip install -q matplotlib
-	$(PY) -m clients.bench offline --json docs/offline.json
-	$(PY) -m clients.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
+	$(PY) -m benchmarks.bench offline --json docs/offline.json
+	$(PY) -m benchmarks.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
 
 # Wheels the device tool's GPU machines lack (pydantic, xgrammar), into .whl/ for them.
 gpu-wheels: $(STAMP)
-	$(PY) -m clients.gpu_wheels --dest .whl
+	$(PY) -m benchmarks.gpu_wheels --dest .whl
 
 clean:
 	rm -rf $(VENV) .venv312 third_party model_repository/llm

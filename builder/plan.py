@@ -240,7 +240,7 @@ def cost_plan(gpu_price_per_hour: float, gpus: int = 1, requests_per_day: float 
               output_tokens: int = 0, output_tokens_per_s: Optional[float] = None,
               api_price_per_million: Optional[float] = None) -> CostPlan:
     """Replicas from the output-token rate the workload needs and what one replica
-    sustains (measured with `clients.bench`, or entered); at least one."""
+    sustains (measured with `benchmarks.bench`, or entered); at least one."""
     need = requests_per_day * output_tokens / 86400
     replicas = max(1, math.ceil(need / output_tokens_per_s)) if output_tokens_per_s else 1
     monthly = replicas * gpus * gpu_price_per_hour * HOURS_PER_MONTH

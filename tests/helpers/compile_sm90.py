@@ -158,7 +158,7 @@ def main() -> int:
         print("unset TRITON_INTERPRET to compile for a GPU target")
         return 2
     # bf16 (tensor cores) with and without an FP8 pool and a window, fp32 (IEEE dots).
-    # The 4-token tile (16 rows with GQA 4) is the decode candidate clients/attention_bench.py times.
+    # The 4-token tile (16 rows with GQA 4) is the decode candidate benchmarks/attention_bench.py times.
     # Gemma 2: a window and the attention soft-cap.
     variants = [("bf16", False, 0), ("bf16", True, 4096), ("fp32", False, 0), ("bf16", False, 0, 4),
                 ("bf16", False, 4096, 0, 50.0), ("bf16", False, 128, 0, 0.0, True)]

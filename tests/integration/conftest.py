@@ -33,7 +33,7 @@ def build_repo(repo, checkpoint: str, **options) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def genai_perf_venv():
     """genai-perf's own venv installs while the first tests run (its tests come late)."""
-    from clients import genai_perf
+    from benchmarks import genai_perf
     genai_perf.prepare_in_background()
 
 

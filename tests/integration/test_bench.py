@@ -4,7 +4,7 @@ they come from benchmark runs, see docs/benchmarks.md)."""
 import json
 import re
 
-from clients import bench, perf_analyzer
+from benchmarks import bench, perf_analyzer
 
 
 def test_offline_bench_prints_ratio_last(tiny_ckpt, capsys, tmp_path):
@@ -40,7 +40,7 @@ def test_perf_analyzer_streaming(server):
 
 
 def test_openai_frontend_bench_side_by_side(server, capsys, monkeypatch):
-    from clients import bench_openai
+    from benchmarks import bench_openai
     monkeypatch.setenv("TRITON_ADMIN_KEY", server.admin.key)   # its own frontend lists the models
     bench_openai.main(["frontend", "--url", server.grpc_url, "--concurrency", "2", "--tokens", "6", "--rounds", "1"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -48,7 +48,7 @@ def test_openai_frontend_bench_side_by_side(server, capsys, monkeypatch):
 
 
 def test_structured_output_bitmask_bench(tiny_ckpt, capsys):
-    from clients import bench_openai
+    from benchmarks import bench_openai
     bench_openai.main(["bitmask", "--checkpoint", tiny_ckpt, "--batch", "4", "--steps", "3"])
     assert re.search(r"batch 4: decode step [\d.]+ ms; .* = [\d.]+ ms \([\d.]+% of the step\)",
                      capsys.readouterr().out)

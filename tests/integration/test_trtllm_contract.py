@@ -295,7 +295,7 @@ def test_every_output_asked_for_comes_in_every_response(trt_server, model):
 
 
 def test_perf_analyzer_against_ensemble(trt_server):
-    from clients import perf_analyzer
+    from benchmarks import perf_analyzer
     r = perf_analyzer.run(trt_server.grpc_url, model="ensemble", concurrency=2, seconds=2, max_tokens=8,
                           contract="tensorrtllm", max_trials=10)
     assert r["infer_per_s"] > 0
@@ -304,7 +304,7 @@ def test_perf_analyzer_against_ensemble(trt_server):
 
 def test_genai_perf_tensorrtllm_backend(trt_server, tiny_ckpt):
     """genai-perf (own venv) with --backend tensorrtllm -m ensemble, as TensorRT-LLM users run it."""
-    from clients import genai_perf
+    from benchmarks import genai_perf
     r = genai_perf.run(trt_server.grpc_url, tiny_ckpt, model="ensemble", concurrency=2, input_tokens=32,
                        output_tokens=16, request_count=8, entries=10, backend="tensorrtllm")
     assert r["request_count"]["avg"] == 8        # every request measured, none lost

@@ -178,7 +178,7 @@ def test_vllm_metrics_count_a_known_workload_right_after_it(server, tiny_ckpt):
 
 def test_genai_perf_vllm_contract(server, tiny_ckpt):
     """genai-perf (own venv, numpy 2) with --backend vllm against our model over gRPC."""
-    from clients import genai_perf
+    from benchmarks import genai_perf
     r = genai_perf.run(server.grpc_url, tiny_ckpt, concurrency=2, input_tokens=32, output_tokens=16,
                        request_count=8, entries=10)
     assert r["request_count"]["avg"] == 8        # every request measured, none lost

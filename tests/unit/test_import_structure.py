@@ -1,5 +1,5 @@
-"""The import structure of the product (backend, builder, frontend, supervisor, and the
-clients): no import circle between files, and the layers import downwards only. Every
+"""The import structure of the product (backend, builder, frontend, supervisor), the
+clients and the benchmarks: no import circle between files, and the layers import downwards only. Every
 import counts, those inside functions too (they run); imports under `if TYPE_CHECKING:`
 do not (they never run). A failure names the circle or the import that breaks a rule."""
 
@@ -8,11 +8,12 @@ import os
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGES = ("backend", "builder", "clients", "frontend", "supervisor")
+PACKAGES = ("backend", "builder", "clients", "frontend", "supervisor", "benchmarks")
 
 # (folder, folders it must not import): the engine is above the models, the models above
-# the kernels; Triton's adapter sits above the engine, and the tools users run (clients/:
-# benchmarks, checks, command-line clients) above everything: no product code needs them.
+# the kernels; Triton's adapter sits above the engine, the tools users run (clients/:
+# the launcher, command-line clients, checks) above the product, and the benchmarks and
+# device scripts (benchmarks/) above everything: no product code or client needs them.
 LAYERS = [
     ("backend.ops", ("backend.models", "backend.engine", "backend.parallel", "backend.lora",
                      "backend.triton_server", "backend.attention")),
@@ -20,10 +21,11 @@ LAYERS = [
                            "backend.triton_server")),
     ("backend.models", ("backend.engine", "backend.triton_server")),
     ("backend.engine", ("backend.triton_server",)),
-    ("backend", ("builder", "clients", "frontend", "supervisor")),
-    ("builder", ("clients", "frontend", "supervisor")),
-    ("frontend", ("clients",)),
-    ("supervisor", ("clients",)),
+    ("backend", ("builder", "clients", "frontend", "supervisor", "benchmarks")),
+    ("builder", ("clients", "frontend", "supervisor", "benchmarks")),
+    ("frontend", ("clients", "benchmarks")),
+    ("supervisor", ("clients", "benchmarks")),
+    ("clients", ("benchmarks",)),
 ]
 
 

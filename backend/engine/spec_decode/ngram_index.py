@@ -29,7 +29,7 @@ BASE = 0x9E3779B97F4A7C15
 SALT = 0xD6E8FEB86659FD93
 # The dict is folded into the array past max(this, a quarter of the array's ends).
 MIN_PENDING = 256
-# Shorter sequences are scanned (clients.bench_ngram: the index's constant is about the
+# Shorter sequences are scanned (benchmarks.bench_ngram: the index's constant is about the
 # scan's cost at 8-16k tokens with n 2-5).
 SCAN_MAX_TOKENS = 8192
 

@@ -36,7 +36,7 @@ def test_batch_invariance(make_llm, prefix_caching, params):
     """A request's tokens do not depend on its batch mates. Bit-exact only on the CPU in
     fp32 (set here): on CUDA, cuBLAS picks GEMM kernels by batch shape, so even fp32
     logits differ in the last bits with the batch and a near-tie can flip; the GPU-side
-    promise is a tolerance (clients/gpu_check.py compares graph and eager steps)."""
+    promise is a tolerance (benchmarks/gpu_check.py compares graph and eager steps)."""
     make_llm = _on_cpu_fp32(make_llm)
     target = random_prompts(1, [37], seed=7)[0]
     alone = make_llm(enable_prefix_caching=prefix_caching).generate([target], params)[0].token_ids

@@ -1,0 +1,90 @@
+"""Memory of the frontend and of the `llm` backend process before, during and after the
+large-input attacks of issue 49 (items 7, 11, 12), against a running `make serve`.
+
+    python -m benchmarks.memory_after_attacks --openai http://127.0.0.1:9000 --http http://127.0.0.1:8000 \
+        --api-key KEY --repeat 10
+
+Each attack is sent `--repeat` times; then the resident memory (VmRSS) of the frontend
+process and of the `llm` stub is read right after, and again after `--settle-s`.
+Talks only to the given loopback addresses; reads /proc for the processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Optional
+
+MB = 1 << 20
+
+
+def rss_mb(match: str) -> float:
+    """Summed VmRSS of the processes whose command line contains `match`."""
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if match.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        except (OSError, StopIteration):
+            continue
+    return round(total, 1)
+
+
+def post(url: str, body: bytes, headers: dict) -> int:
+    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        e.read()
+        return e.code
+    except OSError:
+        return 0
+
+
+def attacks(openai: str, http: str, key: str) -> dict[str, Callable[[], int]]:
+    auth = {"authorization": f"Bearer {key}"} if key else {}
+    big = "word " * (3 * MB)                                   # 15 MB of text
+    return {
+        "responses_10mb_reasoning": lambda: post(openai + "/v1/responses", json.dumps({
+            "model": "llm", "max_output_tokens": 2, "input": [
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r" * (10 * MB)}]},
+                {"role": "user", "content": "hi"}]}).encode(), auth),
+        "tokenize_15mb": lambda: post(openai + "/tokenize", json.dumps({"model": "llm", "prompt": big}).encode(),
+                                      auth),
+        "echo_logprobs_15mb": lambda: post(openai + "/v1/completions", json.dumps({
+            "model": "llm", "prompt": big, "echo": True, "logprobs": 1, "max_tokens": 0}).encode(), auth),
+        "generate_15mb": lambda: post(http + "/v2/models/llm/generate", json.dumps({
+            "text_input": big, "max_tokens": 2}).encode(), {}),
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--openai", default="http://127.0.0.1:9000")
+    ap.add_argument("--http", default="http://127.0.0.1:8000")
+    ap.add_argument("--api-key", default=os.environ.get("API_KEY", ""))
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--settle-s", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    frontend, stub = "frontend.openai_api", "/llm/1/model.py"
+    print(json.dumps({"baseline": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
+    for name, attack in attacks(args.openai, args.http, args.api_key).items():
+        statuses = [attack() for _ in range(args.repeat)]
+        right_after = {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}
+        time.sleep(args.settle_s)
+        settled = {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}
+        print(json.dumps({"attack": name, "statuses": sorted(set(statuses)), "right_after": right_after,
+                          f"after_{args.settle_s:g}s": settled}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

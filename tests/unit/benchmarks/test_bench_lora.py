@@ -1,0 +1,19 @@
+"""The LoRA overhead benchmark runs end to end (tiny sizes): every configuration, each
+against LoRA off in the same run; its adapters load as PEFT folders."""
+
+import math
+
+from benchmarks.bench_lora import main
+
+
+def test_bench_lora_runs_every_config(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    report = main(["--batch", "4", "--tokens", "4", "--prompt", "8", "--repeats", "1", "--hidden", "64",
+                   "--layers", "2", "--heads", "4", "--vocab", "320", "--rank", "4", "--adapters", "1", "4"])
+    by = {r["config"]: r for r in report["results"]}
+    assert list(by) == ["base (LoRA off)", "base rows (LoRA on)", "1 adapter", "4 adapters"]
+    assert by["base (LoRA off)"]["vs_baseline"] == 1.0
+    # A difference of two wall times: on a busy machine one repeat at tiny sizes can even
+    # come out negative. The figure must exist; its size is the benchmark's business.
+    assert all(math.isfinite(r["ms_per_step"]) for r in by.values())
+    assert "4 adapters" in capsys.readouterr().out
