@@ -68,7 +68,7 @@ class SpeculativeConfig(BaseModel):
 
 
 class PoolerConfig(BaseModel):
-    """vLLM's `pooler_config` for `runner: pooling` (backend/engine/pooling_runner.py):
+    """vLLM's `pooler_config` for `runner: pooling` (backend/engine/runner/pooling_runner.py):
     how a prompt's final hidden states (after the final norm) become one vector. LAST:
     the last token's (Qwen3-Embedding and other decoder embedding models); MEAN: the
     average over every prompt token. `normalize`: L2 to unit length (cosine-ready)."""
@@ -126,7 +126,7 @@ class EngineArgs(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8", "int8"] = "auto"
     # INT8 cache: a safetensors file of per-KV-head scales (vLLM's tensor names,
     # model.layers.N.self_attn.k_scale / v_scale, [num_kv_heads] each), calibrated by
-    # `python -m builder build --kv-cache int8` (backend/engine/kv_int8.py).
+    # `python -m builder build --kv-cache int8` (backend/engine/runner/kv_int8.py).
     kv_cache_scales: Optional[str] = None
     # What runs the forward pass: the torch model, or an exported graph (model_graph):
     # an ONNX reference export in onnxruntime (CPU check of the export), or a TensorRT
@@ -144,7 +144,7 @@ class EngineArgs(BaseModel):
     # each (backend/parallel/pipeline.py).
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     # vLLM's name (its config's): micro-batches in flight at once under pipeline
-    # parallelism (backend/engine/batch_queue.py), each a disjoint set of requests. None:
+    # parallelism (backend/engine/scheduling/batch_queue.py), each a disjoint set of requests. None:
     # pipeline_parallel_size, as vLLM; 1: one batch at a time (P-1 stages idle).
     max_concurrent_batches: Optional[int] = Field(None, ge=1, le=64)
     # vLLM's names: the ranks spread over nnodes machines. This process is the head
@@ -170,7 +170,7 @@ class EngineArgs(BaseModel):
     # parallelism (the ranks would need step N's ids) and the exported-graph runners.
     async_scheduling: Optional[bool] = None
     # The CPU forward split by sequences into this many shards, each run on its own thread
-    # with the intra-op threads divided between them (backend/engine/cpu_shards.py): small
+    # with the intra-op threads divided between them (backend/engine/runner/cpu_shards.py): small
     # models' ops are too small to share between intra-op threads. None: 2 on CPU with the
     # torch model, one rank, no LoRA, at least 2 intra-op threads and weights that fit in
     # the last-level cache; 1: off.

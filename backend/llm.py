@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Sequence, Union
 
 from backend.config import EngineArgs
-from backend.engine.cpu_shards import restore_caller_threads
+from backend.engine.runner.cpu_shards import restore_caller_threads
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.outputs import RequestOutput
 from backend.engine.parallel_sampling import child_requests

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from typing_extensions import Self      # (typing's from Python 3.11; the project runs on 3.10 too)
 
 from backend.config import validated
-from backend.engine.logits_processors import request_fields
+from backend.engine.sampling.logits_processors import request_fields
 
 
-# Bad words limits (vLLM's; backend/engine/bad_words.py checks the tokenized words).
+# Bad words limits (vLLM's; backend/engine/sampling/bad_words.py checks the tokenized words).
 MAX_NUM_BAD_WORDS = 128
 MAX_BAD_WORDS_TOTAL_CHARS = 16 * 1024
 
@@ -76,7 +76,7 @@ class _CoreSamplingParams(BaseModel):
     logit_bias: Optional[dict[int, float]] = None
     # Words never generated (vLLM's bad_words): each tokenized without and with a leading
     # space; a one-token word is banned always, a longer one's last token when the output
-    # ends with the rest of it (backend/engine/bad_words.py).
+    # ends with the rest of it (backend/engine/sampling/bad_words.py).
     bad_words: Optional[list[str]] = None
     # The same as token id sequences, used as they are: TensorRT-LLM's bad_words_list
     # (vLLM computes this list from bad_words and does not take it as input).
@@ -84,7 +84,7 @@ class _CoreSamplingParams(BaseModel):
     # Structured output (vLLM's guided decoding; at most one): the output follows a JSON
     # schema, any JSON object, a regular expression, one of the given strings, or an
     # EBNF grammar (xgrammar's GBNF dialect). Enforced by a token mask in the sampler
-    # (backend/engine/structured_output.py).
+    # (backend/engine/structured_output/grammar.py).
     guided_json: Optional[Union[dict, str]] = None
     guided_json_object: bool = False
     guided_regex: Optional[str] = None

@@ -101,7 +101,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
 
 # ------------------------------------------------------------ simulated device
 def _runner_class():
-    from backend.engine.model_runner import LaunchedStep, ModelRunner
+    from backend.engine.runner.model_runner import LaunchedStep, ModelRunner
 
     class SimulatedDeviceRunner(ModelRunner):
         """The real runner's host work around a simulated device. `launch` builds the
@@ -133,7 +133,7 @@ def _runner_class():
             return launched
 
         def sample(self, launched) -> None:
-            from backend.engine.model_runner import _FINISHED_ROW
+            from backend.engine.runner.model_runner import _FINISHED_ROW
             from backend.engine.spec_decode.rejection_sampler import verify_rows
             sampling = [s for s in launched.sched.scheduled if s.completes_prompt]
             if not sampling:
@@ -167,8 +167,8 @@ def _runner_class():
             launched.values, launched.proposals, launched.flags = values, proposals, flags
 
         def collect(self, launched):
-            from backend.engine import logprobs
-            from backend.engine.model_runner import tokens_per_request
+            from backend.engine.sampling import logprobs
+            from backend.engine.runner.model_runner import tokens_per_request
             from backend.engine.outputs import ModelRunnerOutput
             wait = launched.done_at - time.perf_counter()
             if wait > 0:
@@ -241,7 +241,7 @@ def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps:
     # Every prompt in one step (grammars compile on the side), through a step budget and
     # step-input buffers that hold them all, so that no request is far ahead of another;
     # the timed steps run with the engine's own.
-    from backend.engine.step_inputs import StepInputBuilder
+    from backend.engine.runner.step_inputs import StepInputBuilder
     own = runner.inputs, engine.scheduler.max_num_batched_tokens
     runner.inputs = StepInputBuilder(num_seqs * (prompt_len + 1), num_seqs, own[0].M, own[0].block_size,
                                      own[0].buffer.device.device)
@@ -324,12 +324,12 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
     does (otherwise prepare works it out every step)."""
     import torch
 
-    from backend.engine.kv_cache_manager import KVCacheManager
+    from backend.engine.scheduling.kv_cache_manager import KVCacheManager
     from backend.engine.request import Request, RequestStatus
-    from backend.engine.sampler import Sampler
-    from backend.engine.sampling_row import SamplingRow
-    from backend.engine.sched_output import ScheduledRequest, SchedulerOutput
-    from backend.engine.step_inputs import StepInputBuilder
+    from backend.engine.sampling.sampler import Sampler
+    from backend.engine.sampling.sampling_row import SamplingRow
+    from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
+    from backend.engine.runner.step_inputs import StepInputBuilder
     from backend.sampling_params import SamplingParams
     rng = np.random.default_rng(seed)
     max_blocks = -(-(context + steps + 1) // block_size)

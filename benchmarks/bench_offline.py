@@ -18,8 +18,8 @@ from typing import Callable, Optional
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.sched_output import SchedulerOutput
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduling.sched_output import SchedulerOutput
+from backend.engine.scheduling.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Decode throughput at pipeline_parallel_size 2 with 1 vs 2 micro-batches in flight
-(max_concurrent_batches, backend/engine/batch_queue.py), and the pipeline bubble: the
+(max_concurrent_batches, backend/engine/scheduling/batch_queue.py), and the pipeline bubble: the
 share of the time each stage spends waiting on the other, side by side in one run.
 
     python -m benchmarks.bench_pp [--batch 16 --tokens 48 --hidden 1024 --layers 8 --repeats 3]

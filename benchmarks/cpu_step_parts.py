@@ -72,7 +72,8 @@ def instrumented():
 def clocked() -> list:
     """(owner, attribute, part) of each function the clocks go around."""
     from backend.attention import cpu_decode
-    from backend.engine import llm_engine, model_runner
+    from backend.engine import llm_engine
+    from backend.engine.runner import model_runner
     from backend.models import cpu_packed_linear, llama
     from backend.ops import cpu_layer_ops
     return [(cpu_decode, "paged_decode", "decode attention"), (cpu_decode, "write_kv", "k/v writes"),

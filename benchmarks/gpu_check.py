@@ -75,8 +75,8 @@ ARCHS = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        tie_word_embeddings=True, rope_theta=1000000.0),
 }
-UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/models", "tests/unit/engine/test_sampler.py",
-              "tests/unit/engine/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
+UNIT_TESTS = ["tests/unit/attention", "tests/unit/ops", "tests/unit/models", "tests/unit/engine/sampling/test_sampler.py",
+              "tests/unit/engine/runner/test_cuda_graphs.py", "tests/unit/engine/test_exactness.py",
               "tests/unit/engine/test_llm_engine.py", "tests/unit/engine/spec_decode", "tests/unit/lora/test_punica.py"]
 KERNEL_TESTS = ("tests/unit/attention", "tests/unit/ops", "tests/unit/lora/test_punica.py")
 

@@ -1,7 +1,7 @@
 """INT8 KV cache calibration (`python -m builder build --kv-cache int8`): run the source
 model on the calibration prompts, take max |K| and max |V| per layer and KV head as
 attention sees them (K after RoPE and any q/k norm), and store scale = amax / 127 in the
-entry (backend/engine/kv_int8.py names the file's tensors).
+entry (backend/engine/runner/kv_int8.py names the file's tensors).
 
 K/V are observed through a transformers attention function that wraps SDPA (`kv_hook`),
 so what is measured is exactly the tensor the cache will hold; the tests use the same
@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from backend.engine.kv_int8 import save_kv_cache_scales
+from backend.engine.runner.kv_int8 import save_kv_cache_scales
 
 KV_SCALES_FILE = "kv_cache_scales.safetensors"
 INT8_MAX = 127.0

@@ -32,7 +32,7 @@ from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 # The graph's interface lives with the runtime that executes it; re-exported here.
-from backend.engine.graph_contract import INPUT_NAMES, onnxruntime_session, output_names, pool_names  # noqa: F401
+from backend.engine.runner.graph_contract import INPUT_NAMES, onnxruntime_session, output_names, pool_names  # noqa: F401
 from backend.models.fp8 import FP8Linear
 from backend.models.llama import CausalLM
 

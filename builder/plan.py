@@ -23,7 +23,7 @@ KV heads than ranks. With pipeline parallelism (--pp) each stage holds its layer
 norm and the LM head (its own copy of a tied embedding); the rows give the fullest stage's
 GPU, and the pipeline bubble: with M micro-batches in flight over P stages each GPU idles
 1 - min(M, P) / P of a decode step's time (the engine's default M = P:
-max_concurrent_batches, backend/engine/batch_queue.py).
+max_concurrent_batches, backend/engine/scheduling/batch_queue.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from backend.engine.cuda_graphs import estimate_graph_bytes
+from backend.engine.runner.cuda_graphs import estimate_graph_bytes
 from backend.models.config import ModelConfig
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.sharding import local_config, local_vocab_size

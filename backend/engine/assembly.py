@@ -20,20 +20,21 @@ import torch
 
 from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.config import ConfigError, EngineArgs
-from backend.engine import profile_run, sizing
-from backend.engine.cpu_shards import ShardedForward, sharded_forward
-from backend.engine.cuda_graphs import verify_query_len
+from backend.engine import sizing
+from backend.engine.runner import profile_run
+from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
+from backend.engine.runner.cuda_graphs import verify_query_len
 from backend.engine.host_malloc import keep_large_blocks
-from backend.engine.kv_cache_manager import KVCacheManager
-from backend.engine.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
-from backend.engine.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
-from backend.engine.pooling_runner import PoolingModelRunner
-from backend.engine.sampler import Sampler
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.runner.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
+from backend.engine.runner.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
+from backend.engine.runner.pooling_runner import PoolingModelRunner
+from backend.engine.sampling.sampler import Sampler
+from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
-from backend.engine.step_inputs import StepInputBuilder
-from backend.engine.structured_output_manager import StructuredOutputManager
+from backend.engine.runner.step_inputs import StepInputBuilder
+from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.cpu_packed_linear import own_remaining_weights, pack_cpu_linears
@@ -226,7 +227,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
 
 def measure_memory(model, workers, cfg: ModelConfig, args: EngineArgs, dtype: torch.dtype,
                     kv_dtype: torch.dtype, device: torch.device) -> sizing.MemoryProfile:
-    """CUDA, before the KV cache: the profile run (backend/engine/profile_run.py) where
+    """CUDA, before the KV cache: the profile run (backend/engine/runner/profile_run.py) where
     this rank can run a step alone; under tensor parallelism (each rank's forward needs
     the others) or with an exported-graph runner, the driver's figures on rank 0's
     device and an estimated activation peak."""
@@ -250,7 +251,7 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
         return PoolingModelRunner(model, *common, pooler=args.pooler, structured=parts["structured"])
     if args.model_runner == "torch":
         return ModelRunner(model, *common, **parts)
-    from backend.engine.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
+    from backend.engine.runner.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
     if not os.path.isfile(args.model_graph):
         raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")
     try:

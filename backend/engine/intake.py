@@ -15,11 +15,11 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from backend.engine.bad_words import BadWords, resolve as resolve_bad_words
+from backend.engine.sampling.bad_words import BadWords, resolve as resolve_bad_words
 from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError, check_token_ids
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
-from backend.engine.sampling_row import SamplingRow
+from backend.engine.sampling.sampling_row import SamplingRow
 from backend.lora import cache_salt
 from backend.sampling_params import SamplingParams
 

@@ -23,11 +23,11 @@ from typing import Callable, Optional
 
 from backend.config import EngineArgs
 from backend.engine.assembly import assemble
-from backend.engine.batch_queue import BatchQueue
+from backend.engine.scheduling.batch_queue import BatchQueue
 from backend.engine.deadlines import Deadlines
 from backend.engine.gc_policy import freeze_heap
 from backend.engine.intake import Prompt, RequestIntake  # noqa: F401 (Prompt: part of this module's API)
-from backend.engine.model_runner import LaunchedStep
+from backend.engine.runner.model_runner import LaunchedStep
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from backend.engine.request import Request

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from backend.engine.detokenizer import IncrementalDetokenizer, fast_decoder
-from backend.engine.logprobs import TokenLogprobs
+from backend.engine.sampling.logprobs import TokenLogprobs
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.sampling_params import SamplingParams
 

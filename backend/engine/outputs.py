@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from backend.engine.logprobs import TokenLogprobs
+from backend.engine.sampling.logprobs import TokenLogprobs
 
 if TYPE_CHECKING:
     from backend.engine.spec_decode.proposals import Proposals

@@ -11,8 +11,8 @@ import torch
 from backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from backend.engine.bad_words import BadWords
-    from backend.engine.sampling_row import SamplingRow
+    from backend.engine.sampling.bad_words import BadWords
+    from backend.engine.sampling.sampling_row import SamplingRow
 
 
 class RequestStatus(enum.Enum):
@@ -53,9 +53,9 @@ class Request:
     num_preemptions: int = 0
     generator: Optional[torch.Generator] = None
     # The sampling settings as the sampler reads them each step, worked out at intake
-    # (backend/engine/sampling_row.py); None: the sampler works them out itself.
+    # (backend/engine/sampling/sampling_row.py); None: the sampler works them out itself.
     sampling_row: Optional["SamplingRow"] = None
-    # The request's bad words as token sequences (backend/engine/bad_words.py), resolved
+    # The request's bad words as token sequences (backend/engine/sampling/bad_words.py), resolved
     # once at intake; None: none.
     bad_words: Optional["BadWords"] = None
     # Structured output: the xgrammar matcher of this request's grammar, or None.

@@ -11,7 +11,7 @@ fractions leave room for the contexts (0.45 + 0.45, not 0.5 + 0.5), as vLLM inst
 do. From the share come off what the engine itself holds once the model is loaded
 (weights, workspaces: the driver's in-use figure less the startup baseline), the peak
 activation memory of a step measured by a
-profile run at load (backend/engine/profile_run.py: a prefill of max_num_batched_tokens
+profile run at load (backend/engine/runner/profile_run.py: a prefill of max_num_batched_tokens
 tokens and the sampler at max_num_seqs rows; with speculation, verification at
 max_num_seqs x (k + 1) rows), the sampler's penalty tables at max_num_seqs rows (allocated
 lazily, so reserved here), a draft model's proposal distributions held between steps, and
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from backend.config import ConfigError, EngineArgs
-from backend.engine.cuda_graphs import graph_ladders, graph_pool_bytes, verify_query_len
-from backend.engine.step_inputs import GraphShape
+from backend.engine.runner.cuda_graphs import graph_ladders, graph_pool_bytes, verify_query_len
+from backend.engine.runner.step_inputs import GraphShape
 from backend.models.config import ModelConfig
 from backend.parallel.sharding import check_tensor_parallel
 
@@ -64,7 +64,7 @@ def check_startup_memory(free: int, total: int, gpu_memory_utilization: float) -
 
 
 def penalty_table_bytes(max_num_seqs: int, vocab_size: int, initial_slots: int = 8) -> int:
-    """The sampler's penalty tables (backend/engine/penalty_state.py) grown to serve
+    """The sampler's penalty tables (backend/engine/sampling/penalty_state.py) grown to serve
     max_num_seqs requests: bool `seen` and float32 `counts`, [slots + 1, V] each, the usable
     slots doubling from initial_slots."""
     slots = initial_slots
@@ -130,7 +130,7 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
     what = "kv_cache_memory_bytes"
     if budget is None and device.type == "cuda":
         if profile is None:
-            raise ValueError("sizing the KV cache on CUDA needs a memory profile (backend/engine/profile_run.py)")
+            raise ValueError("sizing the KV cache on CUDA needs a memory profile (backend/engine/runner/profile_run.py)")
         reserved = num_samplers * penalty_table_bytes(args.max_num_seqs, cfg.vocab_size)
         reserved_what = "the sampler's penalty tables"
         held = draft_probs_bytes(args.speculative_config, args.max_num_seqs, cfg.vocab_size)

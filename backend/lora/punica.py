@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from backend.engine.buffers import StagedBuffer
+from backend.engine.runner.buffers import StagedBuffer
 
 
 @dataclass

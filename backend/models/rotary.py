@@ -11,7 +11,7 @@ prepare_inputs_for_generation). The engine does the same: Request.long_rope is s
 intake for a long prompt, or by the scheduler, which restarts a request (frees its KV,
 recomputes it) at the step that would compute position `original`. The table here is
 [short rows for 0..max-1 ; long rows for 0..max-1] and the step's positions for the model
-carry `+ max_position` for the tokens of long requests (backend/engine/step_inputs.py);
+carry `+ max_position` for the tokens of long requests (backend/engine/runner/step_inputs.py);
 their prefix-cache chain has its own salt (`long_rope_salt`)."""
 
 from __future__ import annotations

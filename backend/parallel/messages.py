@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from backend.engine.step_inputs import GraphShape, StepInputBuilder
+from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder
 
 
 class _IntFields:

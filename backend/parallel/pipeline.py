@@ -12,7 +12,7 @@ layers only. Between stages the hidden state and the residual stream (vLLM's
 IntermediateTensors) move by point-to-point send/recv from each rank to its peer (same
 tp_rank) in the next stage; the last stage's logits go back to rank 0, where the
 sampler runs. Each stage runs the steps in the order rank 0 launched them, so with
-several micro-batches in flight (backend/engine/batch_queue.py) a block one batch
+several micro-batches in flight (backend/engine/scheduling/batch_queue.py) a block one batch
 writes and a later batch reuses is written by the later one last, on every stage.
 Sends are asynchronous (a stage never waits for a busy next stage to take its hidden
 state); rank 0 may defer the wait for a batch's logits (`defer_logits`).

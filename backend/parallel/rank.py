@@ -10,9 +10,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from backend.engine.cuda_graphs import capture_decode_graphs
+from backend.engine.runner.cuda_graphs import capture_decode_graphs
 from backend.engine.host_malloc import keep_large_blocks
-from backend.engine.step_inputs import StepInputBuilder
+from backend.engine.runner.step_inputs import StepInputBuilder
 from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StageTimesMessage, StepMessage,
@@ -26,7 +26,7 @@ def worker_main(spec: WorkerSpec) -> None:
     # Imported here: the engine imports this module, and a spawned child imports only what it runs.
     from backend.attention import make_attention_factory
     from backend.config import EngineArgs
-    from backend.engine.model_runner import ModelRunner, allocate_kv_cache
+    from backend.engine.runner.model_runner import ModelRunner, allocate_kv_cache
     from backend.lora import make_lora_manager
     from backend.models.config import load_model_config
     from backend.models.loader import load_model
@@ -63,7 +63,7 @@ def worker_main(spec: WorkerSpec) -> None:
         kv_caches = allocate_kv_cache(stage_kv_config(local_config(cfg, spec.tp_size), stage), setup.num_kv_blocks,
                                       setup.block_size, getattr(torch, spec.kv_dtype), device)
         if spec.kv_cache_scales:            # INT8 cache: this rank's heads of its stage's layers
-            from backend.engine.kv_int8 import load_kv_cache_scales, set_kv_cache_scales
+            from backend.engine.runner.kv_int8 import load_kv_cache_scales, set_kv_cache_scales
             from backend.parallel.sharding import kv_head_range
             scales = load_kv_cache_scales(spec.kv_cache_scales, cfg,
                                           kv_head_range(cfg, spec.rank % spec.tp_size, spec.tp_size))

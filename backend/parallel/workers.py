@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backend.engine.cuda_graphs import DecodeGraphs
+from backend.engine.runner.cuda_graphs import DecodeGraphs
 from backend.engine.errors import EngineDeadError
-from backend.engine.step_inputs import GraphShape
+from backend.engine.runner.step_inputs import GraphShape
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
 from backend.parallel.messages import (CaptureMessage, Message, SetupMessage, StageTimesMessage, StepMessage,
                                        StopMessage, encode)
@@ -80,7 +80,7 @@ class TensorParallelWorkers:
         self.tp: TensorParallel = self._join(spec, spec.join_timeout_s)
         self.stage = PipelineStage.of(0, spec.tp_size, spec.pp_size, num_layers) if spec.pp_size > 1 else None
         self.ctrl = control_group()
-        # Micro-batches in flight (backend/engine/batch_queue.py): the step messages go
+        # Micro-batches in flight (backend/engine/scheduling/batch_queue.py): the step messages go
         # out asynchronously, so rank 0 never waits for a stage still busy with an
         # earlier batch to take the next plan (gloo's broadcast root waits for every
         # receiver). The ranks receive them in issue order, as if sent one by one.

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
-from backend.engine.logits_processors import PROCESSORS, request_fields
+from backend.engine.sampling.logits_processors import PROCESSORS, request_fields
 from frontend.openai_api.chat_content import check_parts
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.nulls import NullMeansDefault

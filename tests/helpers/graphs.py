@@ -2,8 +2,8 @@
 
 import torch
 
-from backend.engine.cuda_graphs import DecodeGraphs, graph_ladders
-from backend.engine.step_inputs import static_decode_inputs
+from backend.engine.runner.cuda_graphs import DecodeGraphs, graph_ladders
+from backend.engine.runner.step_inputs import static_decode_inputs
 
 
 class EagerReplayGraphs(DecodeGraphs):

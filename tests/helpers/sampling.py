@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from backend.engine.request import Request
-from backend.engine.sampler import Sampler
+from backend.engine.sampling.sampler import Sampler
 
 
 def sample_ids(sampler: Sampler, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:

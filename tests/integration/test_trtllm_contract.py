@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from backend import LLM, SamplingParams
-from backend.engine.bad_words import tokenize_words
+from backend.engine.sampling.bad_words import tokenize_words
 from builder.build import BuildOptions, build
 from builder.trtllm_models import write_fronts
 from clients.tritonserver import TritonServer

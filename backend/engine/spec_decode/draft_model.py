@@ -22,7 +22,7 @@ plus the step's new tokens (read, never written). For the step's requests it
 The distributions go with the proposals to the rejection sampler, which needs q.
 
 On CUDA the draft has CUDA graphs of its own (captured by the engine after the target's,
-backend/engine/cuda_graphs.py), over its own step inputs: the one-token forwards replay
+backend/engine/runner/cuda_graphs.py), over its own step inputs: the one-token forwards replay
 its decode ladder, and a catch-up of at most k + 1 tokens a row (a verification's
 accepted tokens and the target's next: the steady state) its verify ladder. A catch-up
 with a longer row (a prompt's chunk) runs eagerly, as do steps past both ladders.
@@ -44,16 +44,16 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import ConfigError
-from backend.engine.kv_cache_manager import KVCacheManager
-from backend.engine.buffers import GrowingStagedBuffer
-from backend.engine.cuda_graphs import DecodeGraphs, capture_decode_graphs, sampled_logits
-from backend.engine.model_runner import run_model
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.runner.buffers import GrowingStagedBuffer
+from backend.engine.runner.cuda_graphs import DecodeGraphs, capture_decode_graphs, sampled_logits
+from backend.engine.runner.model_runner import run_model
 from backend.engine.request import Request, RequestStatus
-from backend.engine.sampler import Sampler
+from backend.engine.sampling.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.proposals import Proposals
-from backend.engine.step_inputs import StepInputBuilder
+from backend.engine.runner.step_inputs import StepInputBuilder
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int) -> None:

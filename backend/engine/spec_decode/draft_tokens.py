@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from backend.engine.buffers import GrowingStagedBuffer
+from backend.engine.runner.buffers import GrowingStagedBuffer
 
 
 class DraftTokens:

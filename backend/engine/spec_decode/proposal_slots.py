@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from backend.engine.request import Request, RequestStatus
-from backend.engine.sched_output import SchedulerOutput
+from backend.engine.scheduling.sched_output import SchedulerOutput
 from backend.engine.spec_decode.proposals import Proposals
 
 if TYPE_CHECKING:
-    from backend.engine.kv_cache_manager import KVCacheManager
+    from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 
 
 class ProposalSlots:

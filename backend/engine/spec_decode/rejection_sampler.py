@@ -24,8 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from backend.engine.buffers import GrowingStagedBuffer
-from backend.engine.sampler import TEMPERATURE, Sampler, SamplingBatch
+from backend.engine.runner.buffers import GrowingStagedBuffer
+from backend.engine.sampling.sampler import TEMPERATURE, Sampler, SamplingBatch
 from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 

@@ -118,7 +118,7 @@ def test_memory_plan_formula(tiny_ckpt, tmp_path):
     p = memory_plan(cfg, weight_bytes=0, kv_bytes_per_elem=2,
                     opts=opts(tiny_ckpt, tmp_path, gpu_memory_gb=1, gpu_memory_utilization=1, plan_seq_len=1024))
     assert p["kv_bytes_per_token"] == 2 * 4 * 4 * 32 * 2  # layers x kv_heads x head_dim
-    from backend.engine.cuda_graphs import estimate_graph_bytes
+    from backend.engine.runner.cuda_graphs import estimate_graph_bytes
     assert p["cuda_graph_bytes"] == estimate_graph_bytes(cfg, 64, 2) > 0       # default max_num_seqs
     assert p["kv_tokens"] == (2**30 - p["cuda_graph_bytes"]) // p["kv_bytes_per_token"]
     assert p["concurrent_seqs_at_plan_len"] == p["kv_tokens"] // 1024

@@ -13,7 +13,7 @@ from backend import LLM, SamplingParams
 from backend.engine.deadlines import Deadlines
 from backend.engine.engine_loop import EngineLoop
 from backend.engine.errors import DeadlineExceededError
-from backend.engine.structured_output import StructuredOutput
+from backend.engine.structured_output.grammar import StructuredOutput
 from tests.conftest import assert_pool_free
 
 LONG = SamplingParams(max_tokens=40, min_tokens=40, temperature=0, ignore_eos=True)

@@ -69,7 +69,7 @@ def test_int8_kv_engine_equals_transformers_on_fake_quantized_kv(llama_ckpt, tmp
 
 
 def test_int8_kv_capacity_and_config_errors(llama_ckpt, tmp_path):
-    from backend.engine.kv_int8 import load_kv_cache_scales, save_kv_cache_scales
+    from backend.engine.runner.kv_int8 import load_kv_cache_scales, save_kv_cache_scales
     from backend.models.config import load_model_config
     from backend.parallel.sharding import kv_head_range
     path = str(tmp_path / "s.safetensors")

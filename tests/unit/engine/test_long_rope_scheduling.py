@@ -3,10 +3,10 @@ past the original context is restarted in long mode (its KV freed, its prefix-ca
 chain salted anew), in decode and when a request preempted while short comes back longer.
 Exactness against transformers: tests/unit/models/test_gemma_phi3.py."""
 
-from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduling.scheduler import Scheduler
 from backend.models.rotary import long_rope_salt
 from backend.sampling_params import SamplingParams
 

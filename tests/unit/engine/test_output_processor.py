@@ -4,7 +4,7 @@ ended)."""
 
 import pytest
 
-from backend.engine.logprobs import Logprob
+from backend.engine.sampling.logprobs import Logprob
 from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import EngineCoreOutput
 from backend.sampling_params import SamplingParams

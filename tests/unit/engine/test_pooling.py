@@ -1,4 +1,4 @@
-"""runner='pooling' (backend/engine/pooling_runner.py): an embedding model's vectors equal
+"""runner='pooling' (backend/engine/runner/pooling_runner.py): an embedding model's vectors equal
 transformers' (fp32, <= 1e-5) for a Qwen3-Embedding-style checkpoint (the bare decoder
 saved without its LM head), in a batch, with prompts prefilled in chunks, under
 preemption, and with MEAN pooling; each request finishes with its vector and frees its

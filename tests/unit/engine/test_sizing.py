@@ -9,8 +9,8 @@ import torch
 from backend import LLM
 from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
-from backend.engine.profile_run import dummy_requests, measure, prefill_step, split_tokens
-from backend.engine.sampler import Sampler
+from backend.engine.runner.profile_run import dummy_requests, measure, prefill_step, split_tokens
+from backend.engine.sampling.sampler import Sampler
 from backend.engine.sizing import MemoryProfile, blocks_from_budget, cuda_kv_budget, penalty_table_bytes
 
 GIB = 1 << 30
@@ -234,7 +234,7 @@ def test_a_draft_models_cuda_graphs_are_reserved(tiny_ckpt, llama_ckpt):
     """The draft model captures graphs of its own (its decode ladder and a verify ladder
     of k + 1 tokens a row over its step buffers): their pool, by the draft's shapes, comes
     off the KV budget beside the target's."""
-    from backend.engine.cuda_graphs import graph_pool_bytes
+    from backend.engine.runner.cuda_graphs import graph_pool_bytes
     from backend.models.config import load_model_config
     cfg, draft_cfg = _cfg(tiny_ckpt), load_model_config(llama_ckpt)
     p = MemoryProfile(total=8 * GIB, in_use=GIB, activation_peak=0)
@@ -273,8 +273,8 @@ def test_profile_step_verifies_at_max_num_seqs_times_k_plus_one_rows(llama_ckpt,
 
 
 def test_estimated_profile_where_no_step_can_run_alone(tiny_ckpt):
-    from backend.engine.cuda_graphs import estimate_graph_bytes
-    from backend.engine.profile_run import estimated_profile
+    from backend.engine.runner.cuda_graphs import estimate_graph_bytes
+    from backend.engine.runner.profile_run import estimated_profile
     cfg = _cfg(tiny_ckpt)
     args = EngineArgs.create(model=tiny_ckpt, max_num_batched_tokens=256, max_num_seqs=32)
     mem = FakeMemory(total=1000 * GIB, other=3 * GIB)
@@ -288,7 +288,7 @@ def test_estimated_profile_where_no_step_can_run_alone(tiny_ckpt):
 def test_engine_profiles_with_its_own_model(llama_ckpt, monkeypatch):
     """The engine's CUDA branch (assembly.measure_memory), driven on the CPU with a fake
     device: it runs the profile step on its loaded model and returns the fake's figures."""
-    from backend.engine import profile_run
+    from backend.engine.runner import profile_run
     from backend.engine.assembly import measure_memory
     llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=4,
               max_num_batched_tokens=16)
@@ -301,6 +301,6 @@ def test_engine_profiles_with_its_own_model(llama_ckpt, monkeypatch):
 
 
 def test_startup_snapshot_is_the_driver_figures_after_a_release():
-    from backend.engine.profile_run import startup_snapshot
+    from backend.engine.runner.profile_run import startup_snapshot
     mem = FakeMemory(total=64 * GIB, other=5 * GIB)
     assert startup_snapshot(CUDA, mem) == (59 * GIB, 64 * GIB) and mem.calls == ["release"]

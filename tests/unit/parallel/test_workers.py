@@ -3,7 +3,7 @@ typed, and encoded to and from the fixed-width header without loss."""
 
 import pytest
 
-from backend.engine.step_inputs import GraphShape, StepInputBuilder
+from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder
 from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StepMessage, StopMessage, decode,
                                        encode)
 

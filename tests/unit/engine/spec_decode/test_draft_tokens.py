@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.buffers import GrowingStagedBuffer
+from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import make_checkpoint

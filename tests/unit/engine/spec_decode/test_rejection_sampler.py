@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backend.engine.request import Request
-from backend.engine.sampler import Sampler
-from backend.engine.sched_output import ScheduledRequest
+from backend.engine.sampling.sampler import Sampler
+from backend.engine.scheduling.sched_output import ScheduledRequest
 from backend.engine.spec_decode.rejection_sampler import (RejectionSampler, accepted_tokens, verify_rows)
 from backend.sampling_params import SamplingParams
 from tests.helpers.stats import goodness_of_fit

@@ -2,10 +2,10 @@
 are budgeted and dropped before anyone is preempted; rejected ones give back their
 slots and blocks and are never published to the prefix cache."""
 
-from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduling.scheduler import Scheduler
 from backend.sampling_params import SamplingParams
 
 

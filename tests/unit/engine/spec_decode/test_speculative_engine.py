@@ -260,7 +260,7 @@ def test_no_preemption_while_proposals_hold_blocks(target, async_scheduling):
     speculate), as in the issue's run. Greedy output still equals transformers'. With
     async scheduling that includes the requests whose step is in flight, ahead of the
     one being scheduled (they were left out before)."""
-    from backend.engine.scheduler import Scheduler
+    from backend.engine.scheduling.scheduler import Scheduler
     prompts = random_prompts(12, [20], seed=3)
     reference = hf_greedy(target, prompts, 48)
     llm = LLM(target, speculative_config=spec_config("draft_same", 5, target, target),

@@ -1,0 +1,367 @@
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-request block tables and
+prefix caching.
+
+Prefix caching follows vLLM v1's design: a full block is identified by a hash chained
+over its parent's hash and its own token ids, so a block can be shared only when the
+whole prefix before it matches. A hit is also checked token for token. Blocks whose
+reference count drops to zero go back to the free queue but keep their contents and
+hash, so a later request can revive them; allocation takes the least recently freed
+block and evicts its hash. Every operation is O(1) per block.
+
+Full blocks are registered when a step that fills them is scheduled (vLLM v1 caches
+them in `allocate_slots`), not after it ran: a block whose tokens are all known is
+in the cache from then on, *pending* until the step has written its K/V. A request that
+would hit a pending block is not admitted in that step (`find_cached_blocks` returns
+None): it waits one step and then shares the computed block. So `n` > 1 children, or
+concurrent requests with one prompt, admitted together compute the prompt once. A
+pending block released before its step ran (its request preempted in the same
+schedule) leaves the cache at once.
+
+Sliding windows (`sliding_window`, set when every layer has one): once a request's
+computed tokens are far enough along, its leading blocks that fall wholly before the
+window of every future query go back to the pool (`free_outside_window`, called by the
+scheduler before it allocates a running request's slots), so a long generation holds
+about window / block_size + 1 blocks. Their ids stay in the block table (the attention
+backends mask those positions, and the Triton kernels do not read them); with prefix
+caching only computed blocks are freed, and they stay cached for later hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from backend.engine.request import Request
+
+BlockHash = bytes
+
+# Every block id ever appended to a block table gets a number no other gets.
+_serials = itertools.count(1)
+
+
+class BlockTable(list):
+    """A request's block ids, with a serial number per entry: a reader that kept the
+    serials it saw knows which leading entries are unchanged, in O(changed), even after
+    entries were trimmed and others appended in their place (persistent block tables in
+    backend/engine/runner/step_inputs.py)."""
+    __slots__ = ("serials",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.serials: list[int] = []
+
+    def append_blocks(self, block_ids: list[int]) -> None:
+        self.extend(block_ids)
+        self.serials.extend(itertools.islice(_serials, len(block_ids)))
+
+    def truncate(self, n: int) -> None:
+        del self[n:]
+        del self.serials[n:]
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    # Set once the block is full and registered in the prefix cache.
+    block_hash: Optional[BlockHash] = None
+    parent_hash: Optional[BlockHash] = None
+    token_ids: tuple[int, ...] = ()
+    # Registered, but the step that writes its K/V has not run yet: not a hit.
+    pending: bool = False
+
+
+def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> BlockHash:
+    # A cryptographic hash makes an accidental match of two different prefixes
+    # practically impossible; the token check on a hit guards the block itself.
+    h = hashlib.sha256(parent_hash or b"")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+_EMPTY = BlockTable()
+
+
+class BlockPool:
+    """The free queue and the hash -> block map. Knows nothing about requests."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Insertion order is eviction order: the front is reused first.
+        self.free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached: dict[BlockHash, KVBlock] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self) -> KVBlock:
+        _, block = self.free_queue.popitem(last=False)
+        self._evict(block)
+        block.ref_cnt = 1
+        return block
+
+    def touch(self, block: KVBlock) -> None:
+        """Take a reference on a block found in the prefix cache."""
+        if block.ref_cnt == 0:
+            del self.free_queue[block.block_id]
+        block.ref_cnt += 1
+
+    def release(self, block: KVBlock) -> None:
+        assert block.ref_cnt > 0, f"block {block.block_id} released twice"
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.pending:
+                self._evict(block)      # its K/V was never written
+            self.free_queue[block.block_id] = block
+            if block.block_hash is None:
+                # Nothing worth keeping: reuse it before any cached block.
+                self.free_queue.move_to_end(block.block_id, last=False)
+
+    def lookup(self, block_hash: BlockHash, parent_hash: Optional[BlockHash],
+               token_ids: tuple[int, ...]) -> Optional[KVBlock]:
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != token_ids or block.parent_hash != parent_hash:
+            return None
+        return block
+
+    def register(self, block: KVBlock, block_hash: BlockHash, parent_hash: Optional[BlockHash],
+                 token_ids: tuple[int, ...], pending: bool = False) -> None:
+        if block.block_hash is not None or block_hash in self.cached:
+            # Already cached, or the same content was computed twice: keep the first copy.
+            return
+        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
+        block.pending = pending
+        self.cached[block_hash] = block
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+        block.pending = False
+
+    def reset_prefix_cache(self) -> None:
+        for block in list(self.cached.values()):
+            self._evict(block)
+
+
+class KVCacheManager:
+    """Maps requests to blocks: block tables and prefix-cache hits (slot mapping is
+    the step builder's, backend/engine/runner/step_inputs.py)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: Optional[int] = None) -> None:
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+        # Leading blocks of each request given back by free_outside_window.
+        self._num_released: dict[str, int] = {}
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        # The same tables as block ids, kept in step with req_blocks: the model runner
+        # reads every running request's table every step (the new entries only).
+        self.req_block_ids: dict[str, BlockTable] = {}
+        # How many leading blocks of each request are registered in the prefix cache, and
+        # how many of those hold computed K/V (the rest are pending).
+        self._num_registered: dict[str, int] = {}
+        self._num_computed_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hit_tokens = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        """The request's block ids (read-only: the manager's own BlockTable, the same
+        object for as long as the request holds blocks)."""
+        return self.req_block_ids.get(request_id, _EMPTY)
+
+    # ------------------------------------------------------------ prefix cache
+    def _update_block_hashes(self, request: Request) -> None:
+        bs = self.block_size
+        hashes = request.block_hashes
+        if len(hashes) >= request.num_tokens // bs:
+            return                      # no newly full block
+        for i in range(len(hashes), request.num_tokens // bs):
+            parent = hashes[i - 1] if i else request.cache_salt
+            hashes.append(hash_block(parent, request.token_slice(i * bs, (i + 1) * bs)))
+
+    def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None) -> Optional[list[KVBlock]]:
+        """Longest run of cached full blocks matching the request's leading tokens, or None
+        when that run reaches a pending block (admit the request after the step that
+        computes it, and it shares the block).
+
+        At least one token is always left to compute, since the step must produce the
+        logits of the last one; max_tokens: at most that many tokens come from the cache
+        (a request that needs the logits of the positions after them).
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        if max_tokens is not None and max_tokens < bs:
+            return []                   # not even a block: no query (and nothing counted)
+        self._update_block_hashes(request)
+        tokens = request.all_token_ids
+        max_blocks = (len(tokens) - 1) // bs
+        if max_tokens is not None:
+            max_blocks = min(max_blocks, max_tokens // bs)
+        found: list[KVBlock] = []
+        for i in range(max_blocks):
+            parent = request.block_hashes[i - 1] if i else request.cache_salt
+            block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            if block.pending:
+                return None
+            found.append(block)
+        self.prefix_cache_queries += len(tokens)
+        self.prefix_cache_hit_tokens += len(found) * bs
+        return found
+
+    # --------------------------------------------------------------- allocation
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached_blocks: Sequence[KVBlock] = ()) -> bool:
+        """Reserve blocks for `num_new_tokens` more tokens after the computed ones.
+
+        `cached_blocks` are prefix-cache hits to attach first (only on admission).
+        Returns False, changing nothing, when the pool cannot supply the blocks.
+        """
+        blocks = self.req_blocks.setdefault(request.request_id, [])
+        bs = self.block_size
+        num_computed = request.num_computed_tokens + len(cached_blocks) * bs
+        num_required = -(-(num_computed + num_new_tokens) // bs)
+        num_new_blocks = num_required - len(blocks) - len(cached_blocks)
+        if num_new_blocks <= 0 and not cached_blocks:
+            if self.enable_prefix_caching:      # (a chunk or a decode may complete a block)
+                self._register(request, blocks, min(num_computed + num_new_tokens, request.num_tokens) // bs,
+                               pending=True)
+            return True                 # most decode steps: the last block has room
+        # Cached hits that sit in the free queue are taken out of it by touching them.
+        num_evictable_hits = sum(1 for b in cached_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            if not blocks:
+                del self.req_blocks[request.request_id]
+            return False
+        for block in cached_blocks:
+            self.pool.touch(block)
+        blocks.extend(cached_blocks)
+        for _ in range(max(num_new_blocks, 0)):
+            blocks.append(self.pool.allocate())
+        ids = self.req_block_ids.setdefault(request.request_id, BlockTable())
+        ids.append_blocks([b.block_id for b in blocks[len(ids):]])
+        if cached_blocks:
+            # Hits are already in the prefix cache; registration resumes after them.
+            self._num_registered[request.request_id] = len(cached_blocks)
+            self._num_computed_blocks[request.request_id] = len(cached_blocks)
+        if self.enable_prefix_caching:
+            # Blocks this step fills with known tokens (not proposals): cached now, pending.
+            self._register(request, blocks, min(num_computed + num_new_tokens, request.num_tokens) // bs,
+                           pending=True)
+        return True
+
+    def _register(self, request: Request, blocks: list[KVBlock], num_full: int, pending: bool) -> None:
+        """Register the request's blocks up to `num_full` that are not registered yet."""
+        rid = request.request_id
+        start = self._num_registered.get(rid, 0)
+        num_full = min(num_full, len(blocks))
+        if num_full <= start:
+            return                      # most steps fill no block
+        self._update_block_hashes(request)
+        bs = self.block_size
+        for i in range(start, num_full):      # the new full blocks' tokens only
+            parent = request.block_hashes[i - 1] if i else request.cache_salt
+            self.pool.register(blocks[i], request.block_hashes[i], parent,
+                               tuple(request.token_slice(i * bs, (i + 1) * bs)), pending)
+        self._num_registered[rid] = num_full
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """After a step: the request's full blocks of computed tokens are hits from now on
+        (pending ones become computed; blocks filled by accepted proposals, which were not
+        tokens when the step was scheduled, are registered)."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self.req_blocks.get(request.request_id)
+        if not blocks:
+            return
+        rid = request.request_id
+        # Only blocks of final tokens: accepted proposals join the request's tokens only
+        # after this is first called for their step (the engine calls it again then).
+        num_full = min(min(request.num_computed_tokens, request.num_tokens) // self.block_size, len(blocks))
+        done = self._num_computed_blocks.get(rid, 0)
+        if num_full <= done:
+            return                      # most decode steps fill no block
+        self._register(request, blocks, num_full, pending=False)
+        for i in range(done, num_full):
+            blocks[i].pending = False
+        self._num_computed_blocks[rid] = num_full
+
+    def num_blocks_beyond(self, request: Request, num_tokens: int) -> int:
+        """How many of the request's blocks lie past those its first `num_tokens` need."""
+        return max(0, len(self.req_blocks.get(request.request_id, ())) - -(-num_tokens // self.block_size))
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past those that hold the request's first `num_tokens`
+        (rejected proposals'). They were never registered: only full blocks of computed
+        tokens are."""
+        blocks = self.req_blocks.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if not blocks or len(blocks) <= keep:
+            return
+        for block in reversed(blocks[keep:]):
+            self.pool.release(block)
+        del blocks[keep:]
+        self.req_block_ids[request.request_id].truncate(keep)
+
+    def free(self, request: Request) -> None:
+        """Give back every block of the request. Tail blocks are queued first, so
+        they are evicted before the shared prefix blocks."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.req_block_ids.pop(request.request_id, None)
+        self._num_registered.pop(request.request_id, None)
+        self._num_computed_blocks.pop(request.request_id, None)
+        released = self._num_released.pop(request.request_id, 0)
+        for block in reversed(blocks[released:]):
+            self.pool.release(block)
+
+    def free_outside_window(self, request: Request) -> int:
+        """Give back the request's leading blocks that no query from its next computed
+        token on can see: a query at position p reads keys p - window + 1 .. p, so block
+        i is done once (i + 1) * block_size <= num_computed_tokens - window + 1. Blocks a
+        step still in flight reads may go: any reuse is written by a later step, which
+        runs after it. With prefix caching only computed (no longer pending) blocks go,
+        so the bookkeeping after the step never touches a block given back. Returns how
+        many blocks went back."""
+        if self.sliding_window is None:
+            return 0
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
+        if not blocks:
+            return 0
+        done = min(len(blocks), (request.num_computed_tokens - self.sliding_window + 1) // self.block_size)
+        if self.enable_prefix_caching:
+            done = min(done, self._num_computed_blocks.get(rid, 0))
+        start = self._num_released.get(rid, 0)
+        if done <= start:
+            return 0
+        for block in blocks[start:done]:
+            self.pool.release(block)
+        self._num_released[rid] = done
+        return done - start
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()

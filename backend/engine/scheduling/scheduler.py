@@ -1,0 +1,342 @@
+"""Iteration-level scheduler.
+
+Every step has one token budget (`max_num_batched_tokens`). A request is a number of
+computed tokens chasing its number of tokens; there is no separate prefill or decode
+phase, so decodes (1 token) and prefill chunks share a step naturally. Running requests
+are served first, in admission order, so a long prompt never stalls running decodes;
+waiting requests are admitted FIFO only while the budget, `max_num_seqs` and the block
+pool allow. When the pool runs dry the most recently admitted request is preempted:
+its blocks are freed and it recomputes later (its generated tokens are kept).
+
+Speculative decoding adds a decoding request's proposed tokens to its step (they are
+verified in the same forward): budgeted like any token, dropped first when the budget
+or the pool is short, and rolled back after the step when rejected. The proposals' own
+share of the scheduler's state is in spec_decode/proposal_slots.py.
+
+With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
+waiting request under another adapter waits, and the requests behind it may go first.
+So does a waiting request whose prompt blocks another request computes in this step
+(prefix caching registers them when scheduled): it is admitted in the next step and
+shares them, so `n` > 1 children compute their prompt once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+from backend.engine.errors import InvalidRequestError
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
+from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
+from backend.engine.spec_decode.proposal_slots import ProposalSlots
+from backend.engine.scheduling.stop_checker import check_stop
+from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
+from backend.models.rotary import long_rope_salt
+
+
+class Scheduler(ProposalSlots):
+    def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
+                 long_rope_original: Optional[int] = None,
+                 may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0) -> None:
+        self.kv_cache = kv_cache
+        # Structured output (structured_output_manager.py): grammars compiled for guided
+        # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
+        self.structured = structured
+        self.max_loras = max_loras
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        # Steps in which a prompt was cut short by the token budget (chunked prefill).
+        self.num_chunked_prefills = 0
+        self.num_generation_tokens_total = 0
+        # LongRoPE models: original_max_position_embeddings (backend/models/rotary.py).
+        self.long_rope_original = long_rope_original
+        # Speculative decoding (spec_decode/proposal_slots.py): which requests may propose
+        # tokens, and a draft model's lookahead slots.
+        self.may_speculate = may_speculate
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.num_long_rope_restarts = 0
+        # Pipeline micro-batches (backend/engine/scheduling/batch_queue.py): when set, the requests of
+        # steps scheduled but not yet updated are in flight and left out of later steps.
+        self.exclude_in_flight = False
+        self.in_flight: set[str] = set()
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request: Request) -> None:
+        """Queues the request; a guided one waits for its grammar (which may refuse it:
+        InvalidRequestError, QueueFullError, raised before it is queued)."""
+        if request.sampling_params.guided_fields():
+            if self.structured is None:
+                raise InvalidRequestError("structured output is not available on this engine")
+            self.structured.submit(request)
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def update_grammars(self, wait_s: float = 0.0) -> list[EngineCoreOutput]:
+        """Guided requests whose grammar is ready may be admitted from now on; those whose
+        grammar failed (or ran past its time limit) end with the error."""
+        if self.structured is None or not self.structured.num_compiling:
+            return []
+        ready, failed = self.structured.update(wait_s)
+        for request in ready:
+            request.status = RequestStatus.WAITING
+        outputs = []
+        for request, error in failed:
+            self.finish_request(request, FinishReason.ABORT)
+            outputs.append(EngineCoreOutput(request.request_id, [], finish_reason="abort", error=error))
+        return outputs
+
+    def abort_request(self, request_id: str) -> Optional[Request]:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self.finish_request(request, FinishReason.ABORT)
+        return request
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        """Finish a request and free its blocks at once."""
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_GRAMMAR):
+            self.waiting.remove(request)
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+                self.structured.cancel(request.request_id)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def lora_stats(self) -> dict:
+        """The adapters of running and of waiting requests, by name (vLLM's
+        `lora_requests_info`). Read from the metrics thread: each queue is copied in one
+        C-level call first, as the engine thread may be changing it."""
+        def names(requests: list[Request]) -> list[str]:
+            return sorted({r.sampling_params.lora_name for r in requests} - {None})
+        return {"running_lora_adapters": names(list(self.running)),
+                "waiting_lora_adapters": names(list(self.waiting)), "max_loras": self.max_loras}
+
+    # -------------------------------------------------------------- scheduling
+    def schedule(self, max_batch_seqs: Optional[int] = None) -> SchedulerOutput:
+        """max_batch_seqs: at most this many requests in the step (a micro-batch's share)."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        max_batch_seqs = max_batch_seqs or self.max_num_seqs
+
+        idx = 0
+        while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
+            request = self.running[idx]
+            if request.request_id in self.in_flight:
+                idx += 1                    # in another micro-batch still in flight
+                continue
+            if request.num_output_placeholders and (
+                    request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
+                idx += 1                    # its step in flight brings its last token
+                continue
+            if request.num_output_placeholders and self.may_speculate is not None and self.may_speculate(request):
+                idx += 1                    # its next step needs its step in flight's result
+                continue
+            if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
+                # Its next token lies past LongRoPE's original context: like transformers,
+                # recompute the whole sequence with the long frequencies.
+                self._preempt(request, long_rope_restart=True)
+                out.preempted.append(request)
+                continue
+            self.kv_cache.free_outside_window(request)
+            num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
+                          - request.num_computed_tokens, budget)
+            if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
+                # Proposals are optional: never preempt anyone to verify them.
+                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+                request.spec_token_ids = []
+            while not self.kv_cache.allocate_slots(request, num_new):
+                if self._reclaim_proposal_blocks({request.request_id, *(s.request.request_id for s in out.scheduled)}):
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                self._record(out, request, num_new)
+                budget -= num_new
+                idx += 1
+                continue
+            break  # the request itself was preempted: nothing after it can run either
+
+        can_admit = not out.preempted
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        skipped: list[Request] = []
+        while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(out.scheduled) < max_batch_seqs):
+            request = self.waiting[0]
+            if request.request_id in self.in_flight:
+                skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
+                continue
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+                skipped.append(self.waiting.popleft())      # admitted once its grammar is ready
+                continue
+            lora = request.sampling_params.lora_name
+            if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.popleft())      # its adapter has no slot this step
+                continue
+            if self._past_long_rope_context(request, request.num_tokens):
+                self._enter_long_rope(request)      # preempted while short, longer since
+            cached = []
+            if request.num_computed_tokens == 0:
+                # A request with prompt logprobs computes the positions it still needs
+                # (vLLM skips the prefix cache for it): hits only below them.
+                cached = self.kv_cache.find_cached_blocks(
+                    request, max_tokens=request.num_prompt_logprob_rows
+                    if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None)
+            if cached is None:
+                # Its prompt's blocks are being computed in this step (by a sibling or a
+                # request with the same prefix): it shares them from the next step on.
+                skipped.append(self.waiting.popleft())
+                continue
+            num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            if not self.kv_cache.allocate_slots(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            request.num_cached_tokens = len(cached) * self.kv_cache.block_size
+            request.num_draft_computed = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if lora:
+                loras.add(lora)
+            self._record(out, request, num_new)
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+        if self.num_lookahead_tokens:
+            self.reserve_lookahead(out)
+        if self.exclude_in_flight:
+            self.in_flight.update(s.request.request_id for s in out.scheduled)
+        return out
+
+    def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        """The request's share of the step; its tokens count as computed from now on (the
+        next step, scheduled before this one's result with async scheduling, starts
+        after them), and a token it samples is a placeholder until the result arrives."""
+        num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders)
+        spec = request.spec_token_ids[:num_spec] if num_spec else []
+        probs = request.draft_probs[:num_spec] if spec and request.draft_probs is not None else None
+        request.spec_token_ids, request.draft_probs = [], None      # proposals are used once
+        scheduled = ScheduledRequest(request, num_new, spec, probs)
+        start = max(request.num_computed_tokens, request.num_prompt_logprob_rows)
+        end = min(request.num_computed_tokens + num_new, request.prompt_logprob_rows_end)
+        if end > start:
+            scheduled.prompt_logprob_start, scheduled.num_prompt_logprob_rows = start, end - start
+            request.num_prompt_logprob_rows = end
+        if not scheduled.completes_prompt:
+            self.num_chunked_prefills += 1
+        out.scheduled.append(scheduled)
+        request.num_computed_tokens += num_new
+        if scheduled.completes_prompt and not request.pooling:     # (a pooling request samples nothing)
+            request.num_output_placeholders += 1
+
+    def _preempt(self, request: Request, long_rope_restart: bool = False) -> None:
+        self.running.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = request.num_draft_computed = 0
+        request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
+        request.spec_token_ids, request.draft_probs = [], None
+        if long_rope_restart:
+            self._enter_long_rope(request)
+            self.num_long_rope_restarts += 1
+        else:
+            request.num_preemptions += 1
+            self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _past_long_rope_context(self, request: Request, num_tokens: int) -> bool:
+        """A LongRoPE request still in short mode holding more tokens than the original
+        context (backend/models/rotary.py): it must be computed in long mode."""
+        return (self.long_rope_original is not None and not request.long_rope
+                and num_tokens > self.long_rope_original)
+
+    @staticmethod
+    def _enter_long_rope(request: Request) -> None:
+        """Long mode, for a request that holds no KV: its own prefix-cache chain."""
+        request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
+        request.block_hashes = []           # the chain starts again from the new salt
+
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """The step's result applied to request and KV state, by the one writer of both:
+        the step's placeholder is settled and newly filled blocks are registered; rejected
+        proposals roll back (their K/V slots count as not computed, the next step
+        overwrites them, and blocks that held only them go back to the pool); each new
+        token is appended and checked for a stop on its id as if it came alone (EOS,
+        stop ids, the grammar's end, max_tokens, after min_tokens), the first stop ending
+        the request there and freeing its blocks. Stop strings are the output side's
+        (stop_request). A pooling request whose prompt the step completed finishes with
+        its pooled vector. Returns one EngineCoreOutput per request that got tokens or
+        finished."""
+        outputs = []
+        if self.in_flight:                  # (pipeline micro-batches only)
+            self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
+        for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
+            request = s.request
+            s.num_rejected = s.rejected_among(tokens)   # (counted even if it ended meanwhile: the metrics)
+            if request.is_finished:
+                continue                    # finished or aborted since it was scheduled
+            if s.completes_prompt:
+                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
+            if request.status == RequestStatus.RUNNING:     # (not preempted since: async scheduling)
+                if s.num_rejected:
+                    request.num_computed_tokens -= s.num_rejected
+                    # The accepted tokens plus the one sampled after them (no K/V yet).
+                    self.kv_cache.trim(request, request.num_computed_tokens + 1)
+                self.kv_cache.cache_computed_blocks(request)
+            if request.pooling:
+                pooled = result.pooler_output.get(index)
+                if pooled is not None:          # its prompt is computed: done, its blocks free
+                    self.finish_request(request, FinishReason.STOP)
+                    outputs.append(EngineCoreOutput(request.request_id, [], finish_reason="stop",
+                                                    num_cached_tokens=request.num_cached_tokens,
+                                                    pooling_output=pooled))
+                continue
+            prompt_entries = result.prompt_logprobs.get(index)
+            if not tokens:
+                if prompt_entries:          # a prompt chunk's logprobs
+                    outputs.append(EngineCoreOutput(request.request_id, [], new_prompt_logprobs=prompt_entries,
+                                                    num_cached_tokens=request.num_cached_tokens))
+                continue
+            new_tokens, reason = [], None
+            for token in tokens:
+                request.output_token_ids.append(token)
+                new_tokens.append(token)
+                reason = check_stop(request, token)
+                if reason is not None:
+                    break
+            self.num_generation_tokens_total += len(new_tokens)
+            if len(tokens) > 1 and request.status == RequestStatus.RUNNING:
+                self.kv_cache.cache_computed_blocks(request)    # accepted proposals fill blocks too
+            entry = result.logprobs.get(index)
+            if reason is not None:
+                self.finish_request(request, reason)
+            outputs.append(EngineCoreOutput(
+                request.request_id, new_tokens, [entry] if entry is not None else None,
+                prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens))
+        if result.proposals is not None:    # a draft model's, made inside the step
+            self.set_proposals(result.proposals)
+        return outputs
+
+    def stop_request(self, request_id: str) -> None:
+        """A stop string ended the request (found by the output side, on text): finished
+        with "stop", its blocks free at once. A no-op when it has finished already."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish_request(request, FinishReason.STOP)

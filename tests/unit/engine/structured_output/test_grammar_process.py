@@ -1,0 +1,87 @@
+"""backend/engine/structured_output/grammar_process.py: compiles in child processes that can be killed."""
+
+import threading
+import time
+
+import pytest
+
+from backend.engine.errors import InvalidRequestError
+from backend.engine.structured_output.grammar_process import CompileKilled, GrammarProcess, GrammarProcesses
+
+xgr = pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def info_json():
+    return xgr.TokenizerInfo(["a", "b", "e", "f", "0", "1", "{", "}", '"', ":", ","]).serialize_json()
+
+
+def test_a_compiled_grammar_comes_back_whole(info_json):
+    proc = GrammarProcess(info_json)
+    try:
+        info = xgr.TokenizerInfo.deserialize_json(info_json)
+        compiled = xgr.CompiledGrammar.deserialize_json(proc.compile("guided_regex", "[01]{2}"), info)
+        matcher = xgr.GrammarMatcher(compiled)
+        assert matcher.accept_string("10") and matcher.is_terminated() is False
+    finally:
+        proc.close()
+
+
+def test_an_invalid_spec_is_the_compilers_words(info_json):
+    proc = GrammarProcess(info_json)
+    try:
+        with pytest.raises(InvalidRequestError, match="invalid guided_regex"):
+            proc.compile("guided_regex", "[0-")
+        proc.compile("guided_regex", "a")           # and the process serves on
+    finally:
+        proc.close()
+
+
+def test_kill_stops_a_compile_in_progress_at_once(info_json):
+    """The point of the processes: a compile that would run for minutes ends when killed."""
+    proc = GrammarProcess(info_json)
+    threading.Timer(0.5, proc.kill).start()
+    t0 = time.monotonic()
+    with pytest.raises(CompileKilled):
+        proc.compile("guided_json", {"type": "string", "pattern": "(e|f){1,16000}"})
+    assert time.monotonic() - t0 < 5.0 and not proc.alive
+    proc.close()
+
+
+def test_each_thread_has_its_process_and_close_ends_them(info_json):
+    procs = GrammarProcesses(info_json)
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(procs.current())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(p) for p in seen}) == 2 and len(procs) == 2
+    seen[0].kill()
+    time.sleep(0.2)
+    assert len(procs) == 1
+    procs.close()
+    assert len(procs) == 0 and not any(p.alive for p in seen)
+    with pytest.raises(CompileKilled):
+        procs.current()                              # closed: no new process
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """multiprocessing would run the parent's main script again in each child: a user's
+    script without `if __name__ == "__main__":` would run in every compile process."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import xgrammar as xgr\n"
+        "from backend.engine.structured_output.grammar_process import GrammarProcess\n"
+        "print('script ran', flush=True)\n"
+        "proc = GrammarProcess(xgr.TokenizerInfo(['0', '1']).serialize_json())\n"
+        "print(len(proc.compile('guided_regex', '[01]')) > 0, flush=True)\n"
+        "proc.close()\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n").count("script ran") == 1 and "True" in out.stdout
