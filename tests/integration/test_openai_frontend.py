@@ -169,13 +169,21 @@ def test_echo_prompt_logprobs_and_batch_prompts(client, offline, server):
     wait_blocks_free(server)
 
 
-def test_typical_p_through_extra_body_equals_offline(client, offline, server):
+def test_typical_p_through_extra_body(client, server):
     """A logits processor's parameter (typical_p) arrives from the openai client's
-    extra_body through Triton to the sampler: a small one keeps one token a step, so the
-    output is deterministic and equals the offline engine's; out of range is a 400."""
-    ref = offline.generate(PROMPT, SamplingParams(max_tokens=8, temperature=1.0, typical_p=0.01))[0]
-    r = client.completions.create(model="llm", prompt=PROMPT, max_tokens=8, extra_body={"typical_p": 0.01})
-    assert r.choices[0].text == ref.text
+    extra_body through Triton to the sampler: a tiny one (below any kept token's
+    probability) keeps one token a step, so two
+    unseeded requests give the same text (sampling from the whole distribution would
+    not: the default model's are broad); out of range is a 400 naming it. (Which token
+    a tiny typical_p keeps is the one nearest the entropy: a near tie can go either way
+    between engines of other settings, so the text is not compared with the offline
+    engine's; tests/unit/engine/sampling/logits_processors/test_typical_p.py compares
+    it with transformers' on one engine.)"""
+    texts = {client.completions.create(model="llm", prompt=PROMPT, max_tokens=12,
+                                       extra_body={"typical_p": 1e-6}).choices[0].text for _ in range(2)}
+    assert len(texts) == 1
+    plain = {client.completions.create(model="llm", prompt=PROMPT, max_tokens=12).choices[0].text for _ in range(2)}
+    assert len(plain) == 2, "unseeded sampling repeated itself: the check above says nothing"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="llm", prompt=PROMPT, max_tokens=8, extra_body={"typical_p": 2})
     assert "typical_p" in str(e.value)

@@ -315,10 +315,12 @@ def test_a_dead_front_is_seen_and_recovered(tmp_path, tiny_ckpt):
         assert _last(_ensemble_stream(srv, 8, []), 60, reference)[1] is None and "".join(reference)
         # A long request, not streamed: the front waits on its BLS stream with nothing
         # arriving until the end, and its heartbeat keeps beating meanwhile.
-        # (600 tokens: 3-5 s here; a heartbeat that waited for the stream would be as old.)
+        # (1,000 tokens: 3.5-8 s here; a heartbeat that waited for the stream would be as
+        # old. 600 once took 2.2 s, which left a beat late by 0.6 s on the busy machine
+        # above half the wait.)
         received: list = []
         t_sent = time.monotonic()
-        done = _ensemble_stream(srv, 600, received, stream=False)
+        done = _ensemble_stream(srv, 1000, received, stream=False)
         ages = []
         while done.empty():
             report = read_reports(health_dir)["ensemble_0_0"]

@@ -66,8 +66,8 @@ def test_rows_without_it_are_unchanged_bit_for_bit():
 
 
 def test_generate_matches_transformers_sampling(ckpt_dir):
-    """With a small typical_p one token survives each step (the one whose surprisal is
-    closest to the entropy), so sampling is deterministic and comparable with
+    """With a tiny typical_p (below any token's probability) one token survives each step
+    (the one whose surprisal is closest to the entropy), so sampling is deterministic and comparable with
     transformers' generate token for token; it is not the greedy output."""
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     prompts = random_prompts(4, [1, 23, 9, 40], seed=3)
@@ -76,11 +76,11 @@ def test_generate_matches_transformers_sampling(ckpt_dir):
     with torch.no_grad():
         for p in prompts:
             ids = model.generate(torch.tensor([p]), max_new_tokens=10, min_new_tokens=10, do_sample=True,
-                                 typical_p=0.01, top_k=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+                                 typical_p=1e-6, top_k=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
             expected.append(ids[0, len(p):].tolist())
     llm = LLM(path, block_size=8, num_kv_blocks=64, max_num_batched_tokens=32)
     greedy_too = [SamplingParams(max_tokens=10, min_tokens=10, temperature=0)] * 2
-    typical = [SamplingParams(max_tokens=10, min_tokens=10, temperature=1.0, typical_p=0.01)] * len(prompts)
+    typical = [SamplingParams(max_tokens=10, min_tokens=10, temperature=1.0, typical_p=1e-6)] * len(prompts)
     outs = llm.generate(prompts + prompts[:2], typical + greedy_too)
     assert [o.token_ids for o in outs[:len(prompts)]] == expected
     assert expected != hf_greedy(path, prompts, 10)
