@@ -121,6 +121,10 @@ class EngineArgs(BaseModel):
     max_model_len: Optional[int] = Field(None, ge=1)
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
+    # vLLM's: "fcfs" admits requests in arrival order; "priority" by each request's
+    # `priority` (lower first, then arrival), and preempts lower priorities first
+    # (backend/engine/scheduling/priority.py).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8", "int8"] = "auto"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from backend.config import EngineArgs
 from backend.engine.runner.cpu_shards import restore_caller_threads
@@ -26,8 +26,8 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
-                 sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None
-                 ) -> list[RequestOutput]:
+                 sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
         A prompt is a string or a list of token ids. A single prompt may be passed bare.
@@ -35,6 +35,9 @@ class LLM:
         holds all n in index order (child requests sharing the prompt's blocks, seeds
         `seed + i`: backend.engine.parallel_sampling). With `prompt_logprobs` each output's
         `prompt_logprobs` holds vLLM's list (None, then one entry per prompt token).
+        `priority` (vLLM's argument): one per prompt, for an engine with
+        scheduling_policy 'priority' (lower first); it sets each request's
+        SamplingParams.priority.
         """
         if self.engine.args.runner == "pooling":
             raise ValueError("this engine pools (runner='pooling'): use LLM.embed")
@@ -44,6 +47,11 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("one SamplingParams per prompt, or a single one for all")
+        if priority is not None:
+            if len(priority) != len(prompts):
+                raise ValueError("one priority per prompt")
+            sampling_params = [SamplingParams.create(**{**sp.model_dump(exclude_unset=True), "priority": p})
+                               for sp, p in zip(sampling_params, priority)]
         fanned: list[tuple[str, list[str]]] = []      # (parent id, its children's ids)
         for p, sp in zip(prompts, sampling_params):
             if sp.n == 1:

@@ -101,6 +101,10 @@ class _CoreSamplingParams(BaseModel):
     # Multi-LoRA: the adapter (a name from the engine's lora_modules) this request runs
     # under; None: the base model. In `sampling_parameters`, as Triton's vLLM backend takes it.
     lora_name: Optional[str] = None
+    # With the engine's scheduling_policy "priority": this request's rank, lower first
+    # (vLLM's `priority`, which its offline API takes beside the sampling parameters:
+    # LLM.generate does too). Must be 0 under "fcfs".
+    priority: int = Field(0, ge=-2**31, le=2**31 - 1)
     # A deadline for this request, seconds from arrival: unfinished then, it is aborted
     # with an error. At most the engine's request_timeout_s when it has one.
     request_timeout_s: Optional[float] = Field(None, gt=0.0)

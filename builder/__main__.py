@@ -98,6 +98,8 @@ def main(argv=None) -> int:
                       ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int),
                       ("--pipeline-parallel-size", int), ("--nnodes", int)):
         b.add_argument(flag, type=typ)
+    b.add_argument("--scheduling-policy", help="fcfs (default) or priority: requests admitted and preempted by "
+                   "their `priority`, lower first (engine argument)")
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     b.add_argument("--no-perplexity", dest="perplexity", action="store_false", default=True,
                    help="skip the held-out perplexity of source and entry (computed by the engine for any "

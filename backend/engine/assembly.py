@@ -194,7 +194,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           long_rope_original=long_rope_original,
                           may_speculate=Speculator.can_speculate if speculator is not None else None,
                           # the draft proposes inside the runner's step, into slots reserved with it
-                          num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0)
+                          num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0,
+                          policy=args.scheduling_policy)
     kv_layers = allocate_kv_cache(rank_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
     if kv_scales is not None:
         set_kv_cache_scales(kv_layers, kv_scales)

@@ -81,6 +81,10 @@ class RequestIntake:
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")
+        if params.priority != 0 and self.args.scheduling_policy != "priority":
+            raise InvalidRequestError(f"sampling parameter 'priority' is {params.priority}, but the engine schedules "
+                                      "first come, first served: priority needs the engine argument "
+                                      "scheduling_policy 'priority'")
         max_queue = self.args.max_queue_size
         if max_queue is not None and len(self.scheduler.waiting) >= max_queue:
             raise QueueFullError(f"waiting queue is full (max_queue_size={max_queue})")

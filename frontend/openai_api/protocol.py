@@ -107,6 +107,9 @@ class _CommonFields(NullMeansDefault):
     # A server-side deadline for this request, at most the engine's request_timeout_s: past
     # it the engine aborts the request and frees its KV cache (504).
     request_timeout_s: Optional[float] = Field(None, gt=0)
+    # vLLM's: with the engine's scheduling_policy "priority", lower runs first; refused
+    # (400) by an FCFS engine unless 0.
+    priority: Int = Field(0, ge=-2**31, le=2**31 - 1)
 
     @field_validator("stream_options")
     @classmethod
@@ -132,6 +135,8 @@ class _CommonFields(NullMeansDefault):
             p["bad_words"] = self.bad_words
         if self.request_timeout_s is not None:
             p["request_timeout_s"] = self.request_timeout_s
+        if self.priority:
+            p["priority"] = self.priority
         if self.logit_bias:
             try:
                 p["logit_bias"] = {int(k): v for k, v in self.logit_bias.items()}

@@ -190,6 +190,17 @@ def test_typical_p_through_extra_body(client, server):
     wait_blocks_free(server)
 
 
+def test_priority_needs_a_priority_engine(client, server):
+    """vLLM's `priority` reaches the engine, which (scheduling first come, first served)
+    refuses a nonzero one naming the engine argument that would take it; 0 is served."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llm", prompt=PROMPT, max_tokens=2, extra_body={"priority": 1})
+    assert "scheduling_policy 'priority'" in str(e.value)
+    assert client.completions.create(model="llm", prompt=PROMPT, max_tokens=2,
+                                     extra_body={"priority": 0}).choices[0].finish_reason == "length"
+    wait_blocks_free(server)
+
+
 def test_structured_output(client, server):
     schema = {"type": "object", "properties": {
         "title": {"type": "string", "maxLength": 12}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},

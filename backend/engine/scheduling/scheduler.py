@@ -23,12 +23,13 @@ shares them, so `n` > 1 children compute their prompt once.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
+from backend.engine.scheduling.priority import PriorityQueue, insert_running, rank
 from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -40,7 +41,8 @@ class Scheduler(ProposalSlots):
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
                  long_rope_original: Optional[int] = None,
-                 may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0) -> None:
+                 may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0,
+                 policy: str = "fcfs") -> None:
         self.kv_cache = kv_cache
         # Structured output (structured_output_manager.py): grammars compiled for guided
         # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
@@ -48,7 +50,9 @@ class Scheduler(ProposalSlots):
         self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        # "fcfs", or "priority": both queues in (priority, arrival) order (priority.py).
+        self.policy = policy
+        self.waiting: Union[deque[Request], PriorityQueue] = PriorityQueue() if policy == "priority" else deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
@@ -133,6 +137,9 @@ class Scheduler(ProposalSlots):
         budget = self.max_num_batched_tokens
         max_batch_seqs = max_batch_seqs or self.max_num_seqs
 
+        if self.policy == "priority":
+            self._make_room_for_waiting(out, budget)
+        preempted_for_waiting = len(out.preempted)
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
             request = self.running[idx]
@@ -174,7 +181,7 @@ class Scheduler(ProposalSlots):
                 continue
             break  # the request itself was preempted: nothing after it can run either
 
-        can_admit = not out.preempted
+        can_admit = len(out.preempted) == preempted_for_waiting     # (the pool ran dry for running ones)
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         skipped: list[Request] = []
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
@@ -213,7 +220,10 @@ class Scheduler(ProposalSlots):
             request.num_cached_tokens = len(cached) * self.kv_cache.block_size
             request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            if self.policy == "priority":
+                insert_running(self.running, request)
+            else:
+                self.running.append(request)
             if lora:
                 loras.add(lora)
             self._record(out, request, num_new)
@@ -224,6 +234,26 @@ class Scheduler(ProposalSlots):
         if self.exclude_in_flight:
             self.in_flight.update(s.request.request_id for s in out.scheduled)
         return out
+
+    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Priority: while the best waiting request outranks the lowest-ranked running one
+        and finds no room (max_num_seqs reached, or too few free blocks for its next
+        chunk), that running request is preempted (to recompute later), before anything
+        of this step is scheduled."""
+        head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
+                     and r.request_id not in self.in_flight), None)
+        if head is None:
+            return
+        chunk = min(head.num_tokens - head.num_computed_tokens, budget)
+        blocks = -(-(head.num_computed_tokens + chunk) // self.kv_cache.block_size)
+        while self.running:
+            worst = self.running[-1]
+            if rank(worst)[0] <= rank(head)[0] or worst.request_id in self.in_flight:
+                return                      # never for an equal or a lower priority
+            if len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
+                return
+            self._preempt(worst)
+            out.preempted.append(worst)
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """The request's share of the step; its tokens count as computed from now on (the

@@ -1,0 +1,95 @@
+"""Priority scheduling (backend/engine/scheduling/priority.py), the scheduler alone
+against a fake runner: admission by (priority, arrival), a waiting request taking the
+place of a lower-priority running one (never of an equal or higher one), the pool's
+last blocks taken from the lowest priority, and every request done with the pool free.
+Through the engine, with greedy tokens equal to FCFS's: test_priority_engine.py."""
+
+from backend.engine.outputs import ModelRunnerOutput
+from backend.engine.request import Request
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.scheduling.priority import PriorityQueue
+from backend.engine.scheduling.scheduler import Scheduler
+from backend.sampling_params import SamplingParams
+
+
+def request(rid: str, prompt_len: int, priority: int, arrival: float, max_tokens: int = 4) -> Request:
+    return Request(request_id=rid, prompt_token_ids=list(range(10, 10 + prompt_len)),
+                   sampling_params=SamplingParams(max_tokens=max_tokens, priority=priority), arrival_time=arrival,
+                   max_tokens=max_tokens, eos_token_ids=frozenset({2}))
+
+
+def setup(num_blocks: int = 32, max_num_seqs: int = 4, budget: int = 64) -> tuple[Scheduler, KVCacheManager]:
+    kv = KVCacheManager(num_blocks=num_blocks, block_size=4, enable_prefix_caching=False)
+    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy="priority"), kv
+
+
+def step(scheduler: Scheduler) -> tuple[list[str], list[str], list[str]]:
+    """(scheduled ids, preempted ids, finished ids) of one step with a fake runner."""
+    out = scheduler.schedule()
+    result = ModelRunnerOutput([[7] if s.completes_prompt else [] for s in out.scheduled])
+    finished = [o.request_id for o in scheduler.update_from_output(out, result) if o.finish_reason]
+    return [s.request.request_id for s in out.scheduled], [r.request_id for r in out.preempted], finished
+
+
+def run_to_end(scheduler: Scheduler, kv: KVCacheManager) -> list[str]:
+    order = []
+    for _ in range(200):
+        if not scheduler.num_unfinished:
+            break
+        order += step(scheduler)[2]
+    assert not scheduler.num_unfinished and kv.num_free_blocks == kv.num_total_blocks
+    return order
+
+
+def test_the_queue_keeps_priority_then_arrival_order():
+    q = PriorityQueue()
+    for rid, priority, arrival in [("a", 1, 0.0), ("b", 0, 2.0), ("c", 1, 1.0), ("d", 0, 1.0), ("e", -1, 9.0)]:
+        q.append(request(rid, 1, priority, arrival))
+    assert [r.request_id for r in q] == ["e", "d", "b", "a", "c"]
+    first = q.popleft()
+    q.appendleft(first)                                  # put back: to its place, which is first
+    q.extendleft([q.popleft(), q.popleft()][::-1])
+    assert [r.request_id for r in q] == ["e", "d", "b", "a", "c"]
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival():
+    scheduler, kv = setup(max_num_seqs=1)
+    for rid, priority, arrival in [("low", 5, 0.0), ("mid", 1, 1.0), ("high", 0, 2.0), ("high2", 0, 3.0)]:
+        scheduler.add_request(request(rid, 4, priority, arrival, max_tokens=1))
+    assert run_to_end(scheduler, kv) == ["high", "high2", "mid", "low"]
+
+
+def test_a_waiting_request_takes_the_place_of_a_lower_priority_running_one():
+    scheduler, kv = setup(max_num_seqs=2)
+    scheduler.add_request(request("low", 4, 5, 0.0, max_tokens=20))
+    scheduler.add_request(request("mid", 4, 3, 1.0, max_tokens=20))
+    order = step(scheduler)[2]
+    scheduler.add_request(request("high", 4, 0, 2.0, max_tokens=4))
+    scheduled, preempted, finished = step(scheduler)
+    assert preempted == ["low"] and "high" in scheduled and "mid" in scheduled
+    # An equal priority waits its turn: no preemption for it.
+    scheduler.add_request(request("mid2", 4, 3, 3.0, max_tokens=2))
+    _, preempted, more = step(scheduler)
+    assert preempted == []
+    order += finished + more + run_to_end(scheduler, kv)
+    assert order.index("high") < order.index("mid") < order.index("low")
+    assert order.index("mid2") < order.index("low")
+
+
+def test_the_pool_is_taken_from_the_lowest_priority_never_a_higher_one():
+    # 10 blocks of 4 tokens: three 12-token prompts fill 9; growing, someone must go.
+    scheduler, kv = setup(num_blocks=10, budget=64)
+    priorities = {"p0": 0, "p1": 1, "p2": 2}
+    for i, (rid, priority) in enumerate(priorities.items()):
+        scheduler.add_request(request(rid, 12, priority, float(i), max_tokens=12))
+    preempted_all = []
+    for _ in range(200):
+        if not scheduler.num_unfinished:
+            break
+        _, preempted, _ = step(scheduler)
+        running = {r.request_id for r in scheduler.running}
+        # whoever is preempted ranks below every request still running
+        assert all(priorities[v] >= max(priorities[r] for r in running) for v in preempted if running)
+        preempted_all += preempted
+    assert preempted_all and "p0" not in preempted_all
+    assert kv.num_free_blocks == kv.num_total_blocks
