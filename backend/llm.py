@@ -50,6 +50,9 @@ class LLM:
         if priority is not None:
             if len(priority) != len(prompts):
                 raise ValueError("one priority per prompt")
+            if any(priority) and self.engine.args.scheduling_policy != "priority":
+                # (before any request is added: none is left behind in the engine)
+                raise ValueError("priority needs an engine with scheduling_policy='priority'")
             sampling_params = [SamplingParams.create(**{**sp.model_dump(exclude_unset=True), "priority": p})
                                for sp, p in zip(sampling_params, priority)]
         fanned: list[tuple[str, list[str]]] = []      # (parent id, its children's ids)

@@ -11,7 +11,8 @@ run; `--high-fraction` of them have priority 0, the rest 1; prompts and output l
 are random (seeded, greedy, EOS ignored). The same arrivals run under
 `scheduling_policy` fcfs (every priority 0) and priority. A request's TTFT is from its
 arrival to the end of the step that returns its first token. The idle TTFT is one
-request alone on a fresh engine (median of 5). Printed per policy: each class's TTFT
+request alone on a fresh engine (median of 5); each phase runs on an engine of its own
+(no prefix-cache hits from another). Printed per policy: each class's TTFT
 p50/p99, how many completed, and the high class's p99 over the idle TTFT.
 """
 
@@ -41,6 +42,8 @@ def params(out_len: int, priority: int) -> SamplingParams:
 
 
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
@@ -110,22 +113,29 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     kw = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=512, seed=a.seed)
-    fcfs = LLM(a.checkpoint, **kw)
-    vocab = fcfs.engine.model_config.vocab_size
+
+    def fresh(policy: str = "fcfs") -> LLM:
+        # Each phase on an engine of its own: no prefix-cache hit from an earlier phase.
+        return LLM(a.checkpoint, scheduling_policy=policy, **kw)
+    llm = fresh()
+    vocab = llm.engine.model_config.vocab_size
     requests = workload(a.num_requests, a.high_fraction, vocab, a.seed)
-    rps = throughput_rps(fcfs, requests[:48])
+    # (calibrated on prompts of its own, from another seed: none of the measured ones)
+    rps = throughput_rps(llm, workload(48, 0.0, vocab, a.seed + 1000))
+    llm.close()
     rng = random.Random(a.seed + 1)
     arrivals, t = [], 0.0
     for _ in requests:
         t += rng.expovariate(a.load * rps)
         arrivals.append(t)
-    idle = idle_ttft(fcfs, [r for r in requests if r[2]])
-    report = {"throughput_rps": rps, "arrival_rps": a.load * rps, "idle_ttft_s": idle,
-              "fcfs": saturated(fcfs, requests, arrivals, "fcfs")}
-    fcfs.close()
-    prio = LLM(a.checkpoint, scheduling_policy="priority", **kw)
-    report["priority"] = saturated(prio, requests, arrivals, "priority")
-    prio.close()
+    llm = fresh()
+    idle = idle_ttft(llm, [r for r in requests if r[2]] or requests)
+    llm.close()
+    report = {"throughput_rps": rps, "arrival_rps": a.load * rps, "idle_ttft_s": idle}
+    for policy in ("fcfs", "priority"):
+        llm = fresh(policy)
+        report[policy] = saturated(llm, requests, arrivals, policy)
+        llm.close()
     print(f"# {a.num_requests} requests, {a.high_fraction:.0%} high priority, arrivals {a.load}x the measured "
           f"{rps:.2f} req/s, max_num_seqs {a.max_num_seqs}; idle TTFT {idle * 1e3:.0f} ms")
     for policy in ("fcfs", "priority"):

@@ -31,13 +31,17 @@ class PriorityQueue:
         self._items: list[Request] = []
 
     def append(self, request: Request) -> None:
+        """A new request: behind the requests of its rank."""
         bisect.insort_right(self._items, request, key=rank)
 
-    appendleft = append
+    def appendleft(self, request: Request) -> None:
+        """Back to the queue (preempted, or skipped for a step): ahead of its rank's others."""
+        bisect.insort_left(self._items, request, key=rank)
 
     def extendleft(self, requests: Iterable[Request]) -> None:
+        """Each to the front of its rank, the last first, as deque.extendleft does."""
         for request in requests:
-            self.append(request)
+            self.appendleft(request)
 
     def popleft(self) -> Request:
         return self._items.pop(0)

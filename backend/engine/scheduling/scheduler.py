@@ -6,7 +6,9 @@ phase, so decodes (1 token) and prefill chunks share a step naturally. Running r
 are served first, in admission order, so a long prompt never stalls running decodes;
 waiting requests are admitted FIFO only while the budget, `max_num_seqs` and the block
 pool allow. When the pool runs dry the most recently admitted request is preempted:
-its blocks are freed and it recomputes later (its generated tokens are kept).
+its blocks are freed and it recomputes later (its generated tokens are kept). Under
+scheduling_policy "priority" both queues are in (priority, arrival) order instead, so
+the lowest-ranked request is the one preempted (priority.py).
 
 Speculative decoding adds a decoding request's proposed tokens to its step (they are
 verified in the same forward): budgeted like any token, dropped first when the budget
@@ -137,9 +139,9 @@ class Scheduler(ProposalSlots):
         budget = self.max_num_batched_tokens
         max_batch_seqs = max_batch_seqs or self.max_num_seqs
 
-        if self.policy == "priority":
-            self._make_room_for_waiting(out, budget)
-        preempted_for_waiting = len(out.preempted)
+        # Priority: requests preempted to make room for a higher-priority waiting one are
+        # not admitted again in this step (their step in flight is still to come back).
+        made_room = self._make_room_for_waiting(out, budget) if self.policy == "priority" else set()
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
             request = self.running[idx]
@@ -181,13 +183,13 @@ class Scheduler(ProposalSlots):
                 continue
             break  # the request itself was preempted: nothing after it can run either
 
-        can_admit = len(out.preempted) == preempted_for_waiting     # (the pool ran dry for running ones)
+        can_admit = len(out.preempted) == len(made_room)    # (not when the pool ran dry for running ones)
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         skipped: list[Request] = []
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < max_batch_seqs):
             request = self.waiting[0]
-            if request.request_id in self.in_flight:
+            if request.request_id in self.in_flight or request.request_id in made_room:
                 skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
                 continue
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
@@ -235,25 +237,42 @@ class Scheduler(ProposalSlots):
             self.in_flight.update(s.request.request_id for s in out.scheduled)
         return out
 
-    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> set[str]:
         """Priority: while the best waiting request outranks the lowest-ranked running one
         and finds no room (max_num_seqs reached, or too few free blocks for its next
-        chunk), that running request is preempted (to recompute later), before anything
-        of this step is scheduled."""
+        chunk after its prefix-cache hits), that running request is preempted (to
+        recompute later), before anything of this step is scheduled. Not for a request
+        that could not be admitted in this step anyway (its adapter has no slot, or its
+        prompt's blocks are being computed). Returns the ids preempted."""
+        preempted: set[str] = set()
         head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
                      and r.request_id not in self.in_flight), None)
-        if head is None:
-            return
-        chunk = min(head.num_tokens - head.num_computed_tokens, budget)
-        blocks = -(-(head.num_computed_tokens + chunk) // self.kv_cache.block_size)
+        if head is None or not self.running or rank(self.running[-1])[0] <= rank(head)[0]:
+            return preempted
+        lora = head.sampling_params.lora_name
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
+            return preempted
+        cached = []
+        if head.num_computed_tokens == 0:
+            cached = self.kv_cache.find_cached_blocks(
+                head, max_tokens=head.num_prompt_logprob_rows
+                if head.num_prompt_logprob_rows < head.prompt_logprob_rows_end else None)
+            if cached is None:
+                return preempted
+        computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
+        chunk = min(head.num_tokens - computed, budget)
+        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - len(cached)
         while self.running:
             worst = self.running[-1]
             if rank(worst)[0] <= rank(head)[0] or worst.request_id in self.in_flight:
-                return                      # never for an equal or a lower priority
+                break                       # never for an equal or a lower priority
             if len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
-                return
+                break
             self._preempt(worst)
             out.preempted.append(worst)
+            preempted.add(worst.request_id)
+        return preempted
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """The request's share of the step; its tokens count as computed from now on (the

@@ -93,3 +93,39 @@ def test_the_pool_is_taken_from_the_lowest_priority_never_a_higher_one():
         preempted_all += preempted
     assert preempted_all and "p0" not in preempted_all
     assert kv.num_free_blocks == kv.num_total_blocks
+
+
+def test_no_room_is_made_for_a_request_that_could_not_be_admitted_anyway():
+    """Its adapter has no slot: nothing is preempted for it (each step would otherwise
+    preempt the same request, and with a step in flight admit it again at once)."""
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=2, max_num_batched_tokens=64, max_loras=1, policy="priority")
+    a = request("a", 8, 0, 0.0, max_tokens=30)
+    a.sampling_params = SamplingParams(max_tokens=30, priority=0, lora_name="x")
+    scheduler.add_request(a)
+    scheduler.add_request(request("v", 8, 5, 1.0, max_tokens=30))
+    step(scheduler)
+    h = request("h", 8, 1, 2.0, max_tokens=4)
+    h.sampling_params = SamplingParams(max_tokens=4, priority=1, lora_name="y")
+    scheduler.add_request(h)
+    for _ in range(5):
+        assert step(scheduler)[1] == []
+    assert scheduler.num_preemptions == 0
+
+
+def test_room_counts_the_prefix_cache_hits():
+    """A waiting request whose prompt is mostly cached needs only its new blocks: with
+    those free, nobody is preempted for it."""
+    kv = KVCacheManager(num_blocks=20, block_size=4, enable_prefix_caching=True)
+    scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=128, policy="priority")
+    shared = list(range(10, 42))                                     # 8 full blocks
+    a = request("a", 1, 0, 0.0, max_tokens=50)
+    a.prompt_token_ids = list(shared)
+    scheduler.add_request(a)
+    scheduler.add_request(request("v", 32, 5, 1.0, max_tokens=50))
+    step(scheduler)
+    h = request("h", 1, 1, 2.0, max_tokens=4)
+    h.prompt_token_ids = shared + [50, 51, 52, 53]
+    scheduler.add_request(h)
+    scheduled, preempted, _ = step(scheduler)
+    assert preempted == [] and "h" in scheduled and "v" in scheduled
