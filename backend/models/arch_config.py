@@ -19,9 +19,6 @@ ALTERNATING_FAMILIES = ("gemma2", "gpt_oss")
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096}
 
-# Families whose transformers config class ties the embeddings unless told otherwise.
-TIED_BY_DEFAULT = GEMMA_FAMILIES
-
 
 class ArchConfigError(ValueError):
     pass

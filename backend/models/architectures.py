@@ -16,19 +16,30 @@ class Architecture(NamedTuple):
     family: str
     module: str                 # backend.models.<module>
     model_class: str
+    # Facts of the family that config.json does not state (the defaults of its
+    # transformers config class and modules), read by backend/models/config.py:
+    qk_norm: bool = False                   # RMSNorm on q and k before RoPE
+    qkv_bias: str = "no"                    # "always", "config" (config.json's qkv_bias, default true), "no"
+    attention_bias: bool = False            # attention_bias when config.json omits it
+    tied_by_default: bool = False           # tie_word_embeddings when config.json omits it
+    attention_sinks: bool = False           # a learned logit per head in every softmax (self_attn.sinks)
+    mxfp4_experts: bool = False             # reads `quant_method: mxfp4` (experts dequantized at load)
 
+
+_GEMMA = dict(tied_by_default=True)
+_GPT_OSS = dict(attention_bias=True, attention_sinks=True, mxfp4_experts=True)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "llama", "CausalLM"),
     "MistralForCausalLM": Architecture("mistral", "llama", "CausalLM"),
-    "Qwen2ForCausalLM": Architecture("qwen2", "llama", "CausalLM"),
-    "Qwen3ForCausalLM": Architecture("qwen3", "llama", "CausalLM"),
+    "Qwen2ForCausalLM": Architecture("qwen2", "llama", "CausalLM", qkv_bias="always"),
+    "Qwen3ForCausalLM": Architecture("qwen3", "llama", "CausalLM", qk_norm=True),
     "MixtralForCausalLM": Architecture("mixtral", "llama", "CausalLM"),
-    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "llama", "CausalLM"),
-    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM"),
-    "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM"),
-    "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM"),
+    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "llama", "CausalLM", qkv_bias="config"),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM", qk_norm=True),
+    "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM", **_GEMMA),
+    "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM", qk_norm=True, **_GEMMA),
     "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM"),
-    "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM"),
+    "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM", **_GPT_OSS),
     "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),
 }

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from backend.models import arch_config
 from backend.models.architectures import ARCHITECTURES
 from backend.models.quant_linears import describe as describe_quantization
-from backend.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config_from_dict
+from backend.models.moe_config import MoEConfig, moe_config_from_dict
 
 # Hugging Face architecture name -> family (the table: backend/models/architectures.py).
 SUPPORTED_ARCHITECTURES = {name: entry.family for name, entry in ARCHITECTURES.items()}
@@ -110,7 +110,8 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     if arch is None:
         raise UnsupportedModelError(
             f"unsupported architecture {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-    family = SUPPORTED_ARCHITECTURES[arch]
+    entry = ARCHITECTURES[arch]
+    family = entry.family
 
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
@@ -128,7 +129,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise UnsupportedModelError(f"unsupported partial_rotary_factor {rope['partial_rotary_factor']} "
                                     f"(RoPE over {rotary_dim} of {head_dim} channels)")
-    qk_norm = family in ("qwen3", "qwen3_moe", "gemma3")
+    qk_norm = entry.qk_norm
     if rotary_dim < head_dim and qk_norm:
         raise UnsupportedModelError("unsupported partial_rotary_factor with q/k norms")
 
@@ -137,7 +138,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     quant = cfg.get("quantization_config")
     mxfp4 = quant is not None and quant.get("quant_method") == "mxfp4"
     if mxfp4:
-        if family != "gpt_oss":
+        if not entry.mxfp4_experts:
             raise UnsupportedModelError(f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
         quant = None        # dequantized at load: the model runs in the compute dtype
     if quant is not None:
@@ -146,14 +147,16 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         except ValueError as e:             # the format's own error names the field
             raise UnsupportedModelError(f"unsupported quantization_config: {e}") from None
     # MoE: only our FP8 builds of Mixtral / Qwen-MoE (backend/models/moe_fp8.py).
-    fp8_moe_build = family != "gpt_oss" and quant is not None and quant.get("quant_method") == "paged_llm_fp8"
-    if quant is not None and family in MOE_FAMILIES and not fp8_moe_build:
+    fp8_moe_build = (not entry.mxfp4_experts and quant is not None
+                     and quant.get("quant_method") == "paged_llm_fp8")
+    moe = moe_config_from_dict(cfg, family, num_layers)
+    if quant is not None and moe is not None and not fp8_moe_build:
         raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
                                     f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights, or "
                                     "build FP8 ones with `python -m builder build --weights fp8`")
 
     # GptOssConfig defaults attention_bias to true (every projection has one).
-    attention_bias = bool(cfg.get("attention_bias", family == "gpt_oss"))
+    attention_bias = bool(cfg.get("attention_bias", entry.attention_bias))
     hidden_act = arch_config.hidden_act(cfg, family)
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
@@ -171,8 +174,8 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         rope_theta=rope["rope_theta"],
         rope_scaling=rope["rope_scaling"],
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in arch_config.TIED_BY_DEFAULT)),
-        qkv_bias=(family == "qwen2" or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", entry.tied_by_default)),
+        qkv_bias=(entry.qkv_bias == "always" or (entry.qkv_bias == "config" and bool(cfg.get("qkv_bias", True)))
                   or attention_bias),
         qk_norm=qk_norm,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
@@ -182,10 +185,10 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         eos_token_ids=tuple(eos),
         quantization=quant,
         o_bias=attention_bias,
-        moe=moe_config_from_dict(cfg, family, num_layers),
+        moe=moe,
         local_rope_theta=rope["local_rope_theta"],
         rotary_dim=rotary_dim if rotary_dim < head_dim else None,
-        attention_sinks=family == "gpt_oss",
+        attention_sinks=entry.attention_sinks,
         mxfp4_experts=mxfp4,
         hf_config=dict(cfg),
         **gemma,
