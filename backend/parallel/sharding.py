@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 from safetensors import safe_open
 
+from backend.models.architectures import ARCHITECTURES
 from backend.models.config import ModelConfig
 from backend.parallel.moe_sharding import ROW_BIAS, SKIP, check_moe_parallel, expert_rule
 
@@ -33,8 +34,9 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> Optional[str]:
     """Why this checkpoint cannot be split over tp ranks, or None."""
     if tp == 1:
         return None
-    if cfg.family == "phi3":
-        return "Phi-3's fused qkv_proj / gate_up_proj checkpoint tensors are not split across ranks yet"
+    if ARCHITECTURES[cfg.architecture].fused_checkpoint_projections:
+        return (f"{cfg.architecture}'s fused qkv_proj / gate_up_proj checkpoint tensors are not split across "
+                "ranks yet")
     if cfg.num_heads % tp:
         return f"{cfg.num_heads} attention heads do not divide over {tp} ranks"
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
