@@ -149,13 +149,16 @@ def register(app: FastAPI) -> None:
                                 "/v1/completions or /v1/chat/completions); /v1/embeddings needs a model built "
                                 "with --runner pooling", "model")
         client = app.state.llm.client
-        # Concurrent, so the engine batches them; the first failure cancels the others.
+        # Concurrent, so the engine batches them; the first failure cancels the others
+        # (gather, not asyncio.TaskGroup: the project runs on Python 3.10 too).
+        tasks = [asyncio.ensure_future(_embed_one(client, served.triton_model, p)) for p in req.prompts()]
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(_embed_one(client, served.triton_model, p)) for p in req.prompts()]
-        except BaseExceptionGroup as failed:
-            raise failed.exceptions[0] from None
-        results = [t.result() for t in tasks]
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)    # each one's cancellation done
+            raise
         tokens = sum(n for _, n in results)
         return {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": req.model,
                 "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}

@@ -5,6 +5,9 @@ from frontend.openai_api.errors import APIError
 
 
 class FakeTriton:
+    # The gRPC client the routes hand each request (its calls are faked where a test needs them).
+    client = None
+
     def __init__(self, models):
         self._models = models
 
