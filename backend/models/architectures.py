@@ -9,7 +9,7 @@ needs from ModelConfig.hf_config) and a line here. docs/development.md walks thr
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 
 class Architecture(NamedTuple):
@@ -24,8 +24,8 @@ class Architecture(NamedTuple):
     tied_by_default: bool = False           # tie_word_embeddings when config.json omits it
     attention_sinks: bool = False           # a learned logit per head in every softmax (self_attn.sinks)
     mxfp4_experts: bool = False             # reads `quant_method: mxfp4` (experts dequantized at load)
-    # Its checkpoints store q/k/v and gate/up fused (Phi-3): not split across ranks yet.
-    fused_checkpoint_projections: bool = False
+    # Why it runs on one rank only (tensor parallelism refused with this reason), or None.
+    single_rank: Optional[str] = None
 
 
 _GEMMA = dict(tied_by_default=True)
@@ -41,7 +41,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM", qk_norm=True),
     "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM", **_GEMMA),
     "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM", qk_norm=True, **_GEMMA),
-    "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM", fused_checkpoint_projections=True),
+    "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM", single_rank="its fused qkv_proj / gate_up_proj "
+                                    "checkpoint tensors are not split across ranks yet"),
     "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM", **_GPT_OSS),
     "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),
 }

@@ -34,9 +34,9 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> Optional[str]:
     """Why this checkpoint cannot be split over tp ranks, or None."""
     if tp == 1:
         return None
-    if ARCHITECTURES[cfg.architecture].fused_checkpoint_projections:
-        return (f"{cfg.architecture}'s fused qkv_proj / gate_up_proj checkpoint tensors are not split across "
-                "ranks yet")
+    single_rank = ARCHITECTURES[cfg.architecture].single_rank
+    if single_rank:
+        return f"{cfg.architecture} runs on one rank: {single_rank}"
     if cfg.num_heads % tp:
         return f"{cfg.num_heads} attention heads do not divide over {tp} ranks"
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
