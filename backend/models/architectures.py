@@ -45,4 +45,6 @@ ARCHITECTURES: dict[str, Architecture] = {
                                     "checkpoint tensors are not split across ranks yet"),
     "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM", **_GPT_OSS),
     "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),
+    "Olmo2ForCausalLM": Architecture("olmo2", "olmo2", "Olmo2CausalLM",
+                                     single_rank="its q/k norms span every head: not split across ranks yet"),
 }

@@ -71,6 +71,8 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
         kw.setdefault("residual_multiplier", 0.3)
         kw.setdefault("logits_scaling", 4.0)
         cfg, cls = tf.GraniteConfig(**kw), tf.GraniteForCausalLM
+    elif arch == "olmo2":
+        cfg, cls = tf.Olmo2Config(**kw), tf.Olmo2ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
