@@ -19,6 +19,7 @@ from backend.sampling_params import SamplingParams
 
 # Each processor's parameter and its off value, read per request (at intake, and by the
 # sampler for a request without its row): one attrgetter call and a loop over pairs.
+# ("temperature" last, dropped after: so that attrgetter returns a tuple even for one name.)
 _PROCESSOR_VALUES = attrgetter(*(proc.name for proc in PROCESSORS), "temperature")
 _NEUTRAL = tuple(proc.neutral for proc in PROCESSORS)
 

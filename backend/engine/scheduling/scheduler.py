@@ -31,7 +31,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.scheduling.priority import PriorityQueue, insert_running, rank
+from backend.engine.scheduling.priority import PriorityQueue, insert_running
 from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -195,19 +195,12 @@ class Scheduler(ProposalSlots):
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
                 skipped.append(self.waiting.popleft())      # admitted once its grammar is ready
                 continue
-            lora = request.sampling_params.lora_name
-            if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
+            if self._no_adapter_slot(request, loras):
                 skipped.append(self.waiting.popleft())      # its adapter has no slot this step
                 continue
             if self._past_long_rope_context(request, request.num_tokens):
                 self._enter_long_rope(request)      # preempted while short, longer since
-            cached = []
-            if request.num_computed_tokens == 0:
-                # A request with prompt logprobs computes the positions it still needs
-                # (vLLM skips the prefix cache for it): hits only below them.
-                cached = self.kv_cache.find_cached_blocks(
-                    request, max_tokens=request.num_prompt_logprob_rows
-                    if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None)
+            cached = self._prefix_hits(request)
             if cached is None:
                 # Its prompt's blocks are being computed in this step (by a sibling or a
                 # request with the same prefix): it shares them from the next step on.
@@ -226,8 +219,8 @@ class Scheduler(ProposalSlots):
                 insert_running(self.running, request)
             else:
                 self.running.append(request)
-            if lora:
-                loras.add(lora)
+            if request.sampling_params.lora_name:
+                loras.add(request.sampling_params.lora_name)
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
@@ -247,25 +240,19 @@ class Scheduler(ProposalSlots):
         preempted: set[str] = set()
         head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
                      and r.request_id not in self.in_flight), None)
-        if head is None or not self.running or rank(self.running[-1])[0] <= rank(head)[0]:
+        priority = None if head is None else head.sampling_params.priority
+        if head is None or not self.running or self.running[-1].sampling_params.priority <= priority:
             return preempted
-        lora = head.sampling_params.lora_name
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
-        if lora and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras:
+        cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
+        if cached is None:
             return preempted
-        cached = []
-        if head.num_computed_tokens == 0:
-            cached = self.kv_cache.find_cached_blocks(
-                head, max_tokens=head.num_prompt_logprob_rows
-                if head.num_prompt_logprob_rows < head.prompt_logprob_rows_end else None)
-            if cached is None:
-                return preempted
         computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
         chunk = min(head.num_tokens - computed, budget)
         blocks = -(-(computed + chunk) // self.kv_cache.block_size) - len(cached)
         while self.running:
             worst = self.running[-1]
-            if rank(worst)[0] <= rank(head)[0] or worst.request_id in self.in_flight:
+            if worst.sampling_params.priority <= priority or worst.request_id in self.in_flight:
                 break                       # never for an equal or a lower priority
             if len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
                 break
@@ -273,6 +260,22 @@ class Scheduler(ProposalSlots):
             out.preempted.append(worst)
             preempted.add(worst.request_id)
         return preempted
+
+    def _no_adapter_slot(self, request: Request, loras: set[str]) -> bool:
+        """Its adapter is not among `loras` (those of the step) and they fill max_loras."""
+        lora = request.sampling_params.lora_name
+        return bool(lora) and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras
+
+    def _prefix_hits(self, request: Request) -> Optional[list]:
+        """The cached blocks a waiting request starts from ([] when it has computed tokens
+        of its own); None while its prompt's blocks are being computed in this step. A
+        request with prompt logprobs computes the positions it still needs (vLLM skips
+        the prefix cache for it): hits only below them."""
+        if request.num_computed_tokens:
+            return []
+        return self.kv_cache.find_cached_blocks(
+            request, max_tokens=request.num_prompt_logprob_rows
+            if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None)
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """The request's share of the step; its tokens count as computed from now on (the
