@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from concurrent.futures import Future
 import threading
 import time
 from dataclasses import dataclass
@@ -69,6 +70,15 @@ class _Stop:
 
 
 @dataclass
+class _LoRAUpdate:
+    """A runtime adapter change (runtime_lora.py), done on the engine thread between
+    steps; `future` gets its result."""
+    action: str                 # "add" (arg: the adapter, read already), "remove" (arg: its name), "list"
+    arg: object
+    future: Future
+
+
+@dataclass
 class _Added:
     """To the output thread, before any output of the request: where its outputs go."""
     request_id: str
@@ -103,7 +113,7 @@ class RequestStream:
 class EngineLoop:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
-        self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop]]" = queue.Queue()
+        self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop, _LoRAUpdate]]" = queue.Queue()
         self._early_aborts: EarlyAborts[_Abort] = EarlyAborts()   # engine thread only
         self._outbox: "queue.Queue[Union[_Added, list[EngineCoreOutput], _Closed]]" = queue.Queue()
         # Output thread state: each request's output side and callback.
@@ -155,6 +165,31 @@ class EngineLoop:
             f"the engine failed: {self.error}" if self.error is not None else "the engine is shutting down")))
         return stream
 
+    def add_lora(self, name: str, path: str) -> Future:
+        """Serve the adapter at `path` as `name`. Its files are read and checked here, on
+        the caller's thread (errors raise here); the future resolves once the engine
+        thread has registered it."""
+        return self._lora_update("add", self.engine.runtime_lora.read(name, path))
+
+    def remove_lora(self, name: str) -> Future:
+        """Refuse new requests for `name` and drop it once its requests finish; the
+        future resolves to True when it was dropped at once, False when it waits."""
+        return self._lora_update("remove", name)
+
+    def list_loras(self) -> Future:
+        """The future of {"loaded": [...], "unloading": [...]}."""
+        return self._lora_update("list", None)
+
+    def _lora_update(self, action: str, arg: object) -> Future:
+        future: Future = Future()
+        with self._intake_lock:
+            if self._open():
+                self._inbox.put(_LoRAUpdate(action, arg, future))
+                return future
+        future.set_exception(EngineDeadError("the engine is shutting down" if self.error is None
+                                             else f"the engine failed: {self.error}"))
+        return future
+
     def abort(self, request_id: str, reason: Optional[Exception] = None) -> None:
         """Abort a request; its blocks are freed at the start of the next loop iteration."""
         self._inbox.put(_Abort(request_id, reason))
@@ -196,6 +231,7 @@ class EngineLoop:
                 outputs = self.engine.core_step()
                 if outputs:
                     self._outbox.put(outputs)
+                self.engine.runtime_lora.finish_unloads()
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")
             self.error = e
@@ -214,7 +250,10 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: Union[_Add, _Abort, _Stop]) -> None:
+    def _handle(self, item: Union[_Add, _Abort, _Stop, _LoRAUpdate]) -> None:
+        if isinstance(item, _LoRAUpdate):
+            self._update_lora(item)
+            return
         if isinstance(item, _Stop):
             self.engine.stop_requests([item.request_id])
             return
@@ -236,6 +275,14 @@ class EngineLoop:
         if early is not None:
             self._handle(early)
 
+    def _update_lora(self, item: _LoRAUpdate) -> None:
+        try:
+            result = self.engine.runtime_lora.apply(item.action, item.arg)
+        except Exception as e:      # a refused change fails its caller alone
+            item.future.set_exception(e)
+            return
+        item.future.set_result(result)
+
     def _close(self, error: Exception) -> None:
         """The engine thread's end: requests still queued fail; those in the engine are
         aborted (their blocks freed) and the output thread fails them."""
@@ -250,6 +297,8 @@ class EngineLoop:
         for item in queued:
             if isinstance(item, _Add):
                 self._deliver_final(item.callback, error_output(item.request_id, error))
+            elif isinstance(item, _LoRAUpdate):
+                item.future.set_exception(error)
         try:
             self.engine.abort_all()
         except Exception:

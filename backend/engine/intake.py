@@ -20,7 +20,6 @@ from backend.engine.errors import DeadlineExceededError, InvalidRequestError, Qu
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
 from backend.engine.sampling.sampling_row import SamplingRow
-from backend.lora import cache_salt
 from backend.sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -119,7 +118,7 @@ class RequestIntake:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
-            cache_salt=cache_salt(params.lora_name), pooling=pooling,
+            cache_salt=self.lora.salt(params.lora_name) if self.lora is not None else None, pooling=pooling,
             sampling_row=SamplingRow.of(params, eos, self.model_config.vocab_size),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))

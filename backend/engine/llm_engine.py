@@ -32,6 +32,7 @@ from backend.engine.output_processor import OutputProcessor
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from backend.engine.request import Request
 from backend.engine.request_limits import RequestLimits
+from backend.engine.runtime_lora import RuntimeLoRA
 
 class LLMEngine(RequestIntake):
     def __init__(self, args: EngineArgs) -> None:
@@ -69,6 +70,8 @@ class LLMEngine(RequestIntake):
         # Pipeline parallelism: micro-batches in flight (batch_queue.py).
         self.batch_queue = (BatchQueue(args.num_batches_in_flight, self.scheduler, self.runner, self._update)
                             if args.num_batches_in_flight > 1 else None)
+        # Adapters loaded and unloaded at run time (runtime_lora.py).
+        self.runtime_lora = RuntimeLoRA(self.lora, self.scheduler, parallel=self.workers is not None)
         freeze_heap()
 
     def check_health(self) -> None:
@@ -100,7 +103,18 @@ class LLMEngine(RequestIntake):
         run the output side on its own thread: engine_loop.py)."""
         outputs, stopped = self.outputs.process(self.core_step())
         self.stop_requests(stopped)
+        self.runtime_lora.finish_unloads()
         return outputs
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` from now on (vLLM's
+        `add_lora`), on this thread: for offline use; servers go through EngineLoop."""
+        self.runtime_lora.add(self.runtime_lora.read(name, path))
+
+    def remove_lora(self, name: str) -> bool:
+        """Stop serving `name`: new requests for it are refused, and it is dropped once
+        its requests finish. True when it is gone already."""
+        return self.runtime_lora.remove(name)
 
     def core_step(self) -> list[EngineCoreOutput]:
         """Schedule, execute, update: the engine thread's whole job.

@@ -4,6 +4,12 @@ slots; and, per step, each scheduled request's slot.
 - All adapters named in `lora_modules` are read and checked at load, so a bad one fails
   the model load with a message naming it. Host copies are kept for the `max_cpu_loras`
   most recently used (the others are read again from their folder when asked for).
+- Adapters can be added and removed while the engine serves (vLLM's
+  `/v1/load_lora_adapter`): `read_checked` reads and checks one off the engine thread,
+  `add` registers it on the engine thread. `begin_unload` refuses new requests for an
+  adapter at once; `finish_unloads` drops it (slot, host copy, name) once no unfinished
+  request uses it. Each load of a name gets its own cache salt, so KV computed under an
+  adapter since unloaded is never reused under a new one of the same name.
 - The device has `max_loras` slots (vLLM's name). A step's adapters are made resident
   before its forward, evicting the least recently used adapter that the step does not
   use. The scheduler never puts more distinct adapters in one step than there are
@@ -31,10 +37,22 @@ from backend.parallel.sharding import local_config
 logger = logging.getLogger(__name__)
 
 
-def cache_salt(lora_name: Optional[str]) -> Optional[bytes]:
+def cache_salt(lora_name: Optional[str], generation: int = 0) -> Optional[bytes]:
     """The root of a request's block-hash chain: KV computed under an adapter is found
-    only by requests under the same adapter."""
-    return hashlib.sha256(b"lora\0" + lora_name.encode()).digest() if lora_name else None
+    only by requests under the same load of the same adapter."""
+    if not lora_name:
+        return None
+    suffix = f"\0{generation}".encode() if generation else b""
+    return hashlib.sha256(b"lora\0" + lora_name.encode() + suffix).digest()
+
+
+class RuntimeLoRAError(ValueError):
+    """A runtime load or unload refused (the name is taken, unknown, or being unloaded);
+    the message says which. `not_found`: the adapter does not exist (an HTTP 404)."""
+
+    def __init__(self, message: str, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
 
 
 class LoRAManager:
@@ -48,11 +66,16 @@ class LoRAManager:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.paths = dict(args.lora_modules)
         self.max_rank = args.max_lora_rank
+        # Runtime loads: each name's load count (its cache salt), and the adapters whose
+        # unload waits for their requests to finish.
+        self._generation: dict[str, int] = {}
+        self._loads = 0
+        self.unloading: set[str] = set()
         self.num_slots = args.max_loras
         self.max_cpu_loras = args.max_cpu_loras or max(args.max_loras, len(self.paths))
         self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()
-        for name in self.paths:                     # every adapter checked now, not on first use
-            self._remember(self._read(name))
+        for name, path in self.paths.items():       # every adapter checked now, not on first use
+            self._remember(self.read_checked(name, path))
         shrink, expand = make_lora_ops(kernel_backend)
         self.state = LoRAState(self.num_slots, self.max_rank, device, shrink, expand)
         self.layers = wrap_model(model, projection_shapes(local_config(cfg, tp_size)), self.state, dtype, device)
@@ -67,9 +90,54 @@ class LoRAManager:
         return list(self.paths)
 
     def check_request(self, lora_name: str) -> None:
+        if lora_name in self.unloading:
+            raise InvalidRequestError(f"LoRA {lora_name} is being unloaded; it takes no new requests")
         if lora_name not in self.paths:
             # The Triton vLLM backend's words.
             raise InvalidRequestError(f"LoRA {lora_name} is not supported, we currently support {self.names}")
+
+    def salt(self, lora_name: Optional[str]) -> Optional[bytes]:
+        return cache_salt(lora_name, self._generation.get(lora_name, 0)) if lora_name else None
+
+    # ------------------------------------------------------------ at run time
+    def read_checked(self, name: str, path: str) -> LoRAAdapter:
+        """The adapter at `path`, read and checked against the model (LoRAConfigError
+        names what is wrong), this rank's shard of it. Touches no state: safe on any
+        thread, so a runtime load reads its files off the engine thread."""
+        adapter = load_adapter(name, path, self.cfg, self.max_rank)
+        return shard_adapter(adapter, self.cfg, self.tp_rank, self.tp_size)
+
+    def add(self, adapter: LoRAAdapter) -> None:
+        """Register an adapter read by `read_checked` (engine thread)."""
+        if adapter.name in self.unloading:
+            raise RuntimeLoRAError(f"The lora adapter '{adapter.name}' is being unloaded; load it again once its "
+                                   "requests have finished")
+        if adapter.name in self.paths:
+            raise RuntimeLoRAError(f"The lora adapter '{adapter.name}' has already been loaded.")
+        self._loads += 1
+        self.paths[adapter.name] = adapter.path
+        self._generation[adapter.name] = self._loads
+        self._remember(adapter)
+
+    def begin_unload(self, name: str) -> None:
+        """New requests for `name` are refused from now on (engine thread)."""
+        if name not in self.paths or name in self.unloading:
+            raise RuntimeLoRAError(f"The lora adapter '{name}' cannot be found.", not_found=True)
+        self.unloading.add(name)
+
+    def finish_unloads(self, in_use: set[str]) -> list[str]:
+        """Drop the adapters being unloaded that no unfinished request uses (`in_use`:
+        the adapters of every running and waiting request); returns their names."""
+        done = sorted(self.unloading - in_use)
+        for name in done:
+            self.unloading.discard(name)
+            del self.paths[name]
+            self._generation.pop(name, None)
+            self._host.pop(name, None)
+            slot = self._slot_of.pop(name, None)
+            if slot is not None:
+                self._free.append(slot)
+        return done
 
     # ------------------------------------------------------------------ per step
     def prepare(self, lora_names: list[Optional[str]], num_new_tokens: list[int],
@@ -120,15 +188,11 @@ class LoRAManager:
     def _adapter(self, name: str) -> LoRAAdapter:
         adapter = self._host.get(name)
         if adapter is None:
-            adapter = self._read(name)
+            adapter = self.read_checked(name, self.paths[name])
             self.num_host_loads += 1
             self._remember(adapter)
         self._host.move_to_end(name)
         return adapter
-
-    def _read(self, name: str) -> LoRAAdapter:
-        adapter = load_adapter(name, self.paths[name], self.cfg, self.max_rank)
-        return shard_adapter(adapter, self.cfg, self.tp_rank, self.tp_size)
 
     def _remember(self, adapter: LoRAAdapter) -> None:
         self._host[adapter.name] = adapter
