@@ -20,8 +20,10 @@ import queue
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backend.config import ConfigError
@@ -36,7 +38,7 @@ from backend.triton_server.health_report import HealthReporter
 from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import EMBEDDING_SPEC, INPUT_SPECS, OUTPUT_SPECS, parse_request
 from backend.triton_server.response_writer import FINAL, ResponseWriter
-from backend.triton_server import trtllm_front
+from backend.triton_server import lora_control, trtllm_front
 from backend.triton_server.stop_key import may_stop, required_stop_key
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 from backend.triton_server.vllm_model_json import read_model_json
@@ -113,6 +115,10 @@ class TritonPythonModel(Watcher):
         self._seen_ready = False
         self._readiness_failures = 0
         self._draining = False
+        # Runtime LoRA changes (lora_control.py) wait on the engine: one at a time, here,
+        # never on Triton's execute thread.
+        self._control_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-control")
+        self._admin_key = lora_control.server_admin_key()
         self._start_heartbeat(args, self.settings.engine_stall_timeout_s)    # (before the watcher reports to it)
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
@@ -154,6 +160,14 @@ class TritonPythonModel(Watcher):
             tensor = pb_utils.get_input_tensor_by_name(request, spec["name"])
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
+        try:
+            control = lora_control.control_of(request.parameters())
+        except InvalidRequestError as e:
+            sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
+            return
+        if control is not None:
+            self._control_pool.submit(self._control, control, sender)
+            return
         if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
             try:
                 self._stop(request.request_id(), required_stop_key(request.parameters()), sender)
@@ -188,6 +202,17 @@ class TritonPythonModel(Watcher):
         for index, (child_id, params) in enumerate(children):
             self.loop.add_request(parsed.prompt, params, child_id,
                                   callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
+
+    def _control(self, params: dict, sender) -> None:
+        """A runtime LoRA change or listing (lora_control.py): one response, its JSON in
+        `text_output`."""
+        try:
+            result = lora_control.run(self.loop, params, self._admin_key)
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+                "text_output", np.array([json.dumps(result).encode()], dtype=np.object_))])
+        except Exception as e:      # the caller's mistake or a refusal, named
+            response = pb_utils.InferenceResponse(error=triton_error(e))
+        sender.send(response, flags=FINAL)
 
     def _stop(self, triton_request_id: str, stop_key: str, sender) -> None:
         """End every in-flight request sent with this request id, or with "<id>/..." (how the
@@ -299,6 +324,7 @@ class TritonPythonModel(Watcher):
             self._draining = True
             self._drain()
         self._stopping.set()
+        self._control_pool.shutdown(wait=False)
         self._responses.put(None)
         self._response_thread.join(timeout=10)
         self._watch_thread.join(timeout=5)

@@ -8,7 +8,7 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError", 413: "RequestTooLargeError",
          429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 

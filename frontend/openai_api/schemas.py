@@ -22,6 +22,7 @@ from pydantic.json_schema import models_json_schema
 from frontend.openai_api.auth import protected
 from frontend.openai_api.embeddings import EmbeddingRequest, EmbeddingResponse
 from frontend.openai_api.errors import TYPES
+from frontend.openai_api.lora_adapters import ADMIN_ROUTES, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.responses_protocol import ResponsesRequest
 from frontend.openai_api.responses_schemas import Response, ResponseEvent
@@ -198,7 +199,7 @@ class Health(BaseModel):
 
 
 REQUESTS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletionRequest,
-            TokenizeChatRequest, DetokenizeRequest, EmbeddingRequest)
+            TokenizeChatRequest, DetokenizeRequest, EmbeddingRequest, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest)
 RESPONSES = (ErrorResponse, Completion, CompletionChunk, ChatCompletion, ChatCompletionChunk, ModelList, Model, Health,
              Response, ResponseEvent, TokenizeResponse, DetokenizeResponse, EmbeddingResponse)
 
@@ -222,6 +223,7 @@ def _events(chunk: str) -> dict:
 
 ERRORS = {400: "A bad request: the message names the field (`param`) when there is one",
           401: "No or a wrong API key (`Authorization: Bearer <key>`)",
+          403: "The frontend holds no key that allows this change, or not the model's admin key",
           404: "Unknown model (or stored response)",
           413: "The body is larger than the frontend's max_request_body_bytes",
           500: "The engine failed on this request",
@@ -288,6 +290,19 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                                   "A chat completion, with the model's chat template"),
     ("/v1/responses", "post"): _generation("ResponsesRequest", "Response", "ResponseEvent",
                                            "A response (OpenAI's Responses API), on the chat path"),
+    ("/v1/load_lora_adapter", "post"): {
+        "summary": "Serve a PEFT LoRA adapter from a folder on the server under a new name (vLLM's route); "
+                   "without API keys it takes the header `admin-key`",
+        "requestBody": {"required": True, "content": _json("LoadLoRAAdapterRequest")},
+        "responses": {"200": {"description": "Success: the adapter serves as a model of its name",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      **{str(s): _error(s) for s in (400, 401, 403, 404, 413, 500, 503)}}},
+    ("/v1/unload_lora_adapter", "post"): {
+        "summary": "Stop serving an adapter (vLLM's route): new requests for it are refused at once, and it is "
+                   "dropped when its running requests finish",
+        "requestBody": {"required": True, "content": _json("UnloadLoRAAdapterRequest")},
+        "responses": {"200": {"description": "Success", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      **{str(s): _error(s) for s in (400, 401, 403, 404, 413, 500, 503)}}},
     ("/v1/responses/{response_id}", "get"): {
         "summary": "A stored response (`store`, the default)",
         "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -326,7 +341,7 @@ def openapi(app: FastAPI, api_keys: bool) -> dict:
                 if (path, method) not in OPERATIONS:
                     raise RuntimeError(f"{method.upper()} {path} is not documented in frontend/openai_api/schemas.py")
                 operation.update(copy.deepcopy(OPERATIONS[path, method]))
-                if not (api_keys and protected(path)):
+                if not (api_keys and protected(path)) and path not in ADMIN_ROUTES:
                     operation["responses"].pop("401", None)
                 elif api_keys:
                     operation["security"] = [{"apiKey": []}]

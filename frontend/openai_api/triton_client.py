@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
+from frontend.openai_api.lora_adapters import listed_adapters
 from frontend.openai_api.triton_channel import channel_args, unavailable
 
 BACKENDS = ("paged_llm",)
@@ -48,6 +49,7 @@ class ServedModel:
     # the engine allows when none is set): chat prompts are checked against it; None: unknown.
     max_model_len: Optional[int] = None
     runner: str = "generate"                  # config parameter runner: "pooling" serves /v1/embeddings
+    lora_enabled: bool = False                # takes adapters at run time (lora_adapters.py)
 
     @property
     def parent(self) -> Optional[str]:
@@ -133,13 +135,20 @@ class TritonLLM:
             name, now = entry["name"], int(time.time())
             queue = int(params["max_queue_size"]) if (params.get("max_queue_size") or "").isdigit() else None
             checkpoint = self._checkpoint(name, params.get("model"))
+            lora = (params.get("enable_lora") or "").lower() == "true" or bool(params.get("lora_modules"))
             found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
                                       max_model_len=_max_model_len(params, checkpoint) or None,
-                                      runner=self._runner(name, params))
-            for adapter in self._adapters(name, params):
+                                      runner=self._runner(name, params), lora_enabled=lora)
+            # The model's own list (adapters loaded since start included), else its config's.
+            adapters = (await listed_adapters(self.client, name)) if lora else None
+            for adapter in adapters if adapters is not None else self._adapters(name, params):
                 found.setdefault(adapter, dataclasses.replace(found[name], name=adapter, lora_name=adapter))
         self._models, self._listed_at = found, time.monotonic()
         return found
+
+    def forget_models(self) -> None:
+        """The next listing asks Triton again (an adapter was loaded or unloaded)."""
+        self._listed_at = 0.0
 
     def _adapters(self, name: str, params: dict) -> list[str]:
         """The model's LoRA adapters: its `lora_modules` parameter, or the vLLM backend's
