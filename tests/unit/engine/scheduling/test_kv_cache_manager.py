@@ -3,7 +3,8 @@
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backend.engine.scheduling.kv_cache_manager import BlockPool, KVCacheManager
+from backend.engine.scheduling.block_pool import BlockPool
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
 from backend.sampling_params import SamplingParams
 
