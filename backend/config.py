@@ -120,6 +120,10 @@ class EngineArgs(BaseModel):
     max_num_batched_tokens: int = Field(512, ge=1)
     max_model_len: Optional[int] = Field(None, ge=1)
     enable_prefix_caching: bool = True
+    # vLLM's: GiB of host memory for a KV tier below the device pool
+    # (backend/engine/kv_offload/): every computed full block is kept there too, and a
+    # prefix that runs past the pool's hits continues from it instead of recomputing.
+    kv_offloading_size: Optional[float] = Field(None, gt=0)
     max_queue_size: Optional[int] = Field(None, ge=0)
     # vLLM's: "fcfs" admits requests in arrival order; "priority" by each request's
     # `priority` (lower first, then arrival), and preempts lower priorities first
@@ -294,6 +298,17 @@ class EngineArgs(BaseModel):
                                  "splits the torch model's forward on CPU, on one rank): leave it unset")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
+        if self.kv_offloading_size is not None:
+            off = ("enable_prefix_caching is false" if not self.enable_prefix_caching else
+                   f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else
+                   f"runner='{self.runner}'" if self.runner != "generate" else
+                   f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
+                   f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
+                   "a draft model is set" if (self.speculative_config is not None
+                                              and self.speculative_config.method == "draft_model") else None)
+            if off:
+                raise ValueError(f"kv_offloading_size is not supported where {off} (the host tier extends one "
+                                 "rank's prefix cache, for the torch model's KV only)")
         return self
 
     def _check_pipeline(self) -> None:

@@ -25,6 +25,8 @@ from backend.engine.runner import profile_run
 from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
 from backend.engine.runner.cuda_graphs import verify_query_len
 from backend.engine.host_malloc import keep_large_blocks
+from backend.engine.kv_offload.host_cache import HostKVCache
+from backend.engine.kv_offload.host_tier import HostOffloadScheduler, num_host_slots
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.runner.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
 from backend.engine.runner.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
@@ -171,7 +173,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     # MEAN pooling needs every prompt token computed (pooling_runner.py): no prefix cache.
     prefix_caching = args.enable_prefix_caching and not (
         args.runner == "pooling" and args.pooler.pooling_type == "MEAN")
-    kv_cache = KVCacheManager(num_kv_blocks, args.block_size, prefix_caching, window)
+    host_tier = None
+    if args.kv_offloading_size is not None:     # the host tier's index (kv_offload/host_tier.py)
+        host_tier = HostOffloadScheduler(num_host_slots(args.kv_offloading_size, bytes_per_block), args.block_size)
+    kv_cache = KVCacheManager(num_kv_blocks, args.block_size, prefix_caching, window, connector=host_tier)
 
     speculator, draft_layers = None, None
     if spec is not None:
@@ -205,7 +210,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         started.append(shards)
     runner = _make_runner(args, cfg, model, kv_layers, device, kv_cache, max_model_len, max_position,
                           long_rope_original, workers=workers, lora=lora, structured=scheduler.structured,
-                          shards=shards, drafter=drafter)
+                          shards=shards, drafter=drafter,
+                          kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None)
     bytes_per_rank = [(weight_bytes, kv_bytes(kv_layers))]
     if workers is not None:
         bytes_per_rank = workers.setup(num_kv_blocks, args.block_size, sizing.input_sizes(args, max_model_len),

@@ -196,5 +196,6 @@ class LLMEngine(RequestIntake):
             "max_model_len": self.max_model_len,
             **(self.speculator.stats() if self.speculator is not None else {}),
             **(self.scheduler.lora_stats() if self.lora is not None else {}),
+            **(kv.connector.stats() if kv.connector is not None else {}),
             **(self.batch_queue.stats() if self.batch_queue is not None else {}),
         }

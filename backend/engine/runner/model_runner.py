@@ -70,7 +70,7 @@ class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
                  inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None, structured=None,
-                 shards: Optional[ShardedForward] = None, drafter=None) -> None:
+                 shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -101,6 +101,8 @@ class ModelRunner:
         # Speculative decoding with a draft model (spec_decode/draft_model.py): proposes
         # inside the step, once its tokens are back.
         self.drafter = drafter
+        # A store of KV blocks beyond the pool (kv_offload/): runs each step's copies.
+        self.kv_connector = kv_connector
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
         """Capture this runner's decode (and verify) CUDA graphs, every rank at once under
@@ -147,6 +149,8 @@ class ModelRunner:
         """Builds the step's inputs and issues its forward. With async scheduling, `prev`
         is the step still in flight: the tokens it samples are this step's placeholders,
         taken from its sampled ids on the device (no host sync)."""
+        if out.kv_transfers is not None:
+            self.kv_connector.start_transfers(out.kv_transfers)
         graph = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph)
         if step.placeholders:

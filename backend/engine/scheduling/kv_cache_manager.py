@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from backend.engine.kv_offload.connector import ExternalHit, KVConnectorScheduler, KVTransfers
 from backend.engine.request import Request
 from backend.engine.scheduling.block_pool import _EMPTY, BlockPool, BlockTable, KVBlock, hash_block
 
@@ -38,8 +39,12 @@ class KVCacheManager:
     the step builder's, backend/engine/runner/step_inputs.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, connector: Optional[KVConnectorScheduler] = None) -> None:
+        """connector: a store of blocks beyond the pool (backend/engine/kv_offload/): it
+        keeps every computed full block, and a request's prefix continues there after
+        the pool's hits."""
         self.block_size = block_size
+        self.connector = connector
         self.sliding_window = sliding_window
         # Leading blocks of each request given back by free_outside_window.
         self._num_released: dict[str, int] = {}
@@ -99,7 +104,7 @@ class KVCacheManager:
         max_blocks = (len(tokens) - 1) // bs
         if max_tokens is not None:
             max_blocks = min(max_blocks, max_tokens // bs)
-        found: list[KVBlock] = []
+        found: list = []
         for i in range(max_blocks):
             parent = request.block_hashes[i - 1] if i else request.cache_salt
             block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
@@ -110,6 +115,8 @@ class KVCacheManager:
             found.append(block)
         self.prefix_cache_queries += len(tokens)
         self.prefix_cache_hit_tokens += len(found) * bs
+        if self.connector is not None and len(found) < max_blocks:
+            found += self.connector.lookup(request, len(found), max_blocks)     # (ExternalHits, after the pool's)
         return found
 
     # --------------------------------------------------------------- allocation
@@ -117,15 +124,20 @@ class KVCacheManager:
                        cached_blocks: Sequence[KVBlock] = ()) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens after the computed ones.
 
-        `cached_blocks` are prefix-cache hits to attach first (only on admission).
+        `cached_blocks` are prefix-cache hits to attach first (only on admission), then
+        the connector's hits (ExternalHit), which get new blocks loaded in this step.
         Returns False, changing nothing, when the pool cannot supply the blocks.
         """
         blocks = self.req_blocks.setdefault(request.request_id, [])
         bs = self.block_size
         num_computed = request.num_computed_tokens + len(cached_blocks) * bs
         num_required = -(-(num_computed + num_new_tokens) // bs)
+        external: Sequence[ExternalHit] = ()
+        if cached_blocks and isinstance(cached_blocks[-1], ExternalHit):
+            num_device = next(i for i, b in enumerate(cached_blocks) if isinstance(b, ExternalHit))
+            cached_blocks, external = cached_blocks[:num_device], cached_blocks[num_device:]
         num_new_blocks = num_required - len(blocks) - len(cached_blocks)
-        if num_new_blocks <= 0 and not cached_blocks:
+        if num_new_blocks <= 0 and not cached_blocks and not external:
             if self.enable_prefix_caching:      # (a chunk or a decode may complete a block)
                 self._register(request, blocks, min(num_computed + num_new_tokens, request.num_tokens) // bs,
                                pending=True)
@@ -139,11 +151,16 @@ class KVCacheManager:
         for block in cached_blocks:
             self.pool.touch(block)
         blocks.extend(cached_blocks)
-        for _ in range(max(num_new_blocks, 0)):
-            blocks.append(self.pool.allocate())
+        new = [self.pool.allocate() for _ in range(max(num_new_blocks, 0))]
+        blocks.extend(new)
+        if self.connector is not None:
+            for block in new:
+                self.connector.on_reused(block)
+            if external:
+                self.connector.on_allocated(external, new[:len(external)])
         ids = self.req_block_ids.setdefault(request.request_id, BlockTable())
         ids.append_blocks([b.block_id for b in blocks[len(ids):]])
-        if cached_blocks:
+        if cached_blocks or external:
             # Hits are already in the prefix cache; registration resumes after them.
             self._num_registered[request.request_id] = len(cached_blocks)
             self._num_computed_blocks[request.request_id] = len(cached_blocks)
@@ -188,6 +205,12 @@ class KVCacheManager:
         for i in range(done, num_full):
             blocks[i].pending = False
         self._num_computed_blocks[rid] = num_full
+        if self.connector is not None:
+            self.connector.on_computed(blocks[done:num_full])
+
+    def take_transfers(self) -> Optional[KVTransfers]:
+        """The connector's copies for the step being scheduled (None: none)."""
+        return self.connector.take_transfers() if self.connector is not None else None
 
     def num_blocks_beyond(self, request: Request, num_tokens: int) -> int:
         """How many of the request's blocks lie past those its first `num_tokens` need."""

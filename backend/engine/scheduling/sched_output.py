@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from backend.engine.kv_offload.connector import KVTransfers
 from backend.engine.request import Request
 
 
@@ -52,6 +53,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Copies between the KV pool and a store beyond it (kv_offload/), run before the forward.
+    kv_transfers: Optional[KVTransfers] = None
 
     @property
     def num_tokens(self) -> int:

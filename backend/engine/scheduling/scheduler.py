@@ -226,6 +226,8 @@ class Scheduler(ProposalSlots):
         self.waiting.extendleft(reversed(skipped))
         if self.num_lookahead_tokens:
             self.reserve_lookahead(out)
+        if out.scheduled and self.kv_cache.connector is not None:
+            out.kv_transfers = self.kv_cache.take_transfers()   # (kept for a step that runs)
         if self.exclude_in_flight:
             self.in_flight.update(s.request.request_id for s in out.scheduled)
         return out
