@@ -62,7 +62,7 @@ def idle_ttft(llm: LLM, requests) -> float:
         rid = engine.add_request(prompt, params(n, 0)).request_id
         while True:
             outs = {o.request_id: o for o in engine.step()}
-            if rid in outs and outs[rid].token_ids:
+            if rid in outs and outs[rid].new_token_ids:     # (token_ids is filled in on the final output)
                 times.append(time.perf_counter() - start)
                 break
         while engine.has_unfinished_requests():
@@ -88,7 +88,7 @@ def saturated(llm: LLM, requests, arrivals: list[float], policy: str) -> dict:
         outs = engine.step()
         t = time.perf_counter()
         for o in outs:
-            if o.token_ids and o.request_id not in first:
+            if o.new_token_ids and o.request_id not in first:
                 first[o.request_id] = t - arrive[o.request_id]
             if o.finished:
                 done.add(o.request_id)

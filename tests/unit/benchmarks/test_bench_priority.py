@@ -19,3 +19,15 @@ def test_runs_both_policies_and_reports_each_class(ckpt_dir, tmp_path, capsys):
             assert r["completed"] == r["requests"] and r["ttft_p99_s"] >= r["ttft_p50_s"] > 0
     assert report["idle_ttft_s"] > 0
     assert "priority  high: TTFT" in capsys.readouterr().out
+
+
+def test_idle_ttft_is_the_first_tokens_not_the_last(ckpt_dir):
+    """(RequestOutput.token_ids is filled in on the final output only: timing it gave the
+    whole request's latency, which §21's first figures were.)"""
+    import time
+
+    from backend import LLM
+    llm = LLM(make_checkpoint(str(ckpt_dir / "llama"), "llama"), block_size=16, num_kv_blocks=64)
+    start = time.perf_counter()
+    first = bench_priority.idle_ttft(llm, [(list(range(3, 40)), 64, True)])
+    assert first < (time.perf_counter() - start) / 4
