@@ -33,7 +33,8 @@ def _plan(args) -> int:
         raise BuildError(f"invalid plan option 'weights': mxfp4 is for gpt-oss's MXFP4 checkpoints, "
                          f"not {cfg.architecture}")
     rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, weights, args.kv_cache, args.tp,
-                            args.context_lens, args.block_size, args.max_num_seqs, args.pp, args.micro_batches)
+                            args.context_lens, args.block_size, args.max_num_seqs, args.pp, args.micro_batches,
+                            kv_offloading_gb=args.kv_offloading_size)
     cost = plan.cost_plan(price, args.workload_tp * args.workload_pp, args.requests_per_day, args.input_tokens,
                           args.output_tokens, args.throughput, args.api_price_per_million)
     name = args.model or args.checkpoint
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     for flag, typ in (("--block-size", int), ("--num-kv-blocks", int), ("--kv-cache-memory-bytes", int),
                       ("--max-num-seqs", int), ("--max-num-batched-tokens", int), ("--max-model-len", int),
                       ("--max-queue-size", int), ("--grace-period-s", float), ("--tensor-parallel-size", int),
-                      ("--pipeline-parallel-size", int), ("--nnodes", int)):
+                      ("--pipeline-parallel-size", int), ("--nnodes", int), ("--kv-offloading-size", float)):
         b.add_argument(flag, type=typ)
     b.add_argument("--scheduling-policy", help="fcfs (default) or priority: requests admitted and preempted by "
                    "their `priority`, lower first (engine argument)")
@@ -141,6 +142,8 @@ def main(argv=None) -> int:
                    "row's P, as the engine's max_concurrent_batches)")
     p.add_argument("--context-lens", type=int, nargs="+", default=[2048, 8192, 32768])
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-offloading-size", type=float, help="GiB of host memory for the KV tier (the engine "
+                   "argument): adds the tokens it holds to each row")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--requests-per-day", type=float, default=0.0)
     p.add_argument("--input-tokens", type=int, default=0)

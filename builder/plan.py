@@ -191,6 +191,8 @@ class MemoryRow:
     pipeline_bubble: float = 0.0
     micro_batches: int = 1
     stages: list[StageRow] = field(default_factory=list)
+    # kv_offloading_size: tokens of KV the host tier holds beside the device's (0: none).
+    host_kv_tokens: int = 0
 
     @property
     def gpus(self) -> int:
@@ -199,7 +201,10 @@ class MemoryRow:
 
 def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: float, weights: list[str],
                 kv_dtype: str, tps: list[int], context_lens: list[int], block_size: int,
-                max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: Optional[int] = None) -> list[MemoryRow]:
+                max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: Optional[int] = None,
+                kv_offloading_gb: Optional[float] = None) -> list[MemoryRow]:
+    """kv_offloading_gb: the engine's kv_offloading_size, the host tier per replica (one
+    rank: the engine refuses it with more): each row says how many tokens it holds."""
     rows = []
     act_bytes = 4 if kv_dtype == "float32" else 2
     for pp in pps:
@@ -207,6 +212,9 @@ def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: 
             for w in weights:
                 rows.append(_memory_row(cfg, gpu_memory_gb * 2**30 * gpu_memory_utilization, w, kv_dtype, tp, pp,
                                         context_lens, block_size, max_num_seqs, act_bytes, micro_batches or pp))
+                if kv_offloading_gb:
+                    row = rows[-1]
+                    row.host_kv_tokens = int(kv_offloading_gb * 2**30) // (row.kv_bytes_per_token_per_rank * tp)
     return rows
 
 
@@ -260,13 +268,18 @@ def format_report(name: str, gpu: str, rows: list[MemoryRow], cost: Optional[Cos
         out.append(f"parameters: {params.total:,} total, {params.active:,} active per token")
     pipeline = any(r.pp > 1 for r in rows)
     par = f"{'tp':>3} {'pp':>3} {'bubble':>7}" if pipeline else f"{'tp':>3}"
+    host = any(r.host_kv_tokens for r in rows)
     out.append(f"{par} {'weights':>8} {'GiB/GPU':>9} {'KV KiB/token':>13} {'KV GiB/GPU':>12} "
-               + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx))
+               + " ".join(f"{'seqs@' + str(n):>11}" for n in ctx) + (f" {'host KV tokens':>15}" if host else ""))
     for r in rows:
         seqs = " ".join(f"{r.max_sequences[n]:>11,}" for n in ctx) if r.fits else "does not fit".rjust(11)
         par = f"{r.tp:>3} {r.pp:>3} {r.pipeline_bubble:>7.0%}" if pipeline else f"{r.tp:>3}"
         out.append(f"{par} {r.weights:>8} {r.weight_bytes_per_rank / gib:>9.2f} "
-                   f"{r.kv_bytes_per_token_per_rank / 1024:>13.1f} {r.kv_budget_bytes_per_rank / gib:>12.2f} {seqs}")
+                   f"{r.kv_bytes_per_token_per_rank / 1024:>13.1f} {r.kv_budget_bytes_per_rank / gib:>12.2f} {seqs}"
+                   + (f" {r.host_kv_tokens:>15,}" if host else ""))
+    if host:
+        out.append("host KV tokens: what kv_offloading_size holds in host memory beside the device's KV (every "
+                   "computed full block is kept there; a prefix past the device's hits is copied back)")
     if pipeline:
         ms = sorted({r.micro_batches for r in rows if r.pp > 1}) or [1]
         m = str(ms[0]) if len(ms) == 1 else "P"

@@ -112,3 +112,18 @@ def test_pipeline_rows_per_stage_and_bubble(tmp_path, capsys):
     assert rows[2]["kv_blocks"] > rows[1]["kv_blocks"]
     big = model_config_from_dict(plan.NAMED_CONFIGS["llama-3.1-405b"])
     assert plan.count_params(big).total == 405_853_388_800       # Llama 3.1 405B's published count
+
+
+def test_host_kv_tier_tokens_equal_the_engines_host_slots(ckpt_dir, capsys):
+    """`--kv-offloading-size`: each row says how many tokens the host tier holds, the
+    engine's own count of host slots times the block size."""
+    path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
+    cfg = load_model_config(path)
+    size = 0.001
+    row = plan.memory_rows(cfg, 1, 0.9, ["float32"], "float32", [1], [64], 16, 8, kv_offloading_gb=size)[0]
+    llm = LLM(path, block_size=16, num_kv_blocks=8, kv_offloading_size=size)
+    assert row.host_kv_tokens // 16 == llm.engine.stats()["kv_offload_host_blocks"]
+    assert main(["plan", "--model", "llama-3.1-8b", "--tp", "1", "--weights", "bf16", "--kv-offloading-size",
+                 "64"]) == 0
+    out = capsys.readouterr().out
+    assert "host KV tokens" in out and "524,288" in out       # 64 GiB / 128 KiB a token

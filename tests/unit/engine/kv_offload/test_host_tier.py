@@ -141,3 +141,19 @@ def test_a_block_saved_and_reloaded_in_one_step_is_saved_first():
     layer.key[0], layer.value[0] = 7.0, 8.0
     HostKVCache([layer], num_slots=2).start_transfers(KVTransfers(saves=[(0, 1)], loads=[(1, 2)]))
     assert (layer.key[2] == 7).all() and (layer.value[2] == 8).all()
+
+
+def test_the_size_is_an_engine_argument_of_the_model_config_and_model_json(base, tmp_path):
+    import json
+
+    from backend.triton_server.serving_config import load_settings
+    from backend.triton_server.vllm_model_json import read_model_json
+    from builder.build import BuildOptions, engine_parameters
+    opts = BuildOptions.create(checkpoint=base, output=str(tmp_path / "entry"), kv_offloading_size=2.5)
+    params = {k: str(v) for k, v in engine_parameters(opts, base).items() if v is not None}
+    assert load_settings(params, str(tmp_path))[0].kv_offloading_size == 2.5
+    with pytest.raises(ConfigError, match="kv_offloading_size"):
+        load_settings({**params, "kv_offloading_size": "-1"}, str(tmp_path))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.json").write_text(json.dumps({"model": base, "kv_offloading_size": 4}))
+    assert read_model_json(str(tmp_path), "1")[0]["kv_offloading_size"] == "4"
