@@ -410,7 +410,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     env = server_env() if args.tritonserver is None else dict(os.environ)
     for name in ("API_KEY", "API_KEY_FILE", KEY_ENV, KEY_FILE_ENV):   # the frontend's, and ours
         env.pop(name, None)
-    # The model's stub checks runtime LoRA changes against it (backend/triton_server/lora_control.py).
+    # The model's stub checks runtime LoRA changes against it (backend/triton_server/engine_control.py).
     env[KEY_ENV] = admin.key
     print(" ".join(admin.redact(cmd)), flush=True)
     where = f"generated, in {admin.key_file}" if admin.generated else "given"

@@ -133,14 +133,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     stage = workers.stage if workers else None      # pipeline parallelism: rank 0's stage
     model = None
     if args.model_runner == "torch":
-        model = load_model(args.model, cfg, dtype, device, make_attention_factory(attention_backend), max_position,
-                           make_layer_ops(attention_backend), workers.tp if workers else SINGLE,
-                           int_kernel=attention_backend == "triton", pooling=args.runner == "pooling", stage=stage)
+        model = load_weights(args, cfg, dtype, device, attention_backend, max_position, workers, stage)
     lora = make_lora_manager(args, cfg, model, device, dtype, attention_backend, tp_size=tp_size)
-    if model is not None and device.type == "cpu" and dtype == torch.float32 and not workers:
-        # oneDNN's pre-packed weights for the fp32 projections (backend/models/cpu_packed_linear.py).
-        if pack_cpu_linears(model):
-            own_remaining_weights(model)    # so the checkpoint file's mapping can go
+    if model is not None:
+        pack_weights(model, device, dtype, workers)
     tokenizer = load_tokenizer(args.model)
     spec = args.speculative_config
     draft = None
@@ -230,6 +226,22 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
         kv_cache=kv_cache, scheduler=scheduler, runner=runner, speculator=speculator,
         bytes_per_rank=bytes_per_rank)
+
+
+def load_weights(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str,
+                 max_position: int, workers=None, stage=None):
+    """The torch model with the checkpoint's weights (sleep_mode.py reads them again this way)."""
+    return load_model(args.model, cfg, dtype, device, make_attention_factory(attention_backend), max_position,
+                      make_layer_ops(attention_backend), workers.tp if workers else SINGLE,
+                      int_kernel=attention_backend == "triton", pooling=args.runner == "pooling", stage=stage)
+
+
+def pack_weights(model, device: torch.device, dtype: torch.dtype, workers=None) -> None:
+    """One rank's fp32 CPU projections as oneDNN's pre-packed weights
+    (backend/models/cpu_packed_linear.py), after LoRA wrapped them."""
+    if device.type == "cpu" and dtype == torch.float32 and not workers:
+        if pack_cpu_linears(model):
+            own_remaining_weights(model)    # so the checkpoint file's mapping can go
 
 
 def measure_memory(model, workers, cfg: ModelConfig, args: EngineArgs, dtype: torch.dtype,

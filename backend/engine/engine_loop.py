@@ -70,11 +70,10 @@ class _Stop:
 
 
 @dataclass
-class _LoRAUpdate:
-    """A runtime adapter change (runtime_lora.py), done on the engine thread between
-    steps; `future` gets its result."""
-    action: str                 # "add" (arg: the adapter, read already), "remove" (arg: its name), "list"
-    arg: object
+class _Call:
+    """A change to the engine made on its thread between steps (a runtime adapter, sleep
+    mode); `future` gets its result or its error."""
+    fn: Callable[[], object]
     future: Future
 
 
@@ -113,7 +112,7 @@ class RequestStream:
 class EngineLoop:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
-        self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop, _LoRAUpdate]]" = queue.Queue()
+        self._inbox: "queue.Queue[Union[_Add, _Abort, _Stop, _Call]]" = queue.Queue()
         self._early_aborts: EarlyAborts[_Abort] = EarlyAborts()   # engine thread only
         self._outbox: "queue.Queue[Union[_Added, list[EngineCoreOutput], _Closed]]" = queue.Queue()
         # Output thread state: each request's output side and callback.
@@ -169,22 +168,25 @@ class EngineLoop:
         """Serve the adapter at `path` as `name`. Its files are read and checked here, on
         the caller's thread (errors raise here); the future resolves once the engine
         thread has registered it."""
-        return self._lora_update("add", self.engine.runtime_lora.read(name, path))
+        adapter = self.engine.runtime_lora.read(name, path)
+        return self.call(lambda: self.engine.runtime_lora.add(adapter))
 
     def remove_lora(self, name: str) -> Future:
         """Refuse new requests for `name` and drop it once its requests finish; the
         future resolves to True when it was dropped at once, False when it waits."""
-        return self._lora_update("remove", name)
+        return self.call(lambda: self.engine.runtime_lora.remove(name))
 
     def list_loras(self) -> Future:
         """The future of {"loaded": [...], "unloading": [...]}."""
-        return self._lora_update("list", None)
+        return self.call(self.engine.runtime_lora.listing)
 
-    def _lora_update(self, action: str, arg: object) -> Future:
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread between steps (sleep mode, say); the future of
+        its result."""
         future: Future = Future()
         with self._intake_lock:
             if self._open():
-                self._inbox.put(_LoRAUpdate(action, arg, future))
+                self._inbox.put(_Call(fn, future))
                 return future
         future.set_exception(EngineDeadError("the engine is shutting down" if self.error is None
                                              else f"the engine failed: {self.error}"))
@@ -250,9 +252,9 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: Union[_Add, _Abort, _Stop, _LoRAUpdate]) -> None:
-        if isinstance(item, _LoRAUpdate):
-            self._update_lora(item)
+    def _handle(self, item: Union[_Add, _Abort, _Stop, _Call]) -> None:
+        if isinstance(item, _Call):
+            self._call(item)
             return
         if isinstance(item, _Stop):
             self.engine.stop_requests([item.request_id])
@@ -275,9 +277,9 @@ class EngineLoop:
         if early is not None:
             self._handle(early)
 
-    def _update_lora(self, item: _LoRAUpdate) -> None:
+    def _call(self, item: _Call) -> None:
         try:
-            result = self.engine.runtime_lora.apply(item.action, item.arg)
+            result = item.fn()
         except Exception as e:      # a refused change fails its caller alone
             item.future.set_exception(e)
             return
@@ -297,7 +299,7 @@ class EngineLoop:
         for item in queued:
             if isinstance(item, _Add):
                 self._deliver_final(item.callback, error_output(item.request_id, error))
-            elif isinstance(item, _LoRAUpdate):
+            elif isinstance(item, _Call):
                 item.future.set_exception(error)
         try:
             self.engine.abort_all()

@@ -19,6 +19,10 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at max_queue_size: the request is shed, try again later."""
 
 
+class EngineSleepingError(RuntimeError):
+    """The engine is in sleep mode (sleep_mode.py): retry once it is woken up."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; requests in flight cannot complete."""
 

@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from backend.engine.sampling.bad_words import BadWords, resolve as resolve_bad_words
-from backend.engine.errors import DeadlineExceededError, InvalidRequestError, QueueFullError, check_token_ids
+from backend.engine.errors import (DeadlineExceededError, EngineSleepingError, InvalidRequestError, QueueFullError,
+                                   check_token_ids)
 from backend.engine.outputs import EngineCoreOutput, RequestOutput
 from backend.engine.request import Request
 from backend.engine.sampling.sampling_row import SamplingRow
@@ -77,6 +78,8 @@ class RequestIntake:
         if params.n != 1:
             raise InvalidRequestError(f"sampling parameter 'n' is {params.n}: the engine runs one sequence per request; "
                                       "fan n > 1 out with backend.engine.parallel_sampling.child_requests")
+        if self.sleep_mode.is_sleeping:
+            raise EngineSleepingError("the engine is asleep (sleep mode): wake it up (POST /wake_up), then retry")
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")

@@ -33,6 +33,7 @@ from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestO
 from backend.engine.request import Request
 from backend.engine.request_limits import RequestLimits
 from backend.engine.runtime_lora import RuntimeLoRA
+from backend.engine.sleep_mode import SleepMode
 
 class LLMEngine(RequestIntake):
     def __init__(self, args: EngineArgs) -> None:
@@ -72,6 +73,8 @@ class LLMEngine(RequestIntake):
                             if args.num_batches_in_flight > 1 else None)
         # Adapters loaded and unloaded at run time (runtime_lora.py).
         self.runtime_lora = RuntimeLoRA(self.lora, self.scheduler, parallel=self.workers is not None)
+        # vLLM's sleep mode: memory given back between uses (sleep_mode.py).
+        self.sleep_mode = SleepMode(self)
         freeze_heap()
 
     def check_health(self) -> None:
@@ -110,6 +113,14 @@ class LLMEngine(RequestIntake):
         """Serve the PEFT adapter at `path` as `name` from now on (vLLM's
         `add_lora`), on this thread: for offline use; servers go through EngineLoop."""
         self.runtime_lora.add(self.runtime_lora.read(name, path))
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode, on an idle engine: level 1 frees the KV cache (and on CUDA
+        moves the weights to host memory), level 2 frees the weights too."""
+        self.sleep_mode.sleep(level)
+
+    def wake_up(self) -> None:
+        self.sleep_mode.wake_up()
 
     def remove_lora(self, name: str) -> bool:
         """Stop serving `name`: new requests for it are refused, and it is dropped once

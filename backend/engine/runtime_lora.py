@@ -45,15 +45,6 @@ class RuntimeLoRA:
         return self._manager().read_checked(name, path)
 
     # ------------------------------------------------------------ engine thread
-    def apply(self, action: str, arg: object) -> object:
-        """One change: "add" (arg: an adapter from `read`), "remove" (arg: its name;
-        returns whether it is gone already) or "list" (returns `listing()`)."""
-        if action == "add":
-            return self.add(arg)
-        if action == "remove":
-            return self.remove(arg)
-        return self.listing()
-
     def add(self, adapter) -> None:
         self._manager().add(adapter)
 

@@ -38,7 +38,7 @@ from backend.triton_server.health_report import HealthReporter
 from backend.triton_server.metrics import EngineMetrics
 from backend.triton_server.request_parser import EMBEDDING_SPEC, INPUT_SPECS, OUTPUT_SPECS, parse_request
 from backend.triton_server.response_writer import FINAL, ResponseWriter
-from backend.triton_server import lora_control, trtllm_front
+from backend.triton_server import engine_control, trtllm_front
 from backend.triton_server.stop_key import may_stop, required_stop_key
 from backend.triton_server.serving_config import load_settings, parameters_from_model_config
 from backend.triton_server.vllm_model_json import read_model_json
@@ -115,10 +115,10 @@ class TritonPythonModel(Watcher):
         self._seen_ready = False
         self._readiness_failures = 0
         self._draining = False
-        # Runtime LoRA changes (lora_control.py) wait on the engine: one at a time, here,
+        # Runtime LoRA changes and sleep mode (engine_control.py) wait on the engine: one at a time, here,
         # never on Triton's execute thread.
-        self._control_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-control")
-        self._admin_key = lora_control.server_admin_key()
+        self._control_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-control")
+        self._admin_key = engine_control.server_admin_key()
         self._start_heartbeat(args, self.settings.engine_stall_timeout_s)    # (before the watcher reports to it)
         self._response_thread = threading.Thread(target=self._response_loop, name="responses", daemon=True)
         self._watch_thread = threading.Thread(target=self._watch_loop, name="watcher", daemon=True)
@@ -161,7 +161,7 @@ class TritonPythonModel(Watcher):
             if tensor is not None:
                 inputs[spec["name"]] = tensor.as_numpy()
         try:
-            control = lora_control.control_of(request.parameters())
+            control = engine_control.control_of(request.parameters())
         except InvalidRequestError as e:
             sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
             return
@@ -204,10 +204,10 @@ class TritonPythonModel(Watcher):
                                   callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
 
     def _control(self, params: dict, sender) -> None:
-        """A runtime LoRA change or listing (lora_control.py): one response, its JSON in
+        """A runtime LoRA change, sleep mode or a listing (engine_control.py): one response, its JSON in
         `text_output`."""
         try:
-            result = lora_control.run(self.loop, params, self._admin_key)
+            result = engine_control.run(self.loop, params, self._admin_key)
             response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
                 "text_output", np.array([json.dumps(result).encode()], dtype=np.object_))])
         except Exception as e:      # the caller's mistake or a refusal, named

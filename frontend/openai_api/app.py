@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from frontend.openai_api import completions as completion, embeddings, lora_adapters, metrics, tokenization
+from frontend.openai_api import completions as completion, embeddings, lora_adapters, metrics, sleep_routes, tokenization
 from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.chat_completion import ChatCompletion, Shape
@@ -125,7 +125,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
     tokenization.register(app)
     embeddings.register(app)
     # (the gRPC header's value: Triton's admin key, passed on to the model's LoRA control)
-    lora_adapters.register(app, api_keys=bool(keys), admin_key=next(iter((admin_headers or {}).values()), None))
+    admin_key = next(iter((admin_headers or {}).values()), None)
+    lora_adapters.register(app, api_keys=bool(keys), admin_key=admin_key)
+    sleep_routes.register(app, admin_key)
     metrics.register(app)
 
     @app.post("/v1/completions")

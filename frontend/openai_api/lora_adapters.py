@@ -6,7 +6,7 @@ unloading one that is not there).
 They change what the server runs, so they need a caller the server knows: with API keys
 (`--api-key`), the key every `/v1` route takes; without, the header `admin-key` holding
 Triton's admin key. The frontend passes its own admin key on to the model
-(backend/triton_server/lora_control.py checks it there too).
+(backend/triton_server/engine_control.py checks it there too).
 
 `model` (optional, ours): which Triton model gets the adapter, when more than one has
 LoRA enabled.
@@ -14,21 +14,16 @@ LoRA enabled.
 
 from __future__ import annotations
 
-import hmac
-import json
 from typing import Optional
 
-import numpy as np
-import tritonclient.grpc as grpcclient
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
-from tritonclient.utils import InferenceServerException
 
-from frontend.openai_api.errors import APIError, from_triton
+from frontend.openai_api import engine_control
+from frontend.openai_api.engine_control import check_admin_header
+from frontend.openai_api.errors import APIError
 from frontend.openai_api.request_body import read_request
-
-ADMIN_HEADER = "admin-key"
 # Without API keys these still answer 401: they take the admin key then.
 ADMIN_ROUTES = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
@@ -47,47 +42,19 @@ class UnloadLoRAAdapterRequest(BaseModel):
     model: Optional[str] = None
 
 
-async def control(client, model: str, params: dict) -> dict:
-    """One control request to `model` (lora_control.py's contract): its JSON answer."""
-    text = grpcclient.InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b""], dtype=np.object_))
-
-    async def requests():
-        yield {"model_name": model, "inputs": [text], "parameters": params,
-               "outputs": [grpcclient.InferRequestedOutput("text_output")]}
-    call = client.stream_infer(requests())
-    try:
-        async for result, error in call:
-            if error is not None:
-                raise from_triton(str(error.message() if hasattr(error, "message") else error))
-            return json.loads(result.as_numpy("text_output").reshape(-1)[0].decode())
-    except InferenceServerException as e:
-        raise from_triton(e.message() or str(e)) from None
-    finally:
-        call.cancel()
-    raise APIError(500, f"model '{model}' did not answer the LoRA request")
-
-
 async def listed_adapters(client, model: str) -> Optional[list[str]]:
     """The adapters `model` serves now (loaded at start or since), or None when it cannot
     say (a backend without runtime LoRA)."""
     try:
-        return list((await control(client, model, {"lora_action": "list"}))["loaded"])
+        return list((await engine_control.control(client, model, {"lora_action": "list"}))["loaded"])
     except Exception:           # (an older backend, a stub being recovered): the config's list
         return None
 
 
 def register(app: FastAPI, api_keys: bool, admin_key: Optional[str]) -> None:
     def authorize(request: Request) -> None:
-        if api_keys:
-            return                  # the middleware checked the API key already (auth.py)
-        sent = request.headers.get(ADMIN_HEADER)
-        if admin_key is None:
-            raise APIError(403, "loading LoRA adapters at run time needs the server's API key (--api-key) or "
-                                "its admin key, and this frontend has neither")
-        if sent is None or not hmac.compare_digest(sent.encode(), admin_key.encode()):
-            raise APIError(401, f"loading LoRA adapters at run time needs the header '{ADMIN_HEADER}' "
-                                "(Triton's admin key) when the server has no API key")
+        if not api_keys:            # (with them, the middleware checked the API key already: auth.py)
+            check_admin_header(request, admin_key, "loading LoRA adapters at run time without API keys")
 
     async def target(model: Optional[str]) -> str:
         served = await app.state.llm.models()
@@ -107,7 +74,7 @@ def register(app: FastAPI, api_keys: bool, admin_key: Optional[str]) -> None:
     async def change(params: dict) -> dict:
         model = await target(params.pop("model"))
         try:
-            return await control(app.state.llm.client, model, {**params, "admin_key": admin_key or ""})
+            return await engine_control.control(app.state.llm.client, model, {**params, "admin_key": admin_key or ""})
         except APIError as e:
             if "cannot be found" in e.message:
                 raise APIError(404, e.message, "lora_name") from None

@@ -22,7 +22,12 @@ from pydantic.json_schema import models_json_schema
 from frontend.openai_api.auth import protected
 from frontend.openai_api.embeddings import EmbeddingRequest, EmbeddingResponse
 from frontend.openai_api.errors import TYPES
-from frontend.openai_api.lora_adapters import ADMIN_ROUTES, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from frontend.openai_api.lora_adapters import ADMIN_ROUTES as LORA_ROUTES
+from frontend.openai_api.lora_adapters import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from frontend.openai_api.sleep_routes import ROUTES as SLEEP_ROUTES
+
+# Routes that answer 401 without the admin key, API keys or not.
+ADMIN_ROUTES = LORA_ROUTES + SLEEP_ROUTES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.responses_protocol import ResponsesRequest
 from frontend.openai_api.responses_schemas import Response, ResponseEvent
@@ -303,6 +308,22 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": {"required": True, "content": _json("UnloadLoRAAdapterRequest")},
         "responses": {"200": {"description": "Success", "content": {"text/plain": {"schema": {"type": "string"}}}},
                       **{str(s): _error(s) for s in (400, 401, 403, 404, 413, 500, 503)}}},
+    ("/sleep", "post"): {
+        "summary": "vLLM's sleep mode: level 1 frees the KV cache (on CUDA the weights go to host memory), level 2 "
+                   "the weights too. Needs the header `admin-key`; a model serving requests refuses (400)",
+        "parameters": [{"name": "level", "in": "query", "required": False, "schema": {"type": "string"}},
+                       {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "Asleep"}, **{str(s): _error(s) for s in (400, 401, 403, 404, 503)}}},
+    ("/wake_up", "post"): {
+        "summary": "Wake the engine up (level 2 reads the weights again). Needs the header `admin-key`",
+        "parameters": [{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "Awake"}, **{str(s): _error(s) for s in (400, 401, 403, 404, 503)}}},
+    ("/is_sleeping", "get"): {
+        "summary": "Whether a model is asleep. Needs the header `admin-key`",
+        "parameters": [{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "The state", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["is_sleeping"], "properties": {"is_sleeping": {"type": "boolean"}}}}}},
+            **{str(s): _error(s) for s in (401, 403, 404, 503)}}},
     ("/v1/responses/{response_id}", "get"): {
         "summary": "A stored response (`store`, the default)",
         "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -341,9 +362,9 @@ def openapi(app: FastAPI, api_keys: bool) -> dict:
                 if (path, method) not in OPERATIONS:
                     raise RuntimeError(f"{method.upper()} {path} is not documented in frontend/openai_api/schemas.py")
                 operation.update(copy.deepcopy(OPERATIONS[path, method]))
-                if not (api_keys and protected(path)) and path not in ADMIN_ROUTES:
-                    operation["responses"].pop("401", None)
-                elif api_keys:
+                if api_keys and protected(path):
                     operation["security"] = [{"apiKey": []}]
+                elif path not in ADMIN_ROUTES:
+                    operation["responses"].pop("401", None)
         app.openapi_schema = doc
     return app.openapi_schema

@@ -197,7 +197,7 @@ def test_adapter_loaded_and_unloaded_while_others_stream(server, offline, runtim
 
 
 def test_triton_side_lora_control_needs_the_admin_key(server, runtime_adapter):
-    """The same change through Triton itself (lora_control.py): a request parameter
+    """The same change through Triton itself (engine_control.py): a request parameter
     `lora_action`; `load` without the server's admin key is refused, `list` is open."""
     path, want = runtime_adapter
     no_key = StreamingRequest(server.grpc_url).run("", parameters={"lora_action": "load", "lora_name": "rt",

@@ -5,7 +5,7 @@ vLLM's answers. tests/integration/test_lora_serving.py runs them against the rea
 import pytest
 from fastapi.testclient import TestClient
 
-from frontend.openai_api import lora_adapters
+from frontend.openai_api import engine_control
 from frontend.openai_api.app import create_app
 from frontend.openai_api.auth import APIKeys
 from frontend.openai_api.errors import APIError
@@ -32,7 +32,7 @@ def sent(monkeypatch):
         if params["lora_name"] == "gone":
             raise APIError(400, "The lora adapter 'gone' cannot be found.")
         return {"lora_name": params["lora_name"], "status": "unloading" if params["lora_name"] == "busy" else "loaded"}
-    monkeypatch.setattr(lora_adapters, "control", control)
+    monkeypatch.setattr(engine_control, "control", control)
     return calls
 
 
@@ -56,7 +56,7 @@ def test_without_api_keys_the_admin_key_header_is_needed(sent):
     assert c.app.state.llm.forgotten == 1               # /v1/models shows it at once
     none = app(admin=None)
     r = none.post("/v1/load_lora_adapter", json=LOAD, headers={"admin-key": ADMIN})
-    assert r.status_code == 403 and "has neither" in r.json()["error"]["message"]
+    assert r.status_code == 403 and "this frontend has none" in r.json()["error"]["message"]
     assert len(sent) == 1
 
 

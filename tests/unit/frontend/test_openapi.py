@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from frontend.openai_api.app import create_app
 from frontend.openai_api.auth import APIKeys
-from frontend.openai_api.lora_adapters import ADMIN_ROUTES
+from frontend.openai_api.schemas import ADMIN_ROUTES
 from frontend.openai_api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.openai_api.responses_protocol import ResponsesRequest
 
@@ -33,9 +33,10 @@ def test_every_route_is_documented_with_its_body_and_error_statuses():
                         ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
                         ("/v1/responses/{response_id}", "get"), ("/v1/models/{model_id}", "get"), ("/tokenize", "post"),
                         ("/detokenize", "post"), ("/metrics", "get"), ("/v1/embeddings", "post"),
-                        ("/v1/load_lora_adapter", "post"), ("/v1/unload_lora_adapter", "post")}
+                        ("/v1/load_lora_adapter", "post"), ("/v1/unload_lora_adapter", "post"),
+                        ("/sleep", "post"), ("/wake_up", "post"), ("/is_sleeping", "get")}
     for (path, method), op in ops.items():
-        if method == "post":
+        if method == "post" and path not in ("/sleep", "/wake_up"):      # (those two take no body)
             assert op["requestBody"]["required"] and {"400", "401", "413"} <= set(op["responses"])
         if path.endswith("completions"):
             assert op["requestBody"]["required"] and set(op["responses"]) == {"200", "400", "401", "404", "413",
