@@ -33,6 +33,7 @@ from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput, RequestO
 from backend.engine.request import Request
 from backend.engine.request_limits import RequestLimits
 from backend.engine.runtime_lora import RuntimeLoRA
+from backend.engine.scheduling.priority import counts_by_priority
 from backend.engine.sleep_mode import SleepMode
 
 class LLMEngine(RequestIntake):
@@ -208,5 +209,7 @@ class LLMEngine(RequestIntake):
             **(self.speculator.stats() if self.speculator is not None else {}),
             **(self.scheduler.lora_stats() if self.lora is not None else {}),
             **(kv.connector.stats() if kv.connector is not None else {}),
+            **({"requests_by_priority": counts_by_priority(list(self.scheduler.running), list(self.scheduler.waiting))}
+               if self.args.scheduling_policy == "priority" else {}),
             **(self.batch_queue.stats() if self.batch_queue is not None else {}),
         }

@@ -24,6 +24,8 @@ from typing import Optional
 
 import triton_python_backend_utils as pb_utils
 
+from backend.triton_server.priority_metrics import PriorityMetrics
+
 # The vLLM backend's buckets (its metrics.py, after vLLM's sample metrics).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
@@ -87,6 +89,7 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class SequenceTiming:
     """One finished sequence, as the response thread saw it (monotonic seconds)."""
     arrival: float
+    priority: int = 0               # the request's (per-class metrics: priority_metrics.py)
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     first_token_time: Optional[float] = None
@@ -145,6 +148,9 @@ class EngineMetrics:
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in counters}
         self._labels = labels
+        # Under scheduling_policy priority: the same latencies and counts per priority class.
+        self.priority = (PriorityMetrics(family, MF, labels, TTFT_BUCKETS, E2E_BUCKETS)
+                         if getattr(getattr(engine, "args", None), "scheduling_policy", "fcfs") == "priority" else None)
         self._lora_enabled = getattr(engine, "lora", None) is not None
         self._lora_family = self._lora_series = self._lora_labels = None
         # Filled from the response and execute threads; deque append/popleft are thread-safe.
@@ -159,6 +165,7 @@ class EngineMetrics:
         the server is not stopping."""
         with self._lock:
             self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
+            self.priority = None
             self._lora_enabled = False
             self._lora_series = self._lora_family = None
             self._families = []
@@ -222,6 +229,8 @@ class EngineMetrics:
                     self._gauge_values[name] = value
             if self._lora_enabled:
                 self._update_lora_info(stats)
+            if self.priority is not None and "requests_by_priority" in stats:
+                self.priority.update(stats["requests_by_priority"])
 
     def _update_lora_info(self, stats: dict) -> None:
         labels = {**self._labels, "running_lora_adapters": ",".join(stats["running_lora_adapters"]),
@@ -258,3 +267,5 @@ class EngineMetrics:
             h["vllm:time_to_first_token_seconds"].observe(timing.first_token_time - timing.arrival)
         for latency in timing.inter_token_latencies:
             h["vllm:time_per_output_token_seconds"].observe(latency)
+        if self.priority is not None:
+            self.priority.observe(timing.priority, timing.arrival, timing.first_token_time, now)

@@ -62,7 +62,7 @@ class ResponseWriter:
         self.requested_outputs = frozenset(requested_outputs)
         self.parsed = parsed
         self.arrival = arrival
-        self.seqs = [Sequence(cid, SequenceTiming(arrival)) for cid in child_ids]
+        self.seqs = [Sequence(cid, SequenceTiming(arrival, parsed.params.priority)) for cid in child_ids]
         self.sent_prompt = False
         # SamplingParams.prompt_logprobs' result (from whichever child computed it), and
         # whether a stream has sent it (once).

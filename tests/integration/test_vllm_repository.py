@@ -4,6 +4,7 @@ with vLLM's names. Against a real tritonserver."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -28,10 +29,13 @@ def vllm_repo(root, engine_args: dict) -> str:
 
 def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt, lora_adapters):
     """With the vLLM backend's multi-LoRA layout too: `enable_lora` in model.json and the
-    adapters in `1/multi_lora.json`; a request names one with `lora_name`."""
+    adapters in `1/multi_lora.json`; a request names one with `lora_name`. And with
+    vLLM's `scheduling_policy: priority`: each request's `priority` shows in the metrics
+    per priority class (backend/triton_server/priority_metrics.py)."""
     repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "gpu_memory_utilization": 0.1, "enforce_eager": True,
                                      "num_gpu_blocks_override": 128, "disable_log_requests": True,
-                                     "enable_lora": "true", "max_lora_rank": 8, "max_loras": 1})
+                                     "enable_lora": "true", "max_lora_rank": 8, "max_loras": 1,
+                                     "scheduling_policy": "priority"})
     with open(os.path.join(repo, "vllm_model", "1", "multi_lora.json"), "w") as f:
         json.dump({"sql": lora_adapters["sql"]}, f)
     params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -39,11 +43,16 @@ def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt, lora_adapters):
     expected = {name: llm.generate(["The pass statement"], SamplingParams(**params, lora_name=name))[0]
                 for name in (None, "sql")}
     with TritonServer(repo, log_path=str(tmp_path / "server.log")) as srv:
-        for name, want in expected.items():
+        for priority, (name, want) in enumerate(expected.items()):
             res = StreamingRequest(srv.grpc_url, model="vllm_model").run(
-                "The pass statement", {**params, **({"lora_name": name} if name else {})})
+                "The pass statement", {**params, "priority": priority + 3, **({"lora_name": name} if name else {})})
             assert res.ok and res.token_ids == want.token_ids, name
         wait_blocks_free(srv, model="vllm_model")
+        text = srv.metrics()
+        for priority in (3, 4):
+            assert re.search(r'^llm_time_to_first_token_by_priority_seconds_count\{[^}]*priority="%d"[^}]*\} 1$'
+                             % priority, text, re.M), text[-3000:]
+        assert re.search(r'^llm_num_requests_by_priority\{[^}]*state="running"[^}]*\} 0$', text, re.M)
     log = open(tmp_path / "server.log").read()
     assert "model.json key 'disable_log_requests' has no effect with this backend; ignored" in log
 

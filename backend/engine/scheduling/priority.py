@@ -62,3 +62,13 @@ class PriorityQueue:
 def insert_running(running: list[Request], request: Request) -> None:
     """Into the running batch at its rank (the batch is scheduled in this order)."""
     bisect.insort_right(running, request, key=rank)
+
+
+def counts_by_priority(running: list[Request], waiting: Iterable[Request]) -> dict[int, tuple[int, int]]:
+    """priority -> (running, waiting): the metrics per priority class. The caller passes
+    copies (the engine thread may be changing the queues)."""
+    counts: dict[int, list[int]] = {}
+    for k, requests in enumerate((running, waiting)):
+        for r in requests:
+            counts.setdefault(r.sampling_params.priority, [0, 0])[k] += 1
+    return {p: (c[0], c[1]) for p, c in counts.items()}
