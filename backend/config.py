@@ -129,6 +129,10 @@ class EngineArgs(BaseModel):
     # `priority` (lower first, then arrival), and preempts lower priorities first
     # (backend/engine/scheduling/priority.py).
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # Ours (vLLM has no aging): under scheduling_policy priority, a request's priority
+    # improves by one level per this many seconds since it arrived, so lower priorities
+    # are not starved by a steady stream of higher ones. Unset: no aging.
+    priority_aging_s: Optional[float] = Field(None, gt=0)
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8", "int8"] = "auto"
@@ -298,6 +302,8 @@ class EngineArgs(BaseModel):
                                  "splits the torch model's forward on CPU, on one rank): leave it unset")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
+        if self.priority_aging_s is not None and self.scheduling_policy != "priority":
+            raise ValueError("priority_aging_s needs scheduling_policy 'priority'")
         if self.kv_offloading_size is not None:
             off = ("enable_prefix_caching is false" if not self.enable_prefix_caching else
                    f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else

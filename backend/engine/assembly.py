@@ -28,6 +28,7 @@ from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.kv_offload.host_cache import HostKVCache
 from backend.engine.kv_offload.host_tier import HostOffloadScheduler, num_host_slots
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.scheduling.priority import Ranking
 from backend.engine.runner.kv_int8 import kv_cache_torch_dtype, load_kv_cache_scales, set_kv_cache_scales
 from backend.engine.runner.model_runner import ModelRunner, allocate_kv_cache, kv_cache_bytes_per_block
 from backend.engine.runner.pooling_runner import PoolingModelRunner
@@ -196,7 +197,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           may_speculate=Speculator.can_speculate if speculator is not None else None,
                           # the draft proposes inside the runner's step, into slots reserved with it
                           num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0,
-                          policy=args.scheduling_policy)
+                          policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s))
     kv_layers = allocate_kv_cache(rank_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
     if kv_scales is not None:
         set_kv_cache_scales(kv_layers, kv_scales)

@@ -6,20 +6,42 @@ The scheduler stays as it is for FCFS; under priority it keeps both queues in th
 order, so the running request it preempts when blocks run out (the last) is always the
 lowest-ranked one, never a higher-priority request for a lower one, and a waiting
 request that outranks the lowest-ranked running one takes its place when the pool or
-`max_num_seqs` has no room for it. There is no aging: a steady stream of
-higher-priority work keeps lower priorities waiting, as in vLLM.
+`max_num_seqs` has no room for it.
+
+Without aging (the default, as in vLLM) a steady stream of higher-priority work keeps
+lower priorities waiting. With the engine argument `priority_aging_s` a request's
+priority improves by one level per that many seconds since it arrived, so every request
+eventually outranks the newer work. Both queues are put in order again before each
+schedule then, and preemption compares these aged priorities too.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, Iterator
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
 
 from backend.engine.request import Request
 
 
-def rank(request: Request) -> tuple[int, float]:
-    return request.sampling_params.priority, request.arrival_time
+@dataclass(frozen=True)
+class Ranking:
+    """(priority, arrival) order; with `aging_s`, the priority less one level per aging_s
+    seconds since arrival (on `clock`, the clock of Request.arrival_time)."""
+    aging_s: Optional[float] = None
+    clock: Callable[[], float] = time.monotonic
+
+    def priority(self, request: Request, now: Optional[float] = None) -> int:
+        p = request.sampling_params.priority
+        if self.aging_s is None:
+            return p
+        now = self.clock() if now is None else now
+        return p - int(max(0.0, now - request.arrival_time) // self.aging_s)
+
+    def key(self) -> Callable[[Request], tuple[int, float]]:
+        now = self.clock() if self.aging_s is not None else None
+        return lambda r: (self.priority(r, now), r.arrival_time)
 
 
 class PriorityQueue:
@@ -27,16 +49,22 @@ class PriorityQueue:
     scheduler calls: a request put back at the front (preempted, or skipped for this
     step) goes to its place by rank; equal ranks keep their order."""
 
-    def __init__(self) -> None:
+    def __init__(self, ranking: Ranking = Ranking()) -> None:
         self._items: list[Request] = []
+        self.ranking = ranking
 
     def append(self, request: Request) -> None:
         """A new request: behind the requests of its rank."""
-        bisect.insort_right(self._items, request, key=rank)
+        bisect.insort_right(self._items, request, key=self.ranking.key())
 
     def appendleft(self, request: Request) -> None:
         """Back to the queue (preempted, or skipped for a step): ahead of its rank's others."""
-        bisect.insort_left(self._items, request, key=rank)
+        bisect.insort_left(self._items, request, key=self.ranking.key())
+
+    def reorder(self) -> None:
+        """In order of the aged priorities now (a no-op without aging)."""
+        if self.ranking.aging_s is not None:
+            self._items.sort(key=self.ranking.key())
 
     def extendleft(self, requests: Iterable[Request]) -> None:
         """Each to the front of its rank, the last first, as deque.extendleft does."""
@@ -59,9 +87,9 @@ class PriorityQueue:
         return iter(self._items)
 
 
-def insert_running(running: list[Request], request: Request) -> None:
+def insert_running(running: list[Request], request: Request, ranking: Ranking = Ranking()) -> None:
     """Into the running batch at its rank (the batch is scheduled in this order)."""
-    bisect.insort_right(running, request, key=rank)
+    bisect.insort_right(running, request, key=ranking.key())
 
 
 def counts_by_priority(running: list[Request], waiting: Iterable[Request]) -> dict[int, tuple[int, int]]:

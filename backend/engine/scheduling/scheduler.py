@@ -31,7 +31,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.scheduling.priority import PriorityQueue, insert_running
+from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
 from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -44,7 +44,7 @@ class Scheduler(ProposalSlots):
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
                  long_rope_original: Optional[int] = None,
                  may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", ranking: Ranking = Ranking()) -> None:
         self.kv_cache = kv_cache
         # Structured output (structured_output_manager.py): grammars compiled for guided
         # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
@@ -54,7 +54,9 @@ class Scheduler(ProposalSlots):
         self.max_num_batched_tokens = max_num_batched_tokens
         # "fcfs", or "priority": both queues in (priority, arrival) order (priority.py).
         self.policy = policy
-        self.waiting: Union[deque[Request], PriorityQueue] = PriorityQueue() if policy == "priority" else deque()
+        self.ranking = ranking      # (with priority_aging_s: priorities improve as requests wait)
+        self.waiting: Union[deque[Request], PriorityQueue] = PriorityQueue(ranking) if policy == "priority" \
+            else deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
@@ -141,6 +143,9 @@ class Scheduler(ProposalSlots):
 
         # Priority: requests preempted to make room for a higher-priority waiting one are
         # not admitted again in this step (their step in flight is still to come back).
+        if self.policy == "priority" and self.ranking.aging_s is not None:
+            self.waiting.reorder()
+            self.running.sort(key=self.ranking.key())
         made_room = self._make_room_for_waiting(out, budget) if self.policy == "priority" else set()
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
@@ -216,7 +221,7 @@ class Scheduler(ProposalSlots):
             request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
             if self.policy == "priority":
-                insert_running(self.running, request)
+                insert_running(self.running, request, self.ranking)
             else:
                 self.running.append(request)
             if request.sampling_params.lora_name:
@@ -242,8 +247,9 @@ class Scheduler(ProposalSlots):
         preempted: set[str] = set()
         head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
                      and r.request_id not in self.in_flight), None)
-        priority = None if head is None else head.sampling_params.priority
-        if head is None or not self.running or self.running[-1].sampling_params.priority <= priority:
+        aged = self.ranking.priority
+        priority = None if head is None else aged(head)
+        if head is None or not self.running or aged(self.running[-1]) <= priority:
             return preempted
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
@@ -254,7 +260,7 @@ class Scheduler(ProposalSlots):
         blocks = -(-(computed + chunk) // self.kv_cache.block_size) - len(cached)
         while self.running:
             worst = self.running[-1]
-            if worst.sampling_params.priority <= priority or worst.request_id in self.in_flight:
+            if aged(worst) <= priority or worst.request_id in self.in_flight:
                 break                       # never for an equal or a lower priority
             if len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
                 break
