@@ -246,6 +246,13 @@ def _error(status: int) -> dict:
     return response
 
 
+def _admin_error() -> dict:
+    """401 for a missing or wrong `admin-key` header (sleep mode, LoRA without API keys)."""
+    fixed = {"properties": {"error": {"properties": {"code": {"const": 401}, "type": {"const": TYPES[401]}}}}}
+    return {"description": "No or a wrong `admin-key` header (Triton's admin key)",
+            "content": {"application/json": {"schema": {"allOf": [_ref("ErrorResponse"), fixed]}}}}
+
+
 def _generation(request: str, response: str, chunk: str, summary: str) -> dict:
     return {"summary": summary,
             "requestBody": {"required": True, "content": _json(request)},
@@ -366,5 +373,7 @@ def openapi(app: FastAPI, api_keys: bool) -> dict:
                     operation["security"] = [{"apiKey": []}]
                 elif path not in ADMIN_ROUTES:
                     operation["responses"].pop("401", None)
+                else:                   # the admin-key header's 401: no WWW-Authenticate
+                    operation["responses"]["401"] = _admin_error()
         app.openapi_schema = doc
     return app.openapi_schema
