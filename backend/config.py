@@ -83,6 +83,31 @@ class PoolerConfig(BaseModel):
         return v.upper() if isinstance(v, str) else v
 
 
+class KVEventsConfig(BaseModel):
+    """vLLM's `kv_events_config`: KV cache events (block stored, removed, all cleared)
+    published over ZMQ for KV-aware routers (backend/engine/kv_events/)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["zmq", "null"] = "zmq"
+    # On this machine only: a loopback address or ipc:// (the events carry token ids, and
+    # a ZMQ port takes no key). vLLM's default binds every interface.
+    endpoint: str = "tcp://127.0.0.1:5557"
+    topic: str = ""
+    hwm: int = Field(100_000, ge=1)
+    max_queue_size: int = Field(100_000, ge=1)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _on_this_machine(cls, v: str) -> str:
+        host = v[len("tcp://"):].rsplit(":", 1)[0].strip("[]") if v.startswith("tcp://") else None
+        if not (v.startswith("ipc://") or host in ("127.0.0.1", "localhost", "::1")):
+            raise ValueError(f"'{v}' is not on this machine: KV events carry prompts' token ids and a ZMQ port "
+                             "takes no key, so the endpoint must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT or "
+                             "ipc://PATH (relay to other machines through Dynamo's publisher)")
+        return v
+
+
 def lora_modules_value(v: Any) -> Any:
     """vLLM's `lora_modules`: {name: folder}, as JSON text, as `name=folder` items (its
     command line), or as a list of {"name", "path"} objects (its JSON form)."""
@@ -175,6 +200,8 @@ class EngineArgs(BaseModel):
     enable_expert_parallel: bool = False
     # vLLM's name: speculative decoding (a JSON object in config.pbtxt and model.json).
     speculative_config: Optional[SpeculativeConfig] = None
+    # vLLM's: KV cache events over ZMQ (KVEventsConfig), as JSON text or a dict.
+    kv_events_config: Optional[KVEventsConfig] = None
     # vLLM's name: schedule step N+1 while the device runs step N (its sampled ids feed
     # step N+1 on the device; stops are seen one step behind). None: on wherever output
     # stays exact, which is everywhere (speculation included: a speculating request sits
@@ -221,6 +248,7 @@ class EngineArgs(BaseModel):
     request_timeout_s: Optional[float] = Field(None, gt=0.0)
 
     _speculative_json = field_validator("speculative_config", mode="before")(lambda v: json_or_value(v))
+    _kv_events_json = field_validator("kv_events_config", mode="before")(lambda v: json_or_value(v))
     _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 

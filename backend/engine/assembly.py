@@ -25,6 +25,7 @@ from backend.engine.runner import profile_run
 from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
 from backend.engine.runner.cuda_graphs import verify_query_len
 from backend.engine.host_malloc import keep_large_blocks
+from backend.engine.kv_events.collector import KVEventCollector
 from backend.engine.kv_offload.host_cache import HostKVCache
 from backend.engine.kv_offload.host_tier import HostOffloadScheduler, num_host_slots
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
@@ -78,6 +79,7 @@ class EngineParts:
     runner: ModelRunner
     speculator: Optional[Speculator]
     bytes_per_rank: list[tuple[int, int]]       # (weight bytes, KV cache bytes) of each rank, rank 0 first
+    kv_events: Optional[KVEventCollector] = None    # KV cache events, with kv_events_config
 
 
 def assemble(args: EngineArgs) -> EngineParts:
@@ -170,10 +172,15 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     # MEAN pooling needs every prompt token computed (pooling_runner.py): no prefix cache.
     prefix_caching = args.enable_prefix_caching and not (
         args.runner == "pooling" and args.pooler.pooling_type == "MEAN")
+    kv_events = _kv_events(args)
+    if kv_events is not None:
+        started.append(kv_events)
     host_tier = None
     if args.kv_offloading_size is not None:     # the host tier's index (kv_offload/host_tier.py)
-        host_tier = HostOffloadScheduler(num_host_slots(args.kv_offloading_size, bytes_per_block), args.block_size)
-    kv_cache = KVCacheManager(num_kv_blocks, args.block_size, prefix_caching, window, connector=host_tier)
+        host_tier = HostOffloadScheduler(num_host_slots(args.kv_offloading_size, bytes_per_block), args.block_size,
+                                         events=kv_events)
+    kv_cache = KVCacheManager(num_kv_blocks, args.block_size, prefix_caching, window, connector=host_tier,
+                              events=kv_events)
 
     speculator, draft_layers = None, None
     if spec is not None:
@@ -226,7 +233,17 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         lora=lora, tokenizer=tokenizer, use_cuda_graphs=use_cuda_graphs, memory_profile=memory_profile,
         num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
         kv_cache=kv_cache, scheduler=scheduler, runner=runner, speculator=speculator,
-        bytes_per_rank=bytes_per_rank)
+        bytes_per_rank=bytes_per_rank, kv_events=kv_events)
+
+
+def _kv_events(args: EngineArgs) -> Optional[KVEventCollector]:
+    """vLLM's kv_events_config: the engine thread's collector and its ZMQ publisher."""
+    cfg = args.kv_events_config
+    if cfg is None or not cfg.enable_kv_cache_events or cfg.publisher == "null":
+        return None
+    from backend.engine.kv_events.publisher import ZmqEventPublisher
+    return KVEventCollector(args.block_size, ZmqEventPublisher(cfg.endpoint, cfg.topic, args.block_size, cfg.hwm,
+                                                               cfg.max_queue_size))
 
 
 def load_weights(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str,

@@ -228,12 +228,11 @@ class EngineLoop:
                 self._drain_inbox(block=not self.engine.has_unfinished_requests())
                 self.engine.check_health()      # a dead tensor-parallel rank fails the loop, idle or not
                 self.last_heartbeat = time.monotonic()
-                if not self.engine.has_unfinished_requests():
-                    continue
-                outputs = self.engine.core_step()
-                if outputs:
-                    self._outbox.put(outputs)
-                self.engine.runtime_lora.finish_unloads()
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.core_step()
+                    if outputs:
+                        self._outbox.put(outputs)
+                self.engine.after_step()    # (also after an abort or a change, with no step)
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")
             self.error = e

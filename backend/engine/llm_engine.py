@@ -50,6 +50,7 @@ class LLMEngine(RequestIntake):
         self.kv_cache_bytes, self.bytes_per_rank = parts.kv_cache_bytes, parts.bytes_per_rank
         self.kv_cache, self.scheduler, self.runner = parts.kv_cache, parts.scheduler, parts.runner
         self.speculator = parts.speculator
+        self.kv_events = parts.kv_events       # KV cache events over ZMQ, or None
         try:
             self._build_step_side(args)
         except BaseException:
@@ -89,6 +90,9 @@ class LLMEngine(RequestIntake):
         engine is unusable after)."""
         if self.workers is not None:
             self.workers.shutdown()
+        if getattr(self, "kv_events", None) is not None:
+            self.kv_events.shutdown()
+            self.kv_events = None
         shards = getattr(getattr(self, "runner", None), "shards", None)     # (a load that failed early)
         if shards is not None:
             shards.close()
@@ -107,8 +111,15 @@ class LLMEngine(RequestIntake):
         run the output side on its own thread: engine_loop.py)."""
         outputs, stopped = self.outputs.process(self.core_step())
         self.stop_requests(stopped)
-        self.runtime_lora.finish_unloads()
+        self.after_step()
         return outputs
+
+    def after_step(self) -> None:
+        """Between steps, on the engine thread: adapters whose unload waited for their
+        requests go, and the step's KV events are handed to their publisher."""
+        self.runtime_lora.finish_unloads()
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     def add_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at `path` as `name` from now on (vLLM's

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Optional, Sequence
 
 from backend.config import ConfigError
+from backend.engine.kv_events.collector import HOST
 from backend.engine.kv_offload.connector import ExternalHit, KVConnectorScheduler, KVTransfers
 
 
@@ -59,28 +60,33 @@ class HostBlockIndex:
         return slot
 
     def insert(self, block_hash: bytes, parent: Optional[bytes], token_ids: tuple[int, ...],
-               pinned: set[int]) -> Optional[int]:
-        """A slot for the block (the least recently used one's when the pool is full, but
-        never a pinned one); None when every slot is pinned."""
+               pinned: set[int]) -> tuple[Optional[int], Optional[bytes]]:
+        """(a slot for the block, the hash evicted from it): the least recently used
+        slot's when the pool is full, but never a pinned one; (None, None) when every
+        slot is pinned."""
+        victim = None
         if self._free:
             slot = self._free.pop()
         else:
             victim = next((h for h, s in self._slot_of.items() if s not in pinned), None)
             if victim is None:
-                return None
+                return None, None
             slot = self._slot_of.pop(victim)
         self._slot_of[block_hash] = slot
         self._entry[slot] = (block_hash, parent, token_ids)
-        return slot
+        return slot, victim
 
     def touch(self, block_hash: bytes) -> None:
         self._slot_of.move_to_end(block_hash)
 
 
 class HostOffloadScheduler(KVConnectorScheduler):
-    def __init__(self, num_slots: int, block_size: int) -> None:
+    def __init__(self, num_slots: int, block_size: int, events=None) -> None:
+        """events: a KVEventCollector (backend/engine/kv_events/): blocks kept and evicted
+        here, medium "CPU"."""
         self.index = HostBlockIndex(num_slots)
         self.block_size = block_size
+        self.events = events
         self._transfers = KVTransfers()
         self._pinned: set[int] = set()          # slots the recorded loads read
         self._saving: set[int] = set()          # device blocks the recorded saves read
@@ -113,9 +119,13 @@ class HostOffloadScheduler(KVConnectorScheduler):
             if block.block_hash in self.index:
                 self.index.touch(block.block_hash)
                 continue
-            slot = self.index.insert(block.block_hash, block.parent_hash, block.token_ids, self._pinned)
+            slot, evicted = self.index.insert(block.block_hash, block.parent_hash, block.token_ids, self._pinned)
             if slot is None:
                 continue                        # every slot is being read in this step: not kept
+            if self.events is not None:
+                if evicted is not None:
+                    self.events.removed(evicted, HOST)
+                self.events.stored([block.block_hash], block.parent_hash, list(block.token_ids), HOST)
             self._transfers.saves.append((block.block_id, slot))
             self._saving.add(block.block_id)
             self.num_saved_blocks += 1

@@ -63,7 +63,10 @@ _EMPTY = BlockTable()
 class BlockPool:
     """The free queue and the hash -> block map. Knows nothing about requests."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, events=None) -> None:
+        """events: a KVEventCollector (backend/engine/kv_events/) told of every eviction
+        from the prefix cache; None: no KV events."""
+        self.events = events
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Insertion order is eviction order: the front is reused first.
         self.free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
@@ -108,21 +111,29 @@ class BlockPool:
         return block
 
     def register(self, block: KVBlock, block_hash: BlockHash, parent_hash: Optional[BlockHash],
-                 token_ids: tuple[int, ...], pending: bool = False) -> None:
+                 token_ids: tuple[int, ...], pending: bool = False) -> bool:
+        """Whether the block is now in the cache under this hash (False: it was already,
+        or another block holds the same content: the first copy is kept)."""
         if block.block_hash is not None or block_hash in self.cached:
-            # Already cached, or the same content was computed twice: keep the first copy.
-            return
+            return False
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
         block.pending = pending
         self.cached[block_hash] = block
+        return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if self.events is not None:
+                    self.events.removed(block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
         block.pending = False
 
     def reset_prefix_cache(self) -> None:
+        if self.events is not None:
+            self.events.clearing(True)          # one AllBlocksCleared for them all
         for block in list(self.cached.values()):
             self._evict(block)
+        if self.events is not None:
+            self.events.clearing(False)

@@ -39,17 +39,20 @@ class KVCacheManager:
     the step builder's, backend/engine/runner/step_inputs.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: Optional[int] = None, connector: Optional[KVConnectorScheduler] = None) -> None:
+                 sliding_window: Optional[int] = None, connector: Optional[KVConnectorScheduler] = None,
+                 events=None) -> None:
         """connector: a store of blocks beyond the pool (backend/engine/kv_offload/): it
         keeps every computed full block, and a request's prefix continues there after
-        the pool's hits."""
+        the pool's hits. events: a KVEventCollector (backend/engine/kv_events/) told of
+        every block cached and evicted."""
         self.block_size = block_size
         self.connector = connector
         self.sliding_window = sliding_window
         # Leading blocks of each request given back by free_outside_window.
         self._num_released: dict[str, int] = {}
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, events)
+        self.events = events
         self.req_blocks: dict[str, list[KVBlock]] = {}
         # The same tables as block ids, kept in step with req_blocks: the model runner
         # reads every running request's table every step (the new entries only).
@@ -179,11 +182,30 @@ class KVCacheManager:
             return                      # most steps fill no block
         self._update_block_hashes(request)
         bs = self.block_size
+        stored: list[int] = []              # (KV events: the blocks cached by this call)
         for i in range(start, num_full):      # the new full blocks' tokens only
             parent = request.block_hashes[i - 1] if i else request.cache_salt
-            self.pool.register(blocks[i], request.block_hashes[i], parent,
-                               tuple(request.token_slice(i * bs, (i + 1) * bs)), pending)
+            if self.pool.register(blocks[i], request.block_hashes[i], parent,
+                                  tuple(request.token_slice(i * bs, (i + 1) * bs)), pending) and self.events:
+                stored.append(i)
         self._num_registered[rid] = num_full
+        if stored:
+            self._stored_events(request, stored)
+
+    def _stored_events(self, request: Request, indices: list[int]) -> None:
+        """One BlockStored per run of consecutive blocks; the parent of a run that starts
+        the prompt is None (the chain's root, an adapter's salt, is in every hash)."""
+        bs, hashes = self.block_size, request.block_hashes
+        runs = [[indices[0]]]
+        for i in indices[1:]:
+            if i == runs[-1][-1] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            first, end = run[0], run[-1] + 1
+            self.events.stored(hashes[first:end], hashes[first - 1] if first else None,
+                               request.token_slice(first * bs, end * bs))
 
     def cache_computed_blocks(self, request: Request) -> None:
         """After a step: the request's full blocks of computed tokens are hits from now on

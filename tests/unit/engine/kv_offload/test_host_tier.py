@@ -95,12 +95,12 @@ def test_refused_where_it_cannot_work(base):
 
 def test_index_evicts_least_recently_used_never_pinned():
     index = HostBlockIndex(2)
-    a = index.insert(b"a", None, (1, 2), set())
-    b = index.insert(b"b", b"a", (3, 4), set())
+    a, _ = index.insert(b"a", None, (1, 2), set())
+    b, _ = index.insert(b"b", b"a", (3, 4), set())
     assert index.find(b"a", None, (1, 2)) == a          # a is now the most recent
     assert index.find(b"a", None, (1, 9)) is None and index.find(b"b", None, (3, 4)) is None   # checked
-    assert index.insert(b"c", None, (5, 6), set()) == b and b"b" not in index
-    assert index.insert(b"d", None, (7, 8), pinned={a, b}) is None
+    assert index.insert(b"c", None, (5, 6), set()) == (b, b"b") and b"b" not in index
+    assert index.insert(b"d", None, (7, 8), pinned={a, b}) == (None, None)
     assert len(index) == 2
 
 

@@ -1,0 +1,76 @@
+"""Publishes KV event batches over ZMQ as vLLM's ZmqEventPublisher does: a PUB socket,
+each message three frames (topic, sequence number as 8 big-endian bytes, the msgpack
+batch). Subscribers detect gaps by the sequence number. A replay socket is not served.
+
+The socket lives on a thread of its own. The engine thread only puts each step's batch
+on a bounded queue, and a full queue drops the batch with a warning: a slow subscriber
+never slows the engine. ZMQ's high-water mark bounds what waits for subscribers.
+
+The endpoint must be on this machine (a loopback address or `ipc://`): the events carry
+prompts' token ids, and a ZMQ port takes no key. A router on another machine relays
+through Dynamo's publisher (NATS, with its own authentication) rather than a port opened
+to the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+
+class ZmqEventPublisher:
+    def __init__(self, endpoint: str, topic: str, block_size: int, hwm: int = 100_000,
+                 max_queue_size: int = 100_000) -> None:
+        import zmq                      # (optional dependencies: only with kv_events_config)
+        from msgspec.msgpack import Encoder
+        self._zmq = zmq
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.SNDHWM, hwm)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(endpoint)
+        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)    # (a port of 0 chosen)
+        self._topic = topic.encode()
+        self._block_size = block_size
+        self._encoder = Encoder()
+        self._queue: "queue.Queue[Optional[tuple[float, list]]]" = queue.Queue(max_queue_size)
+        self.num_published = 0
+        self.num_dropped = 0
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def publish(self, events: list[tuple]) -> None:
+        """From the engine thread: never blocks."""
+        try:
+            self._queue.put_nowait((time.time(), events))
+        except queue.Full:
+            self.num_dropped += 1
+            if self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
+                logger.warning("KV events: the publisher's queue is full; %d batches dropped", self.num_dropped)
+
+    def _run(self) -> None:
+        from backend.engine.kv_events.schema import encode_batch
+        seq = 0
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            ts, events = item
+            try:
+                payload = encode_batch(self._encoder, ts, events, self._block_size)
+                self._socket.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
+                seq += 1
+                self.num_published += 1
+            except Exception:
+                logger.exception("KV events: a batch could not be published")
+        self._socket.close(linger=0)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, then close the socket."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
