@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from backend.engine.early_aborts import EarlyAborts
-from backend.engine.errors import EngineDeadError
+from backend.engine.errors import EngineDeadError, EngineSleepingError
 from backend.engine.gc_policy import freeze_heap
 from backend.engine.intake import PreparedPrompt
 from backend.engine.llm_engine import LLMEngine, Prompt
@@ -146,6 +146,10 @@ class EngineLoop:
             stream = callback = RequestStream()
         if not self._open():
             return self._refuse(request_id, callback, stream)
+        if self.engine.sleep_mode.refuses_requests:      # (not counted in flight: see sleep_mode.py)
+            callback(error_output(request_id, EngineSleepingError(
+                "the engine is asleep (sleep mode): wake it up (POST /wake_up), then retry")))
+            return stream
         arrival_time = time.monotonic()
         # The text work on this (the caller's) thread: the engine thread only checks and schedules.
         prepared = self.engine.prepare(prompt, params)

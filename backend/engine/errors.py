@@ -19,6 +19,11 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at max_queue_size: the request is shed, try again later."""
 
 
+class EngineBusyError(RuntimeError):
+    """A change to the engine (sleep, wake_up) is still in progress past the wait for it:
+    it goes on; ask again later."""
+
+
 class EngineSleepingError(RuntimeError):
     """The engine is in sleep mode (sleep_mode.py): retry once it is woken up."""
 

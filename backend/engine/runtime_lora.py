@@ -64,8 +64,9 @@ class RuntimeLoRA:
         """{"loaded": names serving, "unloading": names waiting for their requests}."""
         if self.lora is None:
             return {"loaded": [], "unloading": []}
-        return {"loaded": [n for n in self.lora.paths if n not in self.lora.unloading],
-                "unloading": sorted(self.lora.unloading)}
+        # Any thread: each collection copied in one C-level call first.
+        names, unloading = list(self.lora.paths), set(list(self.lora.unloading))
+        return {"loaded": [n for n in names if n not in unloading], "unloading": sorted(unloading)}
 
     def path_of(self, name: str) -> Optional[str]:
         return self.lora.paths.get(name) if self.lora is not None else None

@@ -44,8 +44,17 @@ def weight_slots(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, str]]:
                 if t is not None:
                     yield f"{key}:{attr}", module, kind, attr
         for attr, t in vars(module).items():
-            if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+            # (private attributes are caches made on first use: `_dequantized` weights)
+            if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter) and not attr.startswith("_"):
                 yield f"{key}:{attr}", module, "attr", attr
+
+
+def drop_caches(model: nn.Module) -> None:
+    """The modules' private tensor caches (made again on first use)."""
+    for module in model.modules():
+        for attr, t in list(vars(module).items()):
+            if attr.startswith("_") and isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+                setattr(module, attr, None)
 
 
 def _get(module: nn.Module, kind: str, attr: str):
@@ -65,6 +74,9 @@ class SleepMode:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.level = 0                  # 0: awake
+        # Set while sleep or wake_up runs (on the engine thread): requests are refused
+        # then too, on the caller's thread, so none waits behind a long copy.
+        self.changing = False
         self._host: dict[str, torch.Tensor] = {}     # level 1 on CUDA: the weights' host copies
         # The weights freed, as weight_slots named them before (a freed attribute is None).
         self._slots: list[tuple[str, nn.Module, str, str]] = []
@@ -73,6 +85,24 @@ class SleepMode:
     def is_sleeping(self) -> bool:
         return self.level > 0
 
+    @property
+    def refuses_requests(self) -> bool:
+        return self.level > 0 or self.changing
+
+    def sleep(self, level: int = 1) -> None:
+        self.changing = True
+        try:
+            self._sleep(level)
+        finally:
+            self.changing = False
+
+    def wake_up(self) -> None:
+        self.changing = True
+        try:
+            self._wake_up()
+        finally:
+            self.changing = False
+
     def _kv_layers(self) -> list:
         engine = self.engine
         layers = list(engine.runner.kv_caches)
@@ -80,7 +110,7 @@ class SleepMode:
         layers += list(getattr(proposer, "kv_caches", None) or [])
         return layers
 
-    def sleep(self, level: int = 1) -> None:
+    def _sleep(self, level: int) -> None:
         engine = self.engine
         if level not in (1, 2):
             raise InvalidRequestError(f"sleep level must be 1 (free the KV cache, weights to host memory) or 2 "
@@ -96,30 +126,32 @@ class SleepMode:
             raise InvalidRequestError("sleep level 2 is not supported with a draft model yet: use level 1")
         if engine.model is None:
             raise InvalidRequestError("sleep mode needs the torch model (model_runner 'torch')")
+        on_cuda = engine.device.type == "cuda"
+        slots = list(weight_slots(engine.model)) if level == 2 or on_cuda else []
+        if level == 1 and on_cuda:
+            # The host copies first: if host memory runs out, nothing has been freed yet.
+            self._host = {key: _get(m, kind, attr).detach().to("cpu").pin_memory() for key, m, kind, attr in slots}
         transfers = engine.kv_cache.take_transfers()
         if transfers is not None:           # the host tier's last saves, before the blocks go
             engine.runner.kv_connector.start_transfers(transfers)
-        if engine.device.type == "cuda":
+        if on_cuda:
             torch.cuda.synchronize(engine.device)
         engine.kv_cache.reset_prefix_cache()
         self._drop_graphs()
         for layer in self._kv_layers():
             for t in (layer.key, layer.value):
                 t.untyped_storage().resize_(0)
-        on_cuda = engine.device.type == "cuda"
-        if level == 2 or on_cuda:
-            self._slots = list(weight_slots(engine.model))
-            for key, module, kind, attr in self._slots:
-                t = _get(module, kind, attr)
-                if level == 1:
-                    self._host[key] = t.detach().to("cpu").pin_memory()
-                _set(module, kind, attr, torch.empty(0, dtype=t.dtype, device=t.device) if not t.is_mkldnn else None)
+        self._slots = slots
+        for key, module, kind, attr in slots:
+            t = _get(module, kind, attr)
+            _set(module, kind, attr, torch.empty(0, dtype=t.dtype, device=t.device) if not t.is_mkldnn else None)
+        drop_caches(engine.model)
         gc.collect()
         if on_cuda:
             torch.cuda.empty_cache()
         self.level = level
 
-    def wake_up(self) -> None:
+    def _wake_up(self) -> None:
         engine = self.engine
         if not self.is_sleeping:
             return

@@ -80,8 +80,15 @@ def read_adapter_config(name: str, path: str) -> dict:
     cfg_path = os.path.join(path, "adapter_config.json")
     if not os.path.isfile(cfg_path):
         raise LoRAConfigError(f"LoRA adapter '{name}': no adapter_config.json in '{path}'")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+    except OSError as e:
+        raise LoRAConfigError(f"LoRA adapter '{name}': cannot read adapter_config.json ({e.strerror})") from None
+    except ValueError as e:
+        raise LoRAConfigError(f"LoRA adapter '{name}': adapter_config.json is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise LoRAConfigError(f"LoRA adapter '{name}': adapter_config.json must hold an object")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise LoRAConfigError(f"LoRA adapter '{name}': peft_type is {cfg.get('peft_type')!r}, only 'LORA' is served")
     for key, what in _UNSUPPORTED.items():
@@ -102,17 +109,26 @@ def load_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int) -
     """The adapter's weights, checked: rank within max_lora_rank, known targets, and
     shapes that fit this base model."""
     cfg = read_adapter_config(name, path)
-    rank = int(cfg.get("r", 8))
+    rank = cfg.get("r", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise LoRAConfigError(f"LoRA adapter '{name}': field 'r' must be a positive integer, not {rank!r}")
+    alpha = cfg.get("lora_alpha", 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise LoRAConfigError(f"LoRA adapter '{name}': field 'lora_alpha' must be a number, not {alpha!r}")
     if rank > max_lora_rank:
         raise LoRAConfigError(f"LoRA adapter '{name}': field 'r' is {rank}, above max_lora_rank={max_lora_rank}")
-    alpha = float(cfg.get("lora_alpha", 8))
+    alpha = float(alpha)
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     file = os.path.join(path, "adapter_model.safetensors")
     if not os.path.isfile(file):
         raise LoRAConfigError(f"LoRA adapter '{name}': no adapter_model.safetensors in '{path}'")
     shapes = projection_shapes(model)
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(file).items():
+    try:
+        tensors = load_file(file)
+    except Exception as e:          # (safetensors raises its own error types)
+        raise LoRAConfigError(f"LoRA adapter '{name}': adapter_model.safetensors cannot be read ({e})") from None
+    for key, tensor in tensors.items():
         m = _KEY.search(key)
         module = m.group(2) if m else key
         if m is None or module not in TARGETS:

@@ -71,6 +71,9 @@ class LoRAManager:
         self._generation: dict[str, int] = {}
         self._loads = 0
         self.unloading: set[str] = set()
+        # Loaded at run time: their host copies are never evicted (their folder may change
+        # or go once loaded, and a re-read would run on the engine thread).
+        self._runtime: set[str] = set()
         self.num_slots = args.max_loras
         self.max_cpu_loras = args.max_cpu_loras or max(args.max_loras, len(self.paths))
         self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()
@@ -117,6 +120,7 @@ class LoRAManager:
         self._loads += 1
         self.paths[adapter.name] = adapter.path
         self._generation[adapter.name] = self._loads
+        self._runtime.add(adapter.name)
         self._remember(adapter)
 
     def begin_unload(self, name: str) -> None:
@@ -131,6 +135,7 @@ class LoRAManager:
         done = sorted(self.unloading - in_use)
         for name in done:
             self.unloading.discard(name)
+            self._runtime.discard(name)
             del self.paths[name]
             self._generation.pop(name, None)
             self._host.pop(name, None)
@@ -196,8 +201,10 @@ class LoRAManager:
 
     def _remember(self, adapter: LoRAAdapter) -> None:
         self._host[adapter.name] = adapter
-        while len(self._host) > self.max_cpu_loras:
-            self._host.popitem(last=False)
+        # Least recently used first; never the one just remembered, nor one loaded at run time.
+        evictable = [n for n in self._host if n not in self._runtime and n != adapter.name]
+        while len(self._host) > self.max_cpu_loras and evictable:
+            del self._host[evictable.pop(0)]
 
     def index_of(self, lora_names: list[Optional[str]]) -> list[int]:
         """The names as indices into lora_modules (-1: the base model): what rank 0 sends

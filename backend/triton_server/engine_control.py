@@ -29,9 +29,10 @@ from __future__ import annotations
 import hmac
 import json
 import os
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
-from backend.engine.errors import InvalidRequestError
+from backend.engine.errors import EngineBusyError, InvalidRequestError
 from backend.lora.manager import RuntimeLoRAError
 
 ACTIONS = {"lora_action": ("load", "unload", "list"), "sleep_action": ("sleep", "wake_up", "is_sleeping")}
@@ -102,13 +103,27 @@ def run(loop, params: dict, server_key: Optional[str]) -> dict:
         if "sleep_action" in params:
             return _sleep_action(loop, action, params)
         return _lora_action(loop, action, params)
-    except (RuntimeLoRAError, ValueError) as e:     # (LoRAConfigError: a bad adapter, named)
+    except FutureTimeout:
+        raise EngineBusyError(f"'{action}' is still in progress; it goes on (ask with sleep_action "
+                              "'is_sleeping' or lora_action 'list')") from None
+    except (RuntimeLoRAError, ValueError, OSError) as e:     # (LoRAConfigError: a bad adapter, named)
         raise InvalidRequestError(str(e)) from None
+
+
+def answer_now(loop, params: dict) -> Optional[dict]:
+    """A read-only action's answer, from the engine's state as it is (no wait for the
+    engine thread, which may be busy waking up); None for a change."""
+    if params["action"] == "list":
+        return loop.engine.runtime_lora.listing()
+    if params["action"] == "is_sleeping":
+        mode = loop.engine.sleep_mode
+        return {"is_sleeping": mode.is_sleeping, "level": mode.level}
+    return None
 
 
 def _lora_action(loop, action: str, params: dict) -> dict:
     if action == "list":
-        return loop.list_loras().result(TIMEOUT_S)
+        return loop.engine.runtime_lora.listing()
     name = params.get("lora_name")
     if action == "load":
         loop.add_lora(name, params.get("lora_path")).result(TIMEOUT_S)
@@ -127,7 +142,7 @@ def _sleep_action(loop, action: str, params: dict) -> dict:
         except (TypeError, ValueError):
             raise InvalidRequestError(f"request parameter 'level' must be 1 or 2, not {params.get('level')!r}") \
                 from None
-        loop.call(lambda: mode.sleep(level)).result(TIMEOUT_S)
+        loop.call(lambda: mode.sleep(level)).result(WAKE_UP_TIMEOUT_S)
     elif action == "wake_up":
         loop.call(mode.wake_up).result(WAKE_UP_TIMEOUT_S)
     return {"is_sleeping": mode.is_sleeping, "level": mode.level}

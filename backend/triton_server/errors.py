@@ -5,8 +5,8 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from backend.engine.engine_loop import RequestCancelled
-from backend.engine.errors import (DeadlineExceededError, EngineDeadError, EngineSleepingError, InvalidRequestError,
-                                   QueueFullError)
+from backend.engine.errors import (DeadlineExceededError, EngineBusyError, EngineDeadError, EngineSleepingError,
+                                   InvalidRequestError, QueueFullError)
 
 
 def triton_error(exc: BaseException) -> "pb_utils.TritonError":
@@ -15,7 +15,7 @@ def triton_error(exc: BaseException) -> "pb_utils.TritonError":
     E = pb_utils.TritonError
     if isinstance(exc, InvalidRequestError):
         return E(str(exc), E.INVALID_ARG)
-    if isinstance(exc, (QueueFullError, EngineDeadError, EngineSleepingError)):
+    if isinstance(exc, (QueueFullError, EngineDeadError, EngineSleepingError, EngineBusyError)):
         return E(f"UNAVAILABLE: {exc}", E.UNAVAILABLE)
     if isinstance(exc, DeadlineExceededError):   # the server ended it; Triton has no DEADLINE_EXCEEDED code
         return E(f"DEADLINE_EXCEEDED: {exc}", E.CANCELLED)

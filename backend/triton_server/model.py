@@ -166,7 +166,11 @@ class TritonPythonModel(Watcher):
             sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
             return
         if control is not None:
-            self._control_pool.submit(self._control, control, sender)
+            now = engine_control.answer_now(self.loop, control)
+            if now is not None:             # read-only: answered here, at once
+                sender.send(self._control_response(now), flags=FINAL)
+            else:
+                self._control_pool.submit(self._control, control, sender)
             return
         if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
             try:
@@ -207,12 +211,15 @@ class TritonPythonModel(Watcher):
         """A runtime LoRA change, sleep mode or a listing (engine_control.py): one response, its JSON in
         `text_output`."""
         try:
-            result = engine_control.run(self.loop, params, self._admin_key)
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                "text_output", np.array([json.dumps(result).encode()], dtype=np.object_))])
+            response = self._control_response(engine_control.run(self.loop, params, self._admin_key))
         except Exception as e:      # the caller's mistake or a refusal, named
             response = pb_utils.InferenceResponse(error=triton_error(e))
         sender.send(response, flags=FINAL)
+
+    @staticmethod
+    def _control_response(result: dict):
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "text_output", np.array([json.dumps(result).encode()], dtype=np.object_))])
 
     def _stop(self, triton_request_id: str, stop_key: str, sender) -> None:
         """End every in-flight request sent with this request id, or with "<id>/..." (how the

@@ -78,7 +78,7 @@ def register(app: FastAPI, api_keys: bool, admin_key: Optional[str]) -> None:
         except APIError as e:
             if "cannot be found" in e.message:
                 raise APIError(404, e.message, "lora_name") from None
-            if "admin key" in e.message:        # the model's key is not the one this frontend holds
+            if "admin key" in e.message or "admin_key" in e.message:    # the model's key is not this frontend's
                 raise APIError(403, e.message) from None
             raise
         finally:

@@ -79,5 +79,6 @@ class KVConnectorScheduler(ABC):
 
 class KVConnectorWorker(ABC):
     @abstractmethod
-    def start_transfers(self, transfers: KVTransfers) -> None:
-        """Issue a step's copies before its forward (saves, then loads)."""
+    def start_transfers(self, transfers: Optional[KVTransfers]) -> None:
+        """Before every forward: issue the step's copies (saves, then loads), or, with
+        None, none (the store may still order the forward after its earlier copies)."""

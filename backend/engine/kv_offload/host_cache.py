@@ -1,12 +1,15 @@
 """The host-memory KV tier's runner side: a pool of host slots shaped like the device's
 blocks (every layer's K and V), and the copies a step's KVTransfers name.
 
-On CUDA the host pool is pinned. Saves (device to host) run on a side stream that first
+On CUDA the host pool is one pinned buffer (torch's pinned allocator rounds each
+allocation up to a power of two). Saves (device to host) run on a side stream that first
 waits for the work issued so far: the forward that wrote the blocks, and earlier loads
-that read the slots. The step's forward waits for them only when it writes a block being
-saved (`wait_for_saves`). Loads (host to device) run on the step's stream before its
-forward, after the latest saves, since a load may read a slot saved just before it.
-Nothing here waits on the host. On CPU the copies run in place, in order.
+that read the slots. They overlap the forward of the step that issued them. That
+forward waits for them only when it writes a block being saved (`wait_for_saves`). The
+next step's forward always waits for them, since its allocations may reuse a saved
+block. Loads (host to device) run on the step's stream before its forward, after the
+latest saves, since a load may read a slot saved just before it. Nothing here waits on
+the host. On CPU the copies run in place, in order.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ class HostKVCache(KVConnectorWorker):
         self.device = kv_caches[0].key.device
         self.cuda = self.device.type == "cuda"
         shape = (num_slots, *kv_caches[0].key.shape[1:])
-        self.host = [(torch.zeros(shape, dtype=layer.key.dtype, pin_memory=self.cuda),
-                      torch.zeros(shape, dtype=layer.value.dtype, pin_memory=self.cuda)) for layer in kv_caches]
+        block = kv_caches[0].key[0]
+        per_tensor = num_slots * block.numel() * block.element_size()
+        self._buffer = torch.zeros(2 * len(kv_caches) * per_tensor, dtype=torch.uint8, pin_memory=self.cuda)
+        views = [self._buffer[i * per_tensor:(i + 1) * per_tensor].view(kv_caches[0].key.dtype).view(shape)
+                 for i in range(2 * len(kv_caches))]
+        self.host = [(views[2 * i], views[2 * i + 1]) for i in range(len(kv_caches))]
         self._side = torch.cuda.Stream(self.device) if self.cuda else None
         self._saved: Optional[torch.cuda.Event] = None
         self.num_loaded_blocks = 0
@@ -33,9 +40,15 @@ class HostKVCache(KVConnectorWorker):
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.host)
+        return self._buffer.nbytes
 
-    def start_transfers(self, transfers: KVTransfers) -> None:
+    def start_transfers(self, transfers: Optional[KVTransfers]) -> None:
+        """Before every forward (`transfers` None when the step has none)."""
+        if self._saved is not None:         # the last step's saves, before anything may reuse their blocks
+            torch.cuda.current_stream(self.device).wait_event(self._saved)
+            self._saved = None
+        if transfers is None:
+            return
         if transfers.saves:
             self._save(transfers.saves, transfers.wait_for_saves)
         if transfers.loads:
@@ -69,7 +82,7 @@ class HostKVCache(KVConnectorWorker):
                 layer.key.index_copy_(0, blocks, host_k.index_select(0, slots))
                 layer.value.index_copy_(0, blocks, host_v.index_select(0, slots))
             return
-        if self._saved is not None:
+        if self._saved is not None:         # this step's saves: a load may read a slot just saved
             torch.cuda.current_stream(self.device).wait_event(self._saved)
         for (host_k, host_v), layer in zip(self.host, self.layers):
             for slot, block in pairs:

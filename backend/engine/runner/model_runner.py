@@ -149,7 +149,7 @@ class ModelRunner:
         """Builds the step's inputs and issues its forward. With async scheduling, `prev`
         is the step still in flight: the tokens it samples are this step's placeholders,
         taken from its sampled ids on the device (no host sync)."""
-        if out.kv_transfers is not None:
+        if self.kv_connector is not None:
             self.kv_connector.start_transfers(out.kv_transfers)
         graph = self.graphs.size_for(out) if self.graphs is not None else None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph)

@@ -34,6 +34,12 @@ from backend.engine.kv_offload.connector import ExternalHit, KVConnectorSchedule
 from backend.engine.request import Request
 from backend.engine.scheduling.block_pool import _EMPTY, BlockPool, BlockTable, KVBlock, hash_block
 
+def num_device_hits(cached: Sequence) -> int:
+    """How many of find_cached_blocks' hits are the pool's own blocks (the connector's,
+    after them, still need a block each)."""
+    return sum(1 for b in cached if not isinstance(b, ExternalHit))
+
+
 class KVCacheManager:
     """Maps requests to blocks: block tables and prefix-cache hits (slot mapping is
     the step builder's, backend/engine/runner/step_inputs.py)."""

@@ -64,7 +64,7 @@ class PriorityQueue:
     def reorder(self) -> None:
         """In order of the aged priorities now (a no-op without aging)."""
         if self.ranking.aging_s is not None:
-            self._items.sort(key=self.ranking.key())
+            self._items = sorted(self._items, key=self.ranking.key())     # (a new list: see Scheduler.schedule)
 
     def extendleft(self, requests: Iterable[Request]) -> None:
         """Each to the front of its rank, the last first, as deque.extendleft does."""

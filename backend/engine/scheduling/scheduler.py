@@ -28,7 +28,7 @@ from collections import deque
 from typing import Callable, Optional, Union
 
 from backend.engine.errors import InvalidRequestError
-from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_device_hits
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
@@ -145,7 +145,7 @@ class Scheduler(ProposalSlots):
         # not admitted again in this step (their step in flight is still to come back).
         if self.policy == "priority" and self.ranking.aging_s is not None:
             self.waiting.reorder()
-            self.running.sort(key=self.ranking.key())
+            self.running = sorted(self.running, key=self.ranking.key())    # (new: never seen half-sorted)
         made_room = self._make_room_for_waiting(out, budget) if self.policy == "priority" else set()
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
@@ -257,7 +257,7 @@ class Scheduler(ProposalSlots):
             return preempted
         computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
         chunk = min(head.num_tokens - computed, budget)
-        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - len(cached)
+        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
         while self.running:
             worst = self.running[-1]
             if aged(worst) <= priority or worst.request_id in self.in_flight:

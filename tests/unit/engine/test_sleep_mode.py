@@ -92,3 +92,17 @@ def test_only_an_idle_engine_sleeps_and_a_sleeping_loop_refuses_requests(base):
     finally:
         loop.stop()
     assert_pool_free(llm)
+
+
+def test_level_2_with_fp8_weights_and_their_dequantized_caches(base, tmp_path):
+    """Block-wise FP8 on CPU keeps a dequantized copy of each weight once used (a private
+    cache): sleep drops it, and wake_up restores the FP8 weights and scales by name."""
+    from tests.helpers.quant_checkpoints import write_fp8
+    llm = LLM(write_fp8(base, str(tmp_path / "fp8"), block=(32, 32)), block_size=4, num_kv_blocks=64)
+    want = tokens(llm)
+    cached = [m for m in llm.engine.model.modules() if getattr(m, "_dequantized", None) is not None]
+    assert cached                               # (the caches this test is about exist)
+    llm.engine.sleep(2)
+    assert all(m._dequantized is None for m in cached)
+    llm.engine.wake_up()
+    assert tokens(llm) == want

@@ -116,11 +116,26 @@ def test_bad_adapters_are_clear_errors(loop, adapters, reference, tmp_path):
     no_weights = str(tmp_path / "no_weights")
     os.makedirs(no_weights)
     shutil.copy(os.path.join(adapters["b"], "adapter_config.json"), no_weights)
+    def variant(name, config=None, weights=None):
+        path = str(tmp_path / name)
+        shutil.copytree(adapters["b"], path)
+        if config is not None:
+            with open(os.path.join(path, "adapter_config.json"), "w") as f:
+                f.write(config if isinstance(config, str) else json.dumps({**cfg, **config}))
+        if weights is not None:
+            with open(os.path.join(path, "adapter_model.safetensors"), "wb") as f:
+                f.write(weights)
+        return path
     cases = {
         adapters["too_big"]: "field 'r' is 32, above max_lora_rank=16",
         wrong_target: "unknown target module 'lm_head' in field 'target_modules'",
         str(tmp_path / "missing"): "no adapter_config.json",
         no_weights: "no adapter_model.safetensors",
+        variant("r0", {"r": 0}): "field 'r' must be a positive integer, not 0",
+        variant("rnull", {"r": None}): "field 'r' must be a positive integer, not None",
+        variant("alpha", {"lora_alpha": "big"}): "field 'lora_alpha' must be a number",
+        variant("json", "{not json"): "adapter_config.json is not valid JSON",
+        variant("corrupt", weights=b"\x00" * 40): "adapter_model.safetensors cannot be read",
     }
     stream = loop.add_request(PROMPT, params(None, 30), "meanwhile")
     for path, message in cases.items():

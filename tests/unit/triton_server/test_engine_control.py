@@ -3,7 +3,7 @@ which requests are control requests, that a change needs the server's admin key,
 sleep mode on a real engine loop."""
 
 import json
-from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -42,11 +42,8 @@ def test_changes_need_the_servers_admin_key(tmp_path):
 def test_read_only_actions_are_open_and_a_refused_change_never_reaches_the_engine():
     class Loop:
         calls = []
-
-        def list_loras(self):
-            f = Future()
-            f.set_result({"loaded": ["a"], "unloading": []})
-            return f
+        # (read-only actions read the engine's state directly, not through its thread)
+        engine = SimpleNamespace(runtime_lora=SimpleNamespace(listing=lambda: {"loaded": ["a"], "unloading": []}))
 
         def add_lora(self, *a):
             self.calls.append(a)
@@ -79,5 +76,7 @@ def test_sleep_actions_on_an_engine_loop(ckpt_dir):
         with pytest.raises(InvalidRequestError, match="'level' must be 1 or 2"):
             run({"sleep_action": "sleep", "level": "deep"})
         assert run({"sleep_action": "wake_up"}) == {"is_sleeping": False, "level": 0}
+        assert engine_control.answer_now(loop, control_of('{"sleep_action": "is_sleeping"}'))["level"] == 0
+        assert engine_control.answer_now(loop, control_of('{"sleep_action": "sleep"}')) is None
     finally:
         loop.stop()
