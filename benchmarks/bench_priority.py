@@ -110,9 +110,11 @@ def main(argv=None) -> None:
     ap.add_argument("--load", type=float, default=1.5, help="arrival rate over the measured throughput")
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-kv-blocks", type=int, help="the engine's pool (default: the engine's own sizing)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    kw = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=512, seed=a.seed)
+    kw = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=512, seed=a.seed,
+              **({"num_kv_blocks": a.num_kv_blocks} if a.num_kv_blocks else {}))
 
     def fresh(policy: str = "fcfs") -> LLM:
         # Each phase on an engine of its own: no prefix-cache hit from an earlier phase.

@@ -11,7 +11,7 @@ def test_runs_both_policies_and_reports_each_class(ckpt_dir, tmp_path, capsys):
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     out = tmp_path / "p.json"
     bench_priority.main(["--checkpoint", path, "--num-requests", "12", "--high-fraction", "0.3", "--load", "3",
-                         "--max-num-seqs", "4", "--json", str(out)])
+                         "--max-num-seqs", "4", "--num-kv-blocks", "256", "--json", str(out)])
     report = json.loads(out.read_text())
     for policy in ("fcfs", "priority"):
         for cls in ("high", "low"):

@@ -13,6 +13,10 @@ from tests.helpers.stats import two_sample
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 24
 # 100 blocks of 4 tokens cannot hold the ten sequences at once: preemption must happen.
+# Engines without a pool size of their own take 1 GiB of KV on CPU, kept by the heap for
+# the rest of the test run (backend/engine/host_malloc.py): 256 blocks of 16 hold the
+# tiny models' whole context.
+SMALL_POOL = 256
 ENGINE = dict(block_size=4, num_kv_blocks=100, max_num_seqs=16, max_num_batched_tokens=48, dtype="float32")
 
 
@@ -78,8 +82,8 @@ def lookup_prompt(target):
     (at a low temperature) often continue a pattern found in it, so prompt lookup
     proposals are often, but not always, accepted."""
     base = list(range(3, 320))
-    cont = LLM(target, dtype="float32").generate(base, SamplingParams(max_tokens=150, temperature=0,
-                                                                      ignore_eos=True))[0].token_ids
+    cont = LLM(target, dtype="float32", num_kv_blocks=SMALL_POOL).generate(
+        base, SamplingParams(max_tokens=150, temperature=0, ignore_eos=True))[0].token_ids
     return base + cont
 
 
@@ -182,8 +186,8 @@ def test_stops_and_streaming_are_exact_when_several_tokens_land(tiny_ckpt, metho
     token at a time ends it; the streamed deltas add up to the same text."""
     prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
     spec = spec_config(method, 5, tiny_ckpt, "")
-    plain_llm = LLM(tiny_ckpt, dtype="float32")
-    spec_llm = LLM(tiny_ckpt, dtype="float32", speculative_config=spec)
+    plain_llm = LLM(tiny_ckpt, dtype="float32", num_kv_blocks=SMALL_POOL)
+    spec_llm = LLM(tiny_ckpt, dtype="float32", num_kv_blocks=SMALL_POOL, speculative_config=spec)
     free = plain_llm.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
     stop_text = free.text[len(free.text) // 2:len(free.text) // 2 + 3]
     cases = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
@@ -205,10 +209,10 @@ def test_stops_and_streaming_are_exact_when_several_tokens_land(tiny_ckpt, metho
 
 
 def test_requests_that_cannot_or_will_not_speculate(tiny_ckpt, tiny_draft):
-    llm = LLM(tiny_ckpt, dtype="float32",
+    llm = LLM(tiny_ckpt, dtype="float32", num_kv_blocks=SMALL_POOL,
               speculative_config={"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3})
     prompt = "the cat sat on the mat. the cat"
-    plain = LLM(tiny_ckpt, dtype="float32")
+    plain = LLM(tiny_ckpt, dtype="float32", num_kv_blocks=SMALL_POOL)
     for params in (SamplingParams(max_tokens=12, temperature=0, speculative_decoding=False),
                    SamplingParams(max_tokens=12, temperature=0, logprobs=2),
                    SamplingParams(max_tokens=12, temperature=0, guided_regex="[a-z ]+")):
