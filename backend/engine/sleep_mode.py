@@ -20,6 +20,7 @@ or pipeline parallelism, and level 2 not with a draft model (refused, with the r
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Iterator
 
 import torch
@@ -72,7 +73,9 @@ def _set(module: nn.Module, kind: str, attr: str, value) -> None:
 
 class SleepMode:
     def __init__(self, engine) -> None:
-        self.engine = engine
+        # A proxy: a reference back to the engine would make a cycle, and gc.freeze()
+        # (gc_policy.py) keeps cycles of the engine's objects for the process's life.
+        self.engine = weakref.proxy(engine)
         self.level = 0                  # 0: awake
         # Set while sleep or wake_up runs (on the engine thread): requests are refused
         # then too, on the caller's thread, so none waits behind a long copy.

@@ -167,3 +167,19 @@ def test_stop_string_cuts_text(tiny_ckpt):
                                                 include_stop_str_in_output=True))[0]
     assert out.text == base.text[:base.text.index(stop) + len(stop)]
     assert_pool_free(llm)
+
+
+def test_an_engine_is_freed_when_its_last_reference_goes(llama_ckpt, tmp_path):
+    """No reference cycle through the engine's parts, with every optional part on: the
+    engine freezes the heap (gc_policy.py), so a cycle would keep a dropped engine, its
+    model and its KV pool for the life of the process (a sleep-mode back-reference did:
+    CI's lanes ran out of memory)."""
+    import weakref
+    llm = LLM(llama_ckpt, block_size=4, num_kv_blocks=16, enable_lora=True, kv_offloading_size=0.001,
+              scheduling_policy="priority", priority_aging_s=5.0,
+              kv_events_config={"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0"})
+    llm.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=2))
+    ref = weakref.ref(llm.engine)
+    llm.engine.shutdown()
+    del llm
+    assert ref() is None
