@@ -59,6 +59,15 @@ SPEC_GAUGES = {
     "llm_spec_decode_acceptance_rate": "Accepted / proposed tokens since load.",
     "llm_spec_decode_mean_acceptance_length": "Tokens per verification (accepted + 1) since load.",
 }
+# With kv_offloading_size only: the host KV tier (backend/engine/kv_offload/).
+OFFLOAD_COUNTERS = {
+    "llm_kv_offload_hit_blocks_total": "Blocks copied back from the host KV tier instead of recomputed.",
+    "llm_kv_offload_saved_blocks_total": "Computed blocks copied to the host KV tier.",
+}
+OFFLOAD_GAUGES = {
+    "llm_kv_offload_host_blocks_used": "Host KV tier slots holding a block.",
+    "llm_kv_offload_host_blocks_total": "Host KV tier slots.",
+}
 # With LoRA: vLLM's info gauge. Its labels name the adapters of running and of waiting
 # requests (comma-joined) and max_lora; its value is when they last changed. Gateway API
 # inference-extension schedulers route on it (adapter affinity).
@@ -138,8 +147,9 @@ class EngineMetrics:
                    "vllm:request_generation_tokens": tokens_buckets,
                    "vllm:request_params_n": N_BUCKETS}
         speculative = getattr(engine, "speculator", None) is not None
-        gauges = {**GAUGES, **(SPEC_GAUGES if speculative else {})}
-        counters = {**COUNTERS, **(SPEC_COUNTERS if speculative else {})}
+        offload = getattr(getattr(engine, "kv_cache", None), "connector", None) is not None
+        gauges = {**GAUGES, **(SPEC_GAUGES if speculative else {}), **(OFFLOAD_GAUGES if offload else {})}
+        counters = {**COUNTERS, **(SPEC_COUNTERS if speculative else {}), **(OFFLOAD_COUNTERS if offload else {})}
         self.gauges = {n: family(n, d, MF.GAUGE).Metric(labels=labels) for n, d in gauges.items()}
         self.counters = {n: family(n, d, MF.COUNTER).Metric(labels=labels) for n, d in counters.items()}
         rejected = family("llm_requests_rejected_total", "Requests that ended in an error, by reason", MF.COUNTER)
@@ -194,6 +204,9 @@ class EngineMetrics:
                 "llm_spec_decode_num_draft_tokens_total": stats["spec_decode_num_draft_tokens"],
                 "llm_spec_decode_num_accepted_tokens_total": stats["spec_decode_num_accepted_tokens"]}
                if "spec_decode_num_drafts" in stats else {}),
+            **({"llm_kv_offload_hit_blocks_total": stats["kv_offload_hit_blocks"],
+                "llm_kv_offload_saved_blocks_total": stats["kv_offload_saved_blocks"]}
+               if "kv_offload_hit_blocks" in stats else {}),
         }
 
     def flush(self, stats: Optional[dict] = None) -> None:
@@ -221,7 +234,9 @@ class EngineMetrics:
                   "llm_kv_cache_blocks_used": stats["num_used_blocks"],
                   "llm_kv_cache_blocks_total": stats["num_total_blocks"],
                   "llm_spec_decode_acceptance_rate": stats.get("spec_decode_acceptance_rate"),
-                  "llm_spec_decode_mean_acceptance_length": stats.get("spec_decode_mean_acceptance_length")}
+                  "llm_spec_decode_mean_acceptance_length": stats.get("spec_decode_mean_acceptance_length"),
+                  "llm_kv_offload_host_blocks_used": stats.get("kv_offload_host_blocks_used"),
+                  "llm_kv_offload_host_blocks_total": stats.get("kv_offload_host_blocks")}
         with self._lock:
             for name, value in values.items():
                 if name in self.gauges and self._gauge_values.get(name) != value:  # each set is a server call

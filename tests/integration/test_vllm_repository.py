@@ -31,11 +31,12 @@ def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt, lora_adapters):
     """With the vLLM backend's multi-LoRA layout too: `enable_lora` in model.json and the
     adapters in `1/multi_lora.json`; a request names one with `lora_name`. And with
     vLLM's `scheduling_policy: priority`: each request's `priority` shows in the metrics
-    per priority class (backend/triton_server/priority_metrics.py)."""
+    per priority class (backend/triton_server/priority_metrics.py); with
+    `kv_offloading_size`, the host tier's series."""
     repo = vllm_repo(str(tmp_path), {"model": tiny_ckpt, "gpu_memory_utilization": 0.1, "enforce_eager": True,
                                      "num_gpu_blocks_override": 128, "disable_log_requests": True,
                                      "enable_lora": "true", "max_lora_rank": 8, "max_loras": 1,
-                                     "scheduling_policy": "priority"})
+                                     "scheduling_policy": "priority", "kv_offloading_size": 0.01})
     with open(os.path.join(repo, "vllm_model", "1", "multi_lora.json"), "w") as f:
         json.dump({"sql": lora_adapters["sql"]}, f)
     params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -53,6 +54,9 @@ def test_vllm_repository_loads_and_serves(tmp_path, tiny_ckpt, lora_adapters):
             assert re.search(r'^llm_time_to_first_token_by_priority_seconds_count\{[^}]*priority="%d"[^}]*\} 1$'
                              % priority, text, re.M), text[-3000:]
         assert re.search(r'^llm_num_requests_by_priority\{[^}]*state="running"[^}]*\} 0$', text, re.M)
+        # ... and kv_offloading_size's host tier's (the prompt fills no block: nothing saved yet)
+        assert re.search(r'^llm_kv_offload_saved_blocks_total\{[^}]*\} 0$', text, re.M), text[-3000:]
+        assert re.search(r'^llm_kv_offload_host_blocks_total\{[^}]*\} [1-9]', text, re.M)
     log = open(tmp_path / "server.log").read()
     assert "model.json key 'disable_log_requests' has no effect with this backend; ignored" in log
 
