@@ -21,7 +21,7 @@ SAME = {"model", "dtype", "block_size", "max_num_seqs", "max_num_batched_tokens"
         "enable_prefix_caching", "seed", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype",
         "max_queue_size", "tensor_parallel_size", "pipeline_parallel_size", "speculative_config", "enable_lora",
         "max_loras", "max_lora_rank", "max_cpu_loras", "max_logprobs", "async_scheduling", "enable_expert_parallel",
-        "runner", "pooler_config", "scheduling_policy", "kv_offloading_size"}
+        "runner", "pooler_config", "scheduling_policy", "kv_offloading_size", "kv_events_config"}
 RENAMED = {"num_gpu_blocks_override": "num_kv_blocks"}
 DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = {"fp8_e4m3": "fp8"}

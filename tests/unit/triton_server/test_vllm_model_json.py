@@ -111,3 +111,11 @@ def test_request_limits_come_from_config_pbtxt_strings_and_vllms_max_logprobs(tm
     assert args.request_timeout_s is None
     with pytest.raises(ConfigError, match="invalid parameter 'request_timeout_s'"):
         load_settings({"model": tiny_ckpt, "request_timeout_s": "-1"}, str(tmp_path))
+
+
+def test_kv_offloading_and_kv_events_keys_carry_over(tmp_path, tiny_ckpt):
+    write(tmp_path, {"model": tiny_ckpt, "kv_offloading_size": 2,
+                     "kv_events_config": {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:5599"}})
+    params, _ = read_model_json(str(tmp_path), "1")
+    args = load_settings(params, str(tmp_path))[0]
+    assert args.kv_offloading_size == 2 and args.kv_events_config.endpoint == "tcp://127.0.0.1:5599"
