@@ -96,10 +96,16 @@ class KVEventsConfig(BaseModel):
     topic: str = ""
     hwm: int = Field(100_000, ge=1)
     max_queue_size: int = Field(100_000, ge=1)
+    # A ROUTER socket that sends a subscriber the batches it missed (vLLM's), and how many
+    # batches it keeps for that.
+    replay_endpoint: Optional[str] = None
+    buffer_steps: int = Field(10_000, ge=1)
 
-    @field_validator("endpoint")
+    @field_validator("endpoint", "replay_endpoint")
     @classmethod
-    def _on_this_machine(cls, v: str) -> str:
+    def _on_this_machine(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         host = v[len("tcp://"):].rsplit(":", 1)[0].strip("[]") if v.startswith("tcp://") else None
         if not (v.startswith("ipc://") or host in ("127.0.0.1", "localhost", "::1")):
             raise ValueError(f"'{v}' is not on this machine: KV events carry prompts' token ids and a ZMQ port "

@@ -242,8 +242,9 @@ def _kv_events(args: EngineArgs) -> Optional[KVEventCollector]:
     if cfg is None or not cfg.enable_kv_cache_events or cfg.publisher == "null":
         return None
     from backend.engine.kv_events.publisher import ZmqEventPublisher
-    return KVEventCollector(args.block_size, ZmqEventPublisher(cfg.endpoint, cfg.topic, args.block_size, cfg.hwm,
-                                                               cfg.max_queue_size))
+    return KVEventCollector(args.block_size, ZmqEventPublisher(
+        cfg.endpoint, cfg.topic, args.block_size, cfg.hwm, cfg.max_queue_size, cfg.replay_endpoint,
+        cfg.buffer_steps))
 
 
 def load_weights(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str,

@@ -150,3 +150,36 @@ def test_the_endpoint_stays_on_this_machine(base):
     for endpoint in ("tcp://127.0.0.1:5557", "tcp://[::1]:5557", "ipc:///tmp/kv-events"):
         assert EngineArgs(model=base, kv_events_config=f'{{"endpoint": "{endpoint}"}}').kv_events_config.endpoint \
             == endpoint
+
+
+def test_a_subscriber_that_missed_batches_gets_them_from_the_replay_socket(base):
+    """vLLM's replay protocol: [empty, start sequence] to the ROUTER, then each buffered
+    batch from there as [empty, sequence, batch], and [empty, -1, empty] to end."""
+    cfg = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0",
+           "buffer_steps": 100}
+    llm = LLM(base, block_size=BLOCK, num_kv_blocks=16, kv_events_config=cfg)
+    for start in (20, 60, 100):                     # three batches, before anyone subscribed
+        llm.generate([list(range(start, start + 17))], GREEDY)
+    publisher = llm.engine.kv_events.publisher
+    deadline = time.monotonic() + 10
+    while publisher.num_published < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    replay = zmq.Context.instance().socket(zmq.DEALER)
+    replay.connect(publisher.replay_endpoint)
+    replay.send_multipart([b"", (1).to_bytes(8, "big")])
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    seqs = []
+    while True:
+        assert replay.poll(5000)
+        _, seq, payload = replay.recv_multipart()
+        if int.from_bytes(seq, "big", signed=True) == -1:
+            assert payload == b""
+            break
+        seqs.append(int.from_bytes(seq, "big"))
+        decoder.decode(payload)
+    assert seqs == list(range(1, publisher.num_published))
+    with pytest.raises(ValueError, match="is not on this machine"):
+        from backend.config import EngineArgs
+        EngineArgs(model=base, kv_events_config={**cfg, "replay_endpoint": "tcp://*:5558"})
+    llm.engine.shutdown()
