@@ -2,7 +2,8 @@
 uses, as co-located training and rollouts need, and wakes up with the same outputs.
 
 - level 1: the KV pool's memory is freed (its contents go, and the prefix cache is
-  reset). On CUDA the weights move to host memory, and their device memory is freed.
+  reset). On CUDA the weights move to (pageable) host memory, and their device memory
+  is freed.
   On CPU the weights already live in host memory and stay.
 - level 2: the KV pool and the weights are freed. `wake_up` reads the weights again from
   the checkpoint, loaded and packed as at start.
@@ -133,7 +134,9 @@ class SleepMode:
         slots = list(weight_slots(engine.model)) if level == 2 or on_cuda else []
         if level == 1 and on_cuda:
             # The host copies first: if host memory runs out, nothing has been freed yet.
-            self._host = {key: _get(m, kind, attr).detach().to("cpu").pin_memory() for key, m, kind, attr in slots}
+            # Pageable memory: torch's pinned allocator would round each weight up to a
+            # power of two and keep it cached after wake_up.
+            self._host = {key: _get(m, kind, attr).detach().to("cpu") for key, m, kind, attr in slots}
         transfers = engine.kv_cache.take_transfers()
         if transfers is not None:           # the host tier's last saves, before the blocks go
             engine.runner.kv_connector.start_transfers(transfers)
