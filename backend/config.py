@@ -100,6 +100,9 @@ class KVEventsConfig(BaseModel):
     # batches it keeps for that.
     replay_endpoint: Optional[str] = None
     buffer_steps: int = Field(10_000, ge=1)
+    # Ours: block hashes as vLLM sends them by default, 64-bit ints (the last 8 bytes of
+    # our SHA-256; what Dynamo's listener reads), or the whole 32 bytes.
+    block_hash_format: Literal["int", "bytes"] = "int"
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

@@ -244,7 +244,7 @@ def _kv_events(args: EngineArgs) -> Optional[KVEventCollector]:
     from backend.engine.kv_events.publisher import ZmqEventPublisher
     return KVEventCollector(args.block_size, ZmqEventPublisher(
         cfg.endpoint, cfg.topic, args.block_size, cfg.hwm, cfg.max_queue_size, cfg.replay_endpoint,
-        cfg.buffer_steps))
+        cfg.buffer_steps, int_hashes=cfg.block_hash_format == "int"))
 
 
 def load_weights(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str,

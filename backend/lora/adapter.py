@@ -9,6 +9,7 @@ loader.py), so every target is named here by its fused projection and its slice 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -54,6 +55,9 @@ class LoRAAdapter:
     scaling: float
     # (layer, Hugging Face projection) -> (A [r, in], B [out, r]), fp32 on the host.
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
+    # SHA-256 of adapter_config.json and adapter_model.safetensors: the same files give the
+    # same cache salt on every replica, other files under the same name another.
+    content_hash: bytes = b""
 
     @property
     def target_modules(self) -> list[str]:
@@ -73,7 +77,7 @@ def shard_adapter(adapter: LoRAAdapter, cfg: ModelConfig, rank: int, size: int) 
         dim, start, stop = weight_slice(f"model.layers.{layer}.{parents.get(module, 'mlp')}.{module}.weight", cfg,
                                         rank, size)
         weights[(layer, module)] = (a, b[start:stop]) if dim == 0 else (a[:, start:stop], b)
-    return LoRAAdapter(adapter.name, adapter.path, adapter.rank, adapter.scaling, weights)
+    return LoRAAdapter(adapter.name, adapter.path, adapter.rank, adapter.scaling, weights, adapter.content_hash)
 
 
 def read_adapter_config(name: str, path: str) -> dict:
@@ -126,6 +130,11 @@ def load_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int) -
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         tensors = load_file(file)
+        digest = hashlib.sha256()
+        for part in (os.path.join(path, "adapter_config.json"), file):
+            with open(part, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
     except Exception as e:          # (safetensors raises its own error types)
         raise LoRAConfigError(f"LoRA adapter '{name}': adapter_model.safetensors cannot be read ({e})") from None
     for key, tensor in tensors.items():
@@ -153,4 +162,5 @@ def load_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int) -
         weights[(layer, module)] = (a, b)
     if not weights:
         raise LoRAConfigError(f"LoRA adapter '{name}': adapter_model.safetensors has no LoRA weights")
-    return LoRAAdapter(name=name, path=path, rank=rank, scaling=scaling, weights=weights)
+    return LoRAAdapter(name=name, path=path, rank=rank, scaling=scaling, weights=weights,
+                       content_hash=digest.digest())

@@ -8,8 +8,11 @@ slots; and, per step, each scheduled request's slot.
   `/v1/load_lora_adapter`): `read_checked` reads and checks one off the engine thread,
   `add` registers it on the engine thread. `begin_unload` refuses new requests for an
   adapter at once; `finish_unloads` drops it (slot, host copy, name) once no unfinished
-  request uses it. Each load of a name gets its own cache salt, so KV computed under an
-  adapter since unloaded is never reused under a new one of the same name.
+  request uses it.
+- A request's cache salt (the root of its block-hash chain) comes from the adapter's
+  name and files: KV computed under an adapter since unloaded is never reused under
+  other files loaded under the same name, and replicas with the same files hash alike
+  (KV events, routing).
 - The device has `max_loras` slots (vLLM's name). A step's adapters are made resident
   before its forward, evicting the least recently used adapter that the step does not
   use. The scheduler never puts more distinct adapters in one step than there are
@@ -37,13 +40,12 @@ from backend.parallel.sharding import local_config
 logger = logging.getLogger(__name__)
 
 
-def cache_salt(lora_name: Optional[str], generation: int = 0) -> Optional[bytes]:
+def cache_salt(lora_name: Optional[str], content_hash: bytes = b"") -> Optional[bytes]:
     """The root of a request's block-hash chain: KV computed under an adapter is found
-    only by requests under the same load of the same adapter."""
+    only by requests under the same adapter, of the same files."""
     if not lora_name:
         return None
-    suffix = f"\0{generation}".encode() if generation else b""
-    return hashlib.sha256(b"lora\0" + lora_name.encode() + suffix).digest()
+    return hashlib.sha256(b"lora\0" + lora_name.encode() + b"\0" + content_hash).digest()
 
 
 class RuntimeLoRAError(ValueError):
@@ -66,10 +68,9 @@ class LoRAManager:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.paths = dict(args.lora_modules)
         self.max_rank = args.max_lora_rank
-        # Runtime loads: each name's load count (its cache salt), and the adapters whose
-        # unload waits for their requests to finish.
-        self._generation: dict[str, int] = {}
-        self._loads = 0
+        # Each adapter's files' hash (its cache salt), and the adapters whose unload
+        # waits for their requests to finish.
+        self._content: dict[str, bytes] = {}
         self.unloading: set[str] = set()
         # Loaded at run time: their host copies are never evicted (their folder may change
         # or go once loaded, and a re-read would run on the engine thread).
@@ -100,7 +101,7 @@ class LoRAManager:
             raise InvalidRequestError(f"LoRA {lora_name} is not supported, we currently support {self.names}")
 
     def salt(self, lora_name: Optional[str]) -> Optional[bytes]:
-        return cache_salt(lora_name, self._generation.get(lora_name, 0)) if lora_name else None
+        return cache_salt(lora_name, self._content.get(lora_name, b"")) if lora_name else None
 
     # ------------------------------------------------------------ at run time
     def read_checked(self, name: str, path: str) -> LoRAAdapter:
@@ -117,9 +118,8 @@ class LoRAManager:
                                    "requests have finished")
         if adapter.name in self.paths:
             raise RuntimeLoRAError(f"The lora adapter '{adapter.name}' has already been loaded.")
-        self._loads += 1
         self.paths[adapter.name] = adapter.path
-        self._generation[adapter.name] = self._loads
+        self._content[adapter.name] = adapter.content_hash
         self._runtime.add(adapter.name)
         self._remember(adapter)
 
@@ -137,7 +137,7 @@ class LoRAManager:
             self.unloading.discard(name)
             self._runtime.discard(name)
             del self.paths[name]
-            self._generation.pop(name, None)
+            self._content.pop(name, None)
             self._host.pop(name, None)
             slot = self._slot_of.pop(name, None)
             if slot is not None:
@@ -201,6 +201,7 @@ class LoRAManager:
 
     def _remember(self, adapter: LoRAAdapter) -> None:
         self._host[adapter.name] = adapter
+        self._content.setdefault(adapter.name, adapter.content_hash)
         # Least recently used first; never the one just remembered, nor one loaded at run time.
         evictable = [n for n in self._host if n not in self._runtime and n != adapter.name]
         while len(self._host) > self.max_cpu_loras and evictable:

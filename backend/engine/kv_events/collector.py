@@ -6,8 +6,10 @@ A stored event carries a run of blocks of one request, chained: their hashes (th
 own chained SHA-256, the same on every replica of the same model and settings), the
 parent of the first (None at the start of a prompt: for a LoRA adapter the chain's root
 is the adapter's salt, which is in every hash already), their token ids and the block
-size. `medium` says which tier: "GPU" for the device pool (vLLM's name for it, on a CPU
-engine too) and "CPU" for the host tier (kv_offload/host_tier.py).
+size, and for an adapter's blocks `lora_id`: a 63-bit number from the adapter's salt
+(its name and files), the same on every replica. `medium` says which tier: "GPU" for
+the device pool (vLLM's name for it, on a CPU engine too) and "CPU" for the host tier
+(kv_offload/host_tier.py).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ class KVEventCollector:
         self._clearing = False
 
     def stored(self, block_hashes: list[bytes], parent: Optional[bytes], token_ids: list[int],
-               medium: str = DEVICE) -> None:
+               medium: str = DEVICE, lora_id: Optional[int] = None) -> None:
         if block_hashes:
-            self._events.append(("stored", block_hashes, parent, token_ids, medium))
+            self._events.append(("stored", block_hashes, parent, token_ids, medium, lora_id))
 
     def removed(self, block_hash: bytes, medium: str = DEVICE) -> None:
         if self._clearing:
@@ -39,6 +41,11 @@ class KVEventCollector:
             last[1].append(block_hash)          # one event for a step's run of evictions
         else:
             self._events.append(("removed", [block_hash], medium))
+
+    @staticmethod
+    def lora_id(request) -> Optional[int]:
+        salt = request.cache_salt
+        return int.from_bytes(salt[:8], "big") >> 1 if request.sampling_params.lora_name and salt else None
 
     def clearing(self, on: bool) -> None:
         """Between clearing(True) and clearing(False) the pool empties its cache: one

@@ -32,23 +32,30 @@ class ZmqEventPublisher:
 
     def __init__(self, endpoint: str, topic: str, block_size: int, hwm: int = 100_000,
                  max_queue_size: int = 100_000, replay_endpoint: Optional[str] = None,
-                 buffer_steps: int = 10_000) -> None:
+                 buffer_steps: int = 10_000, int_hashes: bool = True) -> None:
         import zmq                      # (optional dependencies: only with kv_events_config)
         from msgspec.msgpack import Encoder
         self._zmq = zmq
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUB)
-        self._socket.setsockopt(zmq.SNDHWM, hwm)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(endpoint)
-        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)    # (a port of 0 chosen)
         self._replay = None
         self.replay_endpoint = None
-        if replay_endpoint is not None:
-            self._replay = self._context.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(replay_endpoint)
-            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:
+            self._socket.setsockopt(zmq.SNDHWM, hwm)
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.bind(endpoint)
+            self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)    # (a port of 0 chosen)
+            if replay_endpoint is not None:
+                self._replay = self._context.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay_endpoint)
+                self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except Exception:               # (a port taken: the sockets go, the error names it)
+            self._socket.close(linger=0)
+            if self._replay is not None:
+                self._replay.close(linger=0)
+            raise
+        self._int_hashes = int_hashes
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._topic = topic.encode()
         self._block_size = block_size
@@ -81,15 +88,18 @@ class ZmqEventPublisher:
             if item:
                 ts, events = item
                 try:
-                    payload = encode_batch(self._encoder, ts, events, self._block_size)
+                    payload = encode_batch(self._encoder, ts, events, self._block_size, self._int_hashes)
                     self._socket.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
                     self._buffer.append((seq, payload))
                     seq += 1
                     self.num_published += 1
                 except Exception:
                     logger.exception("KV events: a batch could not be published")
-            while self._replay is not None and self._replay.poll(0):
-                self._serve_replay()
+            try:
+                while self._replay is not None and self._replay.poll(0):
+                    self._serve_replay()
+            except Exception:
+                logger.exception("KV events: a replay request failed")
         self._socket.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
@@ -108,6 +118,9 @@ class ZmqEventPublisher:
         self._replay.send_multipart([client, b"", self.END_SEQ, b""])
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued, then close the socket."""
-        self._queue.put(None)
+        """Send what is queued, then close the socket (never waits past timeout_s)."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            logger.warning("KV events: the publisher did not drain its queue; closing without it")
         self._thread.join(timeout_s)

@@ -61,8 +61,14 @@ class KVConnectorScheduler(ABC):
         """Device blocks were allocated for `hits` (in order): load them in this step."""
 
     @abstractmethod
-    def on_computed(self, blocks: Sequence["KVBlock"]) -> None:
-        """Full, registered blocks whose K/V a step has written."""
+    def on_computed(self, blocks: Sequence["KVBlock"], first_index: int) -> None:
+        """Full, registered blocks whose K/V a step has written: a request's blocks
+        first_index, first_index + 1, ... (block 0's parent is the chain's root, not a
+        block)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every block kept (the prefix cache was reset)."""
 
     @abstractmethod
     def on_reused(self, block: "KVBlock") -> None:

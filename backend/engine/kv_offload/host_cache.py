@@ -1,8 +1,9 @@
 """The host-memory KV tier's runner side: a pool of host slots shaped like the device's
 blocks (every layer's K and V), and the copies a step's KVTransfers name.
 
-On CUDA the host pool is one pinned buffer (torch's pinned allocator rounds each
-allocation up to a power of two). Saves (device to host) run on a side stream that first
+On CUDA the host pool is one buffer of exactly its size, page-locked with
+cudaHostRegister (torch's pinned allocator would round it up to a power of two and keep
+it cached after the engine goes). Saves (device to host) run on a side stream that first
 waits for the work issued so far: the forward that wrote the blocks, and earlier loads
 that read the slots. They overlap the forward of the step that issued them. That
 forward waits for them only when it writes a block being saved (`wait_for_saves`). The
@@ -14,11 +15,31 @@ the host. On CPU the copies run in place, in order.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Optional
 
 import torch
 
 from backend.engine.kv_offload.connector import KVConnectorWorker, KVTransfers
+
+
+logger = logging.getLogger(__name__)
+
+
+def _host_buffer(nbytes: int, cuda: bool) -> torch.Tensor:
+    """nbytes of host memory; on CUDA page-locked in place (copies from it are async),
+    unlocked when the tensor goes."""
+    buffer = torch.zeros(nbytes, dtype=torch.uint8)
+    if not cuda:
+        return buffer
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)
+    if int(getattr(err, "value", err)) != 0:
+        logger.warning("cudaHostRegister of the host KV tier failed (%s): using torch's pinned allocator", err)
+        return torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+    weakref.finalize(buffer, cudart.cudaHostUnregister, buffer.data_ptr())
+    return buffer
 
 
 class HostKVCache(KVConnectorWorker):
@@ -29,7 +50,7 @@ class HostKVCache(KVConnectorWorker):
         shape = (num_slots, *kv_caches[0].key.shape[1:])
         block = kv_caches[0].key[0]
         per_tensor = num_slots * block.numel() * block.element_size()
-        self._buffer = torch.zeros(2 * len(kv_caches) * per_tensor, dtype=torch.uint8, pin_memory=self.cuda)
+        self._buffer = _host_buffer(2 * len(kv_caches) * per_tensor, self.cuda)
         views = [self._buffer[i * per_tensor:(i + 1) * per_tensor].view(kv_caches[0].key.dtype).view(shape)
                  for i in range(2 * len(kv_caches))]
         self.host = [(views[2 * i], views[2 * i + 1]) for i in range(len(kv_caches))]

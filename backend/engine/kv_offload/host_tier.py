@@ -112,8 +112,8 @@ class HostOffloadScheduler(KVConnectorScheduler):
             self._pinned.add(hit.location)
         self.num_hit_blocks += len(hits)
 
-    def on_computed(self, blocks) -> None:
-        for block in blocks:
+    def on_computed(self, blocks, first_index: int = 1) -> None:
+        for i, block in enumerate(blocks, start=first_index):
             if block.block_hash is None:
                 continue
             if block.block_hash in self.index:
@@ -125,7 +125,7 @@ class HostOffloadScheduler(KVConnectorScheduler):
             if self.events is not None:
                 if evicted is not None:
                     self.events.removed(evicted, HOST)
-                self.events.stored([block.block_hash], block.parent_hash, list(block.token_ids), HOST)
+                self.events.stored([block.block_hash], block.parent_hash if i else None, list(block.token_ids), HOST)
             self._transfers.saves.append((block.block_id, slot))
             self._saving.add(block.block_id)
             self.num_saved_blocks += 1
@@ -133,6 +133,11 @@ class HostOffloadScheduler(KVConnectorScheduler):
     def on_reused(self, block) -> None:
         if block.block_id in self._saving:
             self._transfers.wait_for_saves = True
+
+    def reset(self) -> None:
+        """Saves recorded still run (their slots are simply forgotten)."""
+        self.index = HostBlockIndex(self.index.num_slots)
+        self._pinned.clear()
 
     @property
     def num_pending_saves(self) -> int:

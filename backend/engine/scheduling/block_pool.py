@@ -133,7 +133,9 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         if self.events is not None:
             self.events.clearing(True)          # one AllBlocksCleared for them all
-        for block in list(self.cached.values()):
-            self._evict(block)
-        if self.events is not None:
-            self.events.clearing(False)
+        try:
+            for block in list(self.cached.values()):
+                self._evict(block)
+        finally:
+            if self.events is not None:
+                self.events.clearing(False)

@@ -208,10 +208,11 @@ class KVCacheManager:
                 runs[-1].append(i)
             else:
                 runs.append([i])
+        lora_id = self.events.lora_id(request)
         for run in runs:
             first, end = run[0], run[-1] + 1
             self.events.stored(hashes[first:end], hashes[first - 1] if first else None,
-                               request.token_slice(first * bs, end * bs))
+                               request.token_slice(first * bs, end * bs), lora_id=lora_id)
 
     def cache_computed_blocks(self, request: Request) -> None:
         """After a step: the request's full blocks of computed tokens are hits from now on
@@ -234,7 +235,7 @@ class KVCacheManager:
             blocks[i].pending = False
         self._num_computed_blocks[rid] = num_full
         if self.connector is not None:
-            self.connector.on_computed(blocks[done:num_full])
+            self.connector.on_computed(blocks[done:num_full], first_index=done)
 
     def take_transfers(self) -> Optional[KVTransfers]:
         """The connector's copies for the step being scheduled (None: none)."""
@@ -294,4 +295,8 @@ class KVCacheManager:
         return done - start
 
     def reset_prefix_cache(self) -> None:
+        """Every cached block goes, the connector's (the host tier's) too: one
+        AllBlocksCleared in KV events."""
         self.pool.reset_prefix_cache()
+        if self.connector is not None:
+            self.connector.reset()

@@ -62,7 +62,8 @@ def base(ckpt_dir):
 
 
 def engine_with_events(base, **kw):
-    cfg = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0", "topic": "kv-events"}
+    cfg = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0", "topic": "kv-events",
+           **kw.pop("events", {})}
     llm = LLM(base, block_size=BLOCK, num_kv_blocks=kw.pop("num_kv_blocks", 16), kv_events_config=cfg, **kw)
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.connect(llm.engine.kv_events.publisher.endpoint)
@@ -103,7 +104,9 @@ def test_stored_removed_and_cleared_in_vllms_schema(base):
     for i in range(4):
         parent = hash_block(parent, PROMPT[i * BLOCK:(i + 1) * BLOCK])
         chain.append(parent)
-    assert hashes[:4] == chain and all(h in llm.engine.kv_cache.pool.cached for h in chain)
+    assert all(h in llm.engine.kv_cache.pool.cached for h in chain)
+    # As vLLM sends them by default (and Dynamo reads them): 64-bit ints, the last 8 bytes.
+    assert hashes[:4] == [int.from_bytes(h[-8:], "big") for h in chain] and all(h < 2**64 for h in hashes)
     # Other prompts fill the 16 blocks: the first prompt's blocks are evicted.
     llm.generate([list(range(100 + 17 * i, 117 + 17 * i)) for i in range(3)], GREEDY)
     events, _ = receive(sub, lambda ev: any(isinstance(e, BlockRemoved) for e in ev))
@@ -115,6 +118,25 @@ def test_stored_removed_and_cleared_in_vllms_schema(base):
     assert not any(isinstance(e, BlockRemoved) for e in events[events.index(next(
         e for e in events if isinstance(e, AllBlocksCleared))):])      # one event stands for them all
     assert_pool_free(llm)
+    llm.engine.shutdown()
+
+
+def test_whole_hashes_on_request_and_adapters_named_by_lora_id(base, tmp_path):
+    """`block_hash_format: bytes` sends the 32-byte hashes; an adapter's blocks carry a
+    lora_id (the same for the same adapter files), the base model's none."""
+    from tests.helpers.adapters import make_adapter
+    adapter = make_adapter(base, str(tmp_path / "a"), rank=4, alpha=8, seed=3)
+    llm, sub = engine_with_events(base, events={"block_hash_format": "bytes"}, lora_modules={"a": adapter},
+                                  max_lora_rank=8)
+    llm.generate([PROMPT], GREEDY)
+    llm.generate([PROMPT], SamplingParams(max_tokens=3, min_tokens=3, temperature=0, lora_name="a"))
+    events, _ = receive(sub, lambda ev: sum(len(e.block_hashes) for e in stored(ev)) >= 8)
+    base_events = [e for e in stored(events) if e.lora_id is None]
+    lora_events = [e for e in stored(events) if e.lora_id is not None]
+    assert base_events and lora_events and all(isinstance(h, bytes) and len(h) == 32
+                                               for e in stored(events) for h in e.block_hashes)
+    assert lora_events[0].parent_block_hash is None and 0 < lora_events[0].lora_id < 2**63
+    assert not {h for e in base_events for h in e.block_hashes} & {h for e in lora_events for h in e.block_hashes}
     llm.engine.shutdown()
 
 
@@ -139,6 +161,10 @@ def test_the_host_tier_publishes_its_blocks_as_cpu(base):
     device = {h for e in stored(events) if e.medium == "GPU" for h in e.block_hashes}
     host = {h for e in stored(events) if e.medium == "CPU" for h in e.block_hashes}
     assert host <= device and len(host) >= 8
+    # A prompt's first block starts its chain there too (its parent is no block).
+    firsts = {e.block_hashes[0] for e in stored(events) if e.medium == "GPU" and e.parent_block_hash is None}
+    assert all(e.parent_block_hash is None for e in stored(events) if e.medium == "CPU" and e.block_hashes[0] in firsts)
+    assert any(e.block_hashes[0] in firsts for e in stored(events) if e.medium == "CPU")
     llm.engine.shutdown()
 
 
