@@ -108,10 +108,6 @@ class EngineLoop:
         future resolves to True when it was dropped at once, False when it waits."""
         return self.call(lambda: self.engine.runtime_lora.remove(name))
 
-    def list_loras(self) -> Future:
-        """The future of {"loaded": [...], "unloading": [...]}."""
-        return self.call(self.engine.runtime_lora.listing)
-
     def call(self, fn: Callable[[], object]) -> Future:
         """Run `fn` on the engine thread between steps (sleep mode, say); the future of
         its result."""

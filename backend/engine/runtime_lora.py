@@ -13,8 +13,6 @@ rank 0 sends only adapter indices with each step; runtime changes are refused th
 
 from __future__ import annotations
 
-from typing import Optional
-
 from backend.engine.errors import InvalidRequestError
 
 
@@ -67,6 +65,3 @@ class RuntimeLoRA:
         # Any thread: each collection copied in one C-level call first.
         names, unloading = list(self.lora.paths), set(list(self.lora.unloading))
         return {"loaded": [n for n in names if n not in unloading], "unloading": sorted(unloading)}
-
-    def path_of(self, name: str) -> Optional[str]:
-        return self.lora.paths.get(name) if self.lora is not None else None

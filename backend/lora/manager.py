@@ -79,7 +79,9 @@ class LoRAManager:
         self.max_cpu_loras = args.max_cpu_loras or max(args.max_loras, len(self.paths))
         self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()
         for name, path in self.paths.items():       # every adapter checked now, not on first use
-            self._remember(self.read_checked(name, path))
+            adapter = self.read_checked(name, path)
+            self._content[name] = adapter.content_hash
+            self._remember(adapter)
         shrink, expand = make_lora_ops(kernel_backend)
         self.state = LoRAState(self.num_slots, self.max_rank, device, shrink, expand)
         self.layers = wrap_model(model, projection_shapes(local_config(cfg, tp_size)), self.state, dtype, device)
@@ -201,7 +203,6 @@ class LoRAManager:
 
     def _remember(self, adapter: LoRAAdapter) -> None:
         self._host[adapter.name] = adapter
-        self._content.setdefault(adapter.name, adapter.content_hash)
         # Least recently used first; never the one just remembered, nor one loaded at run time.
         evictable = [n for n in self._host if n not in self._runtime and n != adapter.name]
         while len(self._host) > self.max_cpu_loras and evictable:

@@ -169,8 +169,13 @@ class TritonPythonModel(Watcher):
             now = engine_control.answer_now(self.loop, control)
             if now is not None:             # read-only: answered here, at once
                 sender.send(self._control_response(now), flags=FINAL)
-            else:
-                self._control_pool.submit(self._control, control, sender)
+                return
+            try:                            # a change: refused here without the key, never queued
+                engine_control.check_admin_key(control, self._admin_key)
+            except InvalidRequestError as e:
+                sender.send(pb_utils.InferenceResponse(error=triton_error(e)), flags=FINAL)
+                return
+            self._control_pool.submit(self._control, control, sender)
             return
         if "stop" in inputs and bool(inputs["stop"].reshape(-1)[0]):
             try:

@@ -35,7 +35,6 @@ class ZmqEventPublisher:
                  buffer_steps: int = 10_000, int_hashes: bool = True) -> None:
         import zmq                      # (optional dependencies: only with kv_events_config)
         from msgspec.msgpack import Encoder
-        self._zmq = zmq
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUB)
         self._replay = None

@@ -59,10 +59,6 @@ class HostKVCache(KVConnectorWorker):
         self.num_loaded_blocks = 0
         self.num_saved_blocks = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self._buffer.nbytes
-
     def start_transfers(self, transfers: Optional[KVTransfers]) -> None:
         """Before every forward (`transfers` None when the step has none)."""
         if self._saved is not None:         # the last step's saves, before anything may reuse their blocks

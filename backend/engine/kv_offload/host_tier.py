@@ -92,7 +92,6 @@ class HostOffloadScheduler(KVConnectorScheduler):
         self._saving: set[int] = set()          # device blocks the recorded saves read
         self.num_hit_blocks = 0                 # blocks loaded instead of recomputed
         self.num_saved_blocks = 0
-        self.num_queries = 0
 
     def lookup(self, request, start: int, stop: int) -> list[ExternalHit]:
         hits = []
@@ -103,7 +102,6 @@ class HostOffloadScheduler(KVConnectorScheduler):
             if slot is None:
                 break
             hits.append(ExternalHit(slot, hashes[i]))
-        self.num_queries += 1
         return hits
 
     def on_allocated(self, hits: Sequence[ExternalHit], blocks) -> None:

@@ -66,7 +66,7 @@ def test_load_while_streaming_equals_peft(loop, adapters, reference):
     and so do the base model's and `a`'s, in the same steps (max_loras=1: slots swap)."""
     long = loop.add_request(PROMPT, params(None, 40), "long")
     loop.add_lora("b", adapters["b"]).result(10)
-    assert loop.list_loras().result(10) == {"loaded": ["a", "b"], "unloading": []}
+    assert loop.engine.runtime_lora.listing() == {"loaded": ["a", "b"], "unloading": []}
     streams = {name: loop.add_request(PROMPT, params(name), f"r-{name}") for name in ("b", None, "a")}
     for name, stream in streams.items():
         assert tokens(stream) == reference[name], name
@@ -83,10 +83,11 @@ def test_unload_waits_for_its_requests(loop, adapters, reference):
         loop.add_lora("a", adapters["b"]).result(10)
     rest = tokens(running)
     assert (first.new_token_ids + rest)[:N] == reference["a"]   # ran to its end under the same weights
+    listing = lambda: loop.call(loop.engine.runtime_lora.listing).result(10)     # noqa: E731 (on the engine thread)
     for _ in range(100):
-        if loop.list_loras().result(10)["unloading"] == []:
+        if listing()["unloading"] == []:
             break
-    assert loop.list_loras().result(10) == {"loaded": [], "unloading": []}
+    assert listing() == {"loaded": [], "unloading": []}
     manager = loop.engine.lora
     assert manager._free == [0] and not manager._host            # slot and host copy released
     late = list(loop.add_request(PROMPT, params("a"), "after"))
@@ -148,7 +149,7 @@ def test_bad_adapters_are_clear_errors(loop, adapters, reference, tmp_path):
     with pytest.raises(InvalidRequestError, match="'lora_path' must be"):
         loop.add_lora("x", "")
     assert tokens(stream)[:N] == reference[None]                 # serving went on
-    assert loop.list_loras().result(10)["loaded"] == ["a"]
+    assert loop.engine.runtime_lora.listing()["loaded"] == ["a"]
 
 
 def test_offline_engine_and_disabled_lora(base, adapters, reference):
