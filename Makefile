@@ -14,7 +14,7 @@ OPENAI_PORT ?= 9000
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-py312 test-unit test-integration serve model tritonserver bench gpu-wheels clean
+.PHONY: install test test-py312 test-unit test-integration serve model tritonserver dynamo dynamo-services bench gpu-wheels clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,21 @@ install: $(STAMP)
 tritonserver: $(STAMP)
 	$(PY) -m clients.tritonserver install
 
+# NVIDIA Dynamo (docs/dynamo.md): its Python packages, and the NATS and etcd servers its
+# tests start (Debian's packages; installed where this runs as root, as in CI).
+DYNAMO_STAMP := $(VENV)/.dynamo-installed
+$(DYNAMO_STAMP): $(STAMP) requirements/dynamo.txt
+	$(PY) -m pip install -q --no-deps -r requirements/dynamo.txt
+	touch $(DYNAMO_STAMP)
+
+dynamo: $(DYNAMO_STAMP) dynamo-services
+
+dynamo-services:
+	@if command -v nats-server >/dev/null && command -v etcd >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server etcd-server >/dev/null; \
+	else echo "dynamo-services: install the Debian packages nats-server and etcd-server for the Dynamo tests"; fi
+
 model: $(STAMP)
 	$(PY) -m builder default --repository model_repository
 
@@ -39,11 +54,11 @@ model: $(STAMP)
 # file needs no list. The lanes are about equal (docs/development.md has their times).
 LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	vllm_repository.py) $(addprefix tests/unit/,parallel builder attention models ops)
+	vllm_repository.py dynamo_serving.py) $(addprefix tests/unit/,parallel builder attention models ops)
 # Each lane's temporary files (server logs included) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
 PYTEST := PYTHONUNBUFFERED=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15
-test: $(STAMP) tritonserver test-py312
+test: $(STAMP) tritonserver dynamo test-py312
 	@set -u; mkdir -p $(TEST_TMP); \
 	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-a $(addprefix --ignore=,$(LANE_B)) tests 2>&1 | sed -u 's/^/A| /'; \
 	  exit $${PIPESTATUS[0]} ) & a=$$!; \

@@ -26,6 +26,11 @@ What it does to each request:
    Triton's 500 for a body it cannot read as its protocol ("Unable to parse ...": a
    string as `max_tokens`, a negative `seed`), which is the client's mistake: a 400.
 While tritonserver is down (a restart) requests get 503.
+
+The same guard fronts another OpenAI-compatible server that takes no key of its own
+(NVIDIA Dynamo's frontend: docs/dynamo.md): with `--api-key` (or API_KEY, API_KEY_FILE)
+every `/v1/*` route needs `Authorization: Bearer <key>`, as our OpenAI frontend's do
+(frontend/openai_api/auth.py); a request without one gets 401 and never reaches it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Optional
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from multidict import CIMultiDict
 
+from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.json_depth import MAX_JSON_DEPTH, nests_too_deep
 
 log = logging.getLogger("http_guard")
@@ -98,10 +104,16 @@ def _json_part(request: web.Request, body: bytes) -> bytes | str:
     return body[:int(declared)]
 
 
-def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+             api_keys: APIKeys = APIKeys()) -> web.Application:
     base = f"http://{upstream}"
 
     async def proxy(request: web.Request) -> web.StreamResponse:
+        if api_keys and protected(request.path) and not api_keys.allows(request.headers.get("Authorization")):
+            # (before the body is read: a keyless client costs nothing more)
+            return web.json_response({"error": {"message": "missing or invalid API key (Authorization: Bearer)",
+                                                "type": "invalid_request_error", "code": "invalid_api_key"}},
+                                     status=401)
         problem = _header_problem(request)
         if problem is not None:
             return _error(*problem)
@@ -171,7 +183,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m frontend.http_guard", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--listen", required=True, help="HOST:PORT clients reach (e.g. 0.0.0.0:8000)")
-    ap.add_argument("--upstream", required=True, help="tritonserver's HTTP HOST:PORT, on loopback")
+    ap.add_argument("--upstream", required=True, help="the server's HTTP HOST:PORT, on loopback")
+    ap.add_argument("--api-key", action="append", default=None,
+                    help="keys /v1/* routes need (repeatable; also API_KEY, API_KEY_FILE); "
+                         "for an OpenAI server without keys of its own, such as Dynamo's frontend")
     ap.add_argument("--max-body-bytes", type=int,
                     default=int(os.environ.get("HTTP_GUARD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
                     help="larger request bodies get 413 (default 16 MiB; HTTP_GUARD_MAX_BODY_BYTES)")
@@ -180,7 +195,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         ap.error("--max-body-bytes must be at least 1")
     host, _, port = args.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [http-guard] %(levelname)s %(message)s")
-    web.run_app(make_app(args.upstream, args.max_body_bytes), host=host.strip("[]") or "0.0.0.0", port=int(port),
+    keys = APIKeys.from_sources(args.api_key)
+    web.run_app(make_app(args.upstream, args.max_body_bytes, keys), host=host.strip("[]") or "0.0.0.0", port=int(port),
                 access_log=None, print=None, shutdown_timeout=5.0)
 
 

@@ -40,8 +40,7 @@ from backend.triton_server.request_parser import EMBEDDING_SPEC, INPUT_SPECS, OU
 from backend.triton_server.response_writer import FINAL, ResponseWriter
 from backend.triton_server import engine_control, trtllm_front
 from backend.triton_server.stop_key import may_stop, required_stop_key
-from backend.triton_server.serving_config import load_settings, parameters_from_model_config
-from backend.triton_server.vllm_model_json import read_model_json
+from backend.triton_server.model_entry import read_entry
 from backend.triton_server.watcher import Watcher, log_local
 
 _TICK = object()
@@ -86,17 +85,9 @@ class TritonPythonModel(Watcher):
             raise ConfigError("this backend needs model_transaction_policy { decoupled: true }")
         model_dir = args["model_repository"]
         # A vLLM-backend repository keeps its engine arguments in <version>/model.json.
-        json_params, warnings = read_model_json(model_dir, args.get("model_version", "1"))
+        engine_args, self.settings, warnings = read_entry(model_dir, args.get("model_version", "1"), model_config)
         for warning in warnings:
             pb_utils.Logger.log_warn(f"[paged_llm] {warning}")
-        try:
-            engine_args, self.settings = load_settings(
-                {**json_params, **parameters_from_model_config(model_config)}, model_dir)
-        except ConfigError as e:
-            if not json_params:
-                raise
-            raise ConfigError(f"{e} (model.json sets: {', '.join(sorted(json_params))}; config.pbtxt "
-                              "parameters win over model.json)") from None
         from backend.build_manifest import check_manifest
         check_manifest(model_dir, engine_args)
 

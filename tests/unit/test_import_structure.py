@@ -19,8 +19,10 @@ LAYERS = [
                      "backend.triton_server", "backend.attention")),
     ("backend.attention", ("backend.models", "backend.engine", "backend.parallel", "backend.lora",
                            "backend.triton_server")),
-    ("backend.models", ("backend.engine", "backend.triton_server")),
-    ("backend.engine", ("backend.triton_server",)),
+    ("backend.models", ("backend.engine", "backend.triton_server", "backend.dynamo_worker")),
+    ("backend.engine", ("backend.triton_server", "backend.dynamo_worker")),
+    # Two front doors to one engine: Dynamo's worker reads Triton's model entries, not the reverse.
+    ("backend.triton_server", ("backend.dynamo_worker",)),
     ("backend", ("builder", "clients", "frontend", "supervisor", "benchmarks")),
     ("builder", ("clients", "frontend", "supervisor", "benchmarks")),
     ("frontend", ("clients", "benchmarks")),

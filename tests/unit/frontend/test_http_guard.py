@@ -11,6 +11,7 @@ from aiohttp import ClientSession, web
 
 from clients.tritonserver import free_port
 from frontend.http_guard import make_app
+from frontend.openai_api.auth import APIKeys
 
 
 async def _upstream(request: web.Request) -> web.StreamResponse:
@@ -39,7 +40,7 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
                               "length": request.headers.get("Content-Length")}, status=201)
 
 
-def run(scenario, max_body_bytes=1 << 20, upstream_up=True):
+def run(scenario, max_body_bytes=1 << 20, upstream_up=True, api_keys=APIKeys()):
     async def main():
         up_port, guard_port = free_port(), free_port()
         runners = []
@@ -47,7 +48,7 @@ def run(scenario, max_body_bytes=1 << 20, upstream_up=True):
             app = web.Application(client_max_size=1 << 30)
             app.router.add_route("*", "/{t:.*}", _upstream)
             runners.append((web.AppRunner(app), up_port))
-        runners.append((web.AppRunner(make_app(f"127.0.0.1:{up_port}", max_body_bytes)), guard_port))
+        runners.append((web.AppRunner(make_app(f"127.0.0.1:{up_port}", max_body_bytes, api_keys)), guard_port))
         for runner, port in runners:
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -231,3 +232,28 @@ def test_triton_500_for_an_unreadable_body_is_a_400():
         async with s.post(url + "/v2/models/llm/internal", data=b"{}") as r:
             assert r.status == 500 and (await r.json())["error"] == "an internal failure"
     run(scenario)
+
+
+def test_with_api_keys_v1_routes_need_one_and_the_rest_stay_open():
+    """In front of an OpenAI server without keys of its own (Dynamo's frontend): /v1/* needs
+    a bearer key, refused before the body is read; /health and /metrics stay open."""
+    async def scenario(session, base, _):
+        statuses = {}
+        for name, headers in [("none", {}), ("wrong", {"Authorization": "Bearer not-the-key"}),
+                              ("basic", {"Authorization": "Basic k1"}), ("right", {"Authorization": "Bearer k2"})]:
+            async with session.post(base + "/v1/completions", data=b"{}", headers=headers) as r:
+                statuses[name] = r.status
+                if r.status == 401:
+                    assert (await r.json())["error"]["code"] == "invalid_api_key"
+        async with session.get(base + "/metrics") as r:
+            statuses["metrics"] = r.status
+        async with session.get(base + "/v1") as r:
+            statuses["v1"] = r.status
+        return statuses
+    assert run(scenario, api_keys=APIKeys(["k1", "k2"])) == {"none": 401, "wrong": 401, "basic": 401, "right": 201,
+                                                             "metrics": 201, "v1": 401}
+    # Without keys (Triton's HTTP port) nothing changes.
+    async def open_scenario(session, base, _):
+        async with session.post(base + "/v1/completions", data=b"{}") as r:
+            return r.status
+    assert run(open_scenario) == 201

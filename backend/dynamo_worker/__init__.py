@@ -1,0 +1,1 @@
+"""NVIDIA Dynamo front door for our engine: `python -m backend.dynamo_worker`."""
