@@ -108,6 +108,10 @@ class _CoreSamplingParams(BaseModel):
     # A deadline for this request, seconds from arrival: unfinished then, it is aborted
     # with an error. At most the engine's request_timeout_s when it has one.
     request_timeout_s: Optional[float] = Field(None, gt=0.0)
+    # Prefill/decode disaggregation (vLLM's `kv_transfer_params`): {"do_remote_decode":
+    # true} keeps the prompt's blocks for a decode engine when the request finishes, and
+    # its final output says where they are (backend/engine/scheduling/kv_handoff.py).
+    kv_transfer_params: Optional[dict] = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
 from backend.engine.runner.cuda_graphs import verify_query_len
 from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.kv_events.collector import KVEventCollector
+from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.kv_offload.host_cache import HostKVCache
 from backend.engine.kv_offload.host_tier import HostOffloadScheduler, num_host_slots
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
@@ -80,6 +81,7 @@ class EngineParts:
     speculator: Optional[Speculator]
     bytes_per_rank: list[tuple[int, int]]       # (weight bytes, KV cache bytes) of each rank, rank 0 first
     kv_events: Optional[KVEventCollector] = None    # KV cache events, with kv_events_config
+    handoff: Optional[KVHandoff] = None         # blocks handed between engines (disaggregation)
 
 
 def assemble(args: EngineArgs) -> EngineParts:
@@ -195,6 +197,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
             StepInputBuilder(tokens, seqs, blocks, args.block_size, device, staging_slots=slots),
             Sampler(args.seed + 1, device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
     drafter = speculator.proposer if speculator is not None and speculator.in_runner else None
+    # Blocks handed to or from another engine hold the target's K/V of one rank: not with
+    # a draft model's own cache beside it, nor with the cache split across ranks.
+    handoff = KVHandoff(kv_cache) if prefix_caching and draft_layers is None and \
+        args.tensor_parallel_size == 1 and args.pipeline_parallel_size == 1 else None
 
     scheduler = Scheduler(kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                           max_loras=args.max_loras if lora is not None else None,
@@ -204,7 +210,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           may_speculate=Speculator.can_speculate if speculator is not None else None,
                           # the draft proposes inside the runner's step, into slots reserved with it
                           num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0,
-                          policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s))
+                          policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s), handoff=handoff)
     kv_layers = allocate_kv_cache(rank_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
     if kv_scales is not None:
         set_kv_cache_scales(kv_layers, kv_scales)
@@ -233,7 +239,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         lora=lora, tokenizer=tokenizer, use_cuda_graphs=use_cuda_graphs, memory_profile=memory_profile,
         num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
         kv_cache=kv_cache, scheduler=scheduler, runner=runner, speculator=speculator,
-        bytes_per_rank=bytes_per_rank, kv_events=kv_events)
+        bytes_per_rank=bytes_per_rank, kv_events=kv_events, handoff=handoff)
 
 
 def _kv_events(args: EngineArgs) -> Optional[KVEventCollector]:

@@ -34,7 +34,9 @@ from backend.engine.request import Request
 from backend.engine.request_limits import RequestLimits
 from backend.engine.runtime_lora import RuntimeLoRA
 from backend.engine.scheduling.priority import counts_by_priority
+from backend.engine.kv_events.collector import lora_id
 from backend.engine.sleep_mode import SleepMode
+from backend.sampling_params import SamplingParams
 
 class LLMEngine(RequestIntake):
     def __init__(self, args: EngineArgs) -> None:
@@ -51,6 +53,7 @@ class LLMEngine(RequestIntake):
         self.kv_cache, self.scheduler, self.runner = parts.kv_cache, parts.scheduler, parts.runner
         self.speculator = parts.speculator
         self.kv_events = parts.kv_events       # KV cache events over ZMQ, or None
+        self.handoff = parts.handoff           # prefill/decode disaggregation's blocks, or None
         try:
             self._build_step_side(args)
         except BaseException:
@@ -118,8 +121,19 @@ class LLMEngine(RequestIntake):
         """Between steps, on the engine thread: adapters whose unload waited for their
         requests go, and the step's KV events are handed to their publisher."""
         self.runtime_lora.finish_unloads()
+        if self.handoff is not None and self.handoff.held:
+            self.handoff.expire()           # blocks kept for a decode engine that never came
         if self.kv_events is not None:
             self.kv_events.flush()
+
+    def reserve_import(self, token_ids: list[int], params: SamplingParams, max_blocks: int):
+        """Prefill/decode disaggregation, decode side (engine thread): blocks for a prompt's
+        full blocks that another engine computed and this one lacks (kv_handoff.py); None
+        when there is nothing to bring in or no room."""
+        if self.handoff is None:
+            return None
+        salt = self.lora.salt(params.lora_name) if self.lora is not None else None
+        return self.handoff.reserve_import(token_ids, salt, max_blocks, lora_id(salt))
 
     def add_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at `path` as `name` from now on (vLLM's
@@ -220,6 +234,7 @@ class LLMEngine(RequestIntake):
             **(self.speculator.stats() if self.speculator is not None else {}),
             **(self.scheduler.lora_stats() if self.lora is not None else {}),
             **(kv.connector.stats() if kv.connector is not None else {}),
+            **(self.handoff.stats() if self.handoff is not None else {}),
             **({"requests_by_priority": counts_by_priority(list(self.scheduler.running), list(self.scheduler.waiting))}
                if self.args.scheduling_policy == "priority" else {}),
             **(self.batch_queue.stats() if self.batch_queue is not None else {}),

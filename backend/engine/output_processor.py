@@ -99,6 +99,7 @@ class OutputProcessor:
         if finish_reason is not None or core.error is not None:
             out = self.final_output(core.request_id, finish_reason or "abort", emitted, new_logprobs, core.error)
             out.pooling_output = core.pooling_output
+            out.kv_transfer_params = core.kv_transfer_params
             return out
         return RequestOutput(
             request_id=core.request_id, new_token_ids=emitted,

@@ -49,6 +49,8 @@ class EngineCoreOutput:
     error: Optional[Exception] = None
     # A pooling request's result (it finishes with "stop" when its prompt is computed).
     pooling_output: Optional[torch.Tensor] = None
+    # Prefill/decode disaggregation: the blocks kept for a decode engine (kv_handoff.py).
+    kv_transfer_params: Optional[dict] = None
 
     @property
     def finished(self) -> bool:
@@ -88,6 +90,9 @@ class RequestOutput:
     # runner="pooling": the prompt's pooled (and by default L2-normalized) final hidden
     # state, fp32 on the host, on the final output (vLLM's PoolingOutput.data).
     pooling_output: Optional[torch.Tensor] = None
+    # vLLM's RequestOutput.kv_transfer_params: on the final output of a request that kept
+    # its blocks for a decode engine (SamplingParams.kv_transfer_params), where they are.
+    kv_transfer_params: Optional[dict] = None
     # Offline `LLM.generate` with n > 1: the n completions' final outputs, in index order
     # (this output is the first one's, under the parent's request id).
     completions: Optional[list["RequestOutput"]] = None

@@ -68,6 +68,9 @@ class Request:
     # The chain's root (its first block's parent): set for a LoRA adapter, so that blocks
     # computed under one adapter are never reused under another or the base model.
     cache_salt: Optional[bytes] = None
+    # Prefill/decode disaggregation: set when it finished with its blocks kept for a
+    # decode engine (kv_handoff.py): which blocks, and the tokens they hold.
+    kv_transfer_params: Optional[dict] = None
     # LongRoPE models (backend/models/rotary.py): every token of this request takes the
     # long frequencies (its length passed the original context: at intake, or when the
     # scheduler restarted it on crossing).

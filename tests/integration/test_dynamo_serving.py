@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.helpers.dynamo_services import (Stack, metric_sum, models_listed, require_services, start_frontend,
-                                           start_guard, start_services, start_worker, wait_for)
+from clients.dynamo_local import Stack, deploy, start_guard, start_services
+from tests.helpers.dynamo_services import metric_sum, require_services
 from tests.integration.conftest import build_repo
 
 pytestmark = pytest.mark.timeout(600)
@@ -41,18 +41,9 @@ def deployment(tmp_path_factory, trained_ckpt):
     repo = build_repo(root / "repo", trained_ckpt, num_kv_blocks=192, max_model_len=1024)
     stack = start_services(str(root))
     try:
-        workers = [start_worker(stack, f"worker{i}", repo) for i in range(2)]
-        kv = start_frontend(stack, "frontend-kv", "kv")
-        round_robin = start_frontend(stack, "frontend-rr", "round-robin")
-        guard = start_guard(stack, kv.port, API_KEY)
-        for frontend in (kv, round_robin):
-            wait_for(lambda: models_listed(frontend.port, "llm"), f"{frontend.name} lists llm", stack, 180)
-        # Both workers registered with each router (Dynamo logs each worker it adds).
-        for frontend in (kv, round_robin):
-            wait_for(lambda: len(set(re.findall(r"Adding worker WorkerWithDpRank \{ worker_id: (\d+)",
-                                                frontend.log()))) >= 2 or frontend.name.endswith("rr"),
-                     f"{frontend.name} sees both workers", stack, 180)
-        yield Deployment(stack, workers, kv, round_robin, guard)
+        workers, frontends = deploy(stack, repo, 2, {"kv": None, "round-robin": None})
+        guard = start_guard(stack, frontends["kv"].port, [API_KEY])
+        yield Deployment(stack, workers, frontends["kv"], frontends["round-robin"], guard)
     finally:
         stack.stop_all()
     # Every worker ended with its block pool free.
@@ -141,8 +132,8 @@ def test_a_stream_its_client_closes_is_cancelled_on_the_worker(deployment):
             break
     stream.close()
     aborted = r"aborted dyn-\w+ after (\d+) tokens: its client went away"
-    wait_for(lambda: any(re.search(aborted, w.log()) for w in deployment.workers),
-             "the worker aborts the closed stream", deployment.stack, 60)
+    deployment.stack.wait_for(lambda: any(re.search(aborted, w.log()) for w in deployment.workers),
+                              "the worker aborts the closed stream", 60)
     tokens = [int(n) for w in deployment.workers for n in re.findall(aborted, w.log())]
     assert tokens and max(tokens) < 900
     # The worker's pool is checked free when the module's deployment stops (above); here,

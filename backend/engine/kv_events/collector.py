@@ -19,6 +19,11 @@ from typing import Optional
 DEVICE, HOST = "GPU", "CPU"
 
 
+def lora_id(salt: Optional[bytes]) -> Optional[int]:
+    """An adapter's id in KV events: from its cache salt (the same on every replica)."""
+    return int.from_bytes(salt[:8], "big") >> 1 if salt else None
+
+
 class KVEventCollector:
     def __init__(self, block_size: int, publisher) -> None:
         """publisher: `publish(events)` takes a step's batch without blocking, `close()`
@@ -44,8 +49,7 @@ class KVEventCollector:
 
     @staticmethod
     def lora_id(request) -> Optional[int]:
-        salt = request.cache_salt
-        return int.from_bytes(salt[:8], "big") >> 1 if request.sampling_params.lora_name and salt else None
+        return lora_id(request.cache_salt) if request.sampling_params.lora_name else None
 
     def clearing(self, on: bool) -> None:
         """Between clearing(True) and clearing(False) the pool empties its cache: one

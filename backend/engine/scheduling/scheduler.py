@@ -29,6 +29,7 @@ from typing import Callable, Optional, Union
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_device_hits
+from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
@@ -44,8 +45,11 @@ class Scheduler(ProposalSlots):
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
                  long_rope_original: Optional[int] = None,
                  may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0,
-                 policy: str = "fcfs", ranking: Ranking = Ranking()) -> None:
+                 policy: str = "fcfs", ranking: Ranking = Ranking(), handoff: Optional[KVHandoff] = None) -> None:
         self.kv_cache = kv_cache
+        # Prefill/decode disaggregation: a finished request that asks keeps its blocks for
+        # a decode engine (kv_handoff.py).
+        self.handoff = handoff
         # Structured output (structured_output_manager.py): grammars compiled for guided
         # requests, which wait as WAITING_FOR_GRAMMAR until theirs is ready.
         self.structured = structured
@@ -118,6 +122,11 @@ class Scheduler(ProposalSlots):
                 self.structured.cancel(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        transfer = request.sampling_params.kv_transfer_params
+        if transfer and transfer.get("do_remote_decode") and reason != FinishReason.ABORT and self.handoff:
+            block_ids = self.handoff.hold(request)
+            request.kv_transfer_params = {"remote_block_ids": block_ids,
+                                          "num_remote_tokens": len(block_ids) * self.kv_cache.block_size}
         self.kv_cache.free(request)
         del self.requests[request.request_id]
 
@@ -389,7 +398,8 @@ class Scheduler(ProposalSlots):
                 self.finish_request(request, reason)
             outputs.append(EngineCoreOutput(
                 request.request_id, new_tokens, [entry] if entry is not None else None,
-                prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens))
+                prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens,
+                kv_transfer_params=request.kv_transfer_params))
         if result.proposals is not None:    # a draft model's, made inside the step
             self.set_proposals(result.proposals)
         return outputs

@@ -1,0 +1,1 @@
+"""KV blocks between engines: prefill/decode disaggregation over NIXL."""
