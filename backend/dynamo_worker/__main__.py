@@ -27,12 +27,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--model", default="llm", help="the entry to serve (a folder of the repository)")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
     p.add_argument("--namespace", default="dynamo", help="Dynamo namespace (the frontend's --namespace)")
-    p.add_argument("--component", default="backend")
+    p.add_argument("--component", default=None, help="default: prefill for a prefill worker, else backend")
     p.add_argument("--endpoint", default="generate")
     p.add_argument("--discovery-backend", default="etcd", choices=("etcd", "file", "mem", "kubernetes"))
     p.add_argument("--request-plane", default="tcp", choices=("tcp", "nats"))
     p.add_argument("--event-plane", default=None, choices=("nats", "zmq"),
                    help="default: Dynamo's choice for the discovery backend (NATS with etcd)")
+    p.add_argument("--disaggregation-mode", default="aggregated", choices=("aggregated", "prefill", "decode"),
+                   help="prefill/decode disaggregation (Dynamo's roles): a prefill worker computes prompts and "
+                        "hands their KV blocks to a decode worker over NIXL (docs/dynamo.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address Dynamo's request and event planes bind and advertise (default: loopback; "
                         "another machine's frontend needs this machine's address, on a trusted network)")
@@ -67,9 +70,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     for warning in warnings:
         logging.warning(warning)
     options = WorkerOptions(served_model_name=args.served_model_name or args.model, namespace=args.namespace,
-                            component=args.component, endpoint=args.endpoint,
-                            discovery_backend=args.discovery_backend, request_plane=args.request_plane,
-                            event_plane=args.event_plane)
+                            component=args.component or ("prefill" if args.disaggregation_mode == "prefill"
+                                                         else "backend"),
+                            endpoint=args.endpoint, discovery_backend=args.discovery_backend,
+                            request_plane=args.request_plane, event_plane=args.event_plane,
+                            disaggregation_mode=args.disaggregation_mode)
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -82,7 +87,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         asyncio.run(run())
     except asyncio.CancelledError:
         pass
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:       # (ValueError: a role this engine cannot play)
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -86,10 +86,11 @@ def chunk_from(out: RequestOutput, num_output_tokens: int) -> Optional[dict[str,
             chunk["finish_reason"] = f"error: {out.error or 'the request failed'}"
         else:
             chunk["finish_reason"] = "cancelled" if out.finish_reason == "abort" else out.finish_reason
-        chunk["completion_usage"] = {
-            "prompt_tokens": out.num_prompt_tokens,
-            "completion_tokens": num_output_tokens,
-            "total_tokens": out.num_prompt_tokens + num_output_tokens,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-        }
+        chunk["completion_usage"] = usage_of(out, num_output_tokens)
     return chunk
+
+
+def usage_of(out: RequestOutput, num_output_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": num_output_tokens,
+            "total_tokens": out.num_prompt_tokens + num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}

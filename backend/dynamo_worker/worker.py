@@ -1,5 +1,7 @@
 """Our engine as a Dynamo worker: registered with Dynamo's discovery, serving its
-token-level generate stream, relaying its KV events and publishing its load.
+token-level generate stream (handlers.py), relaying its KV events and publishing its
+load. As a prefill or decode worker (`disaggregation_mode`, Dynamo's name) it also
+runs a NIXL agent over its paged cache (backend/engine/kv_transfer/).
 
 The engine is the same one Triton's adapter runs (EngineLoop over LLMEngine, built from
 the same model repository entry); Dynamo is another front door. Its KV events go out
@@ -15,13 +17,12 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, Optional
 
-from backend.config import EngineArgs, validated, ConfigError
-from backend.dynamo_worker.protocol import BadRequest, chunk_from, sampling_params_from
+from backend.config import ConfigError, EngineArgs, validated
+from backend.dynamo_worker.handlers import GenerateHandler, PrefillHandler
 from backend.engine.engine_loop import EngineLoop
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class WorkerOptions:
     discovery_backend: str = "etcd"
     request_plane: str = "tcp"
     event_plane: Optional[str] = None
+    # "aggregated", or Dynamo's disaggregated roles "prefill" and "decode".
+    disaggregation_mode: str = "aggregated"
 
 
 def with_kv_events(args: EngineArgs) -> EngineArgs:
@@ -52,58 +55,6 @@ def with_kv_events(args: EngineArgs) -> EngineArgs:
     return validated(EngineArgs, ConfigError, "argument", **{
         **args.model_dump(exclude_unset=True),
         "kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{path}"}})
-
-
-class GenerateHandler:
-    """Dynamo's generate endpoint over an EngineLoop: one PreprocessedRequest in, its
-    chunks out. A request whose client goes (or that Dynamo stops) is aborted, so its
-    blocks go back to the pool."""
-
-    def __init__(self, loop: EngineLoop, max_model_len: int) -> None:
-        self.loop = loop
-        self.max_model_len = max_model_len
-        self.num_finished = 0
-        self.num_cancelled = 0      # by their client's going or Dynamo's stop
-
-    async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
-        try:
-            params = sampling_params_from(request, self.max_model_len)
-            if params.n != 1:
-                raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
-        except BadRequest as e:
-            yield {"index": 0, "token_ids": [], "finish_reason": f"error: {e}"}
-            return
-        request_id = f"dyn-{uuid.uuid4().hex}"
-        aloop = asyncio.get_running_loop()
-        queue: "asyncio.Queue[RequestOutput]" = asyncio.Queue()
-        self.loop.add_request(list(request["token_ids"]), params, request_id,
-                              lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out))
-        stopper = aloop.create_task(self._abort_when_stopped(context, request_id)) if context is not None else None
-        finished = False
-        finish_reason: Optional[str] = None
-        num_output_tokens = 0
-        try:
-            while not finished:
-                out = await queue.get()
-                finished, finish_reason = out.finished, out.finish_reason
-                num_output_tokens += len(out.new_token_ids)
-                chunk = chunk_from(out, num_output_tokens)
-                if chunk is not None:
-                    yield chunk
-        finally:
-            if stopper is not None:
-                stopper.cancel()
-            if not finished:        # the consumer went away (a client disconnect): free its blocks
-                self.loop.abort(request_id)
-            cancelled = not finished or finish_reason == "abort"
-            if cancelled:
-                logger.info("aborted %s after %d tokens: its client went away", request_id, num_output_tokens)
-            self.num_cancelled += cancelled
-            self.num_finished += not cancelled
-
-    async def _abort_when_stopped(self, context: Any, request_id: str) -> None:
-        await context.async_killed_or_stopped()
-        self.loop.abort(request_id)
 
 
 async def publish_load(engine: LLMEngine, publisher: Any) -> None:
@@ -121,10 +72,20 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
                             WorkerMetricsPublisher, WorkerType, register_model)
     from dynamo.runtime import DistributedRuntime
 
+    from backend.engine.kv_transfer.disagg import KVReceiver, KVSender, transport_for
+
+    mode = options.disaggregation_mode
     engine_args = with_kv_events(engine_args)
     engine = LLMEngine(engine_args)
     loop = EngineLoop(engine).start()
     stats = engine.stats()
+    sender = receiver = None
+    if mode != "aggregated":
+        transport = transport_for(loop, f"{options.served_model_name}-{mode}-{uuid.uuid4().hex[:12]}")
+        sender = KVSender(loop, transport) if mode == "prefill" else None
+        receiver = KVReceiver(loop, transport) if mode == "decode" else None
+    handler = (PrefillHandler(loop, stats["max_model_len"], sender) if sender is not None
+               else GenerateHandler(loop, stats["max_model_len"], receiver))
     aloop = asyncio.get_running_loop()
     runtime = DistributedRuntime(aloop, options.discovery_backend, options.request_plane,
                                  event_plane=options.event_plane)
@@ -136,18 +97,24 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
     runtime_config.max_num_seqs = engine_args.max_num_seqs
     runtime_config.max_num_batched_tokens = engine_args.max_num_batched_tokens
     runtime_config.kv_event_publishing_enabled = True
-    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, checkpoint_dir,
-                         options.served_model_name, worker_type=WorkerType.Aggregated,
-                         kv_cache_block_size=engine_args.block_size, runtime_config=runtime_config)
+    # As Dynamo's vLLM worker registers each role: a prefill worker has no OpenAI surface
+    # (the legacy ModelType.Prefill marks it), and each role needs the other to serve.
+    model_type, worker_type, needs = {
+        "aggregated": (ModelType.Chat | ModelType.Completions, WorkerType.Aggregated, []),
+        "prefill": (ModelType.Prefill, WorkerType.Prefill, [[WorkerType.Decode]]),
+        "decode": (ModelType.Chat | ModelType.Completions, WorkerType.Decode, [[WorkerType.Prefill]]),
+    }[mode]
+    await register_model(ModelInput.Tokens, model_type, endpoint, checkpoint_dir, options.served_model_name,
+                         worker_type=worker_type, needs=needs, kv_cache_block_size=engine_args.block_size,
+                         runtime_config=runtime_config)
     events = engine_args.kv_events_config
     kv_publisher = KvEventPublisher(endpoint=endpoint, kv_block_size=engine_args.block_size,
                                     zmq_endpoint=events.endpoint, zmq_topic=events.topic)
     load_publisher = WorkerMetricsPublisher()
     await load_publisher.create_endpoint(endpoint)
     load_task = aloop.create_task(publish_load(engine, load_publisher))
-    handler = GenerateHandler(loop, stats["max_model_len"])
-    logger.info("serving %s as %s.%s.%s (%d KV blocks of %d tokens)", options.served_model_name,
-                options.namespace, options.component, options.endpoint, stats["num_total_blocks"],
+    logger.info("serving %s as %s.%s.%s (%s; %d KV blocks of %d tokens)", options.served_model_name,
+                options.namespace, options.component, options.endpoint, mode, stats["num_total_blocks"],
                 engine_args.block_size)
     try:
         await endpoint.serve_endpoint(handler.generate)
@@ -155,9 +122,14 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
         load_task.cancel()
         kv_publisher.shutdown()
         runtime.shutdown()
+        if sender is not None:
+            sender.stop()
+            loop.call(lambda: engine.handoff.expire(float("inf"))).result()     # nothing waits for them now
         loop.stop(grace_period_s=0.0)
         stats = engine.stats()
         # (what a deployment's logs and the tests read: nothing left holding blocks)
-        logger.info("stopped: KV blocks in use at exit: %d of %d; requests finished: %d, cancelled: %d",
-                    stats["num_used_blocks"], stats["num_total_blocks"], handler.num_finished,
-                    handler.num_cancelled)
+        logger.info("stopped: KV blocks in use at exit: %d of %d; requests finished: %d, cancelled: %d; "
+                    "preemptions: %d; KV blocks received: %d, prompts computed here instead: %d",
+                    stats["num_used_blocks"], stats["num_total_blocks"], handler.counts.num_finished,
+                    handler.counts.num_cancelled, stats["num_preemptions"],
+                    receiver.num_received_blocks if receiver else 0, receiver.num_fallbacks if receiver else 0)

@@ -35,3 +35,30 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in series for k, v in labels.items()):
             total += float(value)
     return total
+
+
+EXIT_LINE = (r"KV blocks in use at exit: (?P<used>\d+) of \d+; requests finished: (?P<finished>\d+), "
+             r"cancelled: (?P<cancelled>\d+); preemptions: (?P<preemptions>\d+); KV blocks received: "
+             r"(?P<received>\d+), prompts computed here instead: (?P<fallbacks>\d+)")
+
+
+def exit_report(log: str) -> dict[str, int]:
+    """A stopped worker's last line (backend/dynamo_worker/worker.py), as numbers."""
+    import re
+    found = re.search(EXIT_LINE, log)
+    assert found, log[-3000:]
+    return {k: int(v) for k, v in found.groupdict().items()}
+
+
+@pytest.fixture(scope="module")
+def offline(trained_ckpt):
+    """The trained reference model in our engine, in the test's process: what Dynamo
+    must answer."""
+    from backend.llm import LLM
+    with LLM(trained_ckpt, num_kv_blocks=64, max_model_len=1024) as llm:
+        yield llm
+
+
+def greedy(llm, prompt: str, max_tokens: int, ignore_eos: bool = False):
+    from backend.sampling_params import SamplingParams
+    return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos))[0]

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from clients.dynamo_local import Stack, deploy, start_guard, start_services
-from tests.helpers.dynamo_services import metric_sum, require_services
+from tests.helpers.dynamo_services import exit_report, greedy, metric_sum, offline, require_services  # noqa: F401
 from tests.integration.conftest import build_repo
 
 pytestmark = pytest.mark.timeout(600)
@@ -48,22 +48,7 @@ def deployment(tmp_path_factory, trained_ckpt):
         stack.stop_all()
     # Every worker ended with its block pool free.
     for worker in workers:
-        found = re.search(r"KV blocks in use at exit: (\d+) of (\d+); requests finished: (\d+), cancelled: (\d+)",
-                          worker.log())
-        assert found and found.group(1) == "0", worker.log()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def offline(trained_ckpt):
-    """The same model in our engine, run in this process: what Dynamo must answer."""
-    from backend.llm import LLM
-    with LLM(trained_ckpt, num_kv_blocks=64, max_model_len=1024) as llm:
-        yield llm
-
-
-def greedy(llm, prompt: str, max_tokens: int):
-    from backend.sampling_params import SamplingParams
-    return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
+        assert exit_report(worker.log())["used"] == 0, worker.log()[-3000:]
 
 
 def test_the_official_client_is_answered_through_the_kv_router_behind_the_key(deployment, offline):

@@ -1,4 +1,4 @@
-"""backend/dynamo_worker/worker.py without Dynamo: the generate handler over a real
+"""backend/dynamo_worker/handlers.py and worker.py without Dynamo: the generate handler over a real
 EngineLoop (tokens as the engine's own stream gives them, an abandoned stream aborted
 and its blocks freed), and KV events switched on for the router."""
 
@@ -8,7 +8,8 @@ import time
 import pytest
 
 from backend.config import ConfigError, EngineArgs
-from backend.dynamo_worker.worker import GenerateHandler, with_kv_events
+from backend.dynamo_worker.handlers import GenerateHandler
+from backend.dynamo_worker.worker import with_kv_events
 from backend.engine.engine_loop import EngineLoop
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import SamplingParams
@@ -53,7 +54,7 @@ def test_tokens_are_the_engines_own_and_the_last_chunk_has_usage(loop):
     assert chunks[-1]["finish_reason"] == "length"
     assert chunks[-1]["completion_usage"]["completion_tokens"] == 8
     assert chunks[-1]["completion_usage"]["prompt_tokens"] == len(PROMPT)
-    assert (handler.num_finished, handler.num_cancelled) == (1, 0)
+    assert (handler.counts.num_finished, handler.counts.num_cancelled) == (1, 0)
     wait_pool_free(loop.engine)
 
 
@@ -61,7 +62,7 @@ def test_an_abandoned_stream_is_aborted_and_its_blocks_freed(loop):
     handler = GenerateHandler(loop, max_model_len=256)
     chunks = collect(handler, {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 200, "ignore_eos": True}},
                      keep=2)
-    assert len(chunks) == 2 and handler.num_cancelled == 1
+    assert len(chunks) == 2 and handler.counts.num_cancelled == 1
     wait_pool_free(loop.engine)
 
 
