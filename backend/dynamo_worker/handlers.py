@@ -122,7 +122,6 @@ class PrefillHandler:
             if out.error is not None:
                 yield {"index": 0, "token_ids": [], "finish_reason": f"error: {out.error}"}
                 return
-            kv_params = self.sender.handoff_params(request_id, out)
             yield {"index": 0, "token_ids": list(out.token_ids),
-                   "disaggregated_params": {"kv_transfer_params": kv_params} if kv_params else None,
+                   "disaggregated_params": {"kv_transfer_params": self.sender.handoff_params(request_id, out)},
                    "completion_usage": usage_of(out, len(out.token_ids))}

@@ -86,6 +86,9 @@ def test_greedy_text_equals_one_engine_and_the_prompt_came_over_nixl(disaggregat
         assert got.usage.completion_tokens == len(want.token_ids)
         # The decode worker's prompt was served from blocks the prefill worker computed.
         assert got.usage.prompt_tokens_details.cached_tokens >= 16 * ((len(want.prompt_token_ids) - 1) // 16)
+    # A prompt under one block: nothing to hand over; the decode worker computes it.
+    got = client.completions.create(model="llm", prompt="The with statement", max_tokens=16, temperature=0)
+    assert got.choices[0].text == greedy(offline, "The with statement", 16).text
     # A prompt that extends one already sent: the decode worker has its first blocks.
     longer = PROMPTS[0] + " a context manager's enter method"
     got = client.completions.create(model="llm", prompt=longer, max_tokens=16, temperature=0)

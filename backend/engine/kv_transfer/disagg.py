@@ -58,11 +58,11 @@ class KVSender:
         return params.model_copy(update={"max_tokens": 1, "min_tokens": 0, "n": 1,
                                          "kv_transfer_params": {"do_remote_decode": True}})
 
-    def handoff_params(self, request_id: str, out: RequestOutput) -> Optional[dict]:
-        """What the decode engine needs to read the finished request's blocks (None: none kept)."""
-        kept = out.kv_transfer_params
-        if not kept or not kept.get("remote_block_ids"):
-            return None
+    def handoff_params(self, request_id: str, out: RequestOutput) -> dict:
+        """What the decode engine needs to read the finished request's blocks. Always a
+        dict (Dynamo requires one): a prompt under one block, or an engine that kept
+        nothing, lists no blocks, and the decode engine computes it."""
+        kept = out.kv_transfer_params or {"remote_block_ids": [], "num_remote_tokens": 0}
         return {"do_remote_prefill": True, "remote_request_id": request_id, **kept, **self.transport.descriptor()}
 
     def _listen(self) -> None:
@@ -93,6 +93,8 @@ class KVReceiver:
         here (nothing to copy, or a failure, logged)."""
         engine = self.loop.engine
         remote_ids = list(kv_params.get("remote_block_ids") or [])
+        if not remote_ids:
+            return 0                    # (nothing was kept: nothing to release either)
         release = RELEASE + str(kv_params.get("remote_request_id", "")).encode()
         ticket = None
         try:

@@ -56,8 +56,7 @@ def disaggregated(engines, prompt, request_id, params=GREEDY):
     prefill, decode, _, sender, receiver = engines
     out = run(prefill, prompt, KVSender.prefill_params(params), f"{request_id}-p")
     kv = sender.handoff_params(f"{request_id}-p", out)
-    assert kv is not None and len(kv["remote_block_ids"]) == (len(prompt) - 1) // 16 or \
-        len(kv["remote_block_ids"]) == len(prompt) // 16
+    assert len(kv["remote_block_ids"]) == len(prompt) // 16        # (every full block it computed)
     return kv, receiver.receive(prompt, params, kv)
 
 
@@ -148,6 +147,17 @@ def test_a_failed_copy_computes_the_prompt_here_and_nothing_leaks(engines):
     prefill.call(lambda: prefill.engine.handoff.expire(float("inf"))).result()
     assert prefill.engine.stats()["kv_handoff_expired"] >= 1
     wait_free(prefill)
+
+
+def test_a_prompt_under_one_block_is_computed_by_the_decode_engine(engines):
+    prefill, decode, reference, sender, receiver = engines
+    prompt = random_prompts(1, [12], vocab=300, seed=13)[0]
+    out = run(prefill, prompt, KVSender.prefill_params(GREEDY), "s-p")
+    kv = sender.handoff_params("s-p", out)
+    assert kv["remote_block_ids"] == [] and kv["do_remote_prefill"]
+    assert receiver.receive(prompt, GREEDY, kv) == 0
+    assert run(decode, prompt, GREEDY, "s-d").token_ids == run(reference, prompt, GREEDY, "s-r").token_ids
+    wait_free(prefill, decode, reference)
 
 
 def test_kept_blocks_wait_for_the_decode_engines_notification(engines):
