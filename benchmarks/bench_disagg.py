@@ -2,7 +2,7 @@
 total size, side by side in one run, both under NVIDIA Dynamo's frontend.
 
     python -m benchmarks.bench_disagg [--streams 4] [--stream-tokens 160] [--long-prompts 6]
-        [--long-prompt-words 700] [--gap-s 1.0] [--json out.json]
+        [--long-prompt-words 700] [--gap-s 1.0] [--max-num-batched-tokens 2048] [--json out.json]
 
 The same workload runs twice: against one aggregated worker (2N KV blocks, the
 machine's two cores), then against a prefill worker and a decode worker over NIXL (N
@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--long-prompt-words", type=int, default=700)
     ap.add_argument("--gap-s", type=float, default=1.0)
     ap.add_argument("--blocks", type=int, default=256, help="N: each disaggregated worker's pool (aggregated: 2N)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                    help="every worker's step budget: a long prompt in fewer, longer steps as it grows")
     ap.add_argument("--json")
     args = ap.parse_args()
     from builder.build import BuildOptions, build
@@ -103,7 +105,8 @@ def main() -> None:
     repo = os.path.join(root, "repo")
     for name, blocks in (("aggregated", 2 * args.blocks), ("half", args.blocks)):
         build(BuildOptions.create(checkpoint=checkpoint, output=os.path.join(repo, name), name=name, link=True,
-                                  block_size=16, num_kv_blocks=blocks, max_num_seqs=16, max_num_batched_tokens=256,
+                                  block_size=16, num_kv_blocks=blocks, max_num_seqs=16,
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=2048), log=lambda *_: None)
     results = {}
     topologies = {"aggregated": [("aggregated", "aggregated", "2")],
