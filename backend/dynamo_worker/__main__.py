@@ -26,19 +26,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--model-repository", required=True, help="the Triton model repository")
     p.add_argument("--model", default="llm", help="the entry to serve (a folder of the repository)")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
-    p.add_argument("--namespace", default="dynamo", help="Dynamo namespace (the frontend's --namespace)")
+    # Defaults from Dynamo's own variables, as its workers read them (its Kubernetes
+    # operator sets them in each pod).
+    env = os.environ.get
+    p.add_argument("--namespace", default=env("DYN_NAMESPACE", "dynamo"),
+                   help="Dynamo namespace (the frontend's --namespace; DYN_NAMESPACE)")
     p.add_argument("--component", default=None, help="default: prefill for a prefill worker, else backend")
     p.add_argument("--endpoint", default="generate")
-    p.add_argument("--discovery-backend", default="etcd", choices=("etcd", "file", "mem", "kubernetes"))
-    p.add_argument("--request-plane", default="tcp", choices=("tcp", "nats"))
-    p.add_argument("--event-plane", default=None, choices=("nats", "zmq"),
-                   help="default: Dynamo's choice for the discovery backend (NATS with etcd)")
+    p.add_argument("--discovery-backend", default=env("DYN_DISCOVERY_BACKEND", "etcd"),
+                   choices=("etcd", "file", "mem", "kubernetes"), help="(DYN_DISCOVERY_BACKEND)")
+    p.add_argument("--request-plane", default=env("DYN_REQUEST_PLANE", "tcp"), choices=("tcp", "nats"),
+                   help="(DYN_REQUEST_PLANE)")
+    p.add_argument("--event-plane", default=env("DYN_EVENT_PLANE"), choices=("nats", "zmq"),
+                   help="default (DYN_EVENT_PLANE unset): Dynamo's choice for the discovery backend")
     p.add_argument("--disaggregation-mode", default="aggregated", choices=("aggregated", "prefill", "decode"),
                    help="prefill/decode disaggregation (Dynamo's roles): a prefill worker computes prompts and "
                         "hands their KV blocks to a decode worker over NIXL (docs/dynamo.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address Dynamo's request and event planes bind and advertise (default: loopback; "
-                        "another machine's frontend needs this machine's address, on a trusted network)")
+                        "another machine's frontend needs this machine's address, on a trusted network, e.g. a "
+                        "pod's $(POD_IP); 'auto': Dynamo's own choice, an address of this machine)")
     return p.parse_args(argv)
 
 
@@ -48,8 +55,9 @@ HOST_VARIABLES = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    for name in HOST_VARIABLES:
-        os.environ.setdefault(name, args.host)
+    if args.host != "auto":
+        for name in HOST_VARIABLES:
+            os.environ.setdefault(name, args.host)
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
