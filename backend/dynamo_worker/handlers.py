@@ -66,29 +66,37 @@ async def _abort_when_stopped(loop: EngineLoop, context: Any, request_id: str) -
     loop.abort(request_id)
 
 
-def _params_or_error(request: dict[str, Any], max_model_len: int) -> tuple[Optional[SamplingParams], Optional[dict]]:
-    try:
-        params = sampling_params_from(request, max_model_len)
-        if params.n != 1:
-            raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
-        return params, None
-    except BadRequest as e:
-        return None, {"index": 0, "token_ids": [], "finish_reason": f"error: {e}"}
+class _Handler:
+    """Dynamo's `generate` for one role: the request's sampling parameters checked here
+    (a bad one is one `error:` chunk), the role's work in `serve`."""
 
-
-class GenerateHandler:
-    def __init__(self, loop: EngineLoop, max_model_len: int, receiver: Optional[KVReceiver] = None) -> None:
+    def __init__(self, loop: EngineLoop, max_model_len: int) -> None:
         self.loop = loop
         self.max_model_len = max_model_len
-        self.receiver = receiver
         self.counts = Counts()
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
-        params, error = _params_or_error(request, self.max_model_len)
-        if error is not None:
-            yield error
+        try:
+            params = sampling_params_from(request, self.max_model_len)
+            if params.n != 1:
+                raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
+        except BadRequest as e:
+            yield {"index": 0, "token_ids": [], "finish_reason": f"error: {e}"}
             return
-        token_ids = list(request["token_ids"])
+        async for chunk in self.serve(list(request["token_ids"]), params, request, context):
+            yield chunk
+
+    def serve(self, token_ids: list[int], params: SamplingParams, request: dict[str, Any],
+              context: Any) -> AsyncIterator[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class GenerateHandler(_Handler):
+    def __init__(self, loop: EngineLoop, max_model_len: int, receiver: Optional[KVReceiver] = None) -> None:
+        super().__init__(loop, max_model_len)
+        self.receiver = receiver
+
+    async def serve(self, token_ids, params, request, context):
         prefill = ((request.get("prefill_result") or {}).get("disaggregated_params") or {})
         kv_params = prefill.get("kv_transfer_params")
         if kv_params and self.receiver is not None:
@@ -102,21 +110,15 @@ class GenerateHandler:
                 yield chunk
 
 
-class PrefillHandler:
+class PrefillHandler(_Handler):
     def __init__(self, loop: EngineLoop, max_model_len: int, sender: KVSender) -> None:
-        self.loop = loop
-        self.max_model_len = max_model_len
+        super().__init__(loop, max_model_len)
         self.sender = sender
-        self.counts = Counts()
 
-    async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
-        params, error = _params_or_error(request, self.max_model_len)
-        if error is not None:
-            yield error
-            return
+    async def serve(self, token_ids, params, request, context):
         request_id = f"dyn-prefill-{uuid.uuid4().hex}"
-        async for out in engine_outputs(self.loop, list(request["token_ids"]), KVSender.prefill_params(params),
-                                        request_id, context, self.counts):
+        async for out in engine_outputs(self.loop, token_ids, KVSender.prefill_params(params), request_id,
+                                        context, self.counts):
             if not out.finished:
                 continue
             if out.error is not None:
