@@ -87,6 +87,11 @@ class RequestIntake:
             raise InvalidRequestError(f"sampling parameter 'priority' is {params.priority}, but the engine schedules "
                                       "first come, first served: priority needs the engine argument "
                                       "scheduling_policy 'priority'")
+        if params.kv_transfer_params is not None and (self.handoff is None or not self.handoff.holding):
+            # (each such request keeps its blocks after it ends: only a prefill engine's
+            # own handler may ask, never any client of an ordinary engine)
+            raise InvalidRequestError("sampling parameter 'kv_transfer_params' is for the prefill engine of a "
+                                      "disaggregated deployment (docs/dynamo.md); this engine is not one")
         max_queue = self.args.max_queue_size
         if max_queue is not None and len(self.scheduler.waiting) >= max_queue:
             raise QueueFullError(f"waiting queue is full (max_queue_size={max_queue})")

@@ -47,6 +47,7 @@ class KVSender:
         self.loop = loop
         self.transport = transport
         self._poll_s = poll_s
+        loop.call(loop.engine.handoff.start_holding).result()       # (this engine is a prefill engine now)
         self._stop = threading.Event()
         self.num_released = 0
         self._thread = threading.Thread(target=self._listen, name="kv-sender", daemon=True)

@@ -59,11 +59,17 @@ class KVHandoff:
     kv_cache: KVCacheManager
     timeout_s: float = DEFAULT_TIMEOUT_S
     held: dict[str, _Held] = field(default_factory=dict)
+    # Only a prefill engine keeps blocks (a KVSender turns this on): requests that ask
+    # anywhere else are refused at intake, so no client can pin blocks.
+    holding: bool = False
     num_imported_blocks: int = 0
     num_failed_imports: int = 0
     num_expired: int = 0
 
     # ------------------------------------------------------------ prefill side
+    def start_holding(self) -> None:
+        self.holding = True
+
     def hold(self, request: Request) -> list[int]:
         """Before a finished request's blocks are freed: keep its computed full blocks
         (a reference each) and return their ids, in order."""
