@@ -96,7 +96,7 @@ bench: $(STAMP) tritonserver model
 	$(PY) -m benchmarks.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
 
 # Wheels the device tool's GPU machines lack (pydantic, xgrammar), into .whl/ for them.
-gpu-wheels: $(STAMP)
+gpu-wheels: $(STAMP) $(DYNAMO_STAMP)
 	$(PY) -m benchmarks.gpu_wheels --dest .whl
 
 clean:

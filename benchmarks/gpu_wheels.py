@@ -23,7 +23,9 @@ PACKAGES = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection",
             # INT8/INT4 and W8A8 builds and checkpoints (with compressed-tensors' own need, loguru).
             "compressed-tensors", "loguru",
             # The image has transformers 5.17, whose references differ from the pinned 5.23 (tests/helpers/pins.py).
-            "transformers"]
+            "transformers",
+            # NIXL's transfer bandwidth between two processes on the GPU (benchmarks/nixl_bandwidth.py).
+            "nixl-cu12"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 

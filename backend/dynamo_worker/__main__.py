@@ -49,6 +49,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Dynamo's own variables for where its planes listen (its default is every interface).
 HOST_VARIABLES = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT_PLANE_HOST", "DYN_SYSTEM_HOST")
 
@@ -58,6 +59,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.host != "auto":
         for name in HOST_VARIABLES:
             os.environ.setdefault(name, args.host)
+    if args.host in LOOPBACK:
+        # NIXL's UCX otherwise listens on every network device too (disaggregation).
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
