@@ -40,10 +40,29 @@ def _plan(args) -> int:
     name = args.model or args.checkpoint
     params = plan.count_params(cfg)
     print(plan.format_report(name, f"{args.gpu} ({memory_gb:g} GiB, ${price:.2f}/h)", rows, cost, params))
+    disagg = _disaggregation(args, cfg, weights[0], cost.replicas) if args.disaggregation else None
     if args.json:
+        out = plan.as_json(name, args.gpu, rows, cost, params)
+        if disagg is not None:
+            out["disaggregation"] = disagg.as_dict()
         with open(args.json, "w") as f:
-            json.dump(plan.as_json(name, args.gpu, rows, cost, params), f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
+
+
+def _disaggregation(args, cfg, weights: str, replicas: int):
+    from builder import plan_disagg
+    if args.gpu not in plan_disagg.GPU_SPECS:
+        raise BuildError(f"invalid plan option 'disaggregation': no compute and bandwidth figures for --gpu "
+                         f"'{args.gpu}' (one of {', '.join(plan_disagg.GPU_SPECS)})")
+    if not args.input_tokens or not args.requests_per_day:
+        raise BuildError("invalid plan option 'disaggregation': give --input-tokens and --requests-per-day "
+                         "(the workload it is estimated for)")
+    rate = args.requests_per_day / 86400 / replicas
+    e = plan_disagg.estimate_for(cfg, weights, args.kv_cache, args.gpu, args.input_tokens, rate,
+                                 args.kv_link_gb_s, args.max_num_batched_tokens)
+    print(plan_disagg.format_estimate(e, args.input_tokens, rate))
+    return e
 
 
 def _tiny(args) -> None:
@@ -152,6 +171,13 @@ def main(argv=None) -> int:
     p.add_argument("--workload-tp", type=int, default=1, help="GPUs per replica for the cost rows")
     p.add_argument("--workload-pp", type=int, default=1, help="pipeline stages per replica for the cost rows")
     p.add_argument("--api-price-per-million", type=float)
+    p.add_argument("--disaggregation", action="store_true",
+                   help="estimate whether prefill/decode disaggregation pays for the workload (docs/dynamo.md)")
+    p.add_argument("--kv-link-gb-s", type=float, default=50.0,
+                   help="with --disaggregation: GB/s between a prefill and a decode worker (default 50: one "
+                        "400 Gb/s InfiniBand link)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="with --disaggregation: the step budget that chunks an aggregated replica's prompts")
     p.add_argument("--json", help="also write the plan here")
 
     d = sub.add_parser("default", help="make sure model_repository/llm holds the default model, with "
