@@ -1,30 +1,24 @@
-"""Per-family parts of config.json that differ from Llama's: RoPE (Llama 3, linear,
-LongRoPE, YaRN, Gemma 3's two bases), which layers slide, and Gemma's attention extras.
+"""Parts of config.json that differ from Llama's: RoPE (Llama 3, linear, LongRoPE,
+YaRN, Gemma 3's two bases), which layers slide, and Gemma's attention extras.
 
-Kept apart from config.py so that a family's reading stays in one place; each rule
-follows the transformers config class of that family (its defaults included, since
-configs saved by older versions omit values equal to them)."""
+Each rule follows the transformers config class of the family (its defaults included,
+since configs saved by older versions omit values equal to them). What differs by
+family is a field of its row in the architecture table (architectures.py), which
+these functions read: no rule here names a family."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Optional
 
-GEMMA_FAMILIES = ("gemma2", "gemma3")
-
-# Families whose layer_types default to alternating sliding / full, sliding first.
-ALTERNATING_FAMILIES = ("gemma2", "gpt_oss")
-
-# gpt-oss's defaults when config.json names no RoPE (transformers' GptOssConfig).
-GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
+from backend.models.architectures import Architecture
 
 
 class ArchConfigError(ValueError):
     pass
 
 
-def _split_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
+def _split_rope(cfg: dict[str, Any], arch: Architecture) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
     """(global RoPE parameters, Gemma 3's sliding-layer parameters or None). transformers
     >= 5 writes rope_parameters (nested by layer type for Gemma 3); older checkpoints
     rope_theta + rope_scaling (+ rope_local_base_freq)."""
@@ -35,23 +29,22 @@ def _split_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], Optio
     else:
         full = params
         local = None
-    default_theta = {"gemma3": 1_000_000.0, "gpt_oss": 150_000.0}.get(family, 10000.0)
-    full.setdefault("rope_theta", cfg.get("rope_theta", default_theta))
+    full.setdefault("rope_theta", cfg.get("rope_theta", arch.rope_theta))
     if len(full) == 1:      # only the theta: the older fields hold the scaling
-        full.update(cfg.get("rope_scaling") or (GPT_OSS_ROPE if family == "gpt_oss" else {}))
-    if family == "gemma3" and local is None:
+        full.update(cfg.get("rope_scaling") or arch.default_rope_scaling or {})
+    if arch.local_rope and local is None:
         local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
     return full, local
 
 
-def rope_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+def rope_fields(cfg: dict[str, Any], arch: Architecture) -> dict[str, Any]:
     """rope_theta, rope_scaling (None or a dict with its rope_type), local_rope_theta and
     partial_rotary_factor (RoPE over the first int(head_dim * factor) channels: Phi-4-mini)."""
-    full, local = _split_rope(cfg, family)
+    full, local = _split_rope(cfg, arch)
     theta = float(full.pop("rope_theta"))
     partial = float(full.pop("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0)
     rope_type = full.get("rope_type", full.get("type", "default"))
-    if rope_type in ("su",) or (family == "phi3" and rope_type == "yarn"):
+    if rope_type in ("su",) or (arch.yarn_means_longrope and rope_type == "yarn"):
         rope_type = "longrope"   # Phi-3's older names, as transformers' Phi3Config maps them
     scaling: Optional[dict[str, Any]]
     if rope_type == "default":
@@ -124,13 +117,12 @@ def _yarn(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
             "truncate": bool(params.get("truncate", True)), "attention_factor": float(attention_factor)}
 
 
-def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[Optional[int], ...]:
+def sliding_windows(cfg: dict[str, Any], arch: Architecture, num_layers: int) -> tuple[Optional[int], ...]:
     """Per layer: None for full attention, else the window (keys within the last
     `window` positions, the query's own included)."""
     window = cfg.get("sliding_window")
     layer_types = cfg.get("layer_types")
-    # (The MoE family names are those of the parallel MoE branch, so its merge is a no-op here.)
-    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+    if arch.windows == "qwen":
         # transformers: no window unless use_sliding_window, and then only from layer
         # max_window_layers on (unless layer_types says otherwise).
         if not cfg.get("use_sliding_window"):
@@ -139,13 +131,13 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
             return tuple(window if t == "sliding_attention" else None for t in layer_types)
         first = int(cfg.get("max_window_layers", 28))
         return tuple(window if i >= first else None for i in range(num_layers))
-    if family in ("mistral", "mixtral", "phi3"):
+    if arch.windows == "all":
         return tuple(window for _ in range(num_layers))
-    if family in GEMMA_FAMILIES or family in ALTERNATING_FAMILIES:
+    if arch.windows in ("alternating", "pattern"):
         if not layer_types:
             # Gemma 2 and gpt-oss alternate from layer 0; Gemma 3 has one full layer in every
             # sliding_window_pattern (6), the last of each group.
-            pattern = 2 if family in ALTERNATING_FAMILIES else int(cfg.get("sliding_window_pattern", 6))
+            pattern = 2 if arch.windows == "alternating" else int(cfg.get("sliding_window_pattern", 6))
             layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
         if len(layer_types) != num_layers:
             raise ArchConfigError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
@@ -153,22 +145,22 @@ def sliding_windows(cfg: dict[str, Any], family: str, num_layers: int) -> tuple[
     return tuple(None for _ in range(num_layers))
 
 
-def gemma_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+def gemma_fields(cfg: dict[str, Any], arch: Architecture) -> dict[str, Any]:
     """query_pre_attn_scalar and the soft-caps (Gemma 3 reads but, like transformers and
     vLLM, does not apply an attention soft-cap)."""
-    if family not in GEMMA_FAMILIES:
+    if not arch.gemma:
         return {}
     if cfg.get("use_bidirectional_attention"):
         raise ArchConfigError("unsupported use_bidirectional_attention (an embedding model, not a decoder)")
-    default_cap = (50.0, 30.0) if family == "gemma2" else (None, None)
-    attn_cap = cfg.get("attn_logit_softcapping", default_cap[0]) if family == "gemma2" else None
-    final_cap = cfg.get("final_logit_softcapping", default_cap[1])
+    attn_default, final_default = arch.softcap_defaults
+    attn_cap = cfg.get("attn_logit_softcapping", attn_default) if arch.attention_softcap else None
+    final_cap = cfg.get("final_logit_softcapping", final_default)
     return {"query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
             "attn_logit_softcap": float(attn_cap) if attn_cap else None,
             "final_logit_softcap": float(final_cap) if final_cap else None}
 
 
-def hidden_act(cfg: dict[str, Any], family: str) -> str:
-    if family in GEMMA_FAMILIES:
+def hidden_act(cfg: dict[str, Any], arch: Architecture) -> str:
+    if arch.gemma:
         return cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     return cfg.get("hidden_act", "silu")

@@ -26,22 +26,49 @@ class Architecture(NamedTuple):
     mxfp4_experts: bool = False             # reads `quant_method: mxfp4` (experts dequantized at load)
     # Why it runs on one rank only (tensor parallelism refused with this reason), or None.
     single_rank: Optional[str] = None
+    # RoPE (backend/models/arch_config.py): the base when config.json names none; the
+    # scaling when it names none either; a second base for sliding layers (Gemma 3);
+    # rope_type "yarn" read as LongRoPE (Phi-3's older name).
+    rope_theta: float = 10000.0
+    default_rope_scaling: Optional[dict] = None
+    local_rope: bool = False
+    yarn_means_longrope: bool = False
+    # Which layers slide when config.json has no layer_types: "none"; "all"; "qwen" (only
+    # with use_sliding_window, from max_window_layers on); "alternating" (sliding first);
+    # "pattern" (one full layer closing each group of sliding_window_pattern, 6).
+    windows: str = "none"
+    # Gemma's extras: query_pre_attn_scalar, its soft-caps' defaults (attention, final),
+    # whether the attention soft-cap applies, and its activation's key.
+    gemma: bool = False
+    softcap_defaults: tuple[Optional[float], Optional[float]] = (None, None)
+    attention_softcap: bool = False
+    # Mixture of experts (backend/models/moe_config.py): how config.json states it: "",
+    # "mixtral", "qwen" or "gpt_oss".
+    moe: str = ""
 
 
-_GEMMA = dict(tied_by_default=True)
-_GPT_OSS = dict(attention_bias=True, attention_sinks=True, mxfp4_experts=True)
+# gpt-oss's RoPE when config.json names none (transformers' GptOssConfig).
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+_GEMMA = dict(tied_by_default=True, gemma=True)
+_GPT_OSS = dict(attention_bias=True, attention_sinks=True, mxfp4_experts=True, rope_theta=150_000.0,
+                default_rope_scaling=GPT_OSS_ROPE, windows="alternating", moe="gpt_oss")
 
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "llama", "CausalLM"),
-    "MistralForCausalLM": Architecture("mistral", "llama", "CausalLM"),
-    "Qwen2ForCausalLM": Architecture("qwen2", "llama", "CausalLM", qkv_bias="always"),
-    "Qwen3ForCausalLM": Architecture("qwen3", "llama", "CausalLM", qk_norm=True),
-    "MixtralForCausalLM": Architecture("mixtral", "llama", "CausalLM"),
-    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "llama", "CausalLM", qkv_bias="config"),
-    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM", qk_norm=True),
-    "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM", **_GEMMA),
-    "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM", qk_norm=True, **_GEMMA),
-    "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM", single_rank="its fused qkv_proj / gate_up_proj "
+    "MistralForCausalLM": Architecture("mistral", "llama", "CausalLM", windows="all"),
+    "Qwen2ForCausalLM": Architecture("qwen2", "llama", "CausalLM", qkv_bias="always", windows="qwen"),
+    "Qwen3ForCausalLM": Architecture("qwen3", "llama", "CausalLM", qk_norm=True, windows="qwen"),
+    "MixtralForCausalLM": Architecture("mixtral", "llama", "CausalLM", windows="all", moe="mixtral"),
+    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "llama", "CausalLM", qkv_bias="config", windows="qwen",
+                                        moe="qwen"),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM", qk_norm=True, windows="qwen", moe="qwen"),
+    "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM", windows="alternating",
+                                      softcap_defaults=(50.0, 30.0), attention_softcap=True, **_GEMMA),
+    "Gemma3ForCausalLM": Architecture("gemma3", "gemma", "GemmaCausalLM", qk_norm=True, rope_theta=1_000_000.0,
+                                      local_rope=True, windows="pattern", **_GEMMA),
+    "Phi3ForCausalLM": Architecture("phi3", "llama", "CausalLM", windows="all", yarn_means_longrope=True,
+                                    single_rank="its fused qkv_proj / gate_up_proj "
                                     "checkpoint tensors are not split across ranks yet"),
     "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM", **_GPT_OSS),
     "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),

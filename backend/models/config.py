@@ -111,16 +111,15 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         raise UnsupportedModelError(
             f"unsupported architecture {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     entry = ARCHITECTURES[arch]
-    family = entry.family
 
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     num_layers = cfg["num_hidden_layers"]
 
     try:
-        rope = arch_config.rope_fields(cfg, family)
-        windows = arch_config.sliding_windows(cfg, family, num_layers)
-        gemma = arch_config.gemma_fields(cfg, family)
+        rope = arch_config.rope_fields(cfg, entry)
+        windows = arch_config.sliding_windows(cfg, entry, num_layers)
+        gemma = arch_config.gemma_fields(cfg, entry)
     except arch_config.ArchConfigError as e:
         raise UnsupportedModelError(str(e)) from None
 
@@ -149,7 +148,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
     # MoE: only our FP8 builds of Mixtral / Qwen-MoE (backend/models/moe_fp8.py).
     fp8_moe_build = (not entry.mxfp4_experts and quant is not None
                      and quant.get("quant_method") == "paged_llm_fp8")
-    moe = moe_config_from_dict(cfg, family, num_layers)
+    moe = moe_config_from_dict(cfg, entry.moe, num_layers)
     if quant is not None and moe is not None and not fp8_moe_build:
         raise UnsupportedModelError(f"quantized mixture-of-experts checkpoints ({arch}, "
                                     f"{quant.get('quant_method')}) are not supported yet: use the bf16 weights, or "
@@ -157,7 +156,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
 
     # GptOssConfig defaults attention_bias to true (every projection has one).
     attention_bias = bool(cfg.get("attention_bias", entry.attention_bias))
-    hidden_act = arch_config.hidden_act(cfg, family)
+    hidden_act = arch_config.hidden_act(cfg, entry)
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         raise UnsupportedModelError(f"unsupported hidden_act '{hidden_act}'")
 

@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -63,29 +62,39 @@ class MoEConfig:
                                    shared_expert_intermediate_size=shared)
 
 
-def moe_config_from_dict(cfg: dict[str, Any], family: str, num_layers: int) -> Optional[MoEConfig]:
-    if family not in MOE_FAMILIES:
-        return None
-    if family == "mixtral":
-        return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                         intermediate_size=cfg["intermediate_size"], norm_topk_prob=True,
-                         sparse_layers=tuple(True for _ in range(num_layers)),
-                         checkpoint_block="block_sparse_moe", checkpoint_projections=("w1", "w3", "w2"))
-    if family == "gpt_oss":
-        return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                         intermediate_size=cfg["intermediate_size"], norm_topk_prob=False,
-                         sparse_layers=tuple(True for _ in range(num_layers)), router_bias=True,
-                         softmax_after_topk=True, expert_bias=True, activation="swigluoai",
-                         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
-                         swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+def _mixtral(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
+    return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                     intermediate_size=cfg["intermediate_size"], norm_topk_prob=True,
+                     sparse_layers=tuple(True for _ in range(num_layers)),
+                     checkpoint_block="block_sparse_moe", checkpoint_projections=("w1", "w3", "w2"))
+
+
+def _gpt_oss(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
+    return MoEConfig(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                     intermediate_size=cfg["intermediate_size"], norm_topk_prob=False,
+                     sparse_layers=tuple(True for _ in range(num_layers)), router_bias=True,
+                     softmax_after_topk=True, expert_bias=True, activation="swigluoai",
+                     swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+                     swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+
+
+def _qwen(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
     # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the published
-    # checkpoints as num_experts.
+    # checkpoints as num_experts. Qwen3-MoE has no shared expert (its config no such key).
     num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     step = cfg.get("decoder_sparse_step", 1) or 1
     dense = set(cfg.get("mlp_only_layers") or [])
     sparse = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
-    shared = cfg.get("shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0
     return MoEConfig(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
                      intermediate_size=cfg["moe_intermediate_size"],
                      norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), sparse_layers=sparse,
-                     shared_expert_intermediate_size=shared)
+                     shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0))
+
+
+# How each architecture's config.json states its experts (Architecture.moe).
+READERS = {"mixtral": _mixtral, "gpt_oss": _gpt_oss, "qwen": _qwen}
+
+
+def moe_config_from_dict(cfg: dict[str, Any], moe: str, num_layers: int) -> Optional[MoEConfig]:
+    """`moe`: the architecture's MoE reading ("" for a dense model)."""
+    return READERS[moe](cfg, num_layers) if moe else None
