@@ -122,7 +122,7 @@ def start_guard(stack: Stack, upstream_port: int, api_keys: list[str], host: str
                 port: Optional[int] = None) -> Child:
     port = port or free_port()
     argv = [sys.executable, "-m", "frontend.http_guard", "--listen", f"{host}:{port}",
-            "--upstream", f"127.0.0.1:{upstream_port}"]
+            "--upstream", f"127.0.0.1:{upstream_port}", "--openai-only"]
     for key in api_keys:
         argv += ["--api-key", key]
     guard = stack.start("guard", argv, port)

@@ -31,6 +31,7 @@ The same guard fronts another OpenAI-compatible server that takes no key of its 
 (NVIDIA Dynamo's frontend: docs/dynamo.md): with `--api-key` (or API_KEY, API_KEY_FILE)
 every `/v1/*` route needs `Authorization: Bearer <key>`, as our OpenAI frontend's do
 (frontend/openai_api/auth.py); a request without one gets 401 and never reaches it.
+`--openai-only` passes nothing but `/v1/*`, `/health` and `/live` (a 404 for the rest).
 """
 
 from __future__ import annotations
@@ -104,11 +105,20 @@ def _json_part(request: web.Request, body: bytes) -> bytes | str:
     return body[:int(declared)]
 
 
+# With --openai-only, the only paths besides /v1/* (keyed) that reach the upstream.
+OPEN_PATHS = ("/health", "/live")
+
+
 def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-             api_keys: APIKeys = APIKeys()) -> web.Application:
+             api_keys: APIKeys = APIKeys(), openai_only: bool = False) -> web.Application:
     base = f"http://{upstream}"
 
     async def proxy(request: web.Request) -> web.StreamResponse:
+        if openai_only and not (request.path.startswith("/v1/") or request.path in OPEN_PATHS):
+            # (Dynamo's frontend also serves unkeyed control routes, /busy_threshold among them)
+            return web.json_response({"error": {"message": f"not found: {request.path} (this port serves the "
+                                                           "OpenAI API under /v1/, and /health)",
+                                                "type": "invalid_request_error", "code": "not_found"}}, status=404)
         if api_keys and protected(request.path) and not api_keys.allows(request.headers.get("Authorization")):
             # (before the body is read: a keyless client costs nothing more)
             return web.json_response({"error": {"message": "missing or invalid API key (Authorization: Bearer)",
@@ -187,6 +197,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--api-key", action="append", default=None,
                     help="keys /v1/* routes need (repeatable; also API_KEY, API_KEY_FILE); "
                          "for an OpenAI server without keys of its own, such as Dynamo's frontend")
+    ap.add_argument("--openai-only", action="store_true",
+                    help="pass only /v1/* and /health, /live (404 for anything else): in front of a server whose "
+                         "other routes take no key, such as Dynamo's frontend")
     ap.add_argument("--max-body-bytes", type=int,
                     default=int(os.environ.get("HTTP_GUARD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
                     help="larger request bodies get 413 (default 16 MiB; HTTP_GUARD_MAX_BODY_BYTES)")
@@ -196,7 +209,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     host, _, port = args.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [http-guard] %(levelname)s %(message)s")
     keys = APIKeys.from_sources(args.api_key)
-    web.run_app(make_app(args.upstream, args.max_body_bytes, keys), host=host.strip("[]") or "0.0.0.0", port=int(port),
+    web.run_app(make_app(args.upstream, args.max_body_bytes, keys, args.openai_only), host=host.strip("[]") or "0.0.0.0", port=int(port),
                 access_log=None, print=None, shutdown_timeout=5.0)
 
 

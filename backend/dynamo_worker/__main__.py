@@ -86,7 +86,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                          else "backend"),
                             endpoint=args.endpoint, discovery_backend=args.discovery_backend,
                             request_plane=args.request_plane, event_plane=args.event_plane,
-                            disaggregation_mode=args.disaggregation_mode)
+                            disaggregation_mode=args.disaggregation_mode, on_loopback=args.host in LOOPBACK)
 
     async def run() -> None:
         task = asyncio.current_task()

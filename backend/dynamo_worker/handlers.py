@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Optional
 
 from backend.dynamo_worker.protocol import BadRequest, chunk_from, sampling_params_from, usage_of
@@ -92,15 +93,21 @@ class _Handler:
 
 
 class GenerateHandler(_Handler):
+    # Copies in progress at once (each waits on its own thread, up to its time limit);
+    # more wait their turn without holding the event loop's default pool.
+    MAX_COPIES = 4
+
     def __init__(self, loop: EngineLoop, max_model_len: int, receiver: Optional[KVReceiver] = None) -> None:
         super().__init__(loop, max_model_len)
         self.receiver = receiver
+        self._copies = ThreadPoolExecutor(self.MAX_COPIES, thread_name_prefix="kv-receive") if receiver else None
 
     async def serve(self, token_ids, params, request, context):
         prefill = ((request.get("prefill_result") or {}).get("disaggregated_params") or {})
         kv_params = prefill.get("kv_transfer_params")
         if kv_params and self.receiver is not None:
-            await asyncio.to_thread(self.receiver.receive, token_ids, params, kv_params)
+            await asyncio.get_running_loop().run_in_executor(self._copies, self.receiver.receive, token_ids, params,
+                                                             kv_params)
         num_output_tokens = 0
         async for out in engine_outputs(self.loop, token_ids, params, f"dyn-{uuid.uuid4().hex}", context,
                                         self.counts):

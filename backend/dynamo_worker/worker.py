@@ -41,6 +41,11 @@ class WorkerOptions:
     event_plane: Optional[str] = None
     # "aggregated", or Dynamo's disaggregated roles "prefill" and "decode".
     disaggregation_mode: str = "aggregated"
+    on_loopback: bool = True            # (Dynamo's planes, and so the handoffs, stay on this machine)
+
+
+# The key prefill and decode workers sign and check handoffs with (disagg.py).
+KEY_VARIABLE = "PAGED_LLM_KV_TRANSFER_KEY"
 
 
 def with_kv_events(args: EngineArgs) -> EngineArgs:
@@ -82,8 +87,13 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
     sender = receiver = None
     if mode != "aggregated":
         transport = transport_for(loop, f"{options.served_model_name}-{mode}-{uuid.uuid4().hex[:12]}")
-        sender = KVSender(loop, transport) if mode == "prefill" else None
-        receiver = KVReceiver(loop, transport) if mode == "decode" else None
+        secret = os.environ.get(KEY_VARIABLE, "").encode() or None
+        if secret is None and not options.on_loopback:
+            logger.warning("%s is not set: a decode worker reads KV blocks from whatever agent a request on "
+                           "Dynamo's request plane names; set the same key on every prefill and decode worker",
+                           KEY_VARIABLE)
+        sender = KVSender(loop, transport, secret=secret) if mode == "prefill" else None
+        receiver = KVReceiver(loop, transport, secret=secret) if mode == "decode" else None
     handler = (PrefillHandler(loop, stats["max_model_len"], sender) if sender is not None
                else GenerateHandler(loop, stats["max_model_len"], receiver))
     aloop = asyncio.get_running_loop()
@@ -124,7 +134,10 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
         runtime.shutdown()
         if sender is not None:
             sender.stop()
-            loop.call(lambda: engine.handoff.expire(float("inf"))).result()     # nothing waits for them now
+            try:
+                loop.call(lambda: engine.handoff.expire(float("inf"))).result()     # nothing waits for them now
+            except Exception as e:      # (the engine died: its blocks go with it)
+                logger.warning("could not release the blocks kept for decode workers: %s", e)
         loop.stop(grace_period_s=0.0)
         stats = engine.stats()
         # (what a deployment's logs and the tests read: nothing left holding blocks)

@@ -198,9 +198,12 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
             Sampler(args.seed + 1, device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
     drafter = speculator.proposer if speculator is not None and speculator.in_runner else None
     # Blocks handed to or from another engine hold the target's K/V of one rank: not with
-    # a draft model's own cache beside it, nor with the cache split across ranks.
-    handoff = KVHandoff(kv_cache) if prefix_caching and draft_layers is None and \
-        args.tensor_parallel_size == 1 and args.pipeline_parallel_size == 1 else None
+    # a draft model's own cache beside it, nor with the cache split across ranks; not
+    # with sliding windows (a long prompt's leading blocks go back to the pool while it
+    # runs), nor LongRoPE (a long prompt's blocks are salted for the long frequencies).
+    handoff = KVHandoff(kv_cache) if prefix_caching and draft_layers is None and window is None and \
+        long_rope_original is None and args.tensor_parallel_size == 1 and args.pipeline_parallel_size == 1 \
+        else None
 
     scheduler = Scheduler(kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                           max_loras=args.max_loras if lora is not None else None,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import time
+
+import torch
 from typing import Callable, Optional
 
 from backend.config import EngineArgs
@@ -133,7 +135,13 @@ class LLMEngine(RequestIntake):
         if self.handoff is None:
             return None
         salt = self.lora.salt(params.lora_name) if self.lora is not None else None
-        return self.handoff.reserve_import(token_ids, salt, max_blocks, lora_id(salt))
+        ticket = self.handoff.reserve_import(token_ids, salt, max_blocks, lora_id(salt))
+        if ticket is not None and self.device.type == "cuda":
+            # A block freed by a step still on the device may have been reserved: the copy
+            # into it waits for the work queued so far (on the copying thread, not here).
+            ticket.ready = torch.cuda.Event()
+            ticket.ready.record(torch.cuda.current_stream(self.device))
+        return ticket
 
     def add_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at `path` as `name` from now on (vLLM's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+import urllib.error
 import urllib.request
 
 import pytest
@@ -57,6 +58,12 @@ def test_the_official_client_is_answered_through_the_kv_router_behind_the_key(de
         deployment.client(deployment.guard.port).models.list()
     client = deployment.client(deployment.guard.port, API_KEY)
     assert [m.id for m in client.models.list().data] == ["llm"]
+    # Dynamo's own routes beside the API (an unkeyed /busy_threshold among them) stay behind the guard.
+    request = urllib.request.Request(f"http://127.0.0.1:{deployment.guard.port}/busy_threshold", data=b"{}",
+                                     method="POST", headers={"Authorization": f"Bearer {API_KEY}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 404
     messages = [{"role": "user", "content": "Say something"}]
     chat = client.chat.completions.create(model="llm", messages=messages, max_tokens=12, temperature=0)
     # Dynamo applies the checkpoint's chat template; our engine, given the same text, agrees

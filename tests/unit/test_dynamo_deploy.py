@@ -77,6 +77,7 @@ def test_compose_publishes_only_the_guard_and_it_needs_the_key():
     assert published["frontend"][0].endswith(":8080")
     guard = services["guard"]
     assert guard["command"][:2] == ["--listen", "0.0.0.0:8080"] and "127.0.0.1:8000" in guard["command"]
+    assert "--openai-only" in guard["command"]
     assert "${API_KEY:?" in guard["environment"]["API_KEY"]
     frontend = services["frontend"]["command"]
     assert frontend[frontend.index("--http-host") + 1] == "127.0.0.1"
@@ -145,4 +146,4 @@ def test_dgd_frontend_sits_behind_the_guard_with_the_deployments_key(name):
     keys = {e["name"]: e["valueFrom"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
             if "valueFrom" in e}
     assert guard["env"][0]["name"] == "API_KEY" and guard["env"][0]["valueFrom"] == keys["API_KEY"]
-    assert shlex.join(guard["args"]).startswith("--listen 0.0.0.0:8000")
+    assert shlex.join(guard["args"]).startswith("--listen 0.0.0.0:8000") and "--openai-only" in guard["args"]

@@ -15,6 +15,7 @@ id into blocks of its own, one descriptor per tensor and block, then tells the o
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from typing import Sequence
 
@@ -24,7 +25,13 @@ from backend.attention.metadata import KVCacheLayer
 
 
 class TransferError(RuntimeError):
-    """A copy that failed or did not finish in time: the caller computes the prompt itself."""
+    """A copy that failed or did not finish in time: the caller computes the prompt itself.
+    `blocks_reusable` is False when the copy could not be stopped: it may still write
+    the local blocks, so they must not go back to the pool."""
+
+    def __init__(self, message: str, blocks_reusable: bool = True) -> None:
+        super().__init__(message)
+        self.blocks_reusable = blocks_reusable
 
 
 def _nixl():
@@ -36,9 +43,13 @@ def _nixl():
 
 
 class NixlTransport:
+    """Thread-safe: every call into the agent holds one lock (the agent is not made for
+    concurrent callers), never across a copy's wait."""
+
     def __init__(self, name: str, kv_layers: Sequence[KVCacheLayer]) -> None:
         nixl_agent, nixl_agent_config = _nixl()
         self.name = name
+        self._lock = threading.Lock()
         self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
         self.tensors = [t for layer in kv_layers for t in (layer.key, layer.value)]
         first = self.tensors[0]
@@ -50,18 +61,22 @@ class NixlTransport:
         self.layout = f"{len(self.tensors)}x{list(first.shape[1:])}:{first.dtype}"
         self._registered = self.agent.register_memory(self.tensors)
         self._remotes: dict[str, str] = {}          # engine id -> the agent name NIXL gave it
+        self._descriptor = {"engine_id": name, "bases": self.bases, "block_bytes": self.block_bytes,
+                            "layout": self.layout, "mem_type": self.mem_type, "device_id": self.device_id,
+                            "agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode()}
 
     def descriptor(self) -> dict:
-        """What a reader of this engine's blocks needs (JSON-safe)."""
-        return {"engine_id": self.name, "agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode(),
-                "bases": self.bases, "block_bytes": self.block_bytes, "layout": self.layout,
-                "mem_type": self.mem_type, "device_id": self.device_id}
+        """What a reader of this engine's blocks needs (JSON-safe; the same every time)."""
+        return dict(self._descriptor)
 
     def _remote_agent(self, remote: dict) -> str:
+        """The remote engine's agent, added once (a dead engine's stays: an engine that
+        restarts has a new id, and removing one under a copy in flight is unsafe)."""
         engine_id = remote["engine_id"]
-        if engine_id not in self._remotes:
-            self._remotes[engine_id] = self.agent.add_remote_agent(base64.b64decode(remote["agent_metadata"]))
-        return self._remotes[engine_id]
+        with self._lock:
+            if engine_id not in self._remotes:
+                self._remotes[engine_id] = self.agent.add_remote_agent(base64.b64decode(remote["agent_metadata"]))
+            return self._remotes[engine_id]
 
     def _descs(self, bases: Sequence[int], block_ids: Sequence[int], device_id: int, mem_type: str):
         ids = np.asarray(block_ids, dtype=np.int64)
@@ -83,45 +98,54 @@ class NixlTransport:
             return
         try:
             agent = self._remote_agent(remote)
-            handle = self.agent.initialize_xfer(
-                "READ", self._descs(self.bases, local_block_ids, self.device_id, self.mem_type),
-                self._descs(remote["bases"], remote_block_ids, remote["device_id"], remote["mem_type"]),
-                agent, notification)
+            with self._lock:
+                handle = self.agent.initialize_xfer(
+                    "READ", self._descs(self.bases, local_block_ids, self.device_id, self.mem_type),
+                    self._descs(remote["bases"], remote_block_ids, remote["device_id"], remote["mem_type"]),
+                    agent, notification)
         except Exception as e:          # (NIXL raises its own types: an unreachable agent among them)
-            self.forget(remote)
-            raise TransferError(f"NIXL could not start the copy from {remote['engine_id']}: {e}") from e
+            raise TransferError(f"NIXL could not start the copy from {remote.get('engine_id')}: {e}") from e
+        problem, started = None, False
         try:
-            state = self.agent.transfer(handle)
+            with self._lock:
+                state = self.agent.transfer(handle)
+            started = True
             deadline = time.monotonic() + timeout_s
+            wait = 0.0002
             while state not in ("DONE", "ERR"):
                 if time.monotonic() > deadline:
-                    raise TransferError(f"the copy from {remote['engine_id']} took longer than {timeout_s} s")
-                time.sleep(0.0005)
-                state = self.agent.check_xfer_state(handle)
+                    problem = f"the copy from {remote['engine_id']} took longer than {timeout_s} s"
+                    break
+                time.sleep(wait)
+                wait = min(wait * 2, 0.005)     # (short copies finish in the first waits)
+                with self._lock:
+                    state = self.agent.check_xfer_state(handle)
             if state == "ERR":
-                self.forget(remote)
-                raise TransferError(f"NIXL reported an error copying from {remote['engine_id']}")
-        finally:
-            self.agent.release_xfer_handle(handle)
+                problem = f"NIXL reported an error copying from {remote['engine_id']}"
+        except Exception as e:
+            problem = f"NIXL failed copying from {remote['engine_id']}: {e}"
+        try:
+            with self._lock:
+                self.agent.release_xfer_handle(handle)      # (cancels a copy still running, where it can)
+        except Exception as e:
+            if problem is None:
+                return                  # done; only the handle's release failed
+            raise TransferError(f"{problem}; and it could not be stopped ({e})", blocks_reusable=not started) from e
+        if problem is not None:
+            raise TransferError(problem)
 
     def notify(self, remote: dict, message: bytes) -> bool:
         """A message to the remote engine's agent (False if it cannot be sent)."""
         try:
-            self.agent.send_notif(self._remote_agent(remote), message)
+            agent = self._remote_agent(remote)
+            with self._lock:
+                self.agent.send_notif(agent, message)
             return True
         except Exception:
-            self.forget(remote)
             return False
 
     def notifications(self) -> list[bytes]:
         """Messages other agents sent since the last call (transfer notifications too)."""
-        return [m for messages in self.agent.get_new_notifs().values() for m in messages]
-
-    def forget(self, remote: dict) -> None:
-        """Drop a remote agent (it failed): the next use adds it again from its metadata."""
-        name = self._remotes.pop(remote.get("engine_id"), None)
-        if name is not None:
-            try:
-                self.agent.remove_remote_agent(name)
-            except Exception:
-                pass
+        with self._lock:
+            found = self.agent.get_new_notifs()
+        return [m for messages in found.values() for m in messages]

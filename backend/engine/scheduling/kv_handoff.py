@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from backend.engine.request import Request
 from backend.engine.scheduling.block_pool import BlockHash, KVBlock, hash_block
@@ -42,6 +42,11 @@ class ImportTicket:
     parents: list[Optional[BlockHash]]
     token_ids: list[tuple[int, ...]]
     lora_id: Optional[int] = None           # (KV events: the adapter the blocks belong to)
+    # The cached run's blocks, referenced until the ticket ends so that allocating the
+    # others cannot evict them; and on CUDA an event the copy waits for (a step still
+    # in flight may write a block that was just freed and reserved here).
+    pinned: list[KVBlock] = field(default_factory=list)
+    ready: Optional[Any] = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -65,6 +70,8 @@ class KVHandoff:
     num_imported_blocks: int = 0
     num_failed_imports: int = 0
     num_expired: int = 0
+    # Blocks a copy that could not be stopped may still write: never reused.
+    num_quarantined_blocks: int = 0
 
     # ------------------------------------------------------------ prefill side
     def start_holding(self) -> None:
@@ -76,9 +83,9 @@ class KVHandoff:
         kv = self.kv_cache
         blocks = kv.req_blocks.get(request.request_id, [])
         kept = []
-        for block in blocks[:request.num_computed_tokens // kv.block_size]:
-            if block.block_hash is None or block.pending:
-                break                   # (a leading run: the decode side's chain must be whole)
+        for i, block in enumerate(blocks[:request.num_computed_tokens // kv.block_size]):
+            if block.pending or i >= len(request.block_hashes) or block.block_hash != request.block_hashes[i]:
+                break                   # (a leading run of this request's own chain: the decode side's must be whole)
             kept.append(block)
         for block in kept:
             kv.pool.touch(block)
@@ -125,18 +132,26 @@ class KVHandoff:
             parents.append(parent)
             tokens.append(block_tokens)
             parent = block_hash
-        num_cached = 0
-        while num_cached < max_blocks:
-            block = kv.pool.lookup(hashes[num_cached], parents[num_cached], tokens[num_cached])
+        pinned = []
+        while len(pinned) < max_blocks:
+            i = len(pinned)
+            block = kv.pool.lookup(hashes[i], parents[i], tokens[i])
             if block is None or block.pending:
                 break
-            num_cached += 1
+            kv.pool.touch(block)
+            pinned.append(block)
+        num_cached = len(pinned)
         wanted = max_blocks - num_cached
         if wanted <= 0 or wanted > kv.pool.num_free_blocks:
+            self._release(pinned)
             return None
         blocks = [kv.pool.allocate() for _ in range(wanted)]
         return ImportTicket(num_cached, blocks, hashes[num_cached:], parents[num_cached:], tokens[num_cached:],
-                            lora_id)
+                            lora_id, pinned)
+
+    def _release(self, blocks: Sequence[KVBlock]) -> None:
+        for block in reversed(blocks):     # (the chain's head goes to the free queue last)
+            self.kv_cache.pool.release(block)
 
     def commit_import(self, ticket: ImportTicket) -> int:
         """The transport filled the ticket's blocks: they join the prefix cache as
@@ -152,16 +167,22 @@ class KVHandoff:
                 if kv.events is not None:       # (a prompt's first block has no parent in events)
                     kv.events.stored([block_hash], parent if ticket.num_cached + i else None, list(tokens),
                                      lora_id=ticket.lora_id)
-        for block in reversed(ticket.blocks):   # (the chain's head is evicted last)
-            kv.pool.release(block)
+        self._release(ticket.pinned + ticket.blocks)
         self.num_imported_blocks += stored
         return stored
 
     def abort_import(self, ticket: ImportTicket) -> None:
-        for block in reversed(ticket.blocks):
-            self.kv_cache.pool.release(block)
+        self._release(ticket.pinned + ticket.blocks)
+        self.num_failed_imports += 1
+
+    def quarantine_import(self, ticket: ImportTicket) -> None:
+        """A copy that could not be stopped may still write the ticket's blocks: they stay
+        referenced (out of the pool) for good; the cached run is let go."""
+        self._release(ticket.pinned)
+        self.num_quarantined_blocks += len(ticket.blocks)
         self.num_failed_imports += 1
 
     def stats(self) -> dict:
         return {"kv_handoff_held_requests": len(self.held), "kv_handoff_imported_blocks": self.num_imported_blocks,
-                "kv_handoff_failed_imports": self.num_failed_imports, "kv_handoff_expired": self.num_expired}
+                "kv_handoff_failed_imports": self.num_failed_imports, "kv_handoff_expired": self.num_expired,
+                "kv_handoff_quarantined_blocks": self.num_quarantined_blocks}

@@ -40,7 +40,7 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
                               "length": request.headers.get("Content-Length")}, status=201)
 
 
-def run(scenario, max_body_bytes=1 << 20, upstream_up=True, api_keys=APIKeys()):
+def run(scenario, max_body_bytes=1 << 20, upstream_up=True, api_keys=APIKeys(), openai_only=False):
     async def main():
         up_port, guard_port = free_port(), free_port()
         runners = []
@@ -48,7 +48,7 @@ def run(scenario, max_body_bytes=1 << 20, upstream_up=True, api_keys=APIKeys()):
             app = web.Application(client_max_size=1 << 30)
             app.router.add_route("*", "/{t:.*}", _upstream)
             runners.append((web.AppRunner(app), up_port))
-        runners.append((web.AppRunner(make_app(f"127.0.0.1:{up_port}", max_body_bytes, api_keys)), guard_port))
+        runners.append((web.AppRunner(make_app(f"127.0.0.1:{up_port}", max_body_bytes, api_keys, openai_only)), guard_port))
         for runner, port in runners:
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -257,3 +257,19 @@ def test_with_api_keys_v1_routes_need_one_and_the_rest_stay_open():
         async with session.post(base + "/v1/completions", data=b"{}") as r:
             return r.status
     assert run(open_scenario) == 201
+
+
+def test_openai_only_passes_v1_and_health_and_nothing_else():
+    """In front of Dynamo's frontend, whose other routes (/busy_threshold, ...) take no key."""
+    async def scenario(session, base, _):
+        statuses = {}
+        for method, path in [("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/live"),
+                             ("POST", "/busy_threshold"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                             ("GET", "/v1")]:
+            async with session.request(method, base + path, data=b"{}" if method == "POST" else None,
+                                       headers={"Authorization": "Bearer k"}) as r:
+                statuses[path] = r.status
+        return statuses
+    assert run(scenario, api_keys=APIKeys(["k"]), openai_only=True) == {
+        "/v1/completions": 201, "/health": 201, "/live": 201, "/busy_threshold": 404, "/metrics": 404,
+        "/openapi.json": 404, "/v1": 404}

@@ -12,7 +12,7 @@ import torch
 
 from backend.config import EngineArgs
 from backend.engine.engine_loop import EngineLoop
-from backend.engine.kv_transfer.disagg import KVReceiver, KVSender, transport_for
+from backend.engine.kv_transfer.disagg import KVReceiver, KVSender, _signature, transport_for
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import SamplingParams
 from tests.conftest import assert_pool_free, random_prompts
@@ -200,3 +200,25 @@ def test_a_prefill_engine_that_died_leaves_the_prompt_to_the_decode_engine(engin
     got = run(decode, prompt, GREEDY, "f-d")
     assert got.token_ids == run(reference, prompt, GREEDY, "f-r").token_ids and got.num_cached_tokens == 0
     wait_free(decode, reference)
+
+
+def test_a_signed_deployment_reads_only_signed_unexpired_handoffs(engines, monkeypatch):
+    """With PAGED_LLM_KV_TRANSFER_KEY's secret on both sides, a handoff is read only if its
+    signature holds and its blocks are kept long enough; else the prompt is computed here."""
+    prefill, decode, reference, signer, _ = engines
+    monkeypatch.setattr(signer, "secret", b"k1")
+    checker = KVReceiver(decode, engines[4].transport, timeout_s=5.0, secret=b"k1")
+    prompt = random_prompts(1, [100], vocab=300, seed=31)[0]
+    out = run(prefill, prompt, KVSender.prefill_params(GREEDY), "g-p")
+    kv = signer.handoff_params("g-p", out)
+    assert checker.receive(prompt, GREEDY, {**kv, "bases": [b + 16 for b in kv["bases"]]}) == 0     # tampered
+    assert checker.receive(prompt, GREEDY, {**kv, "signature": "0" * 64}) == 0
+    late = {**kv, "expires_at": kv["expires_at"] - 3600}
+    late["signature"] = _signature(late, b"k1")
+    assert checker.receive(prompt, GREEDY, late) == 0                                               # expired
+    assert checker.num_fallbacks == 3
+    assert checker.receive(prompt, GREEDY, kv) == 6
+    got = run(decode, prompt, GREEDY, "g-d")
+    assert got.token_ids == run(reference, prompt, GREEDY, "g-r").token_ids and got.num_cached_tokens == 96
+    prefill.call(lambda: prefill.engine.handoff.expire(float("inf"))).result()
+    wait_free(prefill, decode, reference)

@@ -81,3 +81,15 @@ def test_an_import_reserves_what_is_missing_and_commits_it_as_prefix_hits(engine
     assert ticket.num_cached == 4 and len(ticket.blocks) == 1
     engine.handoff.abort_import(ticket)
     assert_pool_free(engine)
+
+
+def test_a_copy_that_could_not_be_stopped_keeps_its_blocks_out_of_the_pool(engine):
+    prompt = random_prompts(1, [70], vocab=300, seed=4)[0]
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    finish(engine, prompt, greedy, "warm")                  # (its first 2 blocks cached)
+    ticket = engine.reserve_import(prompt[:40] + [7] * 30, greedy, 4)
+    assert ticket.num_cached == 2 and [b.ref_cnt for b in ticket.pinned] == [1, 1]     # pinned while it lasts
+    engine.handoff.quarantine_import(ticket)
+    assert [b.ref_cnt for b in ticket.pinned] == [0, 0] and [b.ref_cnt for b in ticket.blocks] == [1, 1]
+    assert engine.stats()["kv_handoff_quarantined_blocks"] == 2
+    assert engine.stats()["num_used_blocks"] == 2
