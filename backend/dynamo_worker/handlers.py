@@ -69,18 +69,24 @@ async def _abort_when_stopped(loop: EngineLoop, context: Any, request_id: str) -
 
 class _Handler:
     """Dynamo's `generate` for one role: the request's sampling parameters checked here
-    (a bad one is one `error:` chunk), the role's work in `serve`."""
+    (a bad one is one `error:` chunk), the role's work in `serve`. A request for one of
+    the engine's LoRA adapters names it as its model (Dynamo registers each adapter as a
+    model of its own)."""
 
     def __init__(self, loop: EngineLoop, max_model_len: int) -> None:
         self.loop = loop
         self.max_model_len = max_model_len
         self.counts = Counts()
+        lora = loop.engine.lora
+        self.adapters = frozenset(lora.names) if lora is not None else frozenset()
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
         try:
             params = sampling_params_from(request, self.max_model_len)
             if params.n != 1:
                 raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
+            if request.get("model") in self.adapters:
+                params = params.model_copy(update={"lora_name": request["model"]})
         except BadRequest as e:
             yield {"index": 0, "token_ids": [], "finish_reason": f"error: {e}"}
             return

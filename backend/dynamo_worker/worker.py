@@ -117,6 +117,12 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
     await register_model(ModelInput.Tokens, model_type, endpoint, checkpoint_dir, options.served_model_name,
                          worker_type=worker_type, needs=needs, kv_cache_block_size=engine_args.block_size,
                          runtime_config=runtime_config)
+    for adapter in sorted(handler.adapters):
+        # Each LoRA adapter of the entry is a model of its own to Dynamo, as its vLLM worker
+        # registers them; a request for it names it as its model (handlers.py).
+        await register_model(ModelInput.Tokens, model_type, endpoint, checkpoint_dir, worker_type=worker_type,
+                             needs=needs, kv_cache_block_size=engine_args.block_size, runtime_config=runtime_config,
+                             lora_name=adapter, base_model_path=checkpoint_dir, ignore_weights=True)
     events = engine_args.kv_events_config
     kv_publisher = KvEventPublisher(endpoint=endpoint, kv_block_size=engine_args.block_size,
                                     zmq_endpoint=events.endpoint, zmq_topic=events.topic)

@@ -17,6 +17,7 @@ import pytest
 
 from clients.dynamo_local import Stack, deploy, start_guard, start_services
 from tests.helpers.dynamo_services import exit_report, greedy, metric_sum, offline, require_services  # noqa: F401
+from tests.helpers.adapters import make_adapter
 from tests.integration.conftest import build_repo
 
 pytestmark = pytest.mark.timeout(600)
@@ -27,8 +28,9 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 
 
 class Deployment:
-    def __init__(self, stack: Stack, workers, kv, round_robin, guard) -> None:
+    def __init__(self, stack: Stack, workers, kv, round_robin, guard, adapter) -> None:
         self.stack, self.workers, self.kv, self.round_robin, self.guard = stack, workers, kv, round_robin, guard
+        self.adapter = adapter
 
     def client(self, port: int, api_key: str = "none"):
         import openai
@@ -39,12 +41,14 @@ class Deployment:
 def deployment(tmp_path_factory, trained_ckpt):
     require_services()
     root = tmp_path_factory.mktemp("dynamo")
-    repo = build_repo(root / "repo", trained_ckpt, num_kv_blocks=192, max_model_len=1024)
+    adapter = make_adapter(trained_ckpt, str(root / "sql"), rank=8, alpha=16, seed=1)
+    repo = build_repo(root / "repo", trained_ckpt, num_kv_blocks=192, max_model_len=1024, lora_modules={"sql": adapter},
+                      max_loras=1)
     stack = start_services(str(root))
     try:
         workers, frontends = deploy(stack, repo, 2, {"kv": None, "round-robin": None})
         guard = start_guard(stack, frontends["kv"].port, [API_KEY])
-        yield Deployment(stack, workers, frontends["kv"], frontends["round-robin"], guard)
+        yield Deployment(stack, workers, frontends["kv"], frontends["round-robin"], guard, adapter)
     finally:
         stack.stop_all()
     # Every worker ended with its block pool free.
@@ -57,7 +61,7 @@ def test_the_official_client_is_answered_through_the_kv_router_behind_the_key(de
     with pytest.raises(openai.AuthenticationError):
         deployment.client(deployment.guard.port).models.list()
     client = deployment.client(deployment.guard.port, API_KEY)
-    assert [m.id for m in client.models.list().data] == ["llm"]
+    assert sorted(m.id for m in client.models.list().data) == ["llm", "sql"]
     # Dynamo's own routes beside the API (an unkeyed /busy_threshold among them) stay behind the guard.
     request = urllib.request.Request(f"http://127.0.0.1:{deployment.guard.port}/busy_threshold", data=b"{}",
                                      method="POST", headers={"Authorization": f"Bearer {API_KEY}"})
@@ -85,6 +89,22 @@ def test_greedy_text_equals_the_engine_run_offline(deployment, offline):
         want = greedy(offline, prompt, 24)
         assert got.choices[0].text == want.text, prompt
         assert got.usage.completion_tokens == len(want.token_ids), prompt
+
+
+def test_a_lora_adapter_is_a_model_of_its_own_with_the_engines_tokens(deployment, trained_ckpt):
+    """Dynamo lists each adapter of the entry as a model; a request for it runs under the
+    adapter, token for token as our engine does offline."""
+    from backend.llm import LLM
+    from backend.sampling_params import SamplingParams
+    client = deployment.client(deployment.kv.port)
+    prompt = "The with statement"
+    got = [client.completions.create(model=m, prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text for m in ("sql", "llm")]
+    with LLM(trained_ckpt, num_kv_blocks=32, max_model_len=256, enable_lora=True, max_loras=1,
+             lora_modules={"sql": deployment.adapter}) as llm:
+        want = [llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                      lora_name=name))[0].text for name in ("sql", None)]
+    assert got == want and got[0] != got[1]
 
 
 def _conversations(client, seed: int, num_conversations: int = 5, turns: int = 4) -> float:
