@@ -135,13 +135,13 @@ class LLMEngine(RequestIntake):
         if self.handoff is None:
             return None
         salt = self.lora.salt(params.lora_name) if self.lora is not None else None
-        ticket = self.handoff.reserve_import(token_ids, salt, max_blocks, lora_id(salt))
-        if ticket is not None and self.device.type == "cuda":
-            # A block freed by a step still on the device may have been reserved: the copy
-            # into it waits for the work queued so far (on the copying thread, not here).
-            ticket.ready = torch.cuda.Event()
-            ticket.ready.record(torch.cuda.current_stream(self.device))
-        return ticket
+        ready = None
+        if self.device.type == "cuda":
+            # A block freed by a step still on the device may be reserved: the copy into it
+            # waits for the work queued so far (on the copying thread, not here).
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        return self.handoff.reserve_import(token_ids, salt, max_blocks, lora_id(salt), ready)
 
     def add_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at `path` as `name` from now on (vLLM's

@@ -114,7 +114,7 @@ class KVHandoff:
 
     # ------------------------------------------------------------- decode side
     def reserve_import(self, token_ids: Sequence[int], cache_salt: Optional[bytes],
-                       max_blocks: int, lora_id: Optional[int] = None) -> Optional[ImportTicket]:
+                       max_blocks: int, lora_id: Optional[int] = None, ready: Any = None) -> Optional[ImportTicket]:
         """Blocks for the prompt's first `max_blocks` full blocks that are not cached here
         (at most; at least one prompt token stays to compute). None: nothing to import,
         or the pool has no room (the request then computes its prompt here)."""
@@ -147,7 +147,7 @@ class KVHandoff:
             return None
         blocks = [kv.pool.allocate() for _ in range(wanted)]
         return ImportTicket(num_cached, blocks, hashes[num_cached:], parents[num_cached:], tokens[num_cached:],
-                            lora_id, pinned)
+                            lora_id, pinned, ready)
 
     def _release(self, blocks: Sequence[KVBlock]) -> None:
         for block in reversed(blocks):     # (the chain's head goes to the free queue last)
