@@ -14,7 +14,7 @@ OPENAI_PORT ?= 9000
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-py312 test-unit test-integration serve model tritonserver dynamo dynamo-services bench gpu-wheels clean
+.PHONY: install test test-py312 test-unit test-integration serve serve-dynamo model tritonserver dynamo dynamo-services bench gpu-wheels clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,15 @@ serve: $(STAMP) tritonserver model
 	exec $(PY) -m clients.tritonserver serve --model-repository model_repository --host $(HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT) $(OPENAI_FLAGS)
+
+# The default model under NVIDIA Dynamo on this machine (docs/dynamo.md): NATS, etcd,
+# DYNAMO_WORKERS of our workers, Dynamo's KV-routing frontend, and with API_KEY set our
+# guard in front of it, on HOST:DYNAMO_PORT.
+DYNAMO_PORT ?= 8080
+DYNAMO_WORKERS ?= 2
+serve-dynamo: $(STAMP) dynamo model
+	exec $(PY) -m clients.dynamo_local --model-repository model_repository --host $(HOST) \
+		--port $(DYNAMO_PORT) --workers $(DYNAMO_WORKERS) --router-mode kv
 
 bench: $(STAMP) tritonserver model
 	$(PY) -m pip install -q matplotlib
