@@ -1,0 +1,147 @@
+"""`paged-llm`: one command, as `vllm serve` is one.
+
+    paged-llm serve [PATH] [--port 9000] [--served-model-name NAME] [--api-key KEY]
+                    [--max-model-len N] [--dtype D] [--kv-cache-dtype D] [--quantization fp8] ...
+    paged-llm build ...      the builder (python -m builder build)
+    paged-llm plan ...       the capacity and cost planner (python -m builder plan)
+    paged-llm generate ...   stream a completion from a running server (python -m clients.generate)
+    paged-llm bench ...      the benchmarks (python -m benchmarks.bench)
+
+`serve` builds PATH (a Hugging Face checkpoint folder) into a model-repository entry,
+once: the entry is cached under PAGED_LLM_CACHE (default ~/.cache/paged-llm), keyed by
+the checkpoint's files and the options, and a later start with the same reuses it. It
+then starts tritonserver, the supervisor and the OpenAI API, as `make serve` does (the
+launcher's own options, --http-port and the rest, pass through). Without PATH it serves
+the trained reference model, which writes text and stops on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+# vLLM's engine-argument names -> the builder's options (the rest of a build's options
+# keep their defaults; `paged-llm build` takes them all).
+BUILD_FLAGS = {"--max-model-len": ("max_model_len", int), "--max-num-seqs": ("max_num_seqs", int),
+               "--max-num-batched-tokens": ("max_num_batched_tokens", int), "--block-size": ("block_size", int),
+               "--num-kv-blocks": ("num_kv_blocks", int), "--tensor-parallel-size": ("tensor_parallel_size", int),
+               "--pipeline-parallel-size": ("pipeline_parallel_size", int),
+               "--kv-offloading-size": ("kv_offloading_size", float),
+               "--scheduling-policy": ("scheduling_policy", str)}
+DELEGATES = {"build": ("builder", ["build"]), "plan": ("builder", ["plan"]), "generate": ("clients.generate", []),
+             "bench": ("benchmarks.bench", [])}
+
+
+def cache_root() -> str:
+    return os.environ.get("PAGED_LLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "paged-llm")
+
+
+def entry_key(checkpoint: str, options: dict) -> str:
+    """The checkpoint's files (names, sizes, modification times) and the build options."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+    h.update(os.path.abspath(checkpoint).encode())
+    for root, _, files in sorted(os.walk(checkpoint)):
+        for name in sorted(files):
+            st = os.stat(os.path.join(root, name))
+            h.update(f"{os.path.relpath(os.path.join(root, name), checkpoint)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def served_name(path: str) -> str:
+    """A Triton model name from a folder's name (vLLM serves the path's name)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(os.path.normpath(path))).strip("-.")
+    return name or "llm"
+
+
+def ensure_entry(checkpoint: str, name: str, options: dict, log=print) -> str:
+    """The model repository holding `name` built from `checkpoint` with `options`:
+    built on the first call, reused after (an interrupted build leaves nothing)."""
+    from builder.build import BuildOptions, build
+    repo = os.path.join(cache_root(), "repositories", entry_key(checkpoint, {**options, "name": name}))
+    entry = os.path.join(repo, name)
+    if os.path.isfile(os.path.join(entry, "config.pbtxt")):
+        log(f"reusing the entry built before: {entry}")
+        return repo
+    staging = repo + ".building"
+    shutil.rmtree(staging, ignore_errors=True)
+    log(f"building {checkpoint} into {entry} (once: later starts reuse it)")
+    build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name), name=name,
+                              link=True, perplexity=False, **options), log=lambda *_: None)
+    shutil.rmtree(repo, ignore_errors=True)
+    os.replace(staging, repo)
+    return repo
+
+
+def _serve(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="paged-llm serve", description="Serve a Hugging Face checkpoint folder.",
+                                 epilog="examples:\n  paged-llm serve ./Llama-3.2-1B --max-model-len 4096\n"
+                                        "  paged-llm serve ./Qwen3-0.6B --quantization fp8 --api-key $KEY --host "
+                                        "0.0.0.0\nOther options go to the launcher (python -m clients.tritonserver "
+                                        "serve --help).",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", nargs="?", help="a Hugging Face checkpoint folder (default: the trained reference model)")
+    ap.add_argument("--served-model-name", help="the model's name for clients (default: the folder's name)")
+    ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)), help="the OpenAI API")
+    ap.add_argument("--api-key", help="the OpenAI API's key (also API_KEY)")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    ap.add_argument("--quantization", choices=("fp8", "int8", "int4", "w8a8"), help="weights built to this format")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "int8"), default="auto")
+    ap.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    for flag, (_, typ) in BUILD_FLAGS.items():
+        ap.add_argument(flag, type=typ)
+    args, launcher = ap.parse_known_args(argv)
+    options = {field: getattr(args, field) for field, _ in BUILD_FLAGS.values() if getattr(args, field) is not None}
+    options.update(weights=args.quantization or args.dtype, kv_cache=args.kv_cache_dtype)
+    if args.enable_prefix_caching is not None:
+        options["enable_prefix_caching"] = args.enable_prefix_caching
+    path = args.path
+    if path is None:
+        from builder.train_tiny import build_trained
+        path = os.path.join(cache_root(), "checkpoints", "trained")
+        if not os.path.isfile(os.path.join(path, "model.safetensors")):
+            build_trained(path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        print(f"paged-llm serve: {path} is not a Hugging Face checkpoint folder (no config.json)", file=sys.stderr)
+        return 2
+    from builder.build import BuildError
+    try:
+        repo = ensure_entry(path, args.served_model_name or ("llm" if args.path is None else served_name(path)),
+                            options, log=lambda m: print(m, flush=True))
+    except BuildError as e:
+        print(f"paged-llm serve: {e}", file=sys.stderr)
+        return 2
+    if args.api_key:
+        os.environ["API_KEY"] = args.api_key
+    from clients import tritonserver
+    tritonserver.main(["serve", "--model-repository", repo, "--host", args.host, "--openai-port", str(args.port),
+                       *launcher])
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = ["serve", *DELEGATES]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return _serve(rest)
+    if command not in DELEGATES:
+        print(f"paged-llm: unknown command '{command}' (one of: {', '.join(commands)})", file=sys.stderr)
+        return 2
+    module, prefix = DELEGATES[command]
+    # Each in a process of its own (the benchmarks sit above the product: nothing imports them).
+    return subprocess.call([sys.executable, "-m", module, *prefix, *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
