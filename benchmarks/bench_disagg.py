@@ -16,7 +16,6 @@ prompts' TTFT p50/p99, and output tokens per second over the whole run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -26,6 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from benchmarks.report import dump, print_table
 from clients.dynamo_local import models_listed, start_frontend, start_services
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
@@ -130,13 +130,10 @@ def main() -> None:
             print(name, results[name], flush=True)
         finally:
             stack.stop_all()
-    print(f"{'topology':<14} {'ITL p50':>8} {'ITL p99':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'out tok/s':>10}")
-    for name, r in results.items():
-        print(f"{name:<14} {r['itl_p50_ms']:>8.1f} {r['itl_p99_ms']:>8.1f} {r['ttft_p50_ms']:>9.1f} "
-              f"{r['ttft_p99_ms']:>9.1f} {r['output_tok_s']:>10.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    print_table(["topology", "ITL p50 ms", "ITL p99 ms", "TTFT p50 ms", "TTFT p99 ms", "out tok/s"],
+                [[name, r["itl_p50_ms"], r["itl_p99_ms"], r["ttft_p50_ms"], r["ttft_p99_ms"], r["output_tok_s"]]
+                 for name, r in results.items()])
+    dump(args.json, args, results=results)
 
 
 if __name__ == "__main__":

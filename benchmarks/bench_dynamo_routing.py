@@ -17,7 +17,6 @@ them), and TTFT p50/p99 of those turns. Modes alternate over `--repeats`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -26,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+from benchmarks.report import dump, print_table
 from clients.dynamo_local import deploy, start_services
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
@@ -97,14 +97,10 @@ def main() -> None:
                 print(mode, results[mode][-1], flush=True)
     finally:
         stack.stop_all()
-    print(f"{'router':<12} {'hit rate':>9} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
-    for mode, runs in results.items():
-        print(f"{mode:<12} {statistics.mean(r['hit_rate'] for r in runs):>9.3f} "
-              f"{statistics.median(r['ttft_p50_ms'] for r in runs):>12.1f} "
-              f"{statistics.median(r['ttft_p99_ms'] for r in runs):>12.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    print_table(["router", "hit rate", "TTFT p50 ms", "TTFT p99 ms"],
+                [[mode, statistics.mean(r["hit_rate"] for r in runs), statistics.median(r["ttft_p50_ms"] for r in runs),
+                  statistics.median(r["ttft_p99_ms"] for r in runs)] for mode, runs in results.items()])
+    dump(args.json, args, results=results)
 
 
 if __name__ == "__main__":

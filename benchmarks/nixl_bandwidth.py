@@ -16,10 +16,11 @@ on GPU 0 in both processes.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import time
+
+from benchmarks.report import dump, print_table
 
 
 def _owner(device: str, total: int, conn) -> None:
@@ -97,13 +98,9 @@ def main() -> None:
     finally:
         parent.send("done")
         owner.join(timeout=30)
-    print(f"{'block':>8} {'blocks':>8} {'READ ms':>9} {'READ GB/s':>10} {'local copy GB/s':>16}")
-    for r in rows:
-        print(f"{r['block_kib']:>6}Ki {r['blocks']:>8} {1000 * r['read_s']:>9.1f} {r['read_gb_s']:>10.2f} "
-              f"{r['copy_gb_s']:>16.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    print_table(["block KiB", "blocks", "READ ms", "READ GB/s", "local copy GB/s"],
+                [[r["block_kib"], r["blocks"], 1000 * r["read_s"], r["read_gb_s"], r["copy_gb_s"]] for r in rows])
+    dump(args.json, args, rows=rows)
 
 
 if __name__ == "__main__":
