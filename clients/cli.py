@@ -5,6 +5,7 @@
     paged-llm build ...      the builder (python -m builder build)
     paged-llm plan ...       the capacity and cost planner (python -m builder plan)
     paged-llm generate ...   stream a completion from a running server (python -m clients.generate)
+    paged-llm chat ...       chat with a running server in the terminal (clients/chat.py)
     paged-llm bench ...      the benchmarks (python -m benchmarks.bench)
 
 `serve` builds PATH (a Hugging Face checkpoint folder) into a model-repository entry,
@@ -36,7 +37,7 @@ BUILD_FLAGS = {"--max-model-len": ("max_model_len", int), "--max-num-seqs": ("ma
                "--kv-offloading-size": ("kv_offloading_size", float),
                "--scheduling-policy": ("scheduling_policy", str)}
 DELEGATES = {"build": ("builder", ["build"]), "plan": ("builder", ["plan"]), "generate": ("clients.generate", []),
-             "bench": ("benchmarks.bench", [])}
+             "chat": ("clients.chat", []), "bench": ("benchmarks.bench", [])}
 
 
 def cache_root() -> str:

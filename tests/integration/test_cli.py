@@ -25,7 +25,7 @@ def paged_llm() -> list[str]:
     return [script] if script else [sys.executable, "-m", "clients.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["build"], ["plan"], ["generate"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["build"], ["plan"], ["generate"], ["chat"], ["bench"]])
 def test_help_of_every_command(command):
     done = subprocess.run(paged_llm() + command + ["--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -74,6 +74,11 @@ def test_serve_builds_a_folder_once_and_answers_the_official_client(tmp_path, ti
             assert [m.id for m in client.models.list().data] == ["Tiny-Llama"]     # (the folder's name, as vLLM)
             reply = client.completions.create(model="Tiny-Llama", prompt="The with statement", max_tokens=4)
             assert reply.usage.completion_tokens == 4
+            if start == 0:      # the terminal chat, its turns piped in
+                chat = subprocess.run(paged_llm() + ["chat", "--url", f"http://127.0.0.1:{port}/v1", "--max-tokens",
+                                                     "4", "--temperature", "0"], input="Hello\nAnd again\n",
+                                      capture_output=True, text=True, timeout=120)
+                assert chat.returncode == 0 and chat.stdout.strip() and not chat.stderr.strip(), chat.stderr
         finally:
             stop(process)
         assert words in open(log_path).read()
