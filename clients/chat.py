@@ -28,10 +28,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     import openai
     client = openai.OpenAI(base_url=args.url, api_key=args.api_key, max_retries=0)
     try:
-        model = args.model or client.models.list().data[0].id
+        models = [m.id for m in client.models.list().data]
     except openai.OpenAIError as e:
         print(f"paged-llm chat: no server at {args.url}: {e}", file=sys.stderr)
         return 2
+    if not args.model and not models:
+        print(f"paged-llm chat: the server at {args.url} serves no model", file=sys.stderr)
+        return 2
+    model = args.model or models[0]
+    try:
+        return _converse(client, model, args)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 0
+
+
+def _converse(client, model: str, args) -> int:
+    import openai
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
     interactive = sys.stdin.isatty()

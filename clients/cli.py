@@ -19,6 +19,8 @@ the trained reference model, which writes text and stops on its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Optional
 
 # vLLM's engine-argument names -> the builder's options (the rest of a build's options
@@ -45,8 +48,10 @@ def cache_root() -> str:
 
 
 def entry_key(checkpoint: str, options: dict) -> str:
-    """The checkpoint's files (names, sizes, modification times) and the build options."""
-    h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+    """The checkpoint's files (names, sizes, modification times), the build options, and
+    the entry format and backend version (an entry of another version does not load)."""
+    from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION
+    h = hashlib.sha256(json.dumps([options, FORMAT_VERSION, BACKEND_VERSION], sort_keys=True).encode())
     h.update(os.path.abspath(checkpoint).encode())
     for root, _, files in sorted(os.walk(checkpoint)):
         for name in sorted(files):
@@ -61,37 +66,81 @@ def served_name(path: str) -> str:
     return name or "llm"
 
 
+@contextlib.contextmanager
+def _locked(path: str):
+    """One builder of a cached folder at a time (another start waits, then reuses it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _publish(staging: str, final: str) -> None:
+    """Moves a finished build into place in one rename; never replaces a finished one."""
+    try:
+        os.rename(staging, final)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)      # (one is there already: keep it)
+
+
 def ensure_entry(checkpoint: str, name: str, options: dict, log=print) -> str:
     """The model repository holding `name` built from `checkpoint` with `options`:
-    built on the first call, reused after (an interrupted build leaves nothing)."""
+    built on the first call, reused after. Builds happen in a folder of their own and
+    are moved into place whole, under a lock: an interrupted build leaves nothing that
+    is reused, and two starts at once build once."""
     from builder.build import BuildOptions, build
     repo = os.path.join(cache_root(), "repositories", entry_key(checkpoint, {**options, "name": name}))
     entry = os.path.join(repo, name)
-    if os.path.isfile(os.path.join(entry, "config.pbtxt")):
-        log(f"reusing the entry built before: {entry}")
-        return repo
-    staging = repo + ".building"
-    shutil.rmtree(staging, ignore_errors=True)
-    log(f"building {checkpoint} into {entry} (once: later starts reuse it)")
-    build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name), name=name,
-                              link=True, perplexity=False, **options), log=lambda *_: None)
-    shutil.rmtree(repo, ignore_errors=True)
-    os.replace(staging, repo)
+    with _locked(repo):
+        if os.path.isfile(os.path.join(entry, "config.pbtxt")):
+            log(f"reusing the entry built before: {entry}")
+            return repo
+        log(f"building {checkpoint} into {entry} (once: later starts reuse it)")
+        shutil.rmtree(repo, ignore_errors=True)         # (an unfinished one, from an older version)
+        staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(repo))
+        try:
+            build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name),
+                                      name=name, link=True, perplexity=False, **options), log=lambda *_: None)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _publish(staging, repo)
     return repo
+
+
+def trained_checkpoint() -> str:
+    """The trained reference model's folder in the cache, unpacked once."""
+    from builder.train_tiny import build_trained
+    path = os.path.join(cache_root(), "checkpoints", "trained")
+    with _locked(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(path))
+            try:
+                build_trained(os.path.join(staging, "trained"))
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            _publish(os.path.join(staging, "trained"), path)
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
 
 
 def _serve(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="paged-llm serve", description="Serve a Hugging Face checkpoint folder.",
                                  epilog="examples:\n  paged-llm serve ./Llama-3.2-1B --max-model-len 4096\n"
-                                        "  paged-llm serve ./Qwen3-0.6B --quantization fp8 --api-key $KEY --host "
-                                        "0.0.0.0\nOther options go to the launcher (python -m clients.tritonserver "
-                                        "serve --help).",
+                                        "  API_KEY=... paged-llm serve ./Qwen3-0.6B --quantization fp8\n"
+                                        "--host other than loopback exposes every port, Triton's inference too "
+                                        "(docs/security.md): it needs a key.\nOther options go to the launcher "
+                                        "(python -m clients.tritonserver serve --help).",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", help="a Hugging Face checkpoint folder (default: the trained reference model)")
     ap.add_argument("--served-model-name", help="the model's name for clients (default: the folder's name)")
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)), help="the OpenAI API")
-    ap.add_argument("--api-key", help="the OpenAI API's key (also API_KEY)")
+    ap.add_argument("--api-key", help="the OpenAI API's key (better: API_KEY, which `ps` does not show)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     ap.add_argument("--quantization", choices=("fp8", "int8", "int4", "w8a8"), help="weights built to this format")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "int8"), default="auto")
@@ -103,24 +152,27 @@ def _serve(argv: list[str]) -> int:
     options.update(weights=args.quantization or args.dtype, kv_cache=args.kv_cache_dtype)
     if args.enable_prefix_caching is not None:
         options["enable_prefix_caching"] = args.enable_prefix_caching
-    path = args.path
-    if path is None:
-        from builder.train_tiny import build_trained
-        path = os.path.join(cache_root(), "checkpoints", "trained")
-        if not os.path.isfile(os.path.join(path, "model.safetensors")):
-            build_trained(path)
+    if args.api_key:
+        os.environ["API_KEY"] = args.api_key
+    from clients.tritonserver import is_loopback
+    if not is_loopback(args.host) and not os.environ.get("API_KEY"):
+        print(f"paged-llm serve: --host {args.host} exposes the server: set API_KEY (or --api-key)", file=sys.stderr)
+        return 2
+    name = args.served_model_name or ("llm" if args.path is None else served_name(args.path))
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        print(f"paged-llm serve: --served-model-name '{name}': letters, digits, '_', '.' and '-' only (a Triton "
+              "model name; 'org/model' is not one)", file=sys.stderr)
+        return 2
+    path = args.path or trained_checkpoint()
     if not os.path.isfile(os.path.join(path, "config.json")):
         print(f"paged-llm serve: {path} is not a Hugging Face checkpoint folder (no config.json)", file=sys.stderr)
         return 2
     from builder.build import BuildError
     try:
-        repo = ensure_entry(path, args.served_model_name or ("llm" if args.path is None else served_name(path)),
-                            options, log=lambda m: print(m, flush=True))
-    except BuildError as e:
+        repo = ensure_entry(path, name, options, log=lambda m: print(m, flush=True))
+    except (BuildError, ValueError) as e:
         print(f"paged-llm serve: {e}", file=sys.stderr)
         return 2
-    if args.api_key:
-        os.environ["API_KEY"] = args.api_key
     from clients import tritonserver
     tritonserver.main(["serve", "--model-repository", repo, "--host", args.host, "--openai-port", str(args.port),
                        *launcher])

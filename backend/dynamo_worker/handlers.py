@@ -78,6 +78,7 @@ class _Handler:
         self.max_model_len = max_model_len
         self.counts = Counts()
         lora = loop.engine.lora
+        # The entry's adapters, registered with Dynamo at start (worker.py).
         self.adapters = frozenset(lora.names) if lora is not None else frozenset()
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
@@ -85,7 +86,8 @@ class _Handler:
             params = sampling_params_from(request, self.max_model_len)
             if params.n != 1:
                 raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
-            if request.get("model") in self.adapters:
+            lora = self.loop.engine.lora
+            if lora is not None and request.get("model") in lora.names:     # (read each time: it changes)
                 params = params.model_copy(update={"lora_name": request["model"]})
         except BadRequest as e:
             yield {"index": 0, "token_ids": [], "finish_reason": f"error: {e}"}

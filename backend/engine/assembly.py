@@ -201,9 +201,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     # a draft model's own cache beside it, nor with the cache split across ranks; not
     # with sliding windows (a long prompt's leading blocks go back to the pool while it
     # runs), nor LongRoPE (a long prompt's blocks are salted for the long frequencies).
+    # Nor beside the host tier, whose copies of a block run on a stream of their own.
     handoff = KVHandoff(kv_cache) if prefix_caching and draft_layers is None and window is None and \
-        long_rope_original is None and args.tensor_parallel_size == 1 and args.pipeline_parallel_size == 1 \
-        else None
+        long_rope_original is None and host_tier is None and args.tensor_parallel_size == 1 and \
+        args.pipeline_parallel_size == 1 else None
 
     scheduler = Scheduler(kv_cache, args.max_num_seqs, args.max_num_batched_tokens,
                           max_loras=args.max_loras if lora is not None else None,

@@ -43,7 +43,7 @@ class Architecture(NamedTuple):
     softcap_defaults: tuple[Optional[float], Optional[float]] = (None, None)
     attention_softcap: bool = False
     # Mixture of experts (backend/models/moe_config.py): how config.json states it: "",
-    # "mixtral", "qwen" or "gpt_oss".
+    # "mixtral", "qwen", "qwen_shared_expert" (Qwen2-MoE's always-on expert) or "gpt_oss".
     moe: str = ""
 
 
@@ -61,7 +61,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3ForCausalLM": Architecture("qwen3", "llama", "CausalLM", qk_norm=True, windows="qwen"),
     "MixtralForCausalLM": Architecture("mixtral", "llama", "CausalLM", windows="all", moe="mixtral"),
     "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "llama", "CausalLM", qkv_bias="config", windows="qwen",
-                                        moe="qwen"),
+                                        moe="qwen_shared_expert"),
     "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "llama", "CausalLM", qk_norm=True, windows="qwen", moe="qwen"),
     "Gemma2ForCausalLM": Architecture("gemma2", "gemma", "GemmaCausalLM", windows="alternating",
                                       softcap_defaults=(50.0, 30.0), attention_softcap=True, **_GEMMA),

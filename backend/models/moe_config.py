@@ -78,9 +78,9 @@ def _gpt_oss(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
                      swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
 
 
-def _qwen(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
+def _qwen(cfg: dict[str, Any], num_layers: int, shared_expert: bool = False) -> MoEConfig:
     # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the published
-    # checkpoints as num_experts. Qwen3-MoE has no shared expert (its config no such key).
+    # checkpoints as num_experts. Only Qwen2-MoE has a shared expert.
     num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     step = cfg.get("decoder_sparse_step", 1) or 1
     dense = set(cfg.get("mlp_only_layers") or [])
@@ -88,11 +88,13 @@ def _qwen(cfg: dict[str, Any], num_layers: int) -> MoEConfig:
     return MoEConfig(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
                      intermediate_size=cfg["moe_intermediate_size"],
                      norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), sparse_layers=sparse,
-                     shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0))
+                     shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0)
+                     if shared_expert else 0)
 
 
 # How each architecture's config.json states its experts (Architecture.moe).
-READERS = {"mixtral": _mixtral, "gpt_oss": _gpt_oss, "qwen": _qwen}
+READERS = {"mixtral": _mixtral, "gpt_oss": _gpt_oss, "qwen": _qwen,
+           "qwen_shared_expert": lambda cfg, n: _qwen(cfg, n, shared_expert=True)}
 
 
 def moe_config_from_dict(cfg: dict[str, Any], moe: str, num_layers: int) -> Optional[MoEConfig]:

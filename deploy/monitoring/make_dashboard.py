@@ -39,8 +39,9 @@ PANELS = [
         ("sum(rate(vllm:num_preemptions_total{model=~\"$model\"}[$__rate_interval]))", "preemptions")]),
     ("Speculative decoding acceptance", "percentunit", [
         ("avg(llm_spec_decode_acceptance_rate{model=~\"$model\"})", "acceptance rate")]),
+    # (the info gauge's value is a timestamp: count its series, labelled by the adapters)
     ("LoRA adapters running and waiting", "short", [
-        ("max by (running_lora_adapters, waiting_lora_adapters) (vllm:lora_requests_info{model=~\"$model\"})",
+        ("count by (running_lora_adapters, waiting_lora_adapters) (vllm:lora_requests_info{model=~\"$model\"})",
          "running: {{running_lora_adapters}} waiting: {{waiting_lora_adapters}}")]),
     ("Triton: inferences per second", "reqps", [
         ("sum(rate(nv_inference_request_success{model=~\"$model\"}[$__rate_interval]))", "succeeded"),

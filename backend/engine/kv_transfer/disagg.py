@@ -42,17 +42,22 @@ def transport_for(loop: EngineLoop, name: str) -> NixlTransport:
     engine = loop.engine
     if engine.handoff is None:
         raise ValueError("prefill/decode disaggregation needs enable_prefix_caching, one rank "
-                         "(tensor_parallel_size and pipeline_parallel_size 1), no draft model, and a model "
-                         "without sliding windows or LongRoPE")
+                         "(tensor_parallel_size and pipeline_parallel_size 1), no draft model, no "
+                         "kv_offloading_size, and a model without sliding windows or LongRoPE")
     return NixlTransport(name, engine.runner.kv_caches)
+
+
+def tokens_digest(token_ids: list[int]) -> str:
+    """What the kept blocks hold: a digest of the tokens they were computed for."""
+    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()
 
 
 def _signature(params: dict, secret: bytes) -> str:
     """An HMAC over what the decode side acts on: which agent it reads from, where, which
-    blocks, until when."""
+    blocks of which tokens, until when."""
     fields = {k: params.get(k) for k in ("engine_id", "agent_metadata", "bases", "block_bytes", "layout",
                                          "mem_type", "device_id", "remote_block_ids", "remote_request_id",
-                                         "expires_at")}
+                                         "expires_at", "tokens_digest")}
     return hmac.new(secret, json.dumps(fields, sort_keys=True).encode(), hashlib.sha256).hexdigest()
 
 
@@ -86,7 +91,8 @@ class KVSender:
         clock) is when this engine lets the blocks go unclaimed."""
         kept = out.kv_transfer_params or {"remote_block_ids": [], "num_remote_tokens": 0}
         params = {"do_remote_prefill": True, "remote_request_id": request_id, **kept, **self.transport.descriptor(),
-                  "expires_at": time.time() + self.loop.engine.handoff.timeout_s}
+                  "expires_at": time.time() + self.loop.engine.handoff.timeout_s,
+                  "tokens_digest": tokens_digest(out.prompt_token_ids[:kept["num_remote_tokens"]])}
         if self.secret:
             params["signature"] = _signature(params, self.secret)
         return params
@@ -116,15 +122,36 @@ class KVReceiver:
         self.secret = secret
         self.num_received_blocks = 0
         self.num_fallbacks = 0
+        self._seen: dict[str, float] = {}         # handoffs read, until they expire: each is read once
+        self._seen_lock = threading.Lock()
 
-    def _refusal(self, kv_params: dict) -> Optional[str]:
-        if self.secret and not hmac.compare_digest(str(kv_params.get("signature", "")),
-                                                   _signature(kv_params, self.secret)):
+    def _refusal(self, token_ids: list[int], kv_params: dict) -> Optional[str]:
+        if self.secret and not hmac.compare_digest(str(kv_params.get("signature", "")).encode(),
+                                                   _signature(kv_params, self.secret).encode()):
             return "its handoff is not signed with this deployment's key (PAGED_LLM_KV_TRANSFER_KEY)"
+        num_tokens = kv_params.get("num_remote_tokens")
+        digest = kv_params.get("tokens_digest")
+        if (self.secret or digest is not None) and (not isinstance(num_tokens, int) or
+                                                    digest != tokens_digest(token_ids[:num_tokens])):
+            return "its blocks were computed for another prompt"
         expires_at = kv_params.get("expires_at")
         if isinstance(expires_at, (int, float)) and time.time() + self.timeout_s > expires_at:
             return "the prefill engine lets its blocks go before a copy could finish"
+        with self._seen_lock:
+            now = time.time()
+            self._seen = {rid: t for rid, t in self._seen.items() if t > now}
+            rid = str(kv_params.get("remote_request_id"))
+            if rid in self._seen:
+                return "this handoff was read already"
+            self._seen[rid] = expires_at if isinstance(expires_at, (int, float)) else now + 3600
         return None
+
+    def _copy_time(self, kv_params: dict) -> float:
+        """At most the time limit, and never past the blocks' expiry (less a margin)."""
+        expires_at = kv_params.get("expires_at")
+        if not isinstance(expires_at, (int, float)):
+            return self.timeout_s
+        return max(0.0, min(self.timeout_s, expires_at - time.time() - 1.0))
 
     def receive(self, token_ids: list[int], params: SamplingParams, kv_params: dict) -> int:
         """Bring in the prompt's blocks the prefill engine kept (blocking: call it off the
@@ -135,11 +162,11 @@ class KVReceiver:
         if not remote_ids:
             return 0                    # (nothing was kept: nothing to release either)
         release = RELEASE + str(kv_params.get("remote_request_id", "")).encode()
-        refusal = self._refusal(kv_params)
-        if refusal is not None:
-            return self._fall_back(kv_params, refusal, notify=False)
         ticket = None
         try:
+            refusal = self._refusal(token_ids, kv_params)
+            if refusal is not None:
+                return self._fall_back(kv_params, refusal, notify=False)
             ticket = self.loop.call(lambda: engine.reserve_import(token_ids, params, len(remote_ids))).result()
             if ticket is None or not ticket.blocks:
                 self.transport.notify(kv_params, release)
@@ -147,7 +174,7 @@ class KVReceiver:
             if ticket.ready is not None:
                 ticket.ready.synchronize()
             wanted = remote_ids[ticket.num_cached:ticket.num_cached + len(ticket.blocks)]
-            self.transport.read(kv_params, wanted, ticket.block_ids, self.timeout_s, notification=release)
+            self.transport.read(kv_params, wanted, ticket.block_ids, self._copy_time(kv_params), notification=release)
         except Exception as e:          # (any failure: the prompt is computed here)
             if ticket is not None and ticket.blocks:
                 reusable = not isinstance(e, TransferError) or e.blocks_reusable

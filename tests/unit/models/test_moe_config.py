@@ -28,6 +28,8 @@ def test_expert_count_keys_and_families():
     assert qwen(num_local_experts=6).moe.num_experts == 6       # what transformers 5 writes
     q2 = qwen("Qwen2MoeForCausalLM", num_experts=4, shared_expert_intermediate_size=40)
     assert q2.moe.shared_expert_intermediate_size == 40 and q2.qkv_bias and not q2.moe.norm_topk_prob
+    # Qwen3-MoE has no shared expert, whatever its config.json holds.
+    assert qwen(num_experts=4, shared_expert_intermediate_size=40).moe.shared_expert_intermediate_size == 0
     mixtral = model_config_from_dict({**BASE, "architectures": ["MixtralForCausalLM"], "num_local_experts": 4,
                                       "num_experts_per_tok": 2, "sliding_window": 16})
     moe = mixtral.moe

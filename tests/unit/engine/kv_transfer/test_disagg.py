@@ -136,8 +136,12 @@ def test_a_failed_copy_computes_the_prompt_here_and_nothing_leaks(engines):
     gone = {**kv, "engine_id": "nobody", "agent_metadata": "bm90IG1ldGFkYXRh"}
     assert receiver.receive(prompt, GREEDY, gone) == 0
     assert "c-p" in prefill.engine.handoff.held
-    # A cache of another layout: refused before any copy; the prefill engine is told.
+    # The same handoff again (even with another layout): refused, a handoff is read once.
     assert receiver.receive(prompt, GREEDY, {**kv, "layout": "something else"}) == 0
+    # A cache of another layout: refused before any copy; the prefill engine is told.
+    out = run(prefill, prompt, KVSender.prefill_params(GREEDY), "c2-p")
+    assert receiver.receive(prompt, GREEDY, {**sender.handoff_params("c2-p", out), "layout": "something else"}) == 0
+    prefill.call(lambda: prefill.engine.handoff.expire(float("inf"))).result()     # (the first: nobody told)
     got = run(decode, prompt, GREEDY, "c-d")
     assert got.token_ids == run(reference, prompt, GREEDY, "c-r").token_ids and got.num_cached_tokens == 0
     wait_free(prefill, decode, reference)
@@ -216,8 +220,11 @@ def test_a_signed_deployment_reads_only_signed_unexpired_handoffs(engines, monke
     late = {**kv, "expires_at": kv["expires_at"] - 3600}
     late["signature"] = _signature(late, b"k1")
     assert checker.receive(prompt, GREEDY, late) == 0                                               # expired
-    assert checker.num_fallbacks == 3
+    other = random_prompts(1, [100], vocab=300, seed=32)[0]
+    assert checker.receive(other, GREEDY, kv) == 0              # signed, but for another prompt
+    assert checker.num_fallbacks == 4
     assert checker.receive(prompt, GREEDY, kv) == 6
+    assert checker.receive(prompt, GREEDY, kv) == 0             # read once
     got = run(decode, prompt, GREEDY, "g-d")
     assert got.token_ids == run(reference, prompt, GREEDY, "g-r").token_ids and got.num_cached_tokens == 96
     prefill.call(lambda: prefill.engine.handoff.expire(float("inf"))).result()
