@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 # vLLM's engine-argument names -> the builder's options (the rest of a build's options
 # keep their defaults; `paged-llm build` takes them all).
@@ -78,36 +78,37 @@ def _locked(path: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _publish(staging: str, final: str) -> None:
-    """Moves a finished build into place in one rename; never replaces a finished one."""
-    try:
-        os.rename(staging, final)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)      # (one is there already: keep it)
+def _build_once(final: str, done: str, make: Callable[[str], None]) -> bool:
+    """Makes the folder `final` (complete once it holds `done`) with make(folder), once:
+    under a lock, in a folder of its own moved into place whole, so that two starts at
+    once build once and an interrupted build leaves nothing that is reused. Returns
+    whether it was built now (False: it was there)."""
+    with _locked(final):
+        if os.path.isfile(os.path.join(final, done)):
+            return False
+        shutil.rmtree(final, ignore_errors=True)        # (an unfinished one, from an older version)
+        staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(final))
+        try:
+            make(staging)
+            os.rename(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return True
 
 
 def ensure_entry(checkpoint: str, name: str, options: dict, log=print) -> str:
     """The model repository holding `name` built from `checkpoint` with `options`:
-    built on the first call, reused after. Builds happen in a folder of their own and
-    are moved into place whole, under a lock: an interrupted build leaves nothing that
-    is reused, and two starts at once build once."""
+    built on the first call, reused after (_build_once)."""
     from builder.build import BuildOptions, build
     repo = os.path.join(cache_root(), "repositories", entry_key(checkpoint, {**options, "name": name}))
     entry = os.path.join(repo, name)
-    with _locked(repo):
-        if os.path.isfile(os.path.join(entry, "config.pbtxt")):
-            log(f"reusing the entry built before: {entry}")
-            return repo
+
+    def make(staging: str) -> None:
         log(f"building {checkpoint} into {entry} (once: later starts reuse it)")
-        shutil.rmtree(repo, ignore_errors=True)         # (an unfinished one, from an older version)
-        staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(repo))
-        try:
-            build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name),
-                                      name=name, link=True, perplexity=False, **options), log=lambda *_: None)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        _publish(staging, repo)
+        build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name),
+                                  name=name, link=True, perplexity=False, **options), log=lambda *_: None)
+    if not _build_once(repo, os.path.join(name, "config.pbtxt"), make):
+        log(f"reusing the entry built before: {entry}")
     return repo
 
 
@@ -115,16 +116,7 @@ def trained_checkpoint() -> str:
     """The trained reference model's folder in the cache, unpacked once."""
     from builder.train_tiny import build_trained
     path = os.path.join(cache_root(), "checkpoints", "trained")
-    with _locked(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(path))
-            try:
-                build_trained(os.path.join(staging, "trained"))
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            _publish(os.path.join(staging, "trained"), path)
-            shutil.rmtree(staging, ignore_errors=True)
+    _build_once(path, "config.json", build_trained)
     return path
 
 
