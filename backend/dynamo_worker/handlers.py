@@ -18,6 +18,7 @@ import asyncio
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from backend.dynamo_worker.protocol import BadRequest, chunk_from, sampling_params_from, usage_of
@@ -29,10 +30,11 @@ from backend.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+@dataclass
 class Counts:
     """Requests a worker finished and cancelled (its exit log line says them)."""
-    num_finished = 0
-    num_cancelled = 0
+    num_finished: int = 0
+    num_cancelled: int = 0
 
 
 async def engine_outputs(loop: EngineLoop, token_ids: list[int], params: SamplingParams, request_id: str,
@@ -73,17 +75,13 @@ class _Handler:
     the engine's LoRA adapters names it as its model (Dynamo registers each adapter as a
     model of its own)."""
 
-    def __init__(self, loop: EngineLoop, max_model_len: int) -> None:
+    def __init__(self, loop: EngineLoop) -> None:
         self.loop = loop
-        self.max_model_len = max_model_len
         self.counts = Counts()
-        lora = loop.engine.lora
-        # The entry's adapters, registered with Dynamo at start (worker.py).
-        self.adapters = frozenset(lora.names) if lora is not None else frozenset()
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
         try:
-            params = sampling_params_from(request, self.max_model_len)
+            params = sampling_params_from(request, self.loop.engine.max_model_len)
             if params.n != 1:
                 raise BadRequest("n: Dynamo's frontend asks a worker for one sequence at a time (n=1)")
             lora = self.loop.engine.lora
@@ -105,8 +103,8 @@ class GenerateHandler(_Handler):
     # more wait their turn without holding the event loop's default pool.
     MAX_COPIES = 4
 
-    def __init__(self, loop: EngineLoop, max_model_len: int, receiver: Optional[KVReceiver] = None) -> None:
-        super().__init__(loop, max_model_len)
+    def __init__(self, loop: EngineLoop, receiver: Optional[KVReceiver] = None) -> None:
+        super().__init__(loop)
         self.receiver = receiver
         self._copies = ThreadPoolExecutor(self.MAX_COPIES, thread_name_prefix="kv-receive") if receiver else None
 
@@ -126,8 +124,8 @@ class GenerateHandler(_Handler):
 
 
 class PrefillHandler(_Handler):
-    def __init__(self, loop: EngineLoop, max_model_len: int, sender: KVSender) -> None:
-        super().__init__(loop, max_model_len)
+    def __init__(self, loop: EngineLoop, sender: KVSender) -> None:
+        super().__init__(loop)
         self.sender = sender
 
     async def serve(self, token_ids, params, request, context):

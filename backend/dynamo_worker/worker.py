@@ -94,8 +94,7 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
                            KEY_VARIABLE)
         sender = KVSender(loop, transport, secret=secret) if mode == "prefill" else None
         receiver = KVReceiver(loop, transport, secret=secret) if mode == "decode" else None
-    handler = (PrefillHandler(loop, stats["max_model_len"], sender) if sender is not None
-               else GenerateHandler(loop, stats["max_model_len"], receiver))
+    handler = PrefillHandler(loop, sender) if sender is not None else GenerateHandler(loop, receiver)
     aloop = asyncio.get_running_loop()
     runtime = DistributedRuntime(aloop, options.discovery_backend, options.request_plane,
                                  event_plane=options.event_plane)
@@ -117,7 +116,7 @@ async def serve(engine_args: EngineArgs, checkpoint_dir: str, options: WorkerOpt
     await register_model(ModelInput.Tokens, model_type, endpoint, checkpoint_dir, options.served_model_name,
                          worker_type=worker_type, needs=needs, kv_cache_block_size=engine_args.block_size,
                          runtime_config=runtime_config)
-    for adapter in sorted(handler.adapters):
+    for adapter in sorted(engine.lora.names if engine.lora is not None else ()):
         # Each LoRA adapter of the entry is a model of its own to Dynamo, as its vLLM worker
         # registers them; a request for it names it as its model (handlers.py).
         await register_model(ModelInput.Tokens, model_type, endpoint, checkpoint_dir, worker_type=worker_type,

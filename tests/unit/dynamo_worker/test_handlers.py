@@ -46,7 +46,7 @@ def wait_pool_free(engine, timeout_s=10.0):
 
 
 def test_tokens_are_the_engines_own_and_the_last_chunk_has_usage(loop):
-    handler = GenerateHandler(loop, max_model_len=256)
+    handler = GenerateHandler(loop)
     chunks = collect(handler, {"token_ids": PROMPT, "sampling_options": {"temperature": 0},
                                "stop_conditions": {"max_tokens": 8, "ignore_eos": True}})
     want = list(loop.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), "ref"))[-1]
@@ -59,7 +59,7 @@ def test_tokens_are_the_engines_own_and_the_last_chunk_has_usage(loop):
 
 
 def test_an_abandoned_stream_is_aborted_and_its_blocks_freed(loop):
-    handler = GenerateHandler(loop, max_model_len=256)
+    handler = GenerateHandler(loop)
     chunks = collect(handler, {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 200, "ignore_eos": True}},
                      keep=2)
     assert len(chunks) == 2 and handler.counts.num_cancelled == 1
@@ -67,7 +67,7 @@ def test_an_abandoned_stream_is_aborted_and_its_blocks_freed(loop):
 
 
 def test_a_bad_request_is_one_error_chunk(loop):
-    handler = GenerateHandler(loop, max_model_len=256)
+    handler = GenerateHandler(loop)
     assert collect(handler, {"token_ids": PROMPT, "sampling_options": {"n": 2}}) == [
         {"index": 0, "token_ids": [], "finish_reason": "error: n: Dynamo's frontend asks a worker for one "
                                                        "sequence at a time (n=1)"}]
