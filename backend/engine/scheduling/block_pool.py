@@ -9,7 +9,7 @@ import itertools
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 BlockHash = bytes
 
@@ -55,6 +55,14 @@ def hash_block(parent_hash: Optional[BlockHash], token_ids: Sequence[int]) -> Bl
     h = hashlib.sha256(parent_hash or b"")
     h.update(array("q", token_ids).tobytes())
     return h.digest()
+
+
+def hash_chain(parent: Optional[BlockHash], blocks: Iterable[Sequence[int]]) -> Iterator[BlockHash]:
+    """The chained hashes of consecutive full blocks after `parent` (a request's cache
+    salt before its first block)."""
+    for token_ids in blocks:
+        parent = hash_block(parent, token_ids)
+        yield parent
 
 
 _EMPTY = BlockTable()

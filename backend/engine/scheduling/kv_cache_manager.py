@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 from backend.engine.kv_offload.connector import ExternalHit, KVConnectorScheduler, KVTransfers
 from backend.engine.request import Request
-from backend.engine.scheduling.block_pool import _EMPTY, BlockPool, BlockTable, KVBlock, hash_block
+from backend.engine.scheduling.block_pool import _EMPTY, BlockPool, BlockTable, KVBlock, hash_chain
 
 def num_device_hits(cached: Sequence) -> int:
     """How many of find_cached_blocks' hits are the pool's own blocks (the connector's,
@@ -90,9 +90,9 @@ class KVCacheManager:
         hashes = request.block_hashes
         if len(hashes) >= request.num_tokens // bs:
             return                      # no newly full block
-        for i in range(len(hashes), request.num_tokens // bs):
-            parent = hashes[i - 1] if i else request.cache_salt
-            hashes.append(hash_block(parent, request.token_slice(i * bs, (i + 1) * bs)))
+        hashes.extend(hash_chain(hashes[-1] if hashes else request.cache_salt,
+                                 (request.token_slice(i * bs, (i + 1) * bs)
+                                  for i in range(len(hashes), request.num_tokens // bs))))
 
     def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None) -> Optional[list[KVBlock]]:
         """Longest run of cached full blocks matching the request's leading tokens, or None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from backend.engine.request import Request
-from backend.engine.scheduling.block_pool import BlockHash, KVBlock, hash_block
+from backend.engine.scheduling.block_pool import BlockHash, KVBlock, hash_chain
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -123,15 +123,9 @@ class KVHandoff:
         if not kv.enable_prefix_caching:
             return None
         max_blocks = min(max_blocks, (len(token_ids) - 1) // bs)
-        hashes, parents, tokens = [], [], []
-        parent = cache_salt
-        for i in range(max_blocks):
-            block_tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            block_hash = hash_block(parent, block_tokens)
-            hashes.append(block_hash)
-            parents.append(parent)
-            tokens.append(block_tokens)
-            parent = block_hash
+        tokens = [tuple(token_ids[i * bs:(i + 1) * bs]) for i in range(max_blocks)]
+        hashes = list(hash_chain(cache_salt, tokens))
+        parents = ([cache_salt] + hashes)[:len(hashes)]
         pinned = []
         while len(pinned) < max_blocks:
             i = len(pinned)
