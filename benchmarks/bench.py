@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import time
 from typing import Optional
@@ -31,9 +30,9 @@ def machine() -> str:
 
 def pbtxt_engine_args(model_dir: str) -> dict:
     """Engine parameters of a built model (so offline runs match the server's settings)."""
-    text = open(os.path.join(model_dir, "config.pbtxt")).read()
-    params = dict(re.findall(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}', text))
-    from backend.triton_server.serving_config import SERVER_KEYS
+    from backend.triton_server.model_entry import read_config_pbtxt
+    from backend.triton_server.serving_config import SERVER_KEYS, parameters_from_model_config
+    params = parameters_from_model_config(read_config_pbtxt(model_dir))
     model = params.pop("model")
     args = {k: v for k, v in params.items() if k not in SERVER_KEYS and k != "max_queue_size"}
     return {"model": model if os.path.isabs(model) else os.path.join(model_dir, model), **args}
