@@ -19,14 +19,13 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.report import dump, print_table
-from clients.dynamo_local import models_listed, start_frontend, start_services
+from clients.dynamo_local import models_listed, start_frontend, start_services, start_worker
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
          "tau upsilon phi chi psi omega").split()
@@ -117,9 +116,7 @@ def main() -> None:
         try:
             for entry, mode, threads in workers:
                 stack.env["OMP_NUM_THREADS"] = threads
-                stack.start(f"{mode}", [sys.executable, "-m", "backend.dynamo_worker", "--model-repository", repo,
-                                        "--model", entry, "--served-model-name", "llm", "--event-plane", "nats",
-                                        "--disaggregation-mode", mode])
+                start_worker(stack, mode, repo, entry, mode, served_model_name="llm")
             frontend = start_frontend(stack, "frontend", "kv")
             stack.wait_for(lambda: models_listed(frontend.port, "llm"), "the frontend")
             stack.wait_for(lambda: all("serving llm" in c.log() for c in stack.children if c.name in

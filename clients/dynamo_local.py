@@ -106,9 +106,13 @@ def start_services(root: str) -> Stack:
     return stack
 
 
-def start_worker(stack: Stack, name: str, repository: str, model: str = "llm") -> Child:
+def start_worker(stack: Stack, name: str, repository: str, model: str = "llm", mode: str = "aggregated",
+                 served_model_name: Optional[str] = None) -> Child:
+    """Our Dynamo worker over the entry `model`, in the role `mode`, serving it as
+    `served_model_name` (default: the entry's name)."""
     return stack.start(name, [sys.executable, "-m", "backend.dynamo_worker", "--model-repository", repository,
-                              "--model", model, "--event-plane", "nats"])
+                              "--model", model, "--served-model-name", served_model_name or model,
+                              "--event-plane", "nats", "--disaggregation-mode", mode])
 
 
 def start_frontend(stack: Stack, name: str, router_mode: str, port: Optional[int] = None) -> Child:

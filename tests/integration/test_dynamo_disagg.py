@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from clients.dynamo_local import models_listed, start_frontend, start_services
+from clients.dynamo_local import models_listed, start_frontend, start_services, start_worker
 from tests.helpers.dynamo_services import exit_report, greedy, offline, require_services  # noqa: F401
 from tests.integration.conftest import build_repo
 
@@ -49,12 +48,6 @@ class Disaggregated:
                              timeout=timeout_s)
 
 
-def start_worker(stack, name, repo, model, mode):
-    return stack.start(name, [sys.executable, "-m", "backend.dynamo_worker", "--model-repository", repo,
-                              "--model", model, "--served-model-name", "llm", "--event-plane", "nats",
-                              "--disaggregation-mode", mode])
-
-
 @pytest.fixture(scope="module")
 def disaggregated(tmp_path_factory, trained_ckpt):
     require_services()
@@ -68,7 +61,7 @@ def disaggregated(tmp_path_factory, trained_ckpt):
     stack = start_services(str(root))
     try:
         prefill = start_worker(stack, "prefill", repo, "llm", "prefill")
-        decode = start_worker(stack, "decode", repo, "decode", "decode")
+        decode = start_worker(stack, "decode", repo, "decode", "decode", served_model_name="llm")
         frontend = start_frontend(stack, "frontend", "kv")
         stack.wait_for(lambda: models_listed(frontend.port, "llm"), "the frontend lists llm")
         stack.wait_for(lambda: "serving llm" in prefill.log() and "serving llm" in decode.log(), "both workers")
