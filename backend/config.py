@@ -32,13 +32,13 @@ class SpeculativeConfig(BaseModel):
     draft_model: a smaller checkpoint with the target's tokenizer."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["ngram", "draft_model"]
+    method: Literal["ngram", "draft_model", "eagle3"]
     num_speculative_tokens: int = Field(ge=1, le=16)
     # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in
     # it. vLLM's defaults: 5 and 5; one given, the other equals it.
     prompt_lookup_min: Optional[int] = Field(None, ge=1)
     prompt_lookup_max: Optional[int] = Field(None, ge=1)
-    # draft_model: the draft's checkpoint folder.
+    # draft_model / eagle3: the draft's (or the head's) checkpoint folder.
     model: Optional[str] = None
 
     @model_validator(mode="before")
@@ -55,13 +55,18 @@ class SpeculativeConfig(BaseModel):
             data = {**data, "prompt_lookup_min": lo or hi or 5, "prompt_lookup_max": hi or lo or 5}
         return data
 
+    @property
+    def has_draft_cache(self) -> bool:
+        """The proposer is a network with K/V of its own in the target's blocks."""
+        return self.method in ("draft_model", "eagle3")
+
     @model_validator(mode="after")
     def _check(self) -> "SpeculativeConfig":
         if self.method == "ngram" and self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("method 'draft_model' needs 'model' (the draft checkpoint folder)")
+        if self.method in ("draft_model", "eagle3") and not self.model:
+            raise ValueError(f"method '{self.method}' needs 'model' (the draft checkpoint folder)")
         if self.method == "ngram" and self.model:
             raise ValueError("method 'ngram' takes no 'model'")
         return self
@@ -287,7 +292,7 @@ class EngineArgs(BaseModel):
             raise ValueError("kv_cache_dtype='int8' needs kv_cache_scales (per-head scales calibrated by "
                              "`python -m builder build --kv-cache int8`), and kv_cache_scales is only for it")
         if self.kv_cache_dtype == "int8" and (self.model_runner != "torch" or (
-                self.speculative_config is not None and self.speculative_config.method == "draft_model")):
+                self.speculative_config is not None and self.speculative_config.has_draft_cache)):
             raise ValueError("kv_cache_dtype='int8' needs model_runner='torch' and no draft model (the exported "
                              "graphs and a draft's cache have no per-head scales)")
         if self.tensor_parallel_size > 1 and self.model_runner != "torch":
@@ -297,10 +302,10 @@ class EngineArgs(BaseModel):
         if self.speculative_config is not None and self.model_runner != "torch":
             raise ValueError("speculative_config needs model_runner='torch' (the exported graphs return one "
                              "row of logits per sequence)")
-        if (self.speculative_config is not None and self.speculative_config.method == "draft_model"
+        if (self.speculative_config is not None and self.speculative_config.has_draft_cache
                 and self.tensor_parallel_size > 1):
-            raise ValueError("speculative_config with method 'draft_model' runs on one rank: use "
-                             "tensor_parallel_size=1, or method 'ngram'")
+            raise ValueError(f"speculative_config with method '{self.speculative_config.method}' runs on one rank: "
+                             "use tensor_parallel_size=1, or method 'ngram'")
         if self.enable_lora:
             if self.model_runner != "torch":
                 raise ValueError("enable_lora needs model_runner='torch' (the adapters' deltas run in the torch "
@@ -333,6 +338,8 @@ class EngineArgs(BaseModel):
                    f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
                    f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
                    "enable_lora is set" if self.enable_lora else
+                   "speculative_config method 'eagle3' is set" if (
+                       self.speculative_config is not None and self.speculative_config.method == "eagle3") else
                    f"runner='{self.runner}'" if self.runner != "generate" else None)
             if off:
                 raise ValueError(f"cpu_forward_shards={self.cpu_forward_shards} is not supported where {off} (it "
@@ -348,7 +355,7 @@ class EngineArgs(BaseModel):
                    f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
                    f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
                    "a draft model is set" if (self.speculative_config is not None
-                                              and self.speculative_config.method == "draft_model") else None)
+                                              and self.speculative_config.has_draft_cache) else None)
             if off:
                 raise ValueError(f"kv_offloading_size is not supported where {off} (the host tier extends one "
                                  "rank's prefix cache, for the torch model's KV only)")

@@ -64,7 +64,7 @@ def place_draft(opts: BuildOptions, out: str) -> Optional[str]:
     """The draft model's checkpoint in the entry (its path relative to the entry), or its
     absolute path with `link`; None without a draft. Its tokenizer is checked at load."""
     spec = opts.speculative
-    if spec is None or spec.method != "draft_model":
+    if spec is None or not spec.has_draft_cache:
         return None
     if not os.path.isfile(os.path.join(spec.model, "config.json")):
         raise BuildError(f"invalid build option 'speculative.model': no checkpoint (config.json) in '{spec.model}'")

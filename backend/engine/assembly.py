@@ -37,6 +37,7 @@ from backend.engine.runner.pooling_runner import PoolingModelRunner
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
+from backend.engine.spec_decode.eagle import load_eagle3
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.runner.step_inputs import StepInputBuilder
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
@@ -147,6 +148,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     draft = None
     if spec is not None and spec.method == "draft_model":
         draft = load_draft(spec.model, cfg.vocab_size, tokenizer, dtype, device, attention_backend, max_position)
+    elif spec is not None and spec.method == "eagle3":
+        draft = load_eagle3(spec.model, model, stage, dtype, device, attention_backend, max_position)
 
     use_cuda_graphs = (device.type == "cuda" and attention_backend == "triton" and args.model_runner == "torch"
                        and not args.enforce_eager
@@ -316,11 +319,13 @@ def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attent
     """The forward split by sequences over threads (cpu_shards.py): only the torch
     model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
     step's); by default only where the weights fit in the last-level cache."""
+    eagle = args.speculative_config is not None and args.speculative_config.method == "eagle3"
     eligible = (args.runner == "generate" and args.model_runner == "torch" and device.type == "cpu"
-                and attention_backend == "torch" and workers is None and lora is None)
+                and attention_backend == "torch" and workers is None and lora is None
+                and not eagle)          # (an EAGLE head reads the whole step's hidden states)
     requested = args.cpu_forward_shards
     if requested is not None and requested > 1 and not eligible:
         raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
-                          "model on CPU with attention_backend 'torch', one rank, no LoRA and runner 'generate'; "
-                          "leave it unset")
+                          "model on CPU with attention_backend 'torch', one rank, no LoRA, no EAGLE head and runner "
+                          "'generate'; leave it unset")
     return sharded_forward(requested, eligible, cfg.hidden_size, cfg.num_layers, weight_bytes)

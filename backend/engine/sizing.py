@@ -78,7 +78,7 @@ def draft_probs_bytes(speculative_config, max_num_seqs: int, vocab_size: int) ->
     proposes them to the step that verifies them (the rejection sampler needs q): fp32
     [k, V] per sampled request, at most max_num_seqs of them. n-gram proposals are point
     masses and keep nothing."""
-    if speculative_config is None or speculative_config.method != "draft_model":
+    if speculative_config is None or speculative_config.method == "ngram":
         return 0
     return max_num_seqs * speculative_config.num_speculative_tokens * vocab_size * 4
 

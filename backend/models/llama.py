@@ -145,6 +145,10 @@ class CausalLM(nn.Module):
     layer_cls: type = DecoderLayer
     # Parameters (by name suffix) the loader leaves in fp32 whatever the compute dtype.
     fp32_params: tuple[str, ...] = ()
+    # EAGLE-3 (backend/models/eagle3.py) reads the residual stream entering these layers:
+    # each forward leaves them concatenated ([T, len * hidden]) in `captured_hidden`.
+    aux_hidden_layers: frozenset[int] = frozenset()
+    captured_hidden: Optional[torch.Tensor] = None
 
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
                  max_position: Optional[int] = None, ops: Optional[LayerOps] = None,
@@ -183,8 +187,14 @@ class CausalLM(nn.Module):
         """Hidden states [T, hidden] after the final norm."""
         x = self.embed(input_ids)
         residual = None
+        aux = self.aux_hidden_layers
+        captured = []
         for i, (layer, cache) in enumerate(zip(self.model.layers, kv_caches)):
+            if i in aux:        # (in layer order, as vLLM concatenates them)
+                captured.append(x if residual is None else x + residual)
             x, residual = layer(x, residual, positions, self.rotary_for(i), cache, meta)
+        if captured:
+            self.captured_hidden = torch.cat(captured, dim=-1)
         norm = self.model.norm
         return self.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
 

@@ -112,6 +112,9 @@ class DecodeGraphs:
     verify_query_len: int = 0
     graphs: dict[GraphShape, "torch.cuda.CUDAGraph"] = field(default_factory=dict)
     logits: dict[GraphShape, torch.Tensor] = field(default_factory=dict)
+    # What each graph's forward leaves in the model's `captured_hidden` (an EAGLE target's
+    # layer inputs, an EAGLE head's output), rewritten by each replay; None without.
+    hidden: dict[GraphShape, Optional[torch.Tensor]] = field(default_factory=dict)
     capture_seconds: float = 0.0
     memory_bytes: int = 0
 
@@ -206,6 +209,7 @@ def capture_decode_graphs(runner, max_num_seqs: int, max_model_len: int,
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 graphs.logits[shape] = run_step()
+            graphs.hidden[shape] = getattr(model, "captured_hidden", None)
             pool = graph.pool()
             graphs.graphs[shape] = graph
         torch.cuda.synchronize(runner.device)

@@ -164,7 +164,18 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
-        return LaunchedStep(out, self.run_forward(step, graph))
+        logits = self.run_forward(step, graph)
+        return LaunchedStep(out, logits, target_hidden=self._target_hidden(step, graph))
+
+    def _target_hidden(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:
+        """What the forward captured for an EAGLE head (CausalLM.captured_hidden), kept
+        with the step: a graph's buffer is copied (on the device), since the next step's
+        replay rewrites it before this step's proposals are drafted (async scheduling)."""
+        if self.drafter is None or not self.drafter.reads_target_hidden:
+            return None
+        if graph is not None and self.graphs is not None:
+            return self.graphs.hidden[graph][:step.num_tokens].clone()
+        return self.model.captured_hidden
 
     def _fill_placeholders(self, step: StepInputs, prev: Optional[LaunchedStep]) -> None:
         if prev is None or prev.sampled is None:
@@ -245,7 +256,7 @@ class ModelRunner:
         a draft model's proposals for the next step."""
         result = self._read(launched)
         if self.drafter is not None:
-            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids)
+            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids, launched.target_hidden)
         return result
 
     def _read(self, launched: LaunchedStep) -> ModelRunnerOutput:
@@ -287,6 +298,8 @@ class LaunchedStep:
     num_rows: int = 0
     speculative: bool = False
     prompt_plan: Optional[prompt_logprobs.PromptLogprobPlan] = None
+    # The target's hidden states an EAGLE head drafts from (ModelRunner._target_hidden).
+    target_hidden: Optional[torch.Tensor] = None
 
 
 # Sampled in place of a request that finished while its step was in flight (async

@@ -160,13 +160,13 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
 def _verify_step(speculative_config, requests: list[Request], vocab_size: int, device: torch.device,
                  rng: np.random.Generator) -> list[ScheduledRequest]:
     """With speculation: every request verifying num_speculative_tokens random proposals,
-    drawn from (random) draft distributions for a draft model, point masses for n-gram.
+    drawn from (random) draft distributions for a draft model or head, point masses for n-gram.
     Empty without speculation."""
     if speculative_config is None:
         return []
     k = speculative_config.num_speculative_tokens
     probs = None
-    if speculative_config.method == "draft_model":
+    if speculative_config.method != "ngram":
         probs = torch.rand(len(requests), k, vocab_size, device=device)
         probs /= probs.sum(dim=-1, keepdim=True)
     return [ScheduledRequest(r, k + 1, rng.integers(0, vocab_size, k).tolist(),

@@ -85,6 +85,7 @@ class DraftModelProposer:
         self.graphs: Optional[DecodeGraphs] = None
 
     in_runner = True        # runs inside the runner's step, into slots the scheduler reserved
+    reads_target_hidden = False     # (an EAGLE head reads the target's hidden states: eagle.py)
     lora = None             # (what capture_decode_graphs asks of what it captures)
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
@@ -95,17 +96,26 @@ class DraftModelProposer:
     def forget(self, request_ids) -> None:
         """Nothing is kept per request (the draft's K/V lives in the target's blocks)."""
 
+    # Positions the draft runs behind the request's tokens when it proposes: a draft
+    # model's last catch-up position holds the newest token (1); an EAGLE head's holds the
+    # token before it, read with the target's state there (2: eagle.py).
+    lag = 1
+
     @torch.inference_mode()
-    def propose(self, sched, sampled_token_ids: list[list[int]]) -> Proposals:
+    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None
+                ) -> Proposals:
         """Proposals after the step `sched` (its ScheduledRequests), whose new tokens per
         request are `sampled_token_ids` (accepted proposals and the target's next, or none
         mid-prompt): for each request with reserved lookahead slots, up to as many
-        proposals as those slots and its max_tokens allow."""
+        proposals as those slots and its max_tokens allow. `target_hidden`: what the
+        target's forward left in `captured_hidden` for the step's rows (EAGLE)."""
         bs = self.kv_cache.block_size
-        rows = [_Row.after(s, new, len(self.kv_cache.block_table(s.request.request_id)) * bs)
-                for s, new in zip(sched.scheduled, sampled_token_ids)
-                if s.request.status == RequestStatus.RUNNING]    # (not finished or preempted since)
-        first, computed = self._catch_up(rows)
+        rows, step_row = [], 0
+        for s, new in zip(sched.scheduled, sampled_token_ids):
+            if s.request.status == RequestStatus.RUNNING:       # (not finished or preempted since)
+                rows.append(_Row.after(s, new, len(self.kv_cache.block_table(s.request.request_id)) * bs, step_row))
+            step_row += s.num_new_tokens
+        first, computed = self._catch_up(rows, target_hidden)
         proposing = [row for row in rows if row.k > 0]
         if first is None:
             return Proposals(num_draft_computed=computed)
@@ -117,22 +127,23 @@ class DraftModelProposer:
         tokens, probs = [first[0]], [first[1]]
         active, used = proposing, 0
         for j in range(1, num_forwards):
-            keep, prev_tokens = keeps[j - 1], tokens[-1]
+            keep, prev_tokens, kept = keeps[j - 1], tokens[-1], None
             if len(keep) < len(active):
-                prev_tokens = prev_tokens.index_select(0, index[used:used + len(keep)])
+                kept = index[used:used + len(keep)]
+                prev_tokens = prev_tokens.index_select(0, kept)
             used += len(keep)
             active = [active[i] for i in keep]
-            starts = np.asarray([row.num_tokens - 1 + j for row in active], dtype=np.int64)
+            starts = np.asarray([row.num_tokens - self.lag + j for row in active], dtype=np.int64)
             ones = np.ones(len(active), np.int64)
             logits = self._forward([row.request.request_id for row in active], starts, ones, ones,
-                                   lambda i, a, b: [0], prev_tokens)
+                                   lambda i, a, b: [0], prev_tokens, kept)
             t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
         ordered = torch.cat(tokens).index_select(0, index[used:])
         return Proposals(self._hand_over(proposing, ordered, places, starts_of, probs), computed)
 
-    def _catch_up(self, rows: list[_Row]):
+    def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None):
         """The forward over what the draft lacks: (proposal 1 per proposing row and its
         distributions, or None when no row proposes; how far the draft's K/V reaches
         after it, by request id)."""
@@ -154,18 +165,23 @@ class DraftModelProposer:
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
 
     def _forward(self, request_ids: list[str], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
-                 tokens, input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                 tokens, input_ids: Optional[torch.Tensor] = None, kept: Optional[torch.Tensor] = None
+                 ) -> Optional[torch.Tensor]:
         """The draft over a packed step (StepInputBuilder.build_segments' arguments), the
         logits of its sampled rows or None when it samples none. `input_ids`: the step's
         tokens as a device tensor (a proposal drawn by the previous forward), written
-        over what `tokens` gave. A captured graph replays the step where one holds it
-        (its rows padded to write nothing), else it runs eagerly."""
+        over what `tokens` gave; `kept`: which of the previous forward's rows these are
+        (None: all of them). A captured graph replays the step where one holds it (its
+        rows padded to write nothing), else it runs eagerly."""
         shape = self.graphs.shape_for(len(request_ids), int(n_new.max())) if self.graphs is not None else None
         step = self.inputs.build_segments(request_ids, starts, n_new, num_rows, tokens, self.kv_cache.block_table,
                                           pad_to=shape.num_seqs if shape else None,
                                           pad_tokens_to=shape.num_tokens if shape else None)
         if input_ids is not None:
             step.input_ids[:len(input_ids)].copy_(input_ids)
+        return self._run(step, shape)
+
+    def _run(self, step, shape) -> Optional[torch.Tensor]:
         if shape is None:
             return run_model(self.model, self.kv_caches, step)
         logits = self.graphs.replay(shape)
@@ -232,9 +248,11 @@ class _Row:
     num_tokens: int             # after the step
     num_computed: int           # tokens with the target's K/V after the step
     k: int                      # proposals to make (0: catch up only)
+    step_start: int = 0         # the step's first position (its num_computed_tokens)
+    step_row: int = 0           # the row of that position in the step's packed tokens
 
     @classmethod
-    def after(cls, s, new: list[int], held_slots: int) -> "_Row":
+    def after(cls, s, new: list[int], held_slots: int, step_row: int = 0) -> "_Row":
         """`held_slots`: the slots the request's blocks hold now. With async scheduling
         the next step's schedule may have taken back proposal-only blocks since this step
         was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
@@ -248,7 +266,8 @@ class _Row:
             # newest token and proposals 1..k-1 written at num_tokens - 1 onwards.
             k = min(s.num_lookahead_tokens, request.max_tokens - request.num_output_tokens - len(new) - 1,
                     held_slots - num_tokens + 1)
-        return cls(request, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0))
+        return cls(request, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0),
+                   s.num_computed_tokens, step_row)
 
     @property
     def as_sampled(self) -> VerifyRow:

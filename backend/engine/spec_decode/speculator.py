@@ -82,9 +82,13 @@ class Speculator:
 
 
 def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs, sampler, vocab_size: int):
-    """The proposer the config names; `draft` is load_draft's (model, config) for a draft model."""
+    """The proposer the config names; `draft` is load_draft's (model, config) for a draft
+    model, load_eagle3's (head, config) for an EAGLE-3 head."""
     if config.method == "ngram":
         from backend.engine.spec_decode.ngram import NgramProposer
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "eagle3":
+        from backend.engine.spec_decode.eagle import EagleProposer
+        return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
     from backend.engine.spec_decode.draft_model import DraftModelProposer
     return DraftModelProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)

@@ -1,0 +1,108 @@
+"""EAGLE-3 proposals (vLLM's `method: "eagle3"`): a one-layer head drafts from the
+target's own hidden states (backend/models/eagle3.py).
+
+It runs where a draft model runs, inside the runner's step, and is a DraftModelProposer
+in everything but its inputs:
+- Catch-up: for every position p the target computed in the step (a prompt chunk, or a
+  verification's accepted tokens), the head reads token p + 1 and the target's
+  residual stream at p (the three layers' inputs, fused by the head's `fc`), and writes
+  its K/V at p. So its last catch-up position is the one before the newest token, and
+  the newest token is its input there (`lag` 2). The target's rows come from the step
+  that just ran (ModelRunner keeps what its forward captured), so the head never runs
+  behind: positions the target did not compute in a step (a prefix-cache hit) keep the
+  head K/V that whoever computed them wrote.
+- Proposals 2..k: each forward reads the previous proposal and the head's own output
+  (its residual stream before the final norm) at the position before.
+- Its logits score the head's draft vocabulary; they are scattered into the target's
+  (d2t) before the draw, so proposals and their distributions are in target ids.
+
+A prefix hit's last position per block was written with the next token of the request
+that computed it, which may differ from this request's: a stale entry lowers the
+acceptance rate, never the output's correctness (the target verifies every proposal).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from backend.engine.runner.buffers import GrowingStagedBuffer
+from backend.engine.spec_decode.draft_model import DraftModelProposer, _Row
+from backend.engine.spec_decode.rejection_sampler import VerifyRow
+
+
+class EagleProposer(DraftModelProposer):
+    lag = 2
+    reads_target_hidden = True
+
+    def __init__(self, head, kv_caches, kv_cache, inputs, sampler, vocab_size: int) -> None:
+        super().__init__(head, kv_caches, kv_cache, inputs, sampler, vocab_size)
+        head.allocate_hidden_input(inputs.T)
+        self._rows = GrowingStagedBuffer(torch.int64, self.device)
+        self._carry: Optional[torch.Tensor] = None       # the last forward's sampled rows' head output
+        d2t = head.d2t
+        self._to_target = None if len(d2t) == vocab_size and not bool(d2t.any()) else head.draft_to_target
+
+    def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None):
+        segments = [(row, row.step_start, row.num_computed) for row in rows if row.num_computed > row.step_start]
+        if not segments:
+            return None, {}
+        if target_hidden is None:
+            raise RuntimeError("an EAGLE head needs the target's hidden states of the step")
+        index = self._rows.upload(np.concatenate(
+            [np.arange(row.step_row, row.step_row + b - a, dtype=np.int64) for row, a, b in segments]))
+        hidden = self.model.combine(target_hidden.index_select(0, index))
+        logits = self._forward(
+            [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            np.asarray([b - a for _, a, b in segments], dtype=np.int64),
+            np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
+            lambda i, a, b: segments[i][0].token_slice(a + 1, b + 1), hidden=hidden)
+        computed = {row.request.request_id: end for row, _, end in segments}
+        if logits is None:
+            return None, computed
+        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
+
+    def _forward(self, request_ids, starts, n_new, num_rows, tokens, input_ids=None, kept=None,
+                 hidden: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """DraftModelProposer._forward, with each row's hidden input: `hidden` (catch-up),
+        else the previous forward's output at the rows `kept`."""
+        if hidden is None:
+            hidden = self._carry if kept is None else self._carry.index_select(0, kept)
+        self.model.hidden_in[:hidden.shape[0]].copy_(hidden)
+        return super()._forward(request_ids, starts, n_new, num_rows, tokens, input_ids, kept)
+
+    def _run(self, step, shape) -> Optional[torch.Tensor]:
+        logits = super()._run(step, shape)
+        if step.num_logits:
+            out = self.graphs.hidden[shape] if shape is not None else self.model.captured_hidden
+            self._carry = out.index_select(0, step.logits_indices[:step.num_logits])
+        return logits
+
+    def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]):
+        if self._to_target is not None:
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            full[:, self._to_target] = logits
+            logits = full
+        return super()._draw(logits, requests)
+
+
+def load_eagle3(path: str, target, stage, dtype: torch.dtype, device: torch.device, attention_backend: str,
+                max_position: int):
+    """(the head, its one-layer ModelConfig), with the target set to capture the layer
+    inputs the head reads. Errors name speculative_config.model."""
+    from backend.attention import make_attention_factory
+    from backend.config import ConfigError
+    from backend.models.eagle3 import HeadConfigError, load_eagle3_head
+    from backend.ops import make_layer_ops
+    if target is None or stage is not None:
+        raise ConfigError("invalid engine argument 'speculative_config.method': 'eagle3' needs the torch model on "
+                          "one rank (model_runner 'torch', no pipeline parallelism)")
+    try:
+        head, cfg, layers = load_eagle3_head(path, target, make_attention_factory(attention_backend),
+                                             make_layer_ops(attention_backend), dtype, device, max_position)
+    except (HeadConfigError, OSError) as e:
+        raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
+    target.aux_hidden_layers = frozenset(layers)
+    return head, cfg
