@@ -29,16 +29,18 @@ def json_or_value(v: Any) -> Any:
 class SpeculativeConfig(BaseModel):
     """vLLM's `speculative_config`: who proposes tokens for the target to verify
     (backend/engine/spec_decode/). n-gram: prompt lookup over the request's own tokens;
-    draft_model: a smaller checkpoint with the target's tokenizer."""
+    draft_model: a smaller checkpoint with the target's tokenizer; eagle3: an EAGLE-3 head
+    that drafts from the target's hidden states; medusa: Medusa heads on the target's final
+    hidden state (both in their published checkpoint layouts)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["ngram", "draft_model", "eagle3"]
+    method: Literal["ngram", "draft_model", "eagle3", "medusa"]
     num_speculative_tokens: int = Field(ge=1, le=16)
     # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in
     # it. vLLM's defaults: 5 and 5; one given, the other equals it.
     prompt_lookup_min: Optional[int] = Field(None, ge=1)
     prompt_lookup_max: Optional[int] = Field(None, ge=1)
-    # draft_model / eagle3: the draft's (or the head's) checkpoint folder.
+    # draft_model / eagle3 / medusa: the draft's (or the heads') checkpoint folder.
     model: Optional[str] = None
 
     @model_validator(mode="before")
@@ -65,7 +67,7 @@ class SpeculativeConfig(BaseModel):
         if self.method == "ngram" and self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")
-        if self.method in ("draft_model", "eagle3") and not self.model:
+        if self.method != "ngram" and not self.model:
             raise ValueError(f"method '{self.method}' needs 'model' (the draft checkpoint folder)")
         if self.method == "ngram" and self.model:
             raise ValueError("method 'ngram' takes no 'model'")
@@ -338,8 +340,9 @@ class EngineArgs(BaseModel):
                    f"tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else
                    f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
                    "enable_lora is set" if self.enable_lora else
-                   "speculative_config method 'eagle3' is set" if (
-                       self.speculative_config is not None and self.speculative_config.method == "eagle3") else
+                   f"speculative_config method '{self.speculative_config.method}' is set" if (
+                       self.speculative_config is not None
+                       and self.speculative_config.method in ("eagle3", "medusa")) else
                    f"runner='{self.runner}'" if self.runner != "generate" else None)
             if off:
                 raise ValueError(f"cpu_forward_shards={self.cpu_forward_shards} is not supported where {off} (it "

@@ -67,9 +67,22 @@ def _disaggregation(args, cfg, weights: str, replicas: int):
 
 def _tiny(args) -> None:
     if not args.trained:
-        if args.draft or args.train or args.ship:
-            raise BuildError("--draft, --train and --ship go with --trained")
+        if args.draft or args.eagle3 or args.train or args.ship:
+            raise BuildError("--draft, --eagle3, --train and --ship go with --trained")
         build_tiny(args.output)
+        return
+    if args.eagle3:
+        if args.draft:
+            raise BuildError("--eagle3 and --draft are two different drafters: pick one")
+        from builder import train_eagle3
+        if not args.train:
+            if args.ship:
+                raise BuildError("--ship stores a run: it goes with --train")
+            train_eagle3.build_head(args.output)
+            return
+        train_eagle3.train(args.output)
+        if args.ship:
+            train_eagle3.write_shipped(args.output)
         return
     from builder import train_tiny
     spec = train_tiny.DRAFT if args.draft else train_tiny.TARGET
@@ -91,6 +104,8 @@ def main(argv=None) -> int:
     t.add_argument("--trained", action="store_true", help="the trained reference model (default architecture, "
                    "trained on the bundled corpus; shipped weights: builder/train_tiny.py) instead of random weights")
     t.add_argument("--draft", action="store_true", help="with --trained: its 2-layer draft sibling")
+    t.add_argument("--eagle3", action="store_true", help="with --trained: its EAGLE-3 head (speculative_config "
+                   "method 'eagle3'; trained by builder/train_eagle3.py)")
     t.add_argument("--train", action="store_true", help="with --trained: train it again from the seed (CPU, "
                    "about 6 minutes of a quiet core) instead of unpacking the shipped weights")
     t.add_argument("--ship", action="store_true", help="with --train: store the result as the shipped weights "
@@ -132,7 +147,9 @@ def main(argv=None) -> int:
                    "default: built-in text)")
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "
                    "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or "
-                   "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}'")
+                   "'{\"method\": \"draft_model\", \"model\": \"/ckpt/draft\", \"num_speculative_tokens\": 4}', "
+                   "or the shorthand METHOD[:PATH[:K]]: 'eagle3:/ckpt/head' (an EAGLE-3 head, copied into the "
+                   "entry), 'draft_model:/ckpt/draft:4', 'ngram:4' (K defaults to 3)")
     b.add_argument("--runner", choices=["generate", "pooling"],
                    help="pooling: an embedding model served by /v1/embeddings (vLLM's --runner pooling)")
     b.add_argument("--pooler-config", help="with --runner pooling, vLLM's pooler_config as JSON (default "

@@ -31,6 +31,21 @@ REQUEST_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_
                   "max_guided_spec_bytes", "guided_compile_timeout_s", "request_timeout_s")
 
 
+def speculative_value(v):
+    """`--speculative`: vLLM's speculative_config as JSON, or the shorthand METHOD[:PATH[:K]]
+    (`eagle3:/ckpt/head`, `draft_model:/ckpt/draft:4`, `ngram`; K defaults to 3)."""
+    if not isinstance(v, str) or v.lstrip().startswith("{") or not v.strip():
+        return json_or_value(v)
+    method, _, rest = v.strip().partition(":")
+    path, k = rest, 3
+    head, _, tail = rest.rpartition(":")
+    if head and tail.isdigit():
+        path, k = head, int(tail)
+    elif not head and tail.isdigit() and method == "ngram":
+        path, k = "", int(tail)
+    return {"method": method, "num_speculative_tokens": k, **({"model": path} if path else {})}
+
+
 class BuildOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,7 +121,7 @@ class BuildOptions(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     plan_seq_len: int = Field(4096, ge=1)
 
-    _speculative_json = field_validator("speculative", mode="before")(lambda v: json_or_value(v))
+    _speculative_json = field_validator("speculative", mode="before")(lambda v: speculative_value(v))
     _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
 

@@ -38,6 +38,7 @@ from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
 from backend.engine.spec_decode.eagle import load_eagle3
+from backend.engine.spec_decode.medusa import load_medusa
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.runner.step_inputs import StepInputBuilder
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
@@ -150,6 +151,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         draft = load_draft(spec.model, cfg.vocab_size, tokenizer, dtype, device, attention_backend, max_position)
     elif spec is not None and spec.method == "eagle3":
         draft = load_eagle3(spec.model, model, stage, dtype, device, attention_backend, max_position)
+    medusa = load_medusa(spec, model, stage, dtype, device) if spec is not None and spec.method == "medusa" else None
 
     use_cuda_graphs = (device.type == "cuda" and attention_backend == "triton" and args.model_runner == "torch"
                        and not args.enforce_eager
@@ -194,9 +196,9 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         tokens, seqs, blocks = sizing.draft_input_sizes(args, max_model_len)
         # The draft builds and draws k times a step: k host staging buffers each, so
         # none waits for the device to have read the one before (buffers.py).
-        slots = spec.num_speculative_tokens if draft is not None else 1
+        slots = spec.num_speculative_tokens if spec.method != "ngram" else 1
         speculator = Speculator(spec, make_proposer(
-            spec, draft, kv_cache, draft_layers,
+            spec, draft if medusa is None else (medusa, None), kv_cache, draft_layers,
             StepInputBuilder(tokens, seqs, blocks, args.block_size, device, staging_slots=slots),
             Sampler(args.seed + 1, device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
     drafter = speculator.proposer if speculator is not None and speculator.in_runner else None
@@ -319,13 +321,13 @@ def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attent
     """The forward split by sequences over threads (cpu_shards.py): only the torch
     model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
     step's); by default only where the weights fit in the last-level cache."""
-    eagle = args.speculative_config is not None and args.speculative_config.method == "eagle3"
+    eagle = args.speculative_config is not None and args.speculative_config.method in ("eagle3", "medusa")
     eligible = (args.runner == "generate" and args.model_runner == "torch" and device.type == "cpu"
                 and attention_backend == "torch" and workers is None and lora is None
-                and not eagle)          # (an EAGLE head reads the whole step's hidden states)
+                and not eagle)          # (EAGLE and Medusa heads read the whole step's hidden states)
     requested = args.cpu_forward_shards
     if requested is not None and requested > 1 and not eligible:
         raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
-                          "model on CPU with attention_backend 'torch', one rank, no LoRA, no EAGLE head and runner "
+                          "model on CPU with attention_backend 'torch', one rank, no LoRA, no EAGLE or Medusa heads and runner "
                           "'generate'; leave it unset")
     return sharded_forward(requested, eligible, cfg.hidden_size, cfg.num_layers, weight_bytes)

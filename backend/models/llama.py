@@ -148,6 +148,9 @@ class CausalLM(nn.Module):
     # EAGLE-3 (backend/models/eagle3.py) reads the residual stream entering these layers:
     # each forward leaves them concatenated ([T, len * hidden]) in `captured_hidden`.
     aux_hidden_layers: frozenset[int] = frozenset()
+    # Medusa (backend/models/medusa.py) reads the final hidden states: each forward leaves
+    # them ([T, hidden]) in `captured_hidden`.
+    capture_final_hidden: bool = False
     captured_hidden: Optional[torch.Tensor] = None
 
     def __init__(self, cfg: ModelConfig, attn_factory: Callable[..., object],
@@ -196,7 +199,10 @@ class CausalLM(nn.Module):
         if captured:
             self.captured_hidden = torch.cat(captured, dim=-1)
         norm = self.model.norm
-        return self.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
+        out = self.ops.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
+        if self.capture_final_hidden:
+            self.captured_hidden = out
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
         """[R, vocab] on rank 0; None on the other ranks (their slices went to rank 0)."""

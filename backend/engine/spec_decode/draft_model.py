@@ -109,12 +109,7 @@ class DraftModelProposer:
         mid-prompt): for each request with reserved lookahead slots, up to as many
         proposals as those slots and its max_tokens allow. `target_hidden`: what the
         target's forward left in `captured_hidden` for the step's rows (EAGLE)."""
-        bs = self.kv_cache.block_size
-        rows, step_row = [], 0
-        for s, new in zip(sched.scheduled, sampled_token_ids):
-            if s.request.status == RequestStatus.RUNNING:       # (not finished or preempted since)
-                rows.append(_Row.after(s, new, len(self.kv_cache.block_table(s.request.request_id)) * bs, step_row))
-            step_row += s.num_new_tokens
+        rows = rows_after_step(sched, sampled_token_ids, self.kv_cache)
         first, computed = self._catch_up(rows, target_hidden)
         proposing = [row for row in rows if row.k > 0]
         if first is None:
@@ -188,17 +183,7 @@ class DraftModelProposer:
         return sampled_logits(logits, shape, step) if step.num_logits else None
 
     def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Proposals from the draft's logits under each request's sampling settings, and
-        the distributions they came from (None when every request is greedy)."""
-        V = self.vocab_size
-        if logits.shape[-1] < V:
-            logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
-        logits = logits[:, :V]
-        tokens, probs = self.sampler.sample_with_distributions(logits, self.sampler.prepare(requests, V))
-        if probs is None:
-            return tokens, None
-        # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
-        return tokens, probs / probs.sum(dim=-1, keepdim=True)
+        return draw_proposals(self.sampler, logits, requests, self.vocab_size)
 
     def _hand_over(self, proposing: list[_Row], ordered: torch.Tensor, places: list[np.ndarray],
                    starts_of: list[int], probs: list[Optional[torch.Tensor]]
@@ -217,6 +202,33 @@ class DraftModelProposer:
             out[row.request.request_id] = (DraftTokens(ordered, start, len(own), read), q)
             start += len(own)
         return out
+
+
+def rows_after_step(sched, sampled_token_ids: list[list[int]], kv_cache: KVCacheManager) -> list["_Row"]:
+    """The step's requests still running, as the step leaves them (_Row), each with the
+    row of its first position in the step's packed tokens."""
+    bs = kv_cache.block_size
+    rows, step_row = [], 0
+    for s, new in zip(sched.scheduled, sampled_token_ids):
+        if s.request.status == RequestStatus.RUNNING:       # (not finished or preempted since)
+            rows.append(_Row.after(s, new, len(kv_cache.block_table(s.request.request_id)) * bs, step_row))
+        step_row += s.num_new_tokens
+    return rows
+
+
+def draw_proposals(sampler: Sampler, logits: torch.Tensor, requests: list[VerifyRow], vocab_size: int
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Proposals from a drafter's logits under each request's sampling settings, and the
+    distributions they came from (None when every request is greedy)."""
+    V = vocab_size
+    if logits.shape[-1] < V:
+        logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
+    logits = logits[:, :V]
+    tokens, probs = sampler.sample_with_distributions(logits, sampler.prepare(requests, V))
+    if probs is None:
+        return tokens, None
+    # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
+    return tokens, probs / probs.sum(dim=-1, keepdim=True)
 
 
 def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:

@@ -1,0 +1,88 @@
+"""Medusa proposals (vLLM's `method: "medusa"`): heads on the target's final hidden state
+(backend/models/medusa.py) guess the next k tokens at once.
+
+Inside the runner's step, like a draft model (the scheduler reserves the lookahead slots
+the same way, and they hold the verification's K/V next step): for each request that
+proposes, the target's final hidden state at its last computed position (the accepted
+one, after a verification) is read from what the target's forward captured, and head i
+gives proposal i + 1, drawn under the request's sampling settings (argmax when greedy)
+with its distribution for the rejection sampler. Nothing is kept per request and nothing
+is written to the KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from backend.engine.runner.buffers import GrowingStagedBuffer
+from backend.engine.sampling.sampler import Sampler
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+from backend.engine.spec_decode.draft_model import draw_proposals, rows_after_step
+from backend.engine.spec_decode.draft_tokens import DraftTokens
+from backend.engine.spec_decode.proposals import Proposals
+
+
+class MedusaProposer:
+    in_runner = True
+    reads_target_hidden = True
+
+    def __init__(self, heads, kv_cache: KVCacheManager, sampler: Sampler, vocab_size: int,
+                 device: torch.device) -> None:
+        self.heads = heads
+        self.kv_cache = kv_cache
+        self.sampler = sampler
+        self.vocab_size = vocab_size
+        self._rows = GrowingStagedBuffer(torch.int64, device)
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
+        """Nothing to capture: a few GEMMs over the proposing rows."""
+
+    def forget(self, request_ids) -> None:
+        """Nothing is kept per request."""
+
+    @torch.inference_mode()
+    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None
+                ) -> Proposals:
+        proposing = [row for row in rows_after_step(sched, sampled_token_ids, self.kv_cache) if row.k > 0]
+        if not proposing:
+            return Proposals()
+        if target_hidden is None:
+            raise RuntimeError("Medusa heads need the target's hidden states of the step")
+        last = [row.step_row + row.num_computed - 1 - row.step_start for row in proposing]
+        hidden = target_hidden.index_select(0, self._rows.upload(np.asarray(last, dtype=np.int64)))
+        k = min(max(row.k for row in proposing), self.heads.num_heads)
+        requests = [row.as_sampled for row in proposing]
+        drawn = [draw_proposals(self.sampler, self.heads.logits(i, hidden), requests, self.vocab_size)
+                 for i in range(k)]
+        flat = torch.stack([t for t, _ in drawn], dim=1).reshape(-1)      # [rows x k], row-major
+        out, read = {}, [None]          # (read: one host copy for all, if ever read)
+        for r, row in enumerate(proposing):
+            n = min(row.k, k)
+            q = None
+            if not row.request.sampling_params.greedy:
+                q = torch.stack([drawn[i][1][r] for i in range(n)])
+            out[row.request.request_id] = (DraftTokens(flat, r * k, n, read), q)
+        return Proposals(out)
+
+
+def load_medusa(spec, target, stage, dtype: torch.dtype, device: torch.device):
+    """The heads `spec` (SpeculativeConfig) names, with the target set to capture its final
+    hidden states. Errors name the engine argument."""
+    from backend.config import ConfigError
+    from backend.models.medusa import MedusaConfigError, load_medusa_heads
+    if target is None or stage is not None:
+        raise ConfigError("invalid engine argument 'speculative_config.method': 'medusa' needs the torch model on "
+                          "one rank (model_runner 'torch', no pipeline parallelism)")
+    try:
+        heads = load_medusa_heads(spec.model, target, dtype, device)
+    except (MedusaConfigError, OSError) as e:
+        raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
+    if spec.num_speculative_tokens > heads.num_heads:
+        raise ConfigError(f"invalid engine argument 'speculative_config.num_speculative_tokens': "
+                          f"{spec.num_speculative_tokens} proposals need as many Medusa heads; '{spec.model}' has "
+                          f"{heads.num_heads}")
+    target.capture_final_hidden = True
+    return heads
