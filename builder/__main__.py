@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Optional
 
 from builder.build import BuildError, BuildOptions, build
 from builder.plan import GPUS, KV_DTYPES, NAMED_CONFIGS, WEIGHT_DTYPES
@@ -34,7 +35,7 @@ def _plan(args) -> int:
                          f"not {cfg.architecture}")
     rows = plan.memory_rows(cfg, memory_gb, args.gpu_memory_utilization, weights, args.kv_cache, args.tp,
                             args.context_lens, args.block_size, args.max_num_seqs, args.pp, args.micro_batches,
-                            kv_offloading_gb=args.kv_offloading_size)
+                            kv_offloading_gb=args.kv_offloading_size, drafter=_plan_drafter(args.speculative))
     cost = plan.cost_plan(price, args.workload_tp * args.workload_pp, args.requests_per_day, args.input_tokens,
                           args.output_tokens, args.throughput, args.api_price_per_million)
     name = args.model or args.checkpoint
@@ -48,6 +49,20 @@ def _plan(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def _plan_drafter(value: Optional[str]):
+    from pydantic import ValidationError
+
+    from backend.config import SpeculativeConfig
+    from builder.build import speculative_value
+    from builder.plan_draft import NONE, drafter
+    if not value:
+        return NONE
+    try:
+        return drafter(SpeculativeConfig.model_validate(speculative_value(value)))
+    except (ValidationError, ValueError, OSError) as e:
+        raise BuildError(f"invalid plan option 'speculative': {e}") from None
 
 
 def _disaggregation(args, cfg, weights: str, replicas: int):
@@ -67,22 +82,23 @@ def _disaggregation(args, cfg, weights: str, replicas: int):
 
 def _tiny(args) -> None:
     if not args.trained:
-        if args.draft or args.eagle3 or args.train or args.ship:
-            raise BuildError("--draft, --eagle3, --train and --ship go with --trained")
+        if args.draft or args.eagle3 or args.medusa or args.train or args.ship:
+            raise BuildError("--draft, --eagle3, --medusa, --train and --ship go with --trained")
         build_tiny(args.output)
         return
-    if args.eagle3:
-        if args.draft:
-            raise BuildError("--eagle3 and --draft are two different drafters: pick one")
-        from builder import train_eagle3
+    if args.eagle3 or args.medusa:
+        if args.draft + args.eagle3 + args.medusa > 1:
+            raise BuildError("--draft, --eagle3 and --medusa are different drafters: pick one")
+        from builder import train_eagle3, train_medusa
+        module = train_eagle3 if args.eagle3 else train_medusa
         if not args.train:
             if args.ship:
                 raise BuildError("--ship stores a run: it goes with --train")
-            train_eagle3.build_head(args.output)
+            (train_eagle3.build_head if args.eagle3 else train_medusa.build_heads)(args.output)
             return
-        train_eagle3.train(args.output)
+        module.train(args.output)
         if args.ship:
-            train_eagle3.write_shipped(args.output)
+            module.write_shipped(args.output)
         return
     from builder import train_tiny
     spec = train_tiny.DRAFT if args.draft else train_tiny.TARGET
@@ -106,6 +122,8 @@ def main(argv=None) -> int:
     t.add_argument("--draft", action="store_true", help="with --trained: its 2-layer draft sibling")
     t.add_argument("--eagle3", action="store_true", help="with --trained: its EAGLE-3 head (speculative_config "
                    "method 'eagle3'; trained by builder/train_eagle3.py)")
+    t.add_argument("--medusa", action="store_true", help="with --trained: its Medusa heads (speculative_config "
+                   "method 'medusa'; trained by builder/train_medusa.py)")
     t.add_argument("--train", action="store_true", help="with --trained: train it again from the seed (CPU, "
                    "about 6 minutes of a quiet core) instead of unpacking the shipped weights")
     t.add_argument("--ship", action="store_true", help="with --train: store the result as the shipped weights "
@@ -181,6 +199,8 @@ def main(argv=None) -> int:
     p.add_argument("--kv-offloading-size", type=float, help="GiB of host memory for the KV tier (the engine "
                    "argument): adds the tokens it holds to each row")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--speculative", help="a speculative drafter whose weights and K/V each row adds, as "
+                   "`build --speculative` takes it ('eagle3:/ckpt/head', 'draft_model:/ckpt/draft', JSON)")
     p.add_argument("--requests-per-day", type=float, default=0.0)
     p.add_argument("--input-tokens", type=int, default=0)
     p.add_argument("--output-tokens", type=int, default=0)

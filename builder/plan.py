@@ -36,6 +36,8 @@ from backend.engine.runner.cuda_graphs import estimate_graph_bytes
 from backend.models.config import ModelConfig
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.sharding import local_config, local_vocab_size
+from builder.plan_draft import NONE as NO_DRAFTER
+from builder.plan_draft import Drafter, drafter
 
 if TYPE_CHECKING:
     from builder.build import BuildOptions
@@ -202,16 +204,18 @@ class MemoryRow:
 def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: float, weights: list[str],
                 kv_dtype: str, tps: list[int], context_lens: list[int], block_size: int,
                 max_num_seqs: int, pps: tuple[int, ...] = (1,), micro_batches: Optional[int] = None,
-                kv_offloading_gb: Optional[float] = None) -> list[MemoryRow]:
+                kv_offloading_gb: Optional[float] = None, drafter: Drafter = NO_DRAFTER) -> list[MemoryRow]:
     """kv_offloading_gb: the engine's kv_offloading_size, the host tier per replica (one
-    rank: the engine refuses it with more): each row says how many tokens it holds."""
+    rank: the engine refuses it with more): each row says how many tokens it holds.
+    drafter: a speculative drafter's weights and K/V (plan_draft.py), on every rank."""
     rows = []
     act_bytes = 4 if kv_dtype == "float32" else 2
     for pp in pps:
         for tp in tps:
             for w in weights:
                 rows.append(_memory_row(cfg, gpu_memory_gb * 2**30 * gpu_memory_utilization, w, kv_dtype, tp, pp,
-                                        context_lens, block_size, max_num_seqs, act_bytes, micro_batches or pp))
+                                        context_lens, block_size, max_num_seqs, act_bytes, micro_batches or pp,
+                                        drafter))
                 if kv_offloading_gb:
                     row = rows[-1]
                     row.host_kv_tokens = int(kv_offloading_gb * 2**30) // (row.kv_bytes_per_token_per_rank * tp)
@@ -219,11 +223,14 @@ def memory_rows(cfg: ModelConfig, gpu_memory_gb: float, gpu_memory_utilization: 
 
 
 def _memory_row(cfg: ModelConfig, usable: float, w: str, kv_dtype: str, tp: int, pp: int, context_lens: list[int],
-                block_size: int, max_num_seqs: int, act_bytes: int, micro_batches: int) -> MemoryRow:
+                block_size: int, max_num_seqs: int, act_bytes: int, micro_batches: int,
+                drafter: Drafter = NO_DRAFTER) -> MemoryRow:
     # The engine captures no decode CUDA graphs under pipeline parallelism.
     graphs = estimate_graph_bytes(cfg, max_num_seqs, act_bytes) if pp == 1 else 0
-    per_stage = [StageRow((s.start_layer, s.end_layer) if s else (0, cfg.num_layers), weight_bytes(cfg, w, tp, s),
-                          kv_bytes_per_token(cfg, kv_dtype, tp, s)) for s in stages(cfg, tp, pp)]
+    per_stage = [StageRow((s.start_layer, s.end_layer) if s else (0, cfg.num_layers),
+                          weight_bytes(cfg, w, tp, s) + drafter.weight_bytes(act_bytes),
+                          kv_bytes_per_token(cfg, kv_dtype, tp, s) + drafter.kv_elems_per_token * KV_DTYPES[kv_dtype])
+                 for s in stages(cfg, tp, pp)]
     budgets = [max(int(usable) - s.weight_bytes_per_rank - graphs, 0) for s in per_stage]
     blocks = min(b // (s.kv_bytes_per_token_per_rank * block_size) for b, s in zip(budgets, per_stage))
     return MemoryRow(tp, w, max(s.weight_bytes_per_rank for s in per_stage), graphs, min(budgets),
@@ -339,11 +346,12 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
     cache is smaller by what its profile run finds at load (module docstring)."""
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     kv_per_token = max(stage_kv_config(local_config(cfg, tp), s).kv_bytes_per_token for s in stages(cfg, tp, pp))
-    kv_per_token *= kv_bytes_per_elem
+    draft = drafter(opts.speculative)       # (its K/V in the same blocks, its weights beside the target's)
+    kv_per_token = (kv_per_token + draft.kv_elems_per_token) * kv_bytes_per_elem
     # The files' bytes, shared as the parameters are (norms replicated: a few KiB more in truth).
     total = count_params(cfg).total
     share = max(count_params(cfg, 1, s).total for s in stages(cfg, 1, pp)) / total
-    weight_bytes = -(-int(weight_bytes * share) // tp)
+    weight_bytes = -(-int(weight_bytes * share) // tp) + draft.weight_bytes()
     budget = opts.gpu_memory_gb * 2**30 * opts.gpu_memory_utilization
     # The torch engine on a GPU captures decode CUDA graphs (every rank; none under
     # pipeline parallelism); the engine reserves their pool before sizing the KV cache,

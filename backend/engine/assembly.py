@@ -239,9 +239,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         runner.capture_graphs(args.max_num_seqs, max_model_len, verify_query_len(args))
         if drafter is not None:
             drafter.capture_graphs(args.max_num_seqs, max_model_len, sizing.draft_verify_query_len(args))
-    kv_cache_bytes = num_kv_blocks * bytes_per_block
-    if draft_layers is not None:
-        kv_cache_bytes += kv_bytes(draft_layers)
+    kv_cache_bytes = num_kv_blocks * bytes_per_block       # (a drafter's K/V included: bytes_per_block)
     return EngineParts(
         model_config=cfg, device=device, dtype=dtype, attention_backend=attention_backend,
         max_position=max_position, long_rope_original=long_rope_original, workers=workers, model=model,

@@ -127,3 +127,29 @@ def test_host_kv_tier_tokens_equal_the_engines_host_slots(ckpt_dir, capsys):
                  "64"]) == 0
     out = capsys.readouterr().out
     assert "host KV tokens" in out and "524,288" in out       # 64 GiB / 128 KiB a token
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle3", "medusa"])
+def test_a_drafters_kv_and_weights_are_the_engines(ckpt_dir, llama_ckpt, method):
+    """The K/V a drafter adds per token (plan_draft.py) is what the engine's blocks hold
+    more, and its parameters are its checkpoint's."""
+    from builder.eagle3_head import random_head
+    from builder.medusa_heads import random_heads
+    from builder.plan_draft import drafter
+    from backend.config import SpeculativeConfig
+    target = make_checkpoint(str(ckpt_dir / "llama_eagle_target"), "llama", initializer_range=0.05,
+                             num_hidden_layers=4)
+    model = {"draft_model": llama_ckpt,
+             "eagle3": random_head(target, str(ckpt_dir / "plan_eagle3_head"), draft_vocab=100),
+             "medusa": random_heads(target, str(ckpt_dir / "plan_medusa_heads"), num_heads=2)}[method]
+    spec = {"method": method, "model": model, "num_speculative_tokens": 2}
+    d = drafter(SpeculativeConfig.model_validate(spec))
+    e = LLM(target, dtype="float32", block_size=16, kv_cache_memory_bytes=3_000_000, speculative_config=spec).engine
+    cfg = load_model_config(target)
+    assert plan.kv_bytes_per_token(cfg, "float32") + d.kv_elems_per_token * 4 == \
+        e.kv_cache_bytes // (e.num_kv_blocks * 16)
+    assert (d.kv_elems_per_token > 0) == (method != "medusa")
+    drafter_module = e.speculator.proposer.model if method != "medusa" else e.speculator.proposer.heads
+    own = sum(p.numel() for n, p in drafter_module.named_parameters() if "embed_tokens" not in n or
+              method == "draft_model")
+    assert d.params >= own and d.params - own <= 2 * cfg.vocab_size     # (+ d2t / t2d maps)
