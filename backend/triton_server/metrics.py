@@ -55,6 +55,9 @@ SPEC_COUNTERS = {
     "llm_spec_decode_num_draft_tokens_total": "Proposed tokens verified by the target model.",
     "llm_spec_decode_num_accepted_tokens_total": "Proposed tokens the target model accepted.",
 }
+# vLLM's vllm:spec_decode_num_accepted_tokens_per_pos, labelled `position` (0: the first
+# proposal of a verification).
+SPEC_PER_POS = "llm_spec_decode_num_accepted_tokens_per_pos_total"
 SPEC_GAUGES = {
     "llm_spec_decode_acceptance_rate": "Accepted / proposed tokens since load.",
     "llm_spec_decode_mean_acceptance_length": "Tokens per verification (accepted + 1) since load.",
@@ -157,6 +160,12 @@ class EngineMetrics:
         self.histograms = {n: family(n, d, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets[n])
                            for n, d in HISTOGRAMS.items()}
         self._last = {n: 0 for n in counters}
+        self.per_pos = []
+        if speculative:
+            per_pos = family(SPEC_PER_POS, "Accepted proposals, by their position in the verification.", MF.COUNTER)
+            self.per_pos = [per_pos.Metric(labels={**labels, "position": str(i)})
+                            for i in range(engine.speculator.config.num_speculative_tokens)]
+            self._last.update({(SPEC_PER_POS, i): 0 for i in range(len(self.per_pos))})
         self._labels = labels
         # Under scheduling_policy priority: the same latencies and counts per priority class.
         self.priority = (PriorityMetrics(family, MF, labels, TTFT_BUCKETS, E2E_BUCKETS)
@@ -175,6 +184,7 @@ class EngineMetrics:
         the server is not stopping."""
         with self._lock:
             self.gauges, self.counters, self.rejected, self.histograms = {}, {}, {}, {}
+            self.per_pos = []
             self.priority = None
             self._lora_enabled = False
             self._lora_series = self._lora_family = None
@@ -204,6 +214,7 @@ class EngineMetrics:
                 "llm_spec_decode_num_draft_tokens_total": stats["spec_decode_num_draft_tokens"],
                 "llm_spec_decode_num_accepted_tokens_total": stats["spec_decode_num_accepted_tokens"]}
                if "spec_decode_num_drafts" in stats else {}),
+            **{(SPEC_PER_POS, i): n for i, n in enumerate(stats.get("spec_decode_num_accepted_tokens_per_pos", ()))},
             **({"llm_kv_offload_hit_blocks_total": stats["kv_offload_hit_blocks"],
                 "llm_kv_offload_saved_blocks_total": stats["kv_offload_saved_blocks"]}
                if "kv_offload_hit_blocks" in stats else {}),
@@ -219,7 +230,8 @@ class EngineMetrics:
             stats = stats or self.engine.stats()
             for name, total in self._totals(stats).items():
                 if total > self._last[name]:
-                    self.counters[name].increment(total - self._last[name])
+                    counter = self.per_pos[name[1]] if isinstance(name, tuple) else self.counters[name]
+                    counter.increment(total - self._last[name])
                     self._last[name] = total
             while self._pending:
                 self._observe(self._pending.popleft())

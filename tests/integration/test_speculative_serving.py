@@ -2,13 +2,18 @@
 `builder build --speculative`; the draft is the model itself, so that several tokens
 land per step: random tiny models never agree with each other): streamed greedy deltas equal the offline engine's with
 the same speculative_config, and Triton's metrics endpoint counts the proposals exactly
-as the offline engine counts them. Starts its own server (model `llm`)."""
+as the offline engine counts them. A second entry in the same repository, `eagle`, serves
+the model with an EAGLE-3 head in the published layout, built with `--speculative
+eagle3:PATH` (random: it proposes, the target rejects): its streams equal plain decoding.
+Starts its own server (models `llm` and `eagle`)."""
 
 import json
 
 import pytest
 
 from backend import LLM, SamplingParams
+from builder.build import BuildOptions, build
+from builder.eagle3_head import random_head
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
 from tests.integration.conftest import build_repo, metric, wait_blocks_free, wait_metric
@@ -33,6 +38,10 @@ def offline_stream(llm: LLM, prompt: str, params: SamplingParams) -> tuple[list[
 def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
     spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 4}
     repo = build_repo(tmp_path / "repo", tiny_ckpt, speculative=json.dumps(spec))
+    head = random_head(tiny_ckpt, str(tmp_path / "eagle3_head"), seed=1, draft_vocab=1024)
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(tmp_path / "repo" / "eagle"), name="eagle",
+                              block_size=16, num_kv_blocks=256, max_num_seqs=16, speculative=f"eagle3:{head}:3"),
+          log=lambda *_: None)
     sampling = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
     offline = LLM(tiny_ckpt, dtype="float32", block_size=16, num_kv_blocks=256, max_num_batched_tokens=256,
                   max_model_len=1024, speculative_config=spec)
@@ -51,6 +60,9 @@ def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
                           ("llm_spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens")):
             assert wait_metric(srv, name, stats[key]) == stats[key], name
         assert metric(srv, "llm_spec_decode_acceptance_rate") == pytest.approx(stats["spec_decode_acceptance_rate"])
+        per_pos = [metric(srv, "llm_spec_decode_num_accepted_tokens_per_pos_total", f'model="llm",position="{i}"')
+                   for i in range(4)]
+        assert per_pos == stats["spec_decode_num_accepted_tokens_per_pos"] and per_pos[0] >= per_pos[3] > 0
         # Switched off per request: served one token per step, counted nowhere.
         drafts = metric(srv, "llm_spec_decode_num_drafts_total")
         res = StreamingRequest(srv.grpc_url).run(PROMPTS[0], {**sampling, "speculative_decoding": False})
@@ -58,3 +70,10 @@ def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
         assert len(res.times) == 40          # one response per token
         assert metric(srv, "llm_spec_decode_num_drafts_total") == drafts
         wait_blocks_free(srv)
+        # The EAGLE-3 entry: the head was copied into it, and it proposes inside the step.
+        for prompt in PROMPTS:
+            res = StreamingRequest(srv.grpc_url, model="eagle").run(prompt, sampling)
+            assert res.ok, res.error
+            assert res.token_ids == plain.generate(prompt, SamplingParams(**sampling))[0].token_ids
+        assert metric(srv, "llm_spec_decode_num_draft_tokens_total", 'model="eagle"') > 0
+        wait_blocks_free(srv, model="eagle")

@@ -28,6 +28,9 @@ class Speculator:
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        # vLLM's per-position acceptance: [i] counts verifications whose proposal i + 1
+        # was accepted (so the counts fall with i).
+        self.num_accepted_tokens_per_pos = [0] * config.num_speculative_tokens
 
     @staticmethod
     def can_speculate(request: Request) -> bool:
@@ -67,13 +70,17 @@ class Speculator:
             if s.spec_token_ids:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(s.spec_token_ids)
-                self.num_accepted_tokens += len(s.spec_token_ids) - s.num_rejected
+                accepted = len(s.spec_token_ids) - s.num_rejected
+                self.num_accepted_tokens += accepted
+                for i in range(accepted):
+                    self.num_accepted_tokens_per_pos[i] += 1
 
     def stats(self) -> dict[str, float]:
         return {
             "spec_decode_num_drafts": self.num_drafts,
             "spec_decode_num_draft_tokens": self.num_draft_tokens,
             "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
             "spec_decode_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens
             if self.num_draft_tokens else 0.0,
             "spec_decode_mean_acceptance_length": 1.0 + self.num_accepted_tokens / self.num_drafts
