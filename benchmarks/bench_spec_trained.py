@@ -1,9 +1,10 @@
 """Speculative decoding on the trained target (builder/train_tiny.py) with its trained
-drafters: the draft model, the EAGLE-3 head (builder/train_eagle3.py) and n-gram lookup.
+drafters: the draft model, the EAGLE-3 head (builder/train_eagle3.py), the Medusa heads
+(builder/train_medusa.py) and n-gram lookup.
 Acceptance and decode tokens/s at batch 1 and 16, against speculation off, on CPU.
 
     python -m benchmarks.bench_spec_trained [--prompts 16 --prompt-tokens 32 --tokens 64 --repeats 3
-                                             --k 2 4 --methods draft_model eagle3 ngram --batch 1 16]
+                                             --k 2 4 --methods draft_model eagle3 medusa ngram --batch 1 16]
 
 Prompts are the starts of held-out paragraphs of the bundled corpus (never trained on),
 greedy, `--tokens` tokens each. At batch 1 each request runs alone; at batch B they are
@@ -41,7 +42,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4], help="num_speculative_tokens to try")
-    ap.add_argument("--methods", nargs="+", default=["draft_model", "eagle3", "ngram"])
+    ap.add_argument("--methods", nargs="+", default=["draft_model", "eagle3", "medusa", "ngram"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16], help="requests sent at once")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
@@ -49,12 +50,16 @@ def main(argv=None) -> dict:
 
     from backend import LLM, SamplingParams
     from builder.train_eagle3 import build_head
+    from builder.train_medusa import build_heads
     from builder.train_tiny import DRAFT, TARGET, corpus_split
     target, draft = _checkpoint(TARGET.name), _checkpoint(DRAFT.name)
     head = os.path.join(tempfile.gettempdir(), "paged_llm_tiny-llama-trained-eagle3")
     if not os.path.isfile(os.path.join(head, "model.safetensors")):
         build_head(head)
-    drafter = {"draft_model": {"model": draft}, "eagle3": {"model": head},
+    medusa = os.path.join(tempfile.gettempdir(), "paged_llm_tiny-llama-trained-medusa")
+    if not os.path.isfile(os.path.join(medusa, "medusa_lm_head.safetensors")):
+        build_heads(medusa)
+    drafter = {"draft_model": {"model": draft}, "eagle3": {"model": head}, "medusa": {"model": medusa},
                "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4}}
     engine = dict(dtype="float32", block_size=16, num_kv_blocks=1024, max_num_seqs=max(a.batch),
                   max_num_batched_tokens=512)
@@ -98,7 +103,7 @@ def _run_batch(llms: dict, prompts: list, params, batch: int, a) -> list[dict]:
             outputs[name] = outs
     off = statistics.median(rates["off"])
     print(f"# target {TARGET.name} (4 layers, hidden 256), draft {DRAFT.name} (2 layers, hidden 128), EAGLE-3 head "
-          f"(1 layer, hidden 256, 2048-token draft vocabulary), fp32; {len(prompts)} held-out prompts of "
+          f"(1 layer, hidden 256, 2048-token draft vocabulary), Medusa (4 heads), fp32; {len(prompts)} held-out prompts of "
           f"{a.prompt_tokens} tokens, {a.tokens} greedy tokens each, batch {batch}; {platform.machine()} "
           f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads); median of "
           f"{a.repeats} alternating runs")

@@ -104,7 +104,7 @@ class Eagle3Head(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rope_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
 
     def allocate_hidden_input(self, max_tokens: int) -> None:
-        p = self.lm_head.weight
+        p = self.norm.weight        # (the linears may be oneDNN-packed: no `weight` there)
         self.hidden_in = torch.zeros(max_tokens, self.config.hidden_size, dtype=p.dtype, device=p.device)
 
     @property
@@ -114,7 +114,7 @@ class Eagle3Head(nn.Module):
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's concatenated layer inputs -> the head's hidden input."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        return self.fc(aux.to(self.norm.weight.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCacheLayer],
                 meta: AttentionMetadata) -> torch.Tensor:
