@@ -46,8 +46,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16], help="requests sent at once")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
-    import torch
-
     from backend import LLM, SamplingParams
     from builder.train_eagle3 import build_head
     from builder.train_medusa import build_heads

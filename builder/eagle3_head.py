@@ -17,12 +17,6 @@ from typing import Optional
 
 import torch
 
-# Our module's names -> the published checkpoint's.
-_PUBLISHED = {"self_attn.": "midlayer.self_attn.", "mlp.": "midlayer.mlp.", "hidden_norm.": "midlayer.hidden_norm.",
-              "input_layernorm.": "midlayer.input_layernorm.",
-              "post_attention_layernorm.": "midlayer.post_attention_layernorm."}
-
-
 def default_aux_layers(num_layers: int) -> list[int]:
     """Low, middle and high layers of the target (vLLM's default where it has room)."""
     ids = sorted({2, num_layers // 2, num_layers - 3})
@@ -57,31 +51,6 @@ def vocab_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[draft_ids] = True
     return d2t, t2d
-
-
-def published_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our parameter names (q/k/v and gate/up fused) -> the published ones (split)."""
-    out = {}
-    for name, t in state.items():
-        if name.endswith("qkv_proj.weight"):
-            continue
-        if name.endswith("gate_up_proj.weight"):
-            continue
-        for ours, theirs in _PUBLISHED.items():
-            if name.startswith(ours):
-                name = theirs + name[len(ours):]
-        out[name] = t
-    return out
-
-
-def split_fused(state: dict[str, torch.Tensor], q_size: int, kv_size: int) -> dict[str, torch.Tensor]:
-    qkv = state["self_attn.qkv_proj.weight"]
-    gate_up = state["mlp.gate_up_proj.weight"]
-    inter = gate_up.shape[0] // 2
-    extra = {"midlayer.self_attn.q_proj.weight": qkv[:q_size], "midlayer.self_attn.k_proj.weight":
-             qkv[q_size:q_size + kv_size], "midlayer.self_attn.v_proj.weight": qkv[q_size + kv_size:],
-             "midlayer.mlp.gate_proj.weight": gate_up[:inter], "midlayer.mlp.up_proj.weight": gate_up[inter:]}
-    return {**published_state(state), **extra}
 
 
 def save_head(output: str, config: dict, tensors: dict[str, torch.Tensor], tokenizer_from: Optional[str] = None

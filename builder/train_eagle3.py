@@ -227,7 +227,6 @@ def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) 
 def _held_out_agreement(head: _TrainHead, held, features, draft_ids, spec: HeadSpec) -> list[float]:
     """Per depth: how often the head's top-1 is the target's on held-out text."""
     import torch
-    import torch.nn.functional as F
     n = (len(held) - 1) // (spec.seq_len + 1)
     batch = held[:n * (spec.seq_len + 1)].view(n, spec.seq_len + 1)
     aux, logits = features(batch)
@@ -239,7 +238,6 @@ def _held_out_agreement(head: _TrainHead, held, features, draft_ids, spec: HeadS
             got, pre = head.depth(inputs, hidden, keys, values, s)
             out.append(round((got.argmax(-1) == want)[:, s:].float().mean().item(), 4))
             hidden = torch.cat([torch.zeros_like(pre[:, :1]), pre[:, :-1]], dim=1)
-    del F
     return out
 
 
@@ -260,7 +258,6 @@ def write_shipped(trained: str) -> None:
 
 def build_head(output: str) -> str:
     """The shipped head as a checkpoint folder (fp32 values of the bf16 weights)."""
-    import torch
     from safetensors.torch import load_file
     from builder.eagle3_head import save_head
     weights = os.path.join(TRAINED_DIR, f"{NAME}.safetensors")
@@ -272,7 +269,6 @@ def build_head(output: str) -> str:
     save_head(output, record["config"], state)
     with open(os.path.join(output, "train_log.json"), "w") as f:
         json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)
-    del torch
     return output
 
 
