@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import TARGET, TRAINED_DIR, build_trained, corpus_split
+from builder.train_tiny import TRAINED_DIR, cosine_lr, deterministically, frozen_target
 
 NAME = "tiny-llama-trained-eagle3"
 
@@ -133,30 +132,14 @@ def _draft_vocab(ids, vocab_size: int, n: int):
 
 def train(output: str, spec: HeadSpec = SPEC, steps: Optional[int] = None, log: Callable[[str], None] = print) -> dict:
     """Train the head into `output` (a head checkpoint folder, fp32); returns the run's log."""
-    import torch
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
-        return _train(output, spec, spec.steps if steps is None else steps, log)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
+    return deterministically(_train, output, spec, spec.steps if steps is None else steps, log)
 
 
 def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from builder.eagle3_head import head_config, save_head, vocab_maps
-    from builder.train_tiny import _token_stream
-    target_dir = os.path.join(output, "_target")
-    build_trained(target_dir, TARGET.name)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    with open(os.path.join(target_dir, "config.json")) as f:
-        tcfg = json.load(f)
-    train_paras, held_paras = corpus_split()
-    data, held = _token_stream(tokenizer, train_paras), _token_stream(tokenizer, held_paras)
+    frozen = frozen_target(os.path.join(output, "_target"))
+    target, tcfg, data, held = frozen.model, frozen.config, frozen.train_ids, frozen.held_ids
     V = tcfg["vocab_size"]
     draft_ids = _draft_vocab(data, V, spec.draft_vocab)
     cfg = head_config(tcfg, spec.draft_vocab, list(spec.aux_layers))
@@ -181,12 +164,6 @@ def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) 
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:
-        if step < spec.warmup_steps:
-            return spec.lr * (step + 1) / spec.warmup_steps
-        t = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-        return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
     def features(batch):
         with torch.no_grad():
             out = target(input_ids=batch, output_hidden_states=True, use_cache=False)
@@ -199,7 +176,7 @@ def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) 
         batch = torch.stack([data[s:s + spec.seq_len + 1] for s in starts.tolist()])
         aux, logits = features(batch)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cosine_lr(step, spec.lr, spec.warmup_steps, spec.steps)
         loss, agree = head.loss(batch, aux, logits, draft_ids, spec)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -214,7 +191,7 @@ def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) 
     d2t, t2d = vocab_maps(draft_ids, V)
     tensors = {k: v.detach() for k, v in params.items()}
     tensors.update(d2t=d2t, t2d=t2d)
-    save_head(output, cfg, tensors, target_dir)
+    save_head(output, cfg, tensors, frozen.path)
     record = {"spec": asdict(spec), "steps_run": steps, "losses": losses, "top1_agreement": agreement,
               "held_out_top1_agreement_by_depth": held_agree, "seconds": round(time.time() - t0, 1),
               "torch": torch.__version__}

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import TARGET, TRAINED_DIR, build_trained, corpus_split
+from builder.train_tiny import TRAINED_DIR, cosine_lr, deterministically, frozen_target
 
 NAME = "tiny-llama-trained-medusa"
 
@@ -44,15 +43,7 @@ SPEC = MedusaSpec()
 
 def train(output: str, spec: MedusaSpec = SPEC, steps: Optional[int] = None, log: Callable[[str], None] = print
           ) -> dict:
-    import torch
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
-        return _train(output, spec, spec.steps if steps is None else steps, log)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
+    return deterministically(_train, output, spec, spec.steps if steps is None else steps, log)
 
 
 def _heads_logits(blocks, lm_head, hidden, i: int):
@@ -66,29 +57,15 @@ def _heads_logits(blocks, lm_head, hidden, i: int):
 def _train(output: str, spec: MedusaSpec, steps: int, log: Callable[[str], None]) -> dict:
     import torch
     import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from builder.medusa_heads import heads_config, published_names, save_heads
-    from builder.train_tiny import _token_stream
-    target_dir = os.path.join(output, "_target")
-    build_trained(target_dir, TARGET.name)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    with open(os.path.join(target_dir, "config.json")) as f:
-        tcfg = json.load(f)
-    train_paras, held_paras = corpus_split()
-    data, held = _token_stream(tokenizer, train_paras), _token_stream(tokenizer, held_paras)
+    frozen = frozen_target(os.path.join(output, "_target"))
+    target, tcfg, data, held = frozen.model, frozen.config, frozen.train_ids, frozen.held_ids
     h = tcfg["hidden_size"]
     blocks = [[(torch.zeros(h, h, requires_grad=True), torch.zeros(h, requires_grad=True))
                for _ in range(spec.num_layers)] for _ in range(spec.num_heads)]
     params = [t for layers in blocks for pair in layers for t in pair]
     lm_head = target.lm_head.weight.detach()
     opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def lr_at(step: int) -> float:
-        if step < spec.warmup_steps:
-            return spec.lr * (step + 1) / spec.warmup_steps
-        t = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-        return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
     def features(batch):
         with torch.no_grad():
@@ -113,7 +90,7 @@ def _train(output: str, spec: MedusaSpec, steps: int, log: Callable[[str], None]
         batch = torch.stack([data[s:s + spec.seq_len + 1] for s in starts.tolist()])
         hidden, logits = features(batch)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cosine_lr(step, spec.lr, spec.warmup_steps, spec.steps)
         loss, agree = loss_and_agreement(hidden, logits)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -86,15 +86,55 @@ def train(spec: TrainSpec, output: str, steps: Optional[int] = None, log: Callab
     """Train `spec` into the checkpoint folder `output` (fp32 weights); returns the run's
     log (losses per step, held-out perplexity). `steps` cuts the run short (tests);
     `eval_every` logs the held-out perplexity on the way."""
+    return deterministically(_train, spec, output, spec.steps if steps is None else steps, log, eval_every)
+
+
+def deterministically(fn: Callable, *args):
+    """fn(*args) on one thread with deterministic algorithms (the order of a matmul's sums
+    depends on the thread count); the caller's settings come back after."""
     import torch
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     try:
-        return _train(spec, output, spec.steps if steps is None else steps, log, eval_every)
+        return fn(*args)
     finally:                    # the caller's process (a test session) gets its settings back
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
+
+
+def cosine_lr(step: int, lr: float, warmup_steps: int, steps: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    t = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@dataclass
+class FrozenTarget:
+    """The trained reference model as a drafter's training reads it (transformers, fp32)."""
+    path: str
+    tokenizer: object
+    model: object
+    config: dict
+    train_ids: object           # the training paragraphs' token stream
+    held_ids: object            # the held-out paragraphs'
+
+
+def frozen_target(folder: str) -> FrozenTarget:
+    """The trained target written into `folder` and loaded, frozen, with the corpus split
+    the target was trained on."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    build_trained(folder, TARGET.name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    train_paras, held_paras = corpus_split()
+    return FrozenTarget(folder, tokenizer, model, config, _token_stream(tokenizer, train_paras),
+                        _token_stream(tokenizer, held_paras))
 
 
 def _train(spec: TrainSpec, output: str, steps: int, log: Callable[[str], None], eval_every: int) -> dict:
@@ -112,12 +152,6 @@ def _train(spec: TrainSpec, output: str, steps: int, log: Callable[[str], None],
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:   # linear warm-up, cosine decay to a tenth
-        if step < spec.warmup_steps:
-            return spec.lr * (step + 1) / spec.warmup_steps
-        t = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-        return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
     gen = torch.Generator().manual_seed(spec.seed)
     held = _token_stream(tokenizer, held_paras)
     losses, curve, t0 = [], {}, time.time()
@@ -125,7 +159,7 @@ def _train(spec: TrainSpec, output: str, steps: int, log: Callable[[str], None],
         starts = torch.randint(0, len(data) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
         batch = torch.stack([data[s:s + spec.seq_len + 1] for s in starts.tolist()])
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = cosine_lr(step, spec.lr, spec.warmup_steps, spec.steps)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone(), use_cache=False).loss
         # labels = inputs: transformers shifts them itself (predicts token t+1 from <= t).
         opt.zero_grad(set_to_none=True)
@@ -185,7 +219,6 @@ def write_shipped(trained: str, name: str) -> None:
 def build_trained(output: str, name: str = TARGET.name) -> str:
     """A float32 checkpoint folder from the shipped bf16 weights (the values are bf16's, so
     a bfloat16 build of it is lossless): tokenizer and config as build_tiny writes them."""
-    import torch
     from safetensors.torch import load_file, save_file
     spec = SPECS[name]
     weights = os.path.join(TRAINED_DIR, f"{name}.safetensors")

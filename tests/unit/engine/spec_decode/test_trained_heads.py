@@ -4,6 +4,8 @@ preemption, prefix hits, a LoRA adapter, structured output and async scheduling 
 batch), accepting what their training says they should, and for sampled requests the
 output distribution equals the target's."""
 
+import json
+
 import pytest
 
 from backend import LLM, SamplingParams
@@ -139,3 +141,17 @@ def test_eagle3_sampled_output_has_the_targets_distribution(target, drafters, pr
     assert stats["spec_decode_num_accepted_tokens"] > 0.2 * stats["spec_decode_num_draft_tokens"], stats
     assert p > 1e-3
     assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("name", ["eagle3", "medusa"])
+def test_the_training_scripts_reproduce_the_shipped_runs(tmp_path, name):
+    """The shipped heads come from their scripts with their seeds: the first steps, rerun
+    here, give the losses the shipped runs logged (float noise only)."""
+    import builder.train_eagle3 as eagle3
+    import builder.train_medusa as medusa
+    module = {"eagle3": eagle3, "medusa": medusa}[name]
+    with open(f"{module.TRAINED_DIR}/{module.NAME}.json") as f:
+        shipped = json.load(f)
+    assert shipped["spec"]["steps"] == shipped["steps_run"] == len(shipped["losses"])
+    rerun = module.train(str(tmp_path / name), steps=2, log=lambda *_: None)
+    assert rerun["losses"] == pytest.approx(shipped["losses"][:2], rel=1e-4)
