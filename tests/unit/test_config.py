@@ -49,7 +49,9 @@ def test_speculative_config_is_validated_and_names_the_field():
     assert EngineArgs.create(model="m", speculative_config={"model": "d", "num_speculative_tokens": 2}
                              ).speculative_config.method == "draft_model"
     bad = [
-        ('{"method": "medusa", "num_speculative_tokens": 3}', "speculative_config.method"),
+        ('{"method": "mtp", "num_speculative_tokens": 3}', "speculative_config.method"),
+        ('{"method": "medusa", "num_speculative_tokens": 3}', "method 'medusa' needs 'model'"),
+        ('{"method": "eagle3", "num_speculative_tokens": 3}', "method 'eagle3' needs 'model'"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "speculative_config.num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
          "prompt_lookup_min"),

@@ -118,8 +118,8 @@ def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
         proposals = []
         real = proposer.propose
 
-        def propose(sched, sampled, real=real, proposals=proposals):
-            result = real(sched, sampled)
+        def propose(sched, sampled, target_hidden=None, real=real, proposals=proposals):
+            result = real(sched, sampled, target_hidden)
             proposals.append(sorted((rid, tokens) for rid, (tokens, _) in result.tokens.items()))
             return result
         proposer.propose = propose
