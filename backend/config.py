@@ -29,12 +29,12 @@ def json_or_value(v: Any) -> Any:
 class SpeculativeConfig(BaseModel):
     """vLLM's `speculative_config`: who proposes tokens for the target to verify
     (backend/engine/spec_decode/). n-gram: prompt lookup over the request's own tokens;
-    draft_model: a smaller checkpoint with the target's tokenizer; eagle3: an EAGLE-3 head
-    that drafts from the target's hidden states; medusa: Medusa heads on the target's final
-    hidden state (both in their published checkpoint layouts)."""
+    draft_model: a smaller checkpoint with the target's tokenizer; eagle3 / eagle: an
+    EAGLE-3 / EAGLE-1 head that drafts from the target's hidden states; medusa: Medusa
+    heads on the target's final hidden state (each in its published checkpoint layout)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["ngram", "draft_model", "eagle3", "medusa"]
+    method: Literal["ngram", "draft_model", "eagle", "eagle3", "medusa"]
     num_speculative_tokens: int = Field(ge=1, le=16)
     # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in
     # it. vLLM's defaults: 5 and 5; one given, the other equals it.
@@ -60,7 +60,7 @@ class SpeculativeConfig(BaseModel):
     @property
     def has_draft_cache(self) -> bool:
         """The proposer is a network with K/V of its own in the target's blocks."""
-        return self.method in ("draft_model", "eagle3")
+        return self.method in ("draft_model", "eagle", "eagle3")
 
     @model_validator(mode="after")
     def _check(self) -> "SpeculativeConfig":
@@ -342,7 +342,7 @@ class EngineArgs(BaseModel):
                    "enable_lora is set" if self.enable_lora else
                    f"speculative_config method '{self.speculative_config.method}' is set" if (
                        self.speculative_config is not None
-                       and self.speculative_config.method in ("eagle3", "medusa")) else
+                       and self.speculative_config.method in ("eagle", "eagle3", "medusa")) else
                    f"runner='{self.runner}'" if self.runner != "generate" else None)
             if off:
                 raise ValueError(f"cpu_forward_shards={self.cpu_forward_shards} is not supported where {off} (it "

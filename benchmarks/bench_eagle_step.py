@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
     import torch
 
     from backend import LLM
-    from builder.eagle3_head import random_head
+    from builder.eagle_heads import random_head
     acceptance = dict(ACCEPTANCE) if not a.acceptance else {
         int(k): float(v) for k, v in (kv.split("=") for kv in a.acceptance.split(","))}
     target = random_target(a.shape, a.dtype, a.device)

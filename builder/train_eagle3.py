@@ -137,7 +137,7 @@ def train(output: str, spec: HeadSpec = SPEC, steps: Optional[int] = None, log: 
 
 def _train(output: str, spec: HeadSpec, steps: int, log: Callable[[str], None]) -> dict:
     import torch
-    from builder.eagle3_head import head_config, save_head, vocab_maps
+    from builder.eagle_heads import head_config, save_head, vocab_maps
     frozen = frozen_target(os.path.join(output, "_target"))
     target, tcfg, data, held = frozen.model, frozen.config, frozen.train_ids, frozen.held_ids
     V = tcfg["vocab_size"]
@@ -236,7 +236,7 @@ def write_shipped(trained: str) -> None:
 def build_head(output: str) -> str:
     """The shipped head as a checkpoint folder (fp32 values of the bf16 weights)."""
     from safetensors.torch import load_file
-    from builder.eagle3_head import save_head
+    from builder.eagle_heads import save_head
     weights = os.path.join(TRAINED_DIR, f"{NAME}.safetensors")
     if not os.path.isfile(weights):
         raise FileNotFoundError(f"no shipped EAGLE-3 head at {weights}")

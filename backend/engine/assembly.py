@@ -37,7 +37,7 @@ from backend.engine.runner.pooling_runner import PoolingModelRunner
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.draft_model import load_draft
-from backend.engine.spec_decode.eagle import load_eagle3
+from backend.engine.spec_decode.eagle import load_eagle
 from backend.engine.spec_decode.medusa import load_medusa
 from backend.engine.spec_decode.speculator import Speculator, make_proposer
 from backend.engine.runner.step_inputs import StepInputBuilder
@@ -149,8 +149,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     draft = None
     if spec is not None and spec.method == "draft_model":
         draft = load_draft(spec.model, cfg.vocab_size, tokenizer, dtype, device, attention_backend, max_position)
-    elif spec is not None and spec.method == "eagle3":
-        draft = load_eagle3(spec.model, model, stage, dtype, device, attention_backend, max_position)
+    elif spec is not None and spec.method in ("eagle", "eagle3"):
+        draft = load_eagle(spec.method, spec.model, model, stage, dtype, device, attention_backend, max_position)
     medusa = load_medusa(spec, model, stage, dtype, device) if spec is not None and spec.method == "medusa" else None
 
     use_cuda_graphs = (device.type == "cuda" and attention_backend == "triton" and args.model_runner == "torch"
@@ -319,7 +319,7 @@ def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attent
     """The forward split by sequences over threads (cpu_shards.py): only the torch
     model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
     step's); by default only where the weights fit in the last-level cache."""
-    eagle = args.speculative_config is not None and args.speculative_config.method in ("eagle3", "medusa")
+    eagle = args.speculative_config is not None and args.speculative_config.method in ("eagle", "eagle3", "medusa")
     eligible = (args.runner == "generate" and args.model_runner == "torch" and device.type == "cpu"
                 and attention_backend == "torch" and workers is None and lora is None
                 and not eagle)          # (EAGLE and Medusa heads read the whole step's hidden states)

@@ -108,8 +108,11 @@ class Eagle3Head(nn.Module):
         self.hidden_in = torch.zeros(max_tokens, self.config.hidden_size, dtype=p.dtype, device=p.device)
 
     @property
-    def draft_to_target(self) -> torch.Tensor:
-        """[draft vocab]: each draft id's target id."""
+    def draft_to_target(self) -> Optional[torch.Tensor]:
+        """[draft vocab]: each draft id's target id; None when the draft vocabulary is the
+        target's (read once, at load)."""
+        if len(self.d2t) == self.config.vocab_size and not bool(self.d2t.any()):
+            return None
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
@@ -138,7 +141,7 @@ class Eagle3Head(nn.Module):
         return self.lm_head(hidden)
 
 
-def _read_state(path: str) -> dict[str, torch.Tensor]:
+def read_state(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     state: dict[str, torch.Tensor] = {}
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
@@ -178,7 +181,7 @@ def load_eagle3_head(path: str, target, attn_factory: Callable[..., object], ops
         raise HeadConfigError(f"the head was trained on a target of hidden size {target_hidden}, this one has "
                               f"{tcfg.hidden_size}")
     draft_vocab = int(hf.get("draft_vocab_size") or cfg.vocab_size)
-    state = _our_names(_read_state(path))
+    state = _our_names(read_state(path))
     state.pop("t2d", None)
     d2t = state.pop("d2t", None)
     with torch.device("meta"):

@@ -85,3 +85,53 @@ class DenseEagle3:
             ids = torch.cat([ids, top.indices[:1]])
             hidden = torch.cat([hidden, pre[-1:]])
         return out, margins
+
+
+class DenseEagle1:
+    """EAGLE-1 (arXiv 2401.15077): fc over [embedding, hidden], one decoder layer without
+    its input norm, no final norm, the target's LM head; the target's final hidden state
+    (after its norm) at the first position, the head's own output after it."""
+
+    def __init__(self, head_dir: str, target_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+        with open(os.path.join(head_dir, "config.json")) as f:
+            self.cfg = json.load(f)
+        self.w = {k: v.float() for k, v in load_file(os.path.join(head_dir, "model.safetensors")).items()}
+        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def _run(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        c, w = self.cfg, self.w
+        n = len(tokens)
+        nh, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+        d = c["hidden_size"] // nh
+        x = torch.cat([self.target.model.embed_tokens.weight[tokens], hidden], -1) @ w["fc.weight"].T + w["fc.bias"]
+        q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(n, nh, d).transpose(0, 1)
+        k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(n, kvh, d).transpose(0, 1)
+        v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(n, kvh, d).transpose(0, 1)
+        theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        inv = 1.0 / (theta ** (torch.arange(0, d, 2).float() / d))
+        f = torch.arange(n).float()[:, None] * inv[None]
+        cos, sin = torch.cat([f, f], -1).cos(), torch.cat([f, f], -1).sin()
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        k, v = k.repeat_interleave(nh // kvh, 0), v.repeat_interleave(nh // kvh, 0)
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+        h = o.transpose(0, 1).reshape(n, nh * d) @ w["layers.0.self_attn.o_proj.weight"].T + x
+        m = _rms(h, w["layers.0.post_attention_layernorm.weight"], c["rms_norm_eps"])
+        m = (F.silu(m @ w["layers.0.mlp.gate_proj.weight"].T) * (m @ w["layers.0.mlp.up_proj.weight"].T)) \
+            @ w["layers.0.mlp.down_proj.weight"].T
+        return m + h
+
+    @torch.no_grad()
+    def propose(self, tokens: list[int], k: int) -> tuple[list[int], list[float]]:
+        hidden = self.target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+        ids = torch.tensor(tokens[1:])
+        out, margins = [], []
+        for _ in range(k):
+            pre = self._run(ids, hidden)
+            top = self.target.lm_head(pre[-1]).topk(2)
+            out.append(int(top.indices[0]))
+            margins.append(float(top.values[0] - top.values[1]))
+            ids = torch.cat([ids, top.indices[:1]])
+            hidden = torch.cat([hidden, pre[-1:]])
+        return out, margins

@@ -17,6 +17,7 @@ class EagerReplayGraphs(DecodeGraphs):
         super().__init__(ladders.sizes, ladders.verify_sizes, ladders.verify_query_len)
         self.runner, self.splits, self.replayed = runner, splits, []
         self._out = None
+        self._hidden = None
 
     def replay(self, shape):
         m, step = self.runner.model, static_decode_inputs(self.runner.inputs, shape, self.splits)
@@ -28,4 +29,13 @@ class EagerReplayGraphs(DecodeGraphs):
             self._out = torch.empty((max(logits.shape[0], 64), *logits.shape[1:]), dtype=logits.dtype)
         out = self._out[:logits.shape[0]]
         out.copy_(logits)
+        # What the forward left for a drafter (CausalLM.captured_hidden, an EAGLE head's
+        # output): a buffer every replay overwrites too, as a graph's static output is.
+        hidden = getattr(m, "captured_hidden", None)
+        if hidden is not None:
+            if self._hidden is None or self._hidden.shape[0] < hidden.shape[0] or \
+                    self._hidden.shape[1:] != hidden.shape[1:]:
+                self._hidden = torch.empty((max(hidden.shape[0], 64), *hidden.shape[1:]), dtype=hidden.dtype)
+            self.hidden[shape] = self._hidden[:hidden.shape[0]]
+            self.hidden[shape].copy_(hidden)
         return out

@@ -13,7 +13,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from builder.build import BuildOptions, build
-from builder.eagle3_head import random_head
+from builder.eagle_heads import random_head
 from clients.triton_client import StreamingRequest
 from clients.tritonserver import TritonServer
 from tests.integration.conftest import build_repo, metric, wait_blocks_free, wait_metric

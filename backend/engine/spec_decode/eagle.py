@@ -1,12 +1,15 @@
-"""EAGLE-3 proposals (vLLM's `method: "eagle3"`): a one-layer head drafts from the
-target's own hidden states (backend/models/eagle3.py).
+"""EAGLE proposals (vLLM's `method: "eagle3"` and `"eagle"`): a one-layer head drafts
+from the target's own hidden states (backend/models/eagle3.py, eagle1.py): EAGLE-3 from
+the residual stream entering three of the target's layers, EAGLE-1 from its final
+hidden state.
 
 It runs where a draft model runs, inside the runner's step, and is a DraftModelProposer
 in everything but its inputs:
 - Catch-up: for every position p the target computed in the step (a prompt chunk, or a
   verification's accepted tokens), the head reads token p + 1 and the target's
   residual stream at p (the three layers' inputs, fused by the head's `fc`), and writes
-  its K/V at p. So its last catch-up position is the one before the newest token, and
+  its K/V at p (the head's `combine` makes its hidden input of the target's). So its
+  last catch-up position is the one before the newest token, and
   the newest token is its input there (`lag` 2). The target's rows come from the step
   that just ran (ModelRunner keeps what its forward captured), so the head never runs
   behind: positions the target did not compute in a step (a prefix-cache hit) keep the
@@ -42,8 +45,7 @@ class EagleProposer(DraftModelProposer):
         head.allocate_hidden_input(inputs.T)
         self._rows = GrowingStagedBuffer(torch.int64, self.device)
         self._carry: Optional[torch.Tensor] = None       # the last forward's sampled rows' head output
-        d2t = head.d2t
-        self._to_target = None if len(d2t) == vocab_size and not bool(d2t.any()) else head.draft_to_target
+        self._to_target = head.draft_to_target     # (None: the head scores the target's vocabulary)
 
     def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None):
         segments = [(row, row.step_start, row.num_computed) for row in rows if row.num_computed > row.step_start]
@@ -88,21 +90,29 @@ class EagleProposer(DraftModelProposer):
         return super()._draw(logits, requests)
 
 
-def load_eagle3(path: str, target, stage, dtype: torch.dtype, device: torch.device, attention_backend: str,
-                max_position: int):
-    """(the head, its one-layer ModelConfig), with the target set to capture the layer
-    inputs the head reads. Errors name speculative_config.model."""
+def load_eagle(method: str, path: str, target, stage, dtype: torch.dtype, device: torch.device,
+               attention_backend: str, max_position: int):
+    """(the head, its layers' ModelConfig), with the target set to capture what the head
+    reads: the layer inputs an EAGLE-3 head names, the final hidden states for EAGLE-1.
+    Errors name speculative_config.model."""
     from backend.attention import make_attention_factory
     from backend.config import ConfigError
+    from backend.models.eagle1 import load_eagle1_head
     from backend.models.eagle3 import HeadConfigError, load_eagle3_head
     from backend.ops import make_layer_ops
     if target is None or stage is not None:
-        raise ConfigError("invalid engine argument 'speculative_config.method': 'eagle3' needs the torch model on "
+        raise ConfigError(f"invalid engine argument 'speculative_config.method': '{method}' needs the torch model on "
                           "one rank (model_runner 'torch', no pipeline parallelism)")
+    factory, ops = make_attention_factory(attention_backend), make_layer_ops(attention_backend)
     try:
-        head, cfg, layers = load_eagle3_head(path, target, make_attention_factory(attention_backend),
-                                             make_layer_ops(attention_backend), dtype, device, max_position)
+        if method == "eagle3":
+            head, cfg, layers = load_eagle3_head(path, target, factory, ops, dtype, device, max_position)
+        else:
+            head, cfg = load_eagle1_head(path, target, factory, ops, dtype, device, max_position)
     except (HeadConfigError, OSError) as e:
         raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
-    target.aux_hidden_layers = frozenset(layers)
+    if method == "eagle3":
+        target.aux_hidden_layers = frozenset(layers)
+    else:
+        target.capture_final_hidden = True
     return head, cfg

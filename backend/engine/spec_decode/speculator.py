@@ -90,14 +90,14 @@ class Speculator:
 
 def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs, sampler, vocab_size: int):
     """The proposer the config names; `draft` is load_draft's (model, config) for a draft
-    model, load_eagle3's (head, config) for an EAGLE-3 head, (load_medusa's heads, None)."""
+    model, load_eagle's (head, config) for an EAGLE head, (load_medusa's heads, None)."""
     if config.method == "ngram":
         from backend.engine.spec_decode.ngram import NgramProposer
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "medusa":
         from backend.engine.spec_decode.medusa import MedusaProposer
         return MedusaProposer(draft[0], kv_cache, sampler, vocab_size, inputs.table_device.device)
-    if config.method == "eagle3":
+    if config.method in ("eagle", "eagle3"):
         from backend.engine.spec_decode.eagle import EagleProposer
         return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
     from backend.engine.spec_decode.draft_model import DraftModelProposer

@@ -133,7 +133,7 @@ def test_host_kv_tier_tokens_equal_the_engines_host_slots(ckpt_dir, capsys):
 def test_a_drafters_kv_and_weights_are_the_engines(ckpt_dir, llama_ckpt, method):
     """The K/V a drafter adds per token (plan_draft.py) is what the engine's blocks hold
     more, and its parameters are its checkpoint's."""
-    from builder.eagle3_head import random_head
+    from builder.eagle_heads import random_head
     from builder.medusa_heads import random_heads
     from builder.plan_draft import drafter
     from backend.config import SpeculativeConfig

@@ -1,10 +1,10 @@
-"""EAGLE-3 head checkpoints in the published layout (the EAGLE authors' names, which vLLM
-and this engine read: backend/models/eagle3.py).
+"""EAGLE head checkpoints in the published layouts (the EAGLE authors' names, which vLLM
+and this engine read: backend/models/eagle3.py, eagle1.py).
 
-    python -m builder.eagle3_head --target CKPT --output DIR [--seed 0 --draft-vocab N]
+    python -m builder.eagle_heads --target CKPT --output DIR [--seed 0 --draft-vocab N] [--eagle1]
 
-writes a randomly initialised head for a Llama-family target (tests, and a starting
-point); builder/train_eagle3.py trains one.
+writes a randomly initialised EAGLE-3 head (or with --eagle1 an EAGLE-1 head) for a
+Llama-family target (tests, and a starting point); builder/train_eagle3.py trains one.
 """
 
 from __future__ import annotations
@@ -102,14 +102,39 @@ def random_head(target_path: str, output: str, seed: int = 0, draft_vocab: Optio
     return save_head(output, cfg, tensors, target_path)
 
 
+def random_eagle1_head(target_path: str, output: str, seed: int = 0, std: float = 0.05) -> str:
+    """A randomly initialised one-layer EAGLE-1 head (the authors' layout: `fc` with a
+    bias, `layers.0.*` without an input norm, the target's embedding and LM head)."""
+    with open(os.path.join(target_path, "config.json")) as f:
+        target = json.load(f)
+    cfg = {**target, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "torch_dtype": "float32"}
+    g = torch.Generator().manual_seed(seed)
+    h, heads = target["hidden_size"], target["num_attention_heads"]
+    d = target.get("head_dim") or h // heads
+    q, kv = heads * d, target.get("num_key_value_heads", heads) * d
+    inter = target["intermediate_size"]
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) * std
+    tensors = {"fc.weight": w(h, 2 * h), "fc.bias": w(h),
+               "layers.0.self_attn.q_proj.weight": w(q, h), "layers.0.self_attn.k_proj.weight": w(kv, h),
+               "layers.0.self_attn.v_proj.weight": w(kv, h), "layers.0.self_attn.o_proj.weight": w(h, q),
+               "layers.0.mlp.gate_proj.weight": w(inter, h), "layers.0.mlp.up_proj.weight": w(inter, h),
+               "layers.0.mlp.down_proj.weight": w(h, inter),
+               "layers.0.post_attention_layernorm.weight": torch.ones(h)}
+    return save_head(output, cfg, tensors, target_path)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True, help="the target's checkpoint folder")
     ap.add_argument("--output", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--draft-vocab", type=int, help="a reduced draft vocabulary of this many ids (d2t)")
+    ap.add_argument("--eagle1", action="store_true", help="an EAGLE-1 head (method 'eagle') instead")
     a = ap.parse_args(argv)
-    print(random_head(a.target, a.output, a.seed, a.draft_vocab))
+    print(random_eagle1_head(a.target, a.output, a.seed) if a.eagle1 else
+          random_head(a.target, a.output, a.seed, a.draft_vocab))
 
 
 if __name__ == "__main__":
