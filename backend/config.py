@@ -62,6 +62,12 @@ class SpeculativeConfig(BaseModel):
         """The proposer is a network with K/V of its own in the target's blocks."""
         return self.method in ("draft_model", "eagle", "eagle3")
 
+    @property
+    def reads_target_hidden(self) -> bool:
+        """The proposer drafts from the target's hidden states (EAGLE, Medusa), which the
+        target's forward captures for the whole step."""
+        return self.method in ("eagle", "eagle3", "medusa")
+
     @model_validator(mode="after")
     def _check(self) -> "SpeculativeConfig":
         if self.method == "ngram" and self.prompt_lookup_min > self.prompt_lookup_max:
@@ -304,7 +310,7 @@ class EngineArgs(BaseModel):
         if self.speculative_config is not None and self.model_runner != "torch":
             raise ValueError("speculative_config needs model_runner='torch' (the exported graphs return one "
                              "row of logits per sequence)")
-        if (self.speculative_config is not None and self.speculative_config.has_draft_cache
+        if (self.speculative_config is not None and self.speculative_config.method != "ngram"
                 and self.tensor_parallel_size > 1):
             raise ValueError(f"speculative_config with method '{self.speculative_config.method}' runs on one rank: "
                              "use tensor_parallel_size=1, or method 'ngram'")
@@ -341,8 +347,7 @@ class EngineArgs(BaseModel):
                    f"pipeline_parallel_size={self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else
                    "enable_lora is set" if self.enable_lora else
                    f"speculative_config method '{self.speculative_config.method}' is set" if (
-                       self.speculative_config is not None
-                       and self.speculative_config.method in ("eagle", "eagle3", "medusa")) else
+                       self.speculative_config is not None and self.speculative_config.reads_target_hidden) else
                    f"runner='{self.runner}'" if self.runner != "generate" else None)
             if off:
                 raise ValueError(f"cpu_forward_shards={self.cpu_forward_shards} is not supported where {off} (it "

@@ -33,12 +33,13 @@ def checkpoint_hash(path: str) -> str:
     return h.hexdigest()
 
 
-def copy_checkpoint(src: str, dst: str) -> None:
-    """A checkpoint folder's files (config, weights, tokenizer) into dst."""
+def copy_checkpoint(src: str, dst: str, extra: tuple[str, ...] = ()) -> None:
+    """A checkpoint folder's files (config, weights, tokenizer) into dst; `extra`: more
+    file endings to copy."""
     os.makedirs(dst, exist_ok=True)
     for f in sorted(os.listdir(src)):
         path = os.path.join(src, f)
-        if os.path.isfile(path) and f.endswith(CHECKPOINT_FILES):
+        if os.path.isfile(path) and f.endswith(CHECKPOINT_FILES + extra):
             shutil.copy2(path, os.path.join(dst, f))
 
 
@@ -61,16 +62,18 @@ def write_fp8_checkpoint(src: str, dst: str, state: dict, qcfg: dict) -> None:
 
 
 def place_draft(opts: BuildOptions, out: str) -> Optional[str]:
-    """The draft model's checkpoint in the entry (its path relative to the entry), or its
-    absolute path with `link`; None without a draft. Its tokenizer is checked at load."""
+    """The drafter's checkpoint (a draft model, EAGLE or Medusa heads) in the entry (its
+    path relative to the entry), or its absolute path with `link`; None without one. A
+    draft model's tokenizer is checked at load."""
     spec = opts.speculative
-    if spec is None or not spec.has_draft_cache:
+    if spec is None or spec.method == "ngram":
         return None
     if not os.path.isfile(os.path.join(spec.model, "config.json")):
         raise BuildError(f"invalid build option 'speculative.model': no checkpoint (config.json) in '{spec.model}'")
     if opts.link:
         return os.path.abspath(spec.model)
-    copy_checkpoint(spec.model, os.path.join(out, "draft"))
+    # EAGLE and Medusa heads are often published as pytorch_model.bin or .pt (their loaders read both).
+    copy_checkpoint(spec.model, os.path.join(out, "draft"), (".bin", ".pt") if spec.method != "draft_model" else ())
     return "draft"
 
 

@@ -168,7 +168,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                                              baseline_in_use=startup[1] - startup[0])
     num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
         args, cfg, device, dtype, use_cuda_graphs, bytes_per_block, memory_profile,
-        num_samplers=1 if draft is None else 2, draft_cfg=draft[1] if draft is not None else None)
+        num_samplers=1 if spec is None or spec.method == "ngram" else 2,     # (a drafter draws with its own)
+        draft_cfg=draft[1] if draft is not None else None)
     max_model_len = sizing.resolve_max_model_len(args, cfg, num_kv_blocks)
 
     # Every layer sliding (Mistral-style): blocks out of every window are freed during
@@ -319,10 +320,10 @@ def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attent
     """The forward split by sequences over threads (cpu_shards.py): only the torch
     model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
     step's); by default only where the weights fit in the last-level cache."""
-    eagle = args.speculative_config is not None and args.speculative_config.method in ("eagle", "eagle3", "medusa")
+    heads = args.speculative_config is not None and args.speculative_config.reads_target_hidden
     eligible = (args.runner == "generate" and args.model_runner == "torch" and device.type == "cpu"
                 and attention_backend == "torch" and workers is None and lora is None
-                and not eagle)          # (EAGLE and Medusa heads read the whole step's hidden states)
+                and not heads)          # (EAGLE and Medusa heads read the whole step's hidden states)
     requested = args.cpu_forward_shards
     if requested is not None and requested > 1 and not eligible:
         raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "

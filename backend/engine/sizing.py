@@ -140,10 +140,12 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
             dtype_bytes = torch.tensor([], dtype=dtype).element_size()
-            reserved += graph_pool_bytes(cfg, graph_shapes(args), dtype_bytes)
+            spec = args.speculative_config
+            reserved += graph_pool_bytes(cfg, graph_shapes(args), dtype_bytes, captured_width(spec, cfg))
             reserved_what += " and the CUDA graphs' pool"
             if draft_cfg is not None:
-                reserved += graph_pool_bytes(draft_cfg, draft_graph_shapes(args), dtype_bytes)
+                head = draft_cfg.hidden_size if spec.reads_target_hidden else 0     # (an EAGLE head's output)
+                reserved += graph_pool_bytes(draft_cfg, draft_graph_shapes(args), dtype_bytes, head)
                 reserved_what += "s (the target's and the draft model's)"
         budget = cuda_kv_budget(profile, args.gpu_memory_utilization, reserved, reserved_what)
         what = "gpu_memory_utilization"
@@ -154,6 +156,14 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
         raise ConfigError(f"invalid engine argument '{what}': {budget} bytes for the KV cache "
                           f"hold no KV block ({bytes_per_block} bytes each)")
     return num
+
+
+def captured_width(speculative_config, cfg: ModelConfig) -> int:
+    """Channels per token the target's forward leaves for a drafter (CausalLM.captured_hidden):
+    three layers' inputs for an EAGLE-3 head, the final hidden state for EAGLE-1 and Medusa."""
+    if speculative_config is None or not speculative_config.reads_target_hidden:
+        return 0
+    return (3 if speculative_config.method == "eagle3" else 1) * cfg.hidden_size
 
 
 def graph_shapes(args: EngineArgs) -> list[GraphShape]:

@@ -122,7 +122,10 @@ def load_eagle1_head(path: str, target, attn_factory: Callable[..., object], ops
     if set(state) - expected or expected - set(state):
         raise HeadConfigError(f"'{path}': weights {sorted(set(state) - expected)[:4]} unexpected, "
                               f"{sorted(expected - set(state))[:4]} missing")
-    head.load_state_dict(state, strict=False, assign=True)
+    try:
+        head.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:               # (a tensor of the wrong shape)
+        raise HeadConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
     head.build_buffers(max_position)
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if head.lm_head is None:

@@ -92,7 +92,10 @@ class Eagle3Head(nn.Module):
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+        self.lm_head: Optional[nn.Linear] = nn.Linear(h, draft_vocab, bias=False)
+        # The target's LM head when the head has none (a full draft vocabulary), in a
+        # tuple so that it is not registered as the head's module.
+        self.shared_lm_head: tuple = ()
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long), persistent=False)
         self.norm_before_residual = norm_before_residual
         self.hidden_in: Optional[torch.Tensor] = None      # [max tokens, hidden]: allocate_hidden_input
@@ -138,19 +141,21 @@ class Eagle3Head(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, draft vocab] (the proposer maps them to the target's ids)."""
-        return self.lm_head(hidden)
+        return (self.lm_head if self.lm_head is not None else self.shared_lm_head[0])(hidden)
 
 
 def read_state(path: str) -> dict[str, torch.Tensor]:
+    """A head's tensors: its *.safetensors, else its pytorch_model*.bin or *.pt (read with
+    weights_only: tensors, no code)."""
     from safetensors.torch import load_file
     state: dict[str, torch.Tensor] = {}
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         state.update(load_file(f))
     if not state:
-        for f in sorted(glob.glob(os.path.join(path, "pytorch_model*.bin"))):
+        for f in sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")) + glob.glob(os.path.join(path, "*.pt"))):
             state.update(torch.load(f, map_location="cpu", weights_only=True))
     if not state:
-        raise HeadConfigError(f"no weights (*.safetensors or pytorch_model*.bin) in '{path}'")
+        raise HeadConfigError(f"no weights (*.safetensors, pytorch_model*.bin or *.pt) in '{path}'")
     return state
 
 
@@ -189,12 +194,24 @@ def load_eagle3_head(path: str, target, attn_factory: Callable[..., object], ops
                           bool(hf.get("norm_before_residual", False)))
     if "embed_tokens.weight" not in state:
         state["embed_tokens.weight"] = target.model.embed_tokens.weight
-    if "lm_head.weight" not in state and draft_vocab == tcfg.vocab_size:
-        state["lm_head.weight"] = target.lm_head.weight
+    if "lm_head.weight" not in state and draft_vocab != tcfg.vocab_size:
+        raise HeadConfigError(f"'{path}' has no lm_head for its {draft_vocab}-token draft vocabulary")
+    if d2t is None and draft_vocab != tcfg.vocab_size:
+        raise HeadConfigError(f"'{path}' has a {draft_vocab}-token draft vocabulary but no d2t map to the "
+                              f"target's {tcfg.vocab_size} ids")
+    shared = "lm_head.weight" not in state            # (the target's, shared as a module: it may be packed)
+    if shared:
+        state["lm_head.weight"] = torch.empty(0)      # (a placeholder, dropped below)
     unexpected = set(state) - {n for n, _ in head.named_parameters()}
     if unexpected:
         raise HeadConfigError(f"unexpected weights in '{path}': {sorted(unexpected)[:5]}")
-    head.load_state_dict(state, strict=False, assign=True)
+    if shared:
+        del state["lm_head.weight"]
+        head.lm_head = None
+    try:
+        head.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:               # (a tensor of the wrong shape)
+        raise HeadConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
     missing = [n for n, p in head.named_parameters() if p.is_meta]
     if missing:
         raise HeadConfigError(f"'{path}' lacks weights: {missing[:5]}")
@@ -202,4 +219,7 @@ def load_eagle3_head(path: str, target, attn_factory: Callable[..., object], ops
     if len(head.d2t) != draft_vocab:
         raise HeadConfigError(f"d2t has {len(head.d2t)} entries, draft_vocab_size is {draft_vocab}")
     head.build_buffers(max_position)        # (built on the meta device above)
-    return head.to(device=device, dtype=dtype).eval().requires_grad_(False), cfg, ids
+    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if shared:
+        head.shared_lm_head = (target.lm_head,)
+    return head, cfg, ids

@@ -17,7 +17,6 @@ Checkpoints:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -26,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.models.eagle3 import HeadConfigError, read_state
 
-class MedusaConfigError(ValueError):
+
+class MedusaConfigError(HeadConfigError):
     pass
 
 
@@ -50,19 +51,6 @@ class MedusaHeads(nn.Module):
         for linear in self.blocks[i]:
             x = x + F.silu(linear(x))
         return self.lm_heads[i](x) if self.lm_heads is not None else self.shared_lm_head[0](x)
-
-
-def _read(path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        state.update(load_file(f))
-    if not state:
-        for f in sorted(glob.glob(os.path.join(path, "*.pt")) + glob.glob(os.path.join(path, "pytorch_model*.bin"))):
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
-    if not state:
-        raise MedusaConfigError(f"no weights (*.safetensors, *.pt or pytorch_model*.bin) in '{path}'")
-    return state
 
 
 def _our_names(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
@@ -97,7 +85,7 @@ def load_medusa_heads(path: str, target, dtype: torch.dtype, device: torch.devic
     if hidden != tcfg.hidden_size or vocab != tcfg.vocab_size:
         raise MedusaConfigError(f"the heads are for hidden size {hidden} and {vocab} tokens; the target has "
                                 f"{tcfg.hidden_size} and {tcfg.vocab_size}")
-    state = _our_names(_read(path), int(num_layers))
+    state = _our_names(read_state(path), int(num_layers))
     original = bool(hf.get("original_lm_head", False)) and not any(k.startswith("lm_heads.") for k in state)
     with torch.device("meta"):
         heads = MedusaHeads(hidden, vocab, int(num_heads), int(num_layers), original)
@@ -105,7 +93,10 @@ def load_medusa_heads(path: str, target, dtype: torch.dtype, device: torch.devic
     if set(state) != expected:
         raise MedusaConfigError(f"'{path}': weights {sorted(set(state) - expected)[:4]} unexpected, "
                                 f"{sorted(expected - set(state))[:4]} missing")
-    heads.load_state_dict(state, assign=True)
+    try:
+        heads.load_state_dict(state, assign=True)
+    except RuntimeError as e:               # (a tensor of the wrong shape)
+        raise MedusaConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
     heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if original:
         heads.shared_lm_head = (target.lm_head,)

@@ -95,13 +95,15 @@ def _logits_bytes_per_row(cfg: ModelConfig, dtype_bytes: int) -> int:
     return cfg.vocab_size * (dtype_bytes + 4)      # the logits, and their fp32 copy for sampling
 
 
-def graph_pool_bytes(cfg: ModelConfig, shapes: list[GraphShape], dtype_bytes: int) -> int:
+def graph_pool_bytes(cfg: ModelConfig, shapes: list[GraphShape], dtype_bytes: int, captured_width: int = 0) -> int:
     """Memory a ladder of graphs keeps in its shared pool: the largest graph's
     intermediates (estimate_graph_bytes), and every graph's logits, which stay allocated
-    as its output while the others are captured."""
+    as its output while the others are captured; with `captured_width`, every graph's
+    captured hidden states too (DecodeGraphs.hidden: [rows, width], kept for a drafter)."""
     rows = [shape.num_tokens for shape in shapes]
     return (estimate_graph_bytes(cfg, max(rows), dtype_bytes)
-            + _logits_bytes_per_row(cfg, dtype_bytes) * (sum(rows) - max(rows)))
+            + _logits_bytes_per_row(cfg, dtype_bytes) * (sum(rows) - max(rows))
+            + captured_width * dtype_bytes * sum(rows))
 
 
 @dataclass

@@ -295,3 +295,27 @@ def test_gptq_build_is_what_it_reports_and_beats_round_to_nearest(tiny_ckpt, tmp
         build(opts(tiny_ckpt, tmp_path / "x", weights="int4", int_algorithm="gptq", calibration_data=str(empty)),
               log=lambda *_: None, progress=False)
     assert not (tmp_path / "x").exists()  # refused before anything is written
+
+
+def test_heads_published_as_pt_files_land_in_the_entry(tiny_ckpt, tmp_path):
+    """`--speculative medusa:PATH:2`: Medusa heads (as the authors publish them, a .pt file)
+    are copied into the entry, and the entry's settings point at the copy."""
+    import torch
+    from safetensors.torch import load_file
+
+    from backend.triton_server.serving_config import load_settings
+    from builder.__main__ import main
+    from builder.medusa_heads import random_heads
+    heads = random_heads(tiny_ckpt, str(tmp_path / "heads"), num_heads=2)
+    state = load_file(os.path.join(heads, "medusa_lm_head.safetensors"))
+    os.remove(os.path.join(heads, "medusa_lm_head.safetensors"))
+    torch.save(state, os.path.join(heads, "medusa_lm_head.pt"))
+    out = tmp_path / "medusa"
+    assert main(["build", "--checkpoint", tiny_ckpt, "--output", str(out), "--num-kv-blocks", "64",
+                 "--speculative", f"medusa:{heads}:2"]) == 0
+    assert os.path.isfile(out / "draft" / "medusa_lm_head.pt")
+    manifest = json.load(open(out / "build_manifest.json"))
+    assert manifest["speculative_config"] == {"method": "medusa", "model": "draft", "num_speculative_tokens": 2}
+    args, _ = load_settings({"model": "checkpoint", "num_kv_blocks": "64",
+                             "speculative_config": json.dumps(manifest["speculative_config"])}, str(out))
+    assert args.speculative_config.model == str(out / "draft")

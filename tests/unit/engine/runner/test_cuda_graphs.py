@@ -164,6 +164,9 @@ def test_graph_memory_is_reserved_in_the_plan(llama_ckpt):
     ladder = graph_ladders(64, 0, 64).shapes
     assert graph_pool_bytes(cfg, ladder, 2) == big + 111 * cfg.vocab_size * (2 + 4)
     assert graph_pool_bytes(cfg, [GraphShape(64)], 2) == big
+    # Each graph's hidden states kept for an EAGLE-3 head: 3 x hidden per row of every graph.
+    width = 3 * cfg.hidden_size
+    assert graph_pool_bytes(cfg, ladder, 2, width) - graph_pool_bytes(cfg, ladder, 2) == (111 + 64) * width * 2
 
 
 def test_engine_through_padded_graph_path_matches_transformers(ckpt_dir):

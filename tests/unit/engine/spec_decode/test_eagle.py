@@ -121,6 +121,22 @@ def test_bad_heads_are_refused_naming_the_argument(target, head, tmp_path, ckpt_
         LLM(target, speculative_config=eagle(target, 2, "eagle"), num_kv_blocks=64)
     with pytest.raises(ConfigError, match="speculative_config.model.*no checkpoint"):
         LLM(target, speculative_config=eagle(str(tmp_path / "nope"), 2), num_kv_blocks=64)
+    # A reduced vocabulary without its d2t map; a full one without an LM head of its own
+    # uses the target's (packed by oneDNN on CPU: shared as a module) and serves.
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    no_map, full = tmp_path / "no_map", tmp_path / "full"
+    shutil.copytree(head, no_map)
+    state = load_file(str(no_map / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k not in ("d2t", "t2d")}, str(no_map / "model.safetensors"))
+    with pytest.raises(ConfigError, match="speculative_config.model.*no d2t map"):
+        LLM(target, speculative_config=eagle(str(no_map), 2), num_kv_blocks=64)
+    random_head(target, str(full), seed=5)
+    state = load_file(str(full / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(full / "model.safetensors"))
+    llm = LLM(target, speculative_config=eagle(str(full), 2), num_kv_blocks=64, dtype="float32")
+    assert len(llm.generate([5, 6, 7], SamplingParams(max_tokens=6, temperature=0))[0].token_ids) == 6
     with pytest.raises(ConfigError, match="cpu_forward_shards"):
         LLM(target, speculative_config=eagle(head, 2), num_kv_blocks=64, cpu_forward_shards=2)
 

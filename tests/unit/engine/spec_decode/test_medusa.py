@@ -94,3 +94,6 @@ def test_more_proposals_than_heads_is_refused(target, heads):
         LLM(target, speculative_config=medusa(heads, 4), num_kv_blocks=64)
     with pytest.raises(ConfigError, match="speculative_config.model.*not a Medusa checkpoint"):
         LLM(target, speculative_config=medusa(target, 2), num_kv_blocks=64)
+    from backend.config import EngineArgs
+    with pytest.raises(ValueError, match="'medusa' runs on one rank"):      # (rank 0 holds a vocabulary slice)
+        EngineArgs.create(model=target, tensor_parallel_size=2, speculative_config=medusa(heads, 2))
