@@ -27,6 +27,8 @@ checkpoint.
    kernel alone against its weight-read floor (benchmarks/moe_kernel_bench.py): a
    Mixtral-8x7B layer, a gpt-oss-20b layer in bf16 and with MXFP4 experts. The W8A8 INT8
    GEMM and the INT8 KV cache's attention against bf16 (benchmarks/quant_kernel_bench.py).
+5b. An EAGLE-3 round against a plain decode step on a Llama-3.1-8B-shaped random model
+   (benchmarks/bench_eagle_step.py; speed-up projected from the CPU acceptance lengths).
 6. LoRA decode-step overhead with 1, 4, 16 adapters (benchmarks/bench_lora.py) and INT4
    decode at batch 1 vs bf16 (benchmarks/bench_int.py) on the last model.
 6b. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
@@ -329,15 +331,20 @@ SPEC_BENCH = ["--tokens", "256", "--repeats", "2", "--hidden", "2048", "--layers
 
 
 def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
-    """Speculative decoding on CUDA: greedy tokens with an n-gram and a draft-model
-    proposer against speculation off (bf16: kernels of different shapes may round
-    differently, so the agreement is reported, not asserted), sampled requests complete
-    with the pool free, and batch-1 decode with prompt lookup on the workload of
-    benchmarks/bench_spec.py at a 1B-class size."""
+    """Speculative decoding on CUDA: greedy tokens with n-gram, draft-model, EAGLE-3 and
+    Medusa proposers (random heads in the published layouts) against speculation off
+    (bf16: kernels of different shapes may round differently, so the agreement is
+    reported, not asserted), sampled requests complete with the pool free, and batch-1
+    decode with prompt lookup on the workload of benchmarks/bench_spec.py at a 1B-class
+    size."""
     from backend import SamplingParams
+    from builder.eagle_heads import random_head
+    from builder.medusa_heads import random_heads
     from builder.tiny import build_tiny
     from benchmarks import bench_spec
     path = build_tiny(os.path.join(root, "default-model"))
+    head = random_head(path, os.path.join(root, "eagle3-head"), draft_vocab=1024)
+    medusa = random_heads(path, os.path.join(root, "medusa-heads"), num_heads=4)
     prompts = ["the cat sat on the mat. the cat sat on the mat. the cat", "def add(a, b):\n    return a + b\n\ndef"]
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     plain = _llm(path, max_num_seqs=16)
@@ -347,7 +354,9 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
     _release()
     report = {}
     for name, spec in (("ngram", {"method": "ngram", "num_speculative_tokens": 4}),
-                       ("draft_model", {"method": "draft_model", "model": path, "num_speculative_tokens": 4})):
+                       ("draft_model", {"method": "draft_model", "model": path, "num_speculative_tokens": 4}),
+                       ("eagle3", {"method": "eagle3", "model": head, "num_speculative_tokens": 4}),
+                       ("medusa", {"method": "medusa", "model": medusa, "num_speculative_tokens": 4})):
         llm = _llm(path, max_num_seqs=16, speculative_config=spec)
         outs = [o.token_ids for o in llm.generate(prompts, greedy)]
         sampled = llm.generate(prompts * 4, [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i,
@@ -359,7 +368,7 @@ def speculative_requests(root: str, bench_args: list[str] = SPEC_BENCH) -> dict:
                         "sampled_completed": all(len(o.token_ids) == 32 for o in sampled),
                         "acceptance_rate": stats["spec_decode_acceptance_rate"]}
         drafter = llm.engine.runner.drafter
-        if drafter is not None:     # the draft model's own CUDA graphs (0: eager; the log says why)
+        if drafter is not None and hasattr(drafter, "graphs"):   # a draft model's or head's own CUDA graphs
             report[name]["draft_graphs_captured"] = len(drafter.graphs.shapes) if drafter.graphs else 0
         _free(llm)
         del llm
@@ -381,10 +390,23 @@ def lora_and_int(root: str, model_path: str) -> dict:
             "int4": bench_int.main(["--checkpoint", model_path, "--tokens", "64", "--repeats", "2"])["results"]}
 
 
+EAGLE_STEP = ["--shape", "8b", "--device", "cuda", "--dtype", "bfloat16", "--batch", "1", "16", "64",
+              "--tokens", "24", "--repeats", "2"]
+
+
+def eagle_step(args: list[str] = EAGLE_STEP) -> list[dict]:
+    """Issue 53's GPU figure: an EAGLE-3 round's cost against a plain decode step on a
+    Llama-3.1-8B-shaped random model at batch 1, 16 and 64, and the speed-up it projects
+    from the trained head's CPU acceptance lengths (benchmarks/bench_eagle_step.py; target
+    at batch 1: >= 2x)."""
+    from benchmarks import bench_eagle_step
+    return bench_eagle_step.main(args)["results"]
+
+
 # The end-to-end figures first (a lease is short), the unit tests last (their first
 # compiles are slow).
-STAGES = ["models", "attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "lora_and_int",
-          "unit_tests"]
+STAGES = ["models", "attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "eagle_step",
+          "lora_and_int", "unit_tests"]
 
 
 def main(argv=None) -> int:
@@ -480,13 +502,18 @@ def main(argv=None) -> int:
         report["speculative"] = speculative_requests(root)
         print("speculative decoding:", json.dumps(report["speculative"]), flush=True)
 
+    def eagle() -> None:
+        report["eagle_step"] = eagle_step()
+        print("EAGLE-3 step cost:", json.dumps(report["eagle_step"]), flush=True)
+
     def lora() -> None:
         report["lora_and_int"] = lora_and_int(root, make_checkpoint(a.models[-1], root))
         print("LoRA and INT4:", json.dumps(report["lora_and_int"]), flush=True)
 
     run = {"attention": lambda: kernels("attention"), "moe_kernel": lambda: kernels("moe_kernel"),
            "quant_kernels": lambda: kernels("quant_kernels"), "structured_output": structured,
-           "speculative": speculative, "models": models, "lora_and_int": lora, "unit_tests": unit_tests}
+           "speculative": speculative, "eagle_step": eagle, "models": models, "lora_and_int": lora,
+           "unit_tests": unit_tests}
     stages = [st for st in a.stages if not (st == "unit_tests" and a.skip_tests)]
     for stage in stages:
         if past_budget():
@@ -517,6 +544,7 @@ def render(report: dict) -> str:
              f"copy bandwidth: {report['copy_bandwidth_gbs']:.0f} GB/s",
              f"structured output and logit_bias on CUDA: {report.get('structured_output')}",
              f"speculative decoding on CUDA: {report.get('speculative')}",
+             f"EAGLE-3 round cost (8B shape) and projected speed-up: {report.get('eagle_step')}",
              f"LoRA overhead and INT4 decode on CUDA: {report.get('lora_and_int')}",
              f"seconds per stage: {report.get('stage_seconds')}", ""]
     for stage, err in report.get("stage_errors", {}).items():

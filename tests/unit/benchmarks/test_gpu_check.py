@@ -24,11 +24,13 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     spec = gpu_check.speculative_requests(str(tmp_path), [
         "--tokens", "16", "--repeats", "1", "--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "320",
         "--window", "8", "--configs", "off", "ngram k=4"])
-    for name in ("ngram", "draft_model"):   # fp32 on CPU: exact
+    for name in ("ngram", "draft_model", "eagle3", "medusa"):   # fp32 on CPU: exact
         assert spec[name]["greedy_tokens_equal"] == spec[name]["greedy_tokens"] and spec[name]["sampled_completed"]
     assert spec["draft_model"]["acceptance_rate"] == 1.0
     assert spec["draft_model"]["draft_graphs_captured"] == 0 and "draft_graphs_captured" not in spec["ngram"]  # (CPU)
     assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
+    eagle = gpu_check.eagle_step(["--shape", "tiny", "--batch", "1", "--k", "2", "--tokens", "6", "--repeats", "1"])
+    assert [r["config"] for r in eagle] == ["off", "eagle3 k=2"] and eagle[1]["projected_speedup"] > 0
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
     prof = gpu_check.decode_profile(tiny_ckpt, num_seqs=3, prompt_len=5, steps=2, top=4)
