@@ -38,7 +38,9 @@ BUILD_FLAGS = {"--max-model-len": ("max_model_len", int), "--max-num-seqs": ("ma
                "--num-kv-blocks": ("num_kv_blocks", int), "--tensor-parallel-size": ("tensor_parallel_size", int),
                "--pipeline-parallel-size": ("pipeline_parallel_size", int),
                "--kv-offloading-size": ("kv_offloading_size", float),
-               "--scheduling-policy": ("scheduling_policy", str)}
+               "--scheduling-policy": ("scheduling_policy", str),
+               # vLLM's flag: JSON, or the builder's shorthand ('eagle3:/ckpt/head:4')
+               "--speculative-config": ("speculative", str)}
 DELEGATES = {"build": ("builder", ["build"]), "plan": ("builder", ["plan"]), "generate": ("clients.generate", []),
              "chat": ("clients.chat", []), "bench": ("benchmarks.bench", [])}
 
@@ -124,6 +126,9 @@ def _serve(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="paged-llm serve", description="Serve a Hugging Face checkpoint folder.",
                                  epilog="examples:\n  paged-llm serve ./Llama-3.2-1B --max-model-len 4096\n"
                                         "  API_KEY=... paged-llm serve ./Qwen3-0.6B --quantization fp8\n"
+                                        "  paged-llm serve ./Llama-3.1-8B --speculative-config "
+                                        "'{\"method\": \"eagle3\", \"model\": \"./EAGLE3-head\", "
+                                        "\"num_speculative_tokens\": 4}'\n"
                                         "--host other than loopback exposes every port, Triton's inference too "
                                         "(docs/security.md): it needs a key.\nOther options go to the launcher "
                                         "(python -m clients.tritonserver serve --help).",
@@ -137,8 +142,8 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--quantization", choices=("fp8", "int8", "int4", "w8a8"), help="weights built to this format")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "int8"), default="auto")
     ap.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
-    for flag, (_, typ) in BUILD_FLAGS.items():
-        ap.add_argument(flag, type=typ)
+    for flag, (field, typ) in BUILD_FLAGS.items():
+        ap.add_argument(flag, dest=field, type=typ, metavar=flag[2:].upper().replace("-", "_"))
     args, launcher = ap.parse_known_args(argv)
     options = {field: getattr(args, field) for field, _ in BUILD_FLAGS.values() if getattr(args, field) is not None}
     options.update(weights=args.quantization or args.dtype, kv_cache=args.kv_cache_dtype)

@@ -80,3 +80,20 @@ def test_refused_before_anything_is_built(folder, argv, words, monkeypatch, caps
 
 def test_a_folder_name_becomes_the_model_name():
     assert cli.served_name("./Llama-3.2-1B/") == "Llama-3.2-1B" and cli.served_name("/a/b c") == "b-c"
+
+
+def test_speculative_config_reaches_the_build(folder, monkeypatch):
+    """vLLM's `--speculative-config` (JSON, or the builder's shorthand) is a build option,
+    and part of the cache key."""
+    seen = []
+
+    def build(opts, log=None):
+        seen.append(opts.speculative)
+        os.makedirs(opts.output)
+        open(os.path.join(opts.output, "config.pbtxt"), "w").close()
+    monkeypatch.setattr("builder.build.build", build)
+    monkeypatch.setattr("clients.tritonserver.main", lambda argv: 0)
+    assert cli.main(["serve", folder, "--speculative-config",
+                     '{"method": "ngram", "num_speculative_tokens": 3}']) == 0
+    assert cli.main(["serve", folder, "--speculative-config", "ngram:2"]) == 0
+    assert [(s.method, s.num_speculative_tokens) for s in seen] == [("ngram", 3), ("ngram", 2)]
