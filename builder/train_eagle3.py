@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import TRAINED_DIR, cosine_lr, deterministically, frozen_target
+from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, shipped
 
 NAME = "tiny-llama-trained-eagle3"
 
@@ -220,29 +220,17 @@ def _held_out_agreement(head: _TrainHead, held, features, draft_ids, spec: HeadS
 
 def write_shipped(trained: str) -> None:
     """Store a trained head as the shipped bf16 weights (d2t/t2d as they are) and its log."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    state = load_file(os.path.join(trained, "model.safetensors"))
-    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
-              os.path.join(TRAINED_DIR, f"{NAME}.safetensors"))
     with open(os.path.join(trained, "train_log.json")) as f:
         record = json.load(f)
     with open(os.path.join(trained, "config.json")) as f:
         record["config"] = json.load(f)
-    with open(os.path.join(TRAINED_DIR, f"{NAME}.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    ship(os.path.join(trained, "model.safetensors"), NAME, record)
 
 
 def build_head(output: str) -> str:
     """The shipped head as a checkpoint folder (fp32 values of the bf16 weights)."""
-    from safetensors.torch import load_file
     from builder.eagle_heads import save_head
-    weights = os.path.join(TRAINED_DIR, f"{NAME}.safetensors")
-    if not os.path.isfile(weights):
-        raise FileNotFoundError(f"no shipped EAGLE-3 head at {weights}")
-    with open(os.path.join(TRAINED_DIR, f"{NAME}.json")) as f:
-        record = json.load(f)
-    state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(weights).items()}
+    state, record = shipped(NAME)
     save_head(output, record["config"], state)
     with open(os.path.join(output, "train_log.json"), "w") as f:
         json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)

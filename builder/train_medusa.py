@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import TRAINED_DIR, cosine_lr, deterministically, frozen_target
+from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, shipped
 
 NAME = "tiny-llama-trained-medusa"
 
@@ -117,27 +117,17 @@ def _train(output: str, spec: MedusaSpec, steps: int, log: Callable[[str], None]
 
 
 def write_shipped(trained: str) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
-    state = load_file(os.path.join(trained, "medusa_lm_head.safetensors"))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
-              os.path.join(TRAINED_DIR, f"{NAME}.safetensors"))
+    """Store trained heads as the shipped bf16 weights and their log (with their config)."""
     with open(os.path.join(trained, "train_log.json")) as f:
         record = json.load(f)
-    with open(os.path.join(TRAINED_DIR, f"{NAME}.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    ship(os.path.join(trained, "medusa_lm_head.safetensors"), NAME, record)
 
 
 def build_heads(output: str) -> str:
     """The shipped heads as a checkpoint folder (fp32 values of the bf16 weights)."""
-    from safetensors.torch import load_file
     from builder.medusa_heads import save_heads
-    weights = os.path.join(TRAINED_DIR, f"{NAME}.safetensors")
-    if not os.path.isfile(weights):
-        raise FileNotFoundError(f"no shipped Medusa heads at {weights}")
-    with open(os.path.join(TRAINED_DIR, f"{NAME}.json")) as f:
-        record = json.load(f)
-    save_heads(output, record["config"], {k: v.float() for k, v in load_file(weights).items()})
+    state, record = shipped(NAME)
+    save_heads(output, record["config"], state)
     with open(os.path.join(output, "train_log.json"), "w") as f:
         json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)
     return output

@@ -204,32 +204,42 @@ def perplexity_hf(model, ids, window: int) -> float:
 
 def write_shipped(trained: str, name: str) -> None:
     """Store a trained checkpoint's weights as the shipped bf16 file and its run log."""
+    with open(os.path.join(trained, "train_log.json")) as f:
+        record = json.load(f)
+    ship(os.path.join(trained, "model.safetensors"), name, record)
+
+
+def ship(weights: str, name: str, record: dict) -> None:
+    """A trained run's weights file as the shipped bf16 one (integer maps as they are),
+    and its record, under builder/data/trained/ as `name`."""
     import torch
     from safetensors.torch import load_file, save_file
     os.makedirs(TRAINED_DIR, exist_ok=True)
-    state = load_file(os.path.join(trained, "model.safetensors"))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
-              os.path.join(TRAINED_DIR, f"{name}.safetensors"))
-    with open(os.path.join(trained, "train_log.json")) as f:
-        record = json.load(f)
+    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+               for k, v in load_file(weights).items()}, os.path.join(TRAINED_DIR, f"{name}.safetensors"))
     with open(os.path.join(TRAINED_DIR, f"{name}.json"), "w") as f:
         json.dump(record, f, indent=1)
+
+
+def shipped(name: str) -> tuple[dict, dict]:
+    """(the shipped weights of `name` in fp32, integer maps as they are; its run's record)."""
+    from safetensors.torch import load_file
+    weights = os.path.join(TRAINED_DIR, f"{name}.safetensors")
+    if not os.path.isfile(weights):
+        raise FileNotFoundError(f"no shipped weights for '{name}' at {weights}")
+    with open(os.path.join(TRAINED_DIR, f"{name}.json")) as f:
+        record = json.load(f)
+    return {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(weights).items()}, record
 
 
 def build_trained(output: str, name: str = TARGET.name) -> str:
     """A float32 checkpoint folder from the shipped bf16 weights (the values are bf16's, so
     a bfloat16 build of it is lossless): tokenizer and config as build_tiny writes them."""
-    from safetensors.torch import load_file, save_file
-    spec = SPECS[name]
-    weights = os.path.join(TRAINED_DIR, f"{name}.safetensors")
-    if not os.path.isfile(weights):
-        raise FileNotFoundError(f"no shipped weights for '{name}' at {weights}")
-    build_tiny(output, spec.model)
-    state = load_file(weights)
-    save_file({k: v.float().contiguous() for k, v in state.items()}, os.path.join(output, "model.safetensors"),
+    from safetensors.torch import save_file
+    state, record = shipped(name)
+    build_tiny(output, SPECS[name].model)
+    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(output, "model.safetensors"),
               metadata={"format": "pt"})
-    with open(os.path.join(TRAINED_DIR, f"{name}.json")) as f:
-        record = json.load(f)
     with open(os.path.join(output, "train_log.json"), "w") as f:
         json.dump(record, f, indent=1)
     return output

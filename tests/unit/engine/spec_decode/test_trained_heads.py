@@ -150,7 +150,8 @@ def test_the_training_scripts_reproduce_the_shipped_runs(tmp_path, name):
     import builder.train_eagle3 as eagle3
     import builder.train_medusa as medusa
     module = {"eagle3": eagle3, "medusa": medusa}[name]
-    with open(f"{module.TRAINED_DIR}/{module.NAME}.json") as f:
+    from builder.train_tiny import TRAINED_DIR
+    with open(f"{TRAINED_DIR}/{module.NAME}.json") as f:
         shipped = json.load(f)
     assert shipped["spec"]["steps"] == shipped["steps_run"] == len(shipped["losses"])
     rerun = module.train(str(tmp_path / name), steps=2, log=lambda *_: None)
