@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, shipped
+from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, unpack_shipped
 
 NAME = "tiny-llama-trained-eagle3"
 
@@ -230,11 +230,7 @@ def write_shipped(trained: str) -> None:
 def build_head(output: str) -> str:
     """The shipped head as a checkpoint folder (fp32 values of the bf16 weights)."""
     from builder.eagle_heads import save_head
-    state, record = shipped(NAME)
-    save_head(output, record["config"], state)
-    with open(os.path.join(output, "train_log.json"), "w") as f:
-        json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)
-    return output
+    return unpack_shipped(NAME, output, save_head)
 
 
 def main(argv=None) -> None:

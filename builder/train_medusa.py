@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, shipped
+from builder.train_tiny import cosine_lr, deterministically, frozen_target, ship, unpack_shipped
 
 NAME = "tiny-llama-trained-medusa"
 
@@ -126,11 +126,7 @@ def write_shipped(trained: str) -> None:
 def build_heads(output: str) -> str:
     """The shipped heads as a checkpoint folder (fp32 values of the bf16 weights)."""
     from builder.medusa_heads import save_heads
-    state, record = shipped(NAME)
-    save_heads(output, record["config"], state)
-    with open(os.path.join(output, "train_log.json"), "w") as f:
-        json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)
-    return output
+    return unpack_shipped(NAME, output, save_heads)
 
 
 def main(argv=None) -> None:

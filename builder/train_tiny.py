@@ -221,6 +221,16 @@ def ship(weights: str, name: str, record: dict) -> None:
         json.dump(record, f, indent=1)
 
 
+def unpack_shipped(name: str, output: str, save) -> str:
+    """A drafter's shipped weights as a folder: save(output, its config, fp32 state), and
+    its run's record (without the config) beside them as train_log.json."""
+    state, record = shipped(name)
+    save(output, record["config"], state)
+    with open(os.path.join(output, "train_log.json"), "w") as f:
+        json.dump({k: v for k, v in record.items() if k != "config"}, f, indent=1)
+    return output
+
+
 def shipped(name: str) -> tuple[dict, dict]:
     """(the shipped weights of `name` in fp32, integer maps as they are; its run's record)."""
     from safetensors.torch import load_file

@@ -36,10 +36,7 @@ from backend.engine.runner.model_runner import ModelRunner, allocate_kv_cache, k
 from backend.engine.runner.pooling_runner import PoolingModelRunner
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.scheduler import Scheduler
-from backend.engine.spec_decode.draft_model import load_draft
-from backend.engine.spec_decode.eagle import load_eagle
-from backend.engine.spec_decode.medusa import load_medusa
-from backend.engine.spec_decode.speculator import Speculator, make_proposer
+from backend.engine.spec_decode.speculator import Speculator, load_drafter, make_proposer
 from backend.engine.runner.step_inputs import StepInputBuilder
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
@@ -146,12 +143,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         pack_weights(model, device, dtype, workers)
     tokenizer = load_tokenizer(args.model)
     spec = args.speculative_config
-    draft = None
-    if spec is not None and spec.method == "draft_model":
-        draft = load_draft(spec.model, cfg.vocab_size, tokenizer, dtype, device, attention_backend, max_position)
-    elif spec is not None and spec.method in ("eagle", "eagle3"):
-        draft = load_eagle(spec.method, spec.model, model, stage, dtype, device, attention_backend, max_position)
-    medusa = load_medusa(spec, model, stage, dtype, device) if spec is not None and spec.method == "medusa" else None
+    # (the drafter network, the config of its K/V in the target's blocks or None), or None
+    draft = load_drafter(spec, model, stage, tokenizer, cfg.vocab_size, dtype, device, attention_backend,
+                         max_position) if spec is not None else None
+    draft_cfg = draft[1] if draft is not None else None
 
     use_cuda_graphs = (device.type == "cuda" and attention_backend == "triton" and args.model_runner == "torch"
                        and not args.enforce_eager
@@ -160,8 +155,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     # Per rank: each holds its KV heads of every block (and budgets are per device).
     rank_cfg = stage_kv_config(local_config(cfg, tp_size), stage)
     bytes_per_block = kv_cache_bytes_per_block(rank_cfg, args.block_size, kv_dtype)
-    if draft is not None:           # the draft's K/V lives in the same blocks
-        bytes_per_block += kv_cache_bytes_per_block(draft[1], args.block_size, kv_dtype)
+    if draft_cfg is not None:       # the draft's K/V lives in the same blocks
+        bytes_per_block += kv_cache_bytes_per_block(draft_cfg, args.block_size, kv_dtype)
     memory_profile = None
     if startup is not None:         # sized from gpu_memory_utilization
         memory_profile = dataclasses.replace(measure_memory(model, workers, cfg, args, dtype, kv_dtype, device),
@@ -169,7 +164,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
         args, cfg, device, dtype, use_cuda_graphs, bytes_per_block, memory_profile,
         num_samplers=1 if spec is None or spec.method == "ngram" else 2,     # (a drafter draws with its own)
-        draft_cfg=draft[1] if draft is not None else None)
+        draft_cfg=draft_cfg)
     max_model_len = sizing.resolve_max_model_len(args, cfg, num_kv_blocks)
 
     # Every layer sliding (Mistral-style): blocks out of every window are freed during
@@ -192,14 +187,14 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
 
     speculator, draft_layers = None, None
     if spec is not None:
-        draft_layers = (allocate_kv_cache(draft[1], num_kv_blocks, args.block_size, kv_dtype, device)
-                        if draft is not None else None)
+        draft_layers = (allocate_kv_cache(draft_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
+                        if draft_cfg is not None else None)
         tokens, seqs, blocks = sizing.draft_input_sizes(args, max_model_len)
         # The draft builds and draws k times a step: k host staging buffers each, so
         # none waits for the device to have read the one before (buffers.py).
         slots = spec.num_speculative_tokens if spec.method != "ngram" else 1
         speculator = Speculator(spec, make_proposer(
-            spec, draft if medusa is None else (medusa, None), kv_cache, draft_layers,
+            spec, draft, kv_cache, draft_layers,
             StepInputBuilder(tokens, seqs, blocks, args.block_size, device, staging_slots=slots),
             Sampler(args.seed + 1, device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
     drafter = speculator.proposer if speculator is not None and speculator.in_runner else None

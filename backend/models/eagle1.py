@@ -21,49 +21,33 @@ pytorch_model.bin. Its forward has the decoder's signature, its hidden input rea
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.config import ModelConfig, model_config_from_dict
-from backend.models.eagle3 import HeadConfigError, read_state
+from backend.models.draft_heads import HeadConfigError, PagedDraftHead, place_weights, read_config, read_state
 from backend.models.llama import DecoderLayer
 from backend.models.loader import fuse_projections
-from backend.models.rotary import RotaryEmbedding
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE
 
 
-class Eagle1Head(nn.Module):
+class Eagle1Head(PagedDraftHead):
+    draft_to_target = None          # (no reduced vocabulary: the target's)
+
     def __init__(self, cfg: ModelConfig, fc_bias: bool, own_lm_head: bool, attn_factory: Callable[..., object],
                  ops: LayerOps, max_position: int) -> None:
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg, max_position)
         self.ops = ops
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, attn_factory, ops, SINGLE) for i in range(cfg.num_layers))
-        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False) if own_lm_head else None
-        # The target's LM head when the head has none (as the authors' heads do), in a
-        # tuple so that it is not registered as a module of the head (it may be packed).
-        self.shared_lm_head: tuple = ()
-        self.draft_to_target = None         # (no reduced vocabulary: the target's)
-        self.hidden_in: Optional[torch.Tensor] = None
-        self.captured_hidden: Optional[torch.Tensor] = None
-        self.build_buffers(max_position)
-
-    def build_buffers(self, max_position: int) -> None:
-        cfg = self.config
-        self.rotary = RotaryEmbedding(cfg.rope_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-
-    def allocate_hidden_input(self, max_tokens: int) -> None:
-        p = self.layers[0].post_attention_layernorm.weight
-        self.hidden_in = torch.zeros(max_tokens, self.config.hidden_size, dtype=p.dtype, device=p.device)
+        if own_lm_head:             # (the authors' heads have none: the target's, shared_lm_head)
+            self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
 
     def combine(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's final hidden states are the head's hidden input as they are."""
@@ -88,17 +72,10 @@ class Eagle1Head(nn.Module):
         self.captured_hidden = x + residual
         return self.captured_hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.lm_head if self.lm_head is not None else self.shared_lm_head[0])(hidden)
-
 
 def load_eagle1_head(path: str, target, attn_factory: Callable[..., object], ops: LayerOps, dtype: torch.dtype,
                      device: torch.device, max_position: int) -> tuple[Eagle1Head, ModelConfig]:
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise HeadConfigError(f"no checkpoint (config.json) in '{path}'")
-    with open(cfg_path) as f:
-        hf = json.load(f)
+    hf = read_config(path)
     if "LlamaForCausalLMEagle3" in (hf.get("architectures") or []) or "draft_vocab_size" in hf:
         raise HeadConfigError(f"'{path}' is an EAGLE-3 head: use method 'eagle3'")
     cfg = model_config_from_dict({**hf, "architectures": ["LlamaForCausalLM"]})
@@ -118,16 +95,8 @@ def load_eagle1_head(path: str, target, attn_factory: Callable[..., object], ops
         head = Eagle1Head(cfg, "fc.bias" in state, "lm_head.weight" in state, attn_factory, ops, max_position)
     state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight)
     state.setdefault("layers.0.input_layernorm.weight", torch.ones(cfg.hidden_size))     # (never applied)
-    expected = {n for n, _ in head.named_parameters()}
-    if set(state) - expected or expected - set(state):
-        raise HeadConfigError(f"'{path}': weights {sorted(set(state) - expected)[:4]} unexpected, "
-                              f"{sorted(expected - set(state))[:4]} missing")
-    try:
-        head.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as e:               # (a tensor of the wrong shape)
-        raise HeadConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
     head.build_buffers(max_position)
-    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    head = place_weights(head, state, path, dtype, device)
     if head.lm_head is None:
         head.shared_lm_head = (target.lm_head,)
     return head, cfg

@@ -27,9 +27,6 @@ address that the proposer fills before each forward.
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 from typing import Callable, Optional
 
 import torch
@@ -37,26 +34,18 @@ from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.config import ModelConfig, model_config_from_dict
+from backend.models.draft_heads import HeadConfigError, PagedDraftHead, place_weights, read_config, read_state
 from backend.models.llama import MLP, Attention, RMSNorm
 from backend.models.loader import fuse_projections
-from backend.models.rotary import RotaryEmbedding
 from backend.ops import LayerOps
 from backend.parallel.group import SINGLE
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
 
-class HeadConfigError(ValueError):
-    pass
-
-
 def head_config(path: str) -> tuple[ModelConfig, dict]:
     """(the layer's shapes as a one-layer Llama ModelConfig, config.json as read)."""
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise HeadConfigError(f"no checkpoint (config.json) in '{path}'")
-    with open(cfg_path) as f:
-        hf = json.load(f)
+    hf = read_config(path)
     if not set(hf.get("architectures") or []) & set(ARCHITECTURES):
         raise HeadConfigError(f"'{path}' is not an EAGLE-3 head (architectures {hf.get('architectures')!r}; "
                               f"expected one of {list(ARCHITECTURES)})")
@@ -75,11 +64,10 @@ def aux_layer_ids(hf: dict, target_layers: int) -> tuple[int, ...]:
     return ids
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(PagedDraftHead):
     def __init__(self, cfg: ModelConfig, target_hidden: int, draft_vocab: int, attn_factory: Callable[..., object],
                  ops: LayerOps, max_position: int, norm_before_residual: bool = False) -> None:
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg, max_position)
         self.ops = ops
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
@@ -92,23 +80,9 @@ class Eagle3Head(nn.Module):
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head: Optional[nn.Linear] = nn.Linear(h, draft_vocab, bias=False)
-        # The target's LM head when the head has none (a full draft vocabulary), in a
-        # tuple so that it is not registered as the head's module.
-        self.shared_lm_head: tuple = ()
+        self.lm_head = nn.Linear(h, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long), persistent=False)
         self.norm_before_residual = norm_before_residual
-        self.hidden_in: Optional[torch.Tensor] = None      # [max tokens, hidden]: allocate_hidden_input
-        self.captured_hidden: Optional[torch.Tensor] = None
-        self.build_buffers(max_position)
-
-    def build_buffers(self, max_position: int) -> None:
-        cfg = self.config
-        self.rotary = RotaryEmbedding(cfg.rope_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-
-    def allocate_hidden_input(self, max_tokens: int) -> None:
-        p = self.norm.weight        # (the linears may be oneDNN-packed: no `weight` there)
-        self.hidden_in = torch.zeros(max_tokens, self.config.hidden_size, dtype=p.dtype, device=p.device)
 
     @property
     def draft_to_target(self) -> Optional[torch.Tensor]:
@@ -139,24 +113,8 @@ class Eagle3Head(nn.Module):
         out, self.captured_hidden = ops.add_rms_norm(self.mlp(h), residual, self.norm.weight, self.norm.eps)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[R, draft vocab] (the proposer maps them to the target's ids)."""
-        return (self.lm_head if self.lm_head is not None else self.shared_lm_head[0])(hidden)
-
-
-def read_state(path: str) -> dict[str, torch.Tensor]:
-    """A head's tensors: its *.safetensors, else its pytorch_model*.bin or *.pt (read with
-    weights_only: tensors, no code)."""
-    from safetensors.torch import load_file
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        state.update(load_file(f))
-    if not state:
-        for f in sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")) + glob.glob(os.path.join(path, "*.pt"))):
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
-    if not state:
-        raise HeadConfigError(f"no weights (*.safetensors, pytorch_model*.bin or *.pt) in '{path}'")
-    return state
+    # compute_logits (PagedDraftHead's) scores the draft vocabulary: the proposer maps
+    # its ids to the target's.
 
 
 def _our_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -199,27 +157,14 @@ def load_eagle3_head(path: str, target, attn_factory: Callable[..., object], ops
     if d2t is None and draft_vocab != tcfg.vocab_size:
         raise HeadConfigError(f"'{path}' has a {draft_vocab}-token draft vocabulary but no d2t map to the "
                               f"target's {tcfg.vocab_size} ids")
-    shared = "lm_head.weight" not in state            # (the target's, shared as a module: it may be packed)
+    shared = "lm_head.weight" not in state            # (the target's, shared as a module)
     if shared:
-        state["lm_head.weight"] = torch.empty(0)      # (a placeholder, dropped below)
-    unexpected = set(state) - {n for n, _ in head.named_parameters()}
-    if unexpected:
-        raise HeadConfigError(f"unexpected weights in '{path}': {sorted(unexpected)[:5]}")
-    if shared:
-        del state["lm_head.weight"]
         head.lm_head = None
-    try:
-        head.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as e:               # (a tensor of the wrong shape)
-        raise HeadConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
-    missing = [n for n, p in head.named_parameters() if p.is_meta]
-    if missing:
-        raise HeadConfigError(f"'{path}' lacks weights: {missing[:5]}")
     head.d2t = d2t.to(torch.long) if d2t is not None else torch.zeros(draft_vocab, dtype=torch.long)
     if len(head.d2t) != draft_vocab:
         raise HeadConfigError(f"d2t has {len(head.d2t)} entries, draft_vocab_size is {draft_vocab}")
     head.build_buffers(max_position)        # (built on the meta device above)
-    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    head = place_weights(head, state, path, dtype, device)
     if shared:
         head.shared_lm_head = (target.lm_head,)
     return head, cfg, ids

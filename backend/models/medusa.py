@@ -17,15 +17,13 @@ Checkpoints:
 
 from __future__ import annotations
 
-import json
-import os
 import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.models.eagle3 import HeadConfigError, read_state
+from backend.models.draft_heads import HeadConfigError, place_weights, read_config, read_state
 
 
 class MedusaConfigError(HeadConfigError):
@@ -69,11 +67,7 @@ def _our_names(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, tor
 
 
 def load_medusa_heads(path: str, target, dtype: torch.dtype, device: torch.device) -> MedusaHeads:
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise MedusaConfigError(f"no checkpoint (config.json) in '{path}'")
-    with open(cfg_path) as f:
-        hf = json.load(f)
+    hf = read_config(path)
     num_heads = hf.get("medusa_num_heads", hf.get("num_heads"))
     num_layers = hf.get("medusa_num_layers", hf.get("num_hidden_layers"))
     if num_heads is None or num_layers is None:
@@ -89,15 +83,7 @@ def load_medusa_heads(path: str, target, dtype: torch.dtype, device: torch.devic
     original = bool(hf.get("original_lm_head", False)) and not any(k.startswith("lm_heads.") for k in state)
     with torch.device("meta"):
         heads = MedusaHeads(hidden, vocab, int(num_heads), int(num_layers), original)
-    expected = {n for n, _ in heads.named_parameters()}
-    if set(state) != expected:
-        raise MedusaConfigError(f"'{path}': weights {sorted(set(state) - expected)[:4]} unexpected, "
-                                f"{sorted(expected - set(state))[:4]} missing")
-    try:
-        heads.load_state_dict(state, assign=True)
-    except RuntimeError as e:               # (a tensor of the wrong shape)
-        raise MedusaConfigError(f"'{path}' does not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
-    heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    heads = place_weights(heads, state, path, dtype, device)
     if original:
         heads.shared_lm_head = (target.lm_head,)
     return heads

@@ -90,27 +90,19 @@ class EagleProposer(DraftModelProposer):
         return super()._draw(logits, requests)
 
 
-def load_eagle(method: str, path: str, target, stage, dtype: torch.dtype, device: torch.device,
-               attention_backend: str, max_position: int):
+def load_eagle(method: str, path: str, target, dtype: torch.dtype, device: torch.device, attention_backend: str,
+               max_position: int):
     """(the head, its layers' ModelConfig), with the target set to capture what the head
-    reads: the layer inputs an EAGLE-3 head names, the final hidden states for EAGLE-1.
-    Errors name speculative_config.model."""
+    reads: the layer inputs an EAGLE-3 head names, the final hidden states for EAGLE-1."""
     from backend.attention import make_attention_factory
-    from backend.config import ConfigError
     from backend.models.eagle1 import load_eagle1_head
-    from backend.models.eagle3 import HeadConfigError, load_eagle3_head
+    from backend.models.eagle3 import load_eagle3_head
     from backend.ops import make_layer_ops
-    if target is None or stage is not None:
-        raise ConfigError(f"invalid engine argument 'speculative_config.method': '{method}' needs the torch model on "
-                          "one rank (model_runner 'torch', no pipeline parallelism)")
     factory, ops = make_attention_factory(attention_backend), make_layer_ops(attention_backend)
-    try:
-        if method == "eagle3":
-            head, cfg, layers = load_eagle3_head(path, target, factory, ops, dtype, device, max_position)
-        else:
-            head, cfg = load_eagle1_head(path, target, factory, ops, dtype, device, max_position)
-    except (HeadConfigError, OSError) as e:
-        raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
+    if method == "eagle3":
+        head, cfg, layers = load_eagle3_head(path, target, factory, ops, dtype, device, max_position)
+    else:
+        head, cfg = load_eagle1_head(path, target, factory, ops, dtype, device, max_position)
     if method == "eagle3":
         target.aux_hidden_layers = frozenset(layers)
     else:

@@ -68,19 +68,12 @@ class MedusaProposer:
         return Proposals(out)
 
 
-def load_medusa(spec, target, stage, dtype: torch.dtype, device: torch.device):
+def load_medusa(spec, target, dtype: torch.dtype, device: torch.device):
     """The heads `spec` (SpeculativeConfig) names, with the target set to capture its final
-    hidden states. Errors name the engine argument."""
+    hidden states."""
     from backend.config import ConfigError
-    from backend.models.eagle3 import HeadConfigError
     from backend.models.medusa import load_medusa_heads
-    if target is None or stage is not None:
-        raise ConfigError("invalid engine argument 'speculative_config.method': 'medusa' needs the torch model on "
-                          "one rank (model_runner 'torch', no pipeline parallelism)")
-    try:
-        heads = load_medusa_heads(spec.model, target, dtype, device)
-    except (HeadConfigError, OSError) as e:
-        raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
+    heads = load_medusa_heads(spec.model, target, dtype, device)
     if spec.num_speculative_tokens > heads.num_heads:
         raise ConfigError(f"invalid engine argument 'speculative_config.num_speculative_tokens': "
                           f"{spec.num_speculative_tokens} proposals need as many Medusa heads; '{spec.model}' has "

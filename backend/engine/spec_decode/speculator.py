@@ -89,8 +89,7 @@ class Speculator:
 
 
 def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs, sampler, vocab_size: int):
-    """The proposer the config names; `draft` is load_draft's (model, config) for a draft
-    model, load_eagle's (head, config) for an EAGLE head, (load_medusa's heads, None)."""
+    """The proposer the config names; `draft` is what load_drafter returned."""
     if config.method == "ngram":
         from backend.engine.spec_decode.ngram import NgramProposer
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
@@ -102,3 +101,29 @@ def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs,
         return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
     from backend.engine.spec_decode.draft_model import DraftModelProposer
     return DraftModelProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
+
+
+def load_drafter(config: SpeculativeConfig, target, stage, tokenizer, vocab_size: int, dtype, device,
+                 attention_backend: str, max_position: int):
+    """The drafter network the config names and the config of its K/V in the target's
+    blocks: (draft model, its ModelConfig), (EAGLE head, its layers' ModelConfig), or
+    (Medusa heads, None); None for n-gram lookup. A head reads the target's hidden states,
+    so it needs the torch model on one rank. Errors name the engine argument."""
+    if config.method == "ngram":
+        return None
+    if config.method == "draft_model":
+        from backend.engine.spec_decode.draft_model import load_draft
+        return load_draft(config.model, vocab_size, tokenizer, dtype, device, attention_backend, max_position)
+    from backend.config import ConfigError
+    from backend.models.draft_heads import HeadConfigError
+    if target is None or stage is not None:
+        raise ConfigError(f"invalid engine argument 'speculative_config.method': '{config.method}' needs the torch "
+                          "model on one rank (model_runner 'torch', no pipeline parallelism)")
+    try:
+        if config.method == "medusa":
+            from backend.engine.spec_decode.medusa import load_medusa
+            return load_medusa(config, target, dtype, device), None
+        from backend.engine.spec_decode.eagle import load_eagle
+        return load_eagle(config.method, config.model, target, dtype, device, attention_backend, max_position)
+    except (HeadConfigError, OSError) as e:
+        raise ConfigError(f"invalid engine argument 'speculative_config.model': {e}") from None
