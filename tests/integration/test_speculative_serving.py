@@ -2,10 +2,12 @@
 `builder build --speculative`; the draft is the model itself, so that several tokens
 land per step: random tiny models never agree with each other): streamed greedy deltas equal the offline engine's with
 the same speculative_config, and Triton's metrics endpoint counts the proposals exactly
-as the offline engine counts them. A second entry in the same repository, `eagle`, serves
-the model with an EAGLE-3 head in the published layout, built with `--speculative
-eagle3:PATH` (random: it proposes, the target rejects): its streams equal plain decoding.
-Starts its own server (models `llm` and `eagle`)."""
+as the offline engine counts them. Then a repository of its own serves the model with an
+EAGLE-3 head in the published layout, built with `--speculative eagle3:PATH` (random: it
+proposes, the target rejects): its streams equal plain decoding. Starts its own servers,
+one after the other (model `llm`, then `eagle`): with both models in one server, its
+python backend aborted at a first request in 2 of 4 CI runs (boost's lock_exception;
+docs/development.md)."""
 
 import json
 
@@ -39,7 +41,7 @@ def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
     spec = {"method": "draft_model", "model": tiny_ckpt, "num_speculative_tokens": 4}
     repo = build_repo(tmp_path / "repo", tiny_ckpt, speculative=json.dumps(spec))
     head = random_head(tiny_ckpt, str(tmp_path / "eagle3_head"), seed=1, draft_vocab=1024)
-    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(tmp_path / "repo" / "eagle"), name="eagle",
+    build(BuildOptions.create(checkpoint=tiny_ckpt, output=str(tmp_path / "eagle_repo" / "eagle"), name="eagle",
                               block_size=16, num_kv_blocks=256, max_num_seqs=16, speculative=f"eagle3:{head}:3"),
           log=lambda *_: None)
     sampling = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -70,7 +72,8 @@ def test_streams_and_metrics_with_a_draft_model(tmp_path, tiny_ckpt):
         assert len(res.times) == 40          # one response per token
         assert metric(srv, "llm_spec_decode_num_drafts_total") == drafts
         wait_blocks_free(srv)
-        # The EAGLE-3 entry: the head was copied into it, and it proposes inside the step.
+    # The EAGLE-3 entry: the head was copied into it, and it proposes inside the step.
+    with TritonServer(str(tmp_path / "eagle_repo"), log_path=str(tmp_path / "eagle_server.log")) as srv:
         for prompt in PROMPTS:
             res = StreamingRequest(srv.grpc_url, model="eagle").run(prompt, sampling)
             assert res.ok, res.error
