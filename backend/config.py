@@ -251,6 +251,17 @@ class EngineArgs(BaseModel):
     max_lora_rank: int = Field(16, ge=1, le=512)
     max_cpu_loras: Optional[int] = Field(None, ge=1)
 
+    # Vision-language models (backend/multimodal/): vLLM's limit_mm_per_prompt (items per
+    # prompt by modality; {"image": 0} refuses images), its encoder budget per step and
+    # encoder cache size (both in vision-tower output rows; None: max_num_batched_tokens,
+    # raised to the largest image the processor makes), and ours: the largest encoded
+    # image accepted and its largest pixel count (read from the header before decoding).
+    limit_mm_per_prompt: dict[str, int] = Field(default_factory=lambda: {"image": 16})
+    max_num_encoder_input_tokens: Optional[int] = Field(None, ge=1)
+    encoder_cache_size: Optional[int] = Field(None, ge=1)
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(64 * 1024 * 1024, ge=1)
+
     # Per-request limits (backend/engine/request_limits.py): a request over one is refused
     # alone, with an error naming the field and the limit; the server serves on. vLLM's
     # names and defaults where it has them (max_logprobs).
@@ -273,6 +284,17 @@ class EngineArgs(BaseModel):
     _kv_events_json = field_validator("kv_events_config", mode="before")(lambda v: json_or_value(v))
     _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
+    _mm_limit_json = field_validator("limit_mm_per_prompt", mode="before")(lambda v: json_or_value(v))
+
+    @field_validator("limit_mm_per_prompt")
+    @classmethod
+    def _mm_limits(cls, v: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(v) - {"image"})
+        if unknown:
+            raise ValueError(f"modality '{unknown[0]}' is not served (supported: image)")
+        if any(n < 0 for n in v.values()):
+            raise ValueError("limits must be 0 or more")
+        return v
 
     @field_validator("guided_compile_timeout_s", "request_timeout_s", "node_join_timeout_s", "node_health_timeout_s")
     @classmethod

@@ -30,7 +30,9 @@ class LLM:
                  priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
-        A prompt is a string or a list of token ids. A single prompt may be passed bare.
+        A prompt is a string, a list of token ids, or vLLM's dict ({"prompt": text} or
+        {"prompt_token_ids": ids}, with "multi_modal_data": {"image": [PIL images]} for a
+        vision-language model). A single prompt may be passed bare.
         With `n` > 1 a prompt's output is that of its first completion, and `completions`
         holds all n in index order (child requests sharing the prompt's blocks, seeds
         `seed + i`: backend.engine.parallel_sampling). With `prompt_logprobs` each output's
@@ -41,7 +43,7 @@ class LLM:
         """
         if self.engine.args.runner == "pooling":
             raise ValueError("this engine pools (runner='pooling'): use LLM.embed")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)

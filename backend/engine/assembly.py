@@ -37,7 +37,9 @@ from backend.engine.runner.pooling_runner import PoolingModelRunner
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.speculator import Speculator, load_drafter, make_proposer
+from backend.engine.runner.mm_step import EncoderOutputs
 from backend.engine.runner.step_inputs import StepInputBuilder
+from backend.engine.vision import VisionParts, make_vision
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
@@ -81,6 +83,7 @@ class EngineParts:
     bytes_per_rank: list[tuple[int, int]]       # (weight bytes, KV cache bytes) of each rank, rank 0 first
     kv_events: Optional[KVEventCollector] = None    # KV cache events, with kv_events_config
     handoff: Optional[KVHandoff] = None         # blocks handed between engines (disaggregation)
+    vision: Optional[VisionParts] = None        # vision-language models: processor, limits, encoder cache
 
 
 def assemble(args: EngineArgs) -> EngineParts:
@@ -142,6 +145,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     if model is not None:
         pack_weights(model, device, dtype, workers)
     tokenizer = load_tokenizer(args.model)
+    vision = make_vision(args, cfg)
     spec = args.speculative_config
     # (the drafter network, the config of its K/V in the target's blocks or None), or None
     draft = load_drafter(spec, model, stage, tokenizer, cfg.vocab_size, dtype, device, attention_backend,
@@ -215,18 +219,20 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           may_speculate=Speculator.can_speculate if speculator is not None else None,
                           # the draft proposes inside the runner's step, into slots reserved with it
                           num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0,
-                          policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s), handoff=handoff)
+                          policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s), handoff=handoff,
+                          encoder=vision.encoder_cache if vision is not None else None)
     kv_layers = allocate_kv_cache(rank_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
     if kv_scales is not None:
         set_kv_cache_scales(kv_layers, kv_scales)
     weight_bytes = model_bytes(model) if model is not None else 0
-    shards = _cpu_shards(args, cfg, device, attention_backend, workers, lora, weight_bytes)
+    shards = _cpu_shards(args, cfg, device, attention_backend, workers, lora, weight_bytes, vision is not None)
     if shards is not None:
         started.append(shards)
     runner = _make_runner(args, cfg, model, kv_layers, device, kv_cache, max_model_len, max_position,
                           long_rope_original, workers=workers, lora=lora, structured=scheduler.structured,
                           shards=shards, drafter=drafter,
-                          kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None)
+                          kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
+                          encoder_outputs=EncoderOutputs(model, device) if vision is not None else None)
     bytes_per_rank = [(weight_bytes, kv_bytes(kv_layers))]
     if workers is not None:
         bytes_per_rank = workers.setup(num_kv_blocks, args.block_size, sizing.input_sizes(args, max_model_len),
@@ -242,7 +248,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         lora=lora, tokenizer=tokenizer, use_cuda_graphs=use_cuda_graphs, memory_profile=memory_profile,
         num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
         kv_cache=kv_cache, scheduler=scheduler, runner=runner, speculator=speculator,
-        bytes_per_rank=bytes_per_rank, kv_events=kv_events, handoff=handoff)
+        bytes_per_rank=bytes_per_rank, kv_events=kv_events, handoff=handoff, vision=vision)
 
 
 def _kv_events(args: EngineArgs) -> Optional[KVEventCollector]:
@@ -292,7 +298,8 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
     structured only (no ranks, adapters, shards or draft)."""
     sampler = Sampler(args.seed, device, args.max_num_seqs)
     inputs = StepInputBuilder(*sizing.input_sizes(args, max_model_len), args.block_size, device,
-                              long_rope=(long_rope_original, max_position) if long_rope_original is not None else None)
+                              long_rope=(long_rope_original, max_position) if long_rope_original is not None else None,
+                              mrope=parts.get("encoder_outputs") is not None)
     common = (kv_layers, args.block_size, device, sampler, kv_cache.block_table, inputs, cfg.vocab_size)
     if args.runner == "pooling":
         return PoolingModelRunner(model, *common, pooler=args.pooler, structured=parts["structured"])
@@ -311,17 +318,18 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
 
 
 def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attention_backend: str, workers, lora,
-                weight_bytes: int) -> Optional[ShardedForward]:
+                weight_bytes: int, vision: bool = False) -> Optional[ShardedForward]:
     """The forward split by sequences over threads (cpu_shards.py): only the torch
     model's eager path on CPU, on one rank, without LoRA (its row groups are the whole
     step's); by default only where the weights fit in the last-level cache."""
     heads = args.speculative_config is not None and args.speculative_config.reads_target_hidden
     eligible = (args.runner == "generate" and args.model_runner == "torch" and device.type == "cpu"
                 and attention_backend == "torch" and workers is None and lora is None
-                and not heads)          # (EAGLE and Medusa heads read the whole step's hidden states)
+                and not heads           # (EAGLE and Medusa heads read the whole step's hidden states)
+                and not vision)         # (a step's image rows and M-RoPE table are the whole step's)
     requested = args.cpu_forward_shards
     if requested is not None and requested > 1 and not eligible:
         raise ConfigError(f"invalid engine argument 'cpu_forward_shards': {requested} shards need the torch "
-                          "model on CPU with attention_backend 'torch', one rank, no LoRA, no EAGLE or Medusa heads and runner "
+                          "model on CPU with attention_backend 'torch', one rank, no LoRA, no EAGLE or Medusa heads, no images and runner "
                           "'generate'; leave it unset")
     return sharded_forward(requested, eligible, cfg.hidden_size, cfg.num_layers, weight_bytes)

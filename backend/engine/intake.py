@@ -11,7 +11,7 @@ checks and schedules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -23,7 +23,9 @@ from backend.engine.request import Request
 from backend.engine.sampling.sampling_row import SamplingRow
 from backend.sampling_params import SamplingParams
 
-Prompt = Union[str, Sequence[int]]
+# Text, token ids, or vLLM's prompt dict: {"prompt": text} or {"prompt_token_ids": ids},
+# with "multi_modal_data": {"image": [...]} for a vision-language model.
+Prompt = Union[str, Sequence[int], dict[str, Any]]
 
 
 @dataclass
@@ -34,6 +36,7 @@ class PreparedPrompt:
     bad_words: Optional[BadWords]
     prompt_error: Optional[Exception] = None
     bad_words_error: Optional[Exception] = None
+    mm_inputs: Optional[object] = None      # the prompt's images (backend/multimodal/inputs.py)
 
 
 class RequestIntake:
@@ -55,10 +58,29 @@ class RequestIntake:
         except Exception as e:          # (raised where the intake checks bad words)
             prepared.bad_words_error = e
         try:
-            prepared.token_ids = self.tokenize(prompt)
+            prepared.token_ids, prepared.mm_inputs = self._prompt_inputs(prompt)
         except Exception as e:
             prepared.prompt_error = e
         return prepared
+
+    def _prompt_inputs(self, prompt: Prompt) -> tuple[list[int], Optional[object]]:
+        """Token ids and images of a prompt (the images' processing is here: off the
+        engine thread)."""
+        if not isinstance(prompt, dict):
+            return self.tokenize(prompt), None
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+        if unknown:
+            raise InvalidRequestError(f"unknown prompt field '{unknown[0]}' (expected prompt or prompt_token_ids, "
+                                      "and multi_modal_data)")
+        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise InvalidRequestError("a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'")
+        token_ids = self.tokenize(prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"])
+        mm_data = prompt.get("multi_modal_data")
+        if not mm_data:
+            return token_ids, None
+        if self.vision is None:
+            raise InvalidRequestError(f"this model ({self.model_config.architecture}) does not accept images")
+        return self.vision.process(token_ids, mm_data)
 
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None) -> Request:
@@ -127,6 +149,7 @@ class RequestIntake:
             arrival_time=arrival_time or self.clock(), max_tokens=max_tokens,
             eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
             cache_salt=self.lora.salt(params.lora_name) if self.lora is not None else None, pooling=pooling,
+            mm_inputs=prepared.mm_inputs,
             sampling_row=SamplingRow.of(params, eos, self.model_config.vocab_size),
             generator=(torch.Generator(device=self.device).manual_seed(params.seed)
                        if params.seed is not None else None))

@@ -56,6 +56,7 @@ class LLMEngine(RequestIntake):
         self.speculator = parts.speculator
         self.kv_events = parts.kv_events       # KV cache events over ZMQ, or None
         self.handoff = parts.handoff           # prefill/decode disaggregation's blocks, or None
+        self.vision = parts.vision             # vision-language models' processor and limits, or None
         try:
             self._build_step_side(args)
         except BaseException:

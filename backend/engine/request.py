@@ -11,6 +11,7 @@ import torch
 from backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from backend.multimodal.inputs import MultiModalInputs
     from backend.engine.sampling.bad_words import BadWords
     from backend.engine.sampling.sampling_row import SamplingRow
 
@@ -95,6 +96,19 @@ class Request:
         if self.sampling_params.prompt_logprobs is None:
             return 0
         return len(self.prompt_token_ids) - 1
+
+    # Vision-language models: the prompt's images (their placeholder tokens are in
+    # prompt_token_ids) and M-RoPE positions; None for a text-only request.
+    mm_inputs: Optional["MultiModalInputs"] = None
+
+    def block_key(self, i: int, block_size: int) -> tuple[int, ...]:
+        """What identifies full block i in the prefix cache: its token ids, and for a
+        prompt with images, the hash and place of each image its tokens are part of."""
+        a, b = i * block_size, (i + 1) * block_size
+        tokens = tuple(self.token_slice(a, b))
+        if self.mm_inputs is None or a >= len(self.prompt_token_ids):
+            return tokens
+        return tokens + self.mm_inputs.block_extras(a, b)
 
     # runner="pooling": prefill only; the step that completes the prompt returns its
     # pooled hidden state and the request finishes there, nothing sampled.

@@ -42,6 +42,9 @@ def rope_fields(cfg: dict[str, Any], arch: Architecture) -> dict[str, Any]:
     partial_rotary_factor (RoPE over the first int(head_dim * factor) channels: Phi-4-mini)."""
     full, local = _split_rope(cfg, arch)
     theta = float(full.pop("rope_theta"))
+    # M-RoPE (Qwen2-VL): ordinary frequencies, split in sections by the model (qwen2_vl.py).
+    if full.pop("mrope_section", None) is not None and full.get("rope_type", full.get("type")) in (None, "mrope"):
+        full["rope_type"] = "default"
     partial = float(full.pop("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0)
     rope_type = full.get("rope_type", full.get("type", "default"))
     if rope_type in ("su",) or (arch.yarn_means_longrope and rope_type == "yarn"):

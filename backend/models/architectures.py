@@ -45,6 +45,9 @@ class Architecture(NamedTuple):
     # Mixture of experts (backend/models/moe_config.py): how config.json states it: "",
     # "mixtral", "qwen", "qwen_shared_expert" (Qwen2-MoE's always-on expert) or "gpt_oss".
     moe: str = ""
+    # Vision-language models: the multimodal processor that reads its images
+    # (backend/multimodal/registry.py); "" for text-only models.
+    vision: str = ""
 
 
 # gpt-oss's RoPE when config.json names none (transformers' GptOssConfig).
@@ -72,6 +75,9 @@ ARCHITECTURES: dict[str, Architecture] = {
                                     "checkpoint tensors are not split across ranks yet"),
     "GptOssForCausalLM": Architecture("gpt_oss", "gpt_oss", "GptOssCausalLM", **_GPT_OSS),
     "GraniteForCausalLM": Architecture("granite", "granite", "GraniteCausalLM"),
+    "Qwen2VLForConditionalGeneration": Architecture(
+        "qwen2_vl", "qwen2_vl", "Qwen2VLCausalLM", qkv_bias="always", windows="qwen", rope_theta=1_000_000.0,
+        vision="qwen2_vl", single_rank="its vision tower is not split across ranks yet"),
     "Olmo2ForCausalLM": Architecture("olmo2", "olmo2", "Olmo2CausalLM",
                                      single_rank="its q/k norms span every head: not split across ranks yet"),
 }

@@ -111,6 +111,11 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         raise UnsupportedModelError(
             f"unsupported architecture {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     entry = ARCHITECTURES[arch]
+    if entry.vision:
+        # A vision-language checkpoint: the decoder's fields are in text_config
+        # (transformers >= 5) or at the top (the published ones); the top level keeps
+        # vision_config and the image token ids.
+        cfg = {**cfg, **(cfg.get("text_config") or {}), "architectures": archs}
 
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]

@@ -186,9 +186,11 @@ class CausalLM(nn.Module):
         return self.rotary
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[KVCacheLayer], meta: AttentionMetadata) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm."""
-        x = self.embed(input_ids)
+                kv_caches: list[KVCacheLayer], meta: AttentionMetadata,
+                inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm. inputs_embeds: the step's
+        embeddings when a subclass made them (image tokens: qwen2_vl.py)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         aux = self.aux_hidden_layers
         captured = []

@@ -58,7 +58,7 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
     by sequences over threads (cpu_shards.py)."""
     if shards is not None:
         return shards(model, kv_caches, step)
-    hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
+    hidden = model(step.input_ids, step.positions, kv_caches, step.meta, **step.model_kwargs)
     if step.num_logits == 0:
         return None
     if not step.all_rows_sampled:
@@ -70,7 +70,8 @@ class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
                  inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None, structured=None,
-                 shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None) -> None:
+                 shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
+                 encoder_outputs=None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -103,6 +104,8 @@ class ModelRunner:
         self.drafter = drafter
         # A store of KV blocks beyond the pool (kv_offload/): runs each step's copies.
         self.kv_connector = kv_connector
+        # Vision-language models: the vision tower's outputs (mm_step.py).
+        self.encoder_outputs = encoder_outputs
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
         """Capture this runner's decode (and verify) CUDA graphs, every rank at once under
@@ -157,6 +160,8 @@ class ModelRunner:
             self._fill_placeholders(step, prev)
         if step.proposals:
             device_fill(step.input_ids, step.proposals, self._proposal_index)
+        if self.encoder_outputs is not None:
+            self.encoder_outputs.prepare(out, step)
         lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
         if self.lora is not None:       # (LoRA engines capture decode graphs only)
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import AttentionMetadata
+from backend.engine.runner import mrope
 from backend.engine.runner.buffers import StagedBuffer
 from backend.engine.runner.persistent_block_tables import PersistentBlockTables
 from backend.engine.scheduling.sched_output import SchedulerOutput
@@ -72,11 +73,18 @@ class StepInputs:
     # A draft model's proposals verified in this step, left on the device by the draft:
     # (index into input_ids of the first, the proposals); their ids are 0 here.
     proposals: list[tuple[int, DraftTokens]] = field(default_factory=list)
+    # M-RoPE models: the step's [3, T] positions when it holds prompt tokens of a
+    # request with images (mrope.py); the runner sends them with the image rows.
+    mrope_positions: Optional[np.ndarray] = None
+    # What the model's forward takes beside the packed inputs (vision-language models:
+    # mm_embeds, mrope_positions; set by the runner); empty for text-only steps.
+    model_kwargs: dict = field(default_factory=dict)
 
 
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, staging_slots: int = 1, long_rope: Optional[tuple[int, int]] = None) -> None:
+                 device: torch.device, staging_slots: int = 1, long_rope: Optional[tuple[int, int]] = None,
+                 mrope: bool = False) -> None:
         """staging_slots: host buffers used in turn (buffers.py), for a builder that builds
         several forwards a step (the draft model's). long_rope (LongRoPE models):
         (original_max_position_embeddings, the table's long-mode offset)."""
@@ -101,6 +109,7 @@ class StepInputBuilder:
         # LongRoPE (backend/models/rotary.py): (original_max_position_embeddings, offset of
         # the long rows in the rotary table), or None.
         self.long_rope = long_rope
+        self.mrope = mrope          # (Qwen2-VL: runner/mrope.py)
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]
@@ -150,9 +159,13 @@ class StepInputBuilder:
         long_rope = None
         if self.long_rope is not None:
             long_rope = np.fromiter((s.request.long_rope for s in sched), dtype=bool, count=B)
+        deltas = mrope.deltas(sched) if self.mrope else None
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
-                                   extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None)
+                                   extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None,
+                                   mrope_deltas=deltas)
+        if deltas is not None:
+            step.mrope_positions = mrope.table(sched, int(step.input_ids.shape[0]))
         if placeholders or proposals:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
@@ -164,7 +177,8 @@ class StepInputBuilder:
                        tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
                        pad_to: Optional[int] = None, long_rope: Optional[np.ndarray] = None,
                        extra_rows: Optional[list[tuple[int, np.ndarray]]] = None,
-                       pad_tokens_to: Optional[int] = None) -> StepInputs:
+                       pad_tokens_to: Optional[int] = None,
+                       mrope_deltas: Optional[tuple[np.ndarray, np.ndarray]] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
         b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
         after every such row, for the rows extra_rows lists as (sequence i, offsets into
@@ -214,6 +228,8 @@ class StepInputBuilder:
             # After the slots, which need the true positions: tokens of requests in
             # LongRoPE's long mode index the rotary table's second half.
             pos += self.long_rope[1] * long_rope[seq_of_token].astype(pos.dtype)
+        if mrope_deltas is not None:
+            mrope.shift(pos, seq_of_token, mrope_deltas)     # (after the slots too)
         n_updates = len(index)
         updates = self._host("table_updates", 2 * n_updates)
         updates[:n_updates] = index

@@ -91,8 +91,7 @@ class KVCacheManager:
         if len(hashes) >= request.num_tokens // bs:
             return                      # no newly full block
         hashes.extend(hash_chain(hashes[-1] if hashes else request.cache_salt,
-                                 (request.token_slice(i * bs, (i + 1) * bs)
-                                  for i in range(len(hashes), request.num_tokens // bs))))
+                                 (request.block_key(i, bs) for i in range(len(hashes), request.num_tokens // bs))))
 
     def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None) -> Optional[list[KVBlock]]:
         """Longest run of cached full blocks matching the request's leading tokens, or None
@@ -116,7 +115,7 @@ class KVCacheManager:
         found: list = []
         for i in range(max_blocks):
             parent = request.block_hashes[i - 1] if i else request.cache_salt
-            block = self.pool.lookup(request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            block = self.pool.lookup(request.block_hashes[i], parent, request.block_key(i, bs))
             if block is None:
                 break
             if block.pending:
@@ -192,7 +191,7 @@ class KVCacheManager:
         for i in range(start, num_full):      # the new full blocks' tokens only
             parent = request.block_hashes[i - 1] if i else request.cache_salt
             if self.pool.register(blocks[i], request.block_hashes[i], parent,
-                                  tuple(request.token_slice(i * bs, (i + 1) * bs)), pending) and self.events:
+                                  request.block_key(i, bs), pending) and self.events:
                 stored.append(i)
         self._num_registered[rid] = num_full
         if stored:

@@ -10,6 +10,7 @@ import torch
 
 from backend.engine.kv_offload.connector import KVTransfers
 from backend.engine.request import Request
+from backend.multimodal.inputs import ImageItem
 
 
 @dataclass
@@ -55,6 +56,10 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # Copies between the KV pool and a store beyond it (kv_offload/), run before the forward.
     kv_transfers: Optional[KVTransfers] = None
+    # Vision-language models (scheduling/encoder_cache.py): the images the vision tower
+    # runs before this step's forward, and the outputs (by hash) the runner drops first.
+    encoder_inputs: list[ImageItem] = field(default_factory=list)
+    encoder_frees: list[bytes] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

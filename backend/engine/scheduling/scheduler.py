@@ -28,6 +28,7 @@ from collections import deque
 from typing import Callable, Optional, Union
 
 from backend.engine.errors import InvalidRequestError
+from backend.engine.scheduling.encoder_cache import EncoderCacheManager
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_device_hits
 from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
@@ -45,8 +46,11 @@ class Scheduler(ProposalSlots):
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
                  long_rope_original: Optional[int] = None,
                  may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0,
-                 policy: str = "fcfs", ranking: Ranking = Ranking(), handoff: Optional[KVHandoff] = None) -> None:
+                 policy: str = "fcfs", ranking: Ranking = Ranking(), handoff: Optional[KVHandoff] = None,
+                 encoder: Optional[EncoderCacheManager] = None) -> None:
         self.kv_cache = kv_cache
+        # Vision-language models: the images each step encodes (encoder_cache.py).
+        self.encoder = encoder
         # Prefill/decode disaggregation: a finished request that asks keeps its blocks for
         # a decode engine (kv_handoff.py).
         self.handoff = handoff
@@ -122,6 +126,8 @@ class Scheduler(ProposalSlots):
                 self.structured.cancel(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if self.encoder is not None:
+            self.encoder.release(request)
         transfer = request.sampling_params.kv_transfer_params
         if transfer and transfer.get("do_remote_decode") and reason != FinishReason.ABORT and self.handoff:
             block_ids = self.handoff.hold(request)
@@ -148,6 +154,8 @@ class Scheduler(ProposalSlots):
         """max_batch_seqs: at most this many requests in the step (a micro-batch's share)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        if self.encoder is not None:
+            self.encoder.begin_step()
         max_batch_seqs = max_batch_seqs or self.max_num_seqs
 
         # Priority: requests preempted to make room for a higher-priority waiting one are
@@ -178,6 +186,12 @@ class Scheduler(ProposalSlots):
             self.kv_cache.free_outside_window(request)
             num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                           - request.num_computed_tokens, budget)
+            plan = self._encoder_plan(request, request.num_computed_tokens, num_new)
+            if plan is not None:
+                if not plan.num_new_tokens:
+                    idx += 1                # its next image waits for the vision tower's budget
+                    continue
+                num_new = plan.num_new_tokens
             if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
                 # Proposals are optional: never preempt anyone to verify them.
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -191,6 +205,7 @@ class Scheduler(ProposalSlots):
                 if victim is request:
                     break
             else:
+                self._commit_encoder(out, request, plan)
                 self._record(out, request, num_new)
                 budget -= num_new
                 idx += 1
@@ -222,10 +237,17 @@ class Scheduler(ProposalSlots):
                 continue
             num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(request.num_tokens - num_computed, budget)
+            plan = self._encoder_plan(request, num_computed, num_new)
+            if plan is not None:
+                if not plan.num_new_tokens:
+                    skipped.append(self.waiting.popleft())      # its first image waits for the budget
+                    continue
+                num_new = plan.num_new_tokens
             if not self.kv_cache.allocate_slots(request, num_new, cached):
                 break
             self.waiting.popleft()
             request.num_computed_tokens = num_computed
+            self._commit_encoder(out, request, plan)
             request.num_cached_tokens = len(cached) * self.kv_cache.block_size
             request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
@@ -240,6 +262,8 @@ class Scheduler(ProposalSlots):
         self.waiting.extendleft(reversed(skipped))
         if self.num_lookahead_tokens:
             self.reserve_lookahead(out)
+        if self.encoder is not None:
+            out.encoder_frees = self.encoder.take_freed()
         if out.scheduled and self.kv_cache.connector is not None:
             out.kv_transfers = self.kv_cache.take_transfers()   # (kept for a step that runs)
         if self.exclude_in_flight:
@@ -277,6 +301,17 @@ class Scheduler(ProposalSlots):
             out.preempted.append(worst)
             preempted.add(worst.request_id)
         return preempted
+
+    def _encoder_plan(self, request: Request, start: int, num_new: int):
+        """Vision-language models: the chunk cut before an image the step cannot encode."""
+        if self.encoder is None or request.mm_inputs is None:
+            return None
+        return self.encoder.plan(request, start, num_new)
+
+    def _commit_encoder(self, out: SchedulerOutput, request: Request, plan) -> None:
+        if plan is not None:
+            self.encoder.commit(request, plan)
+            out.encoder_inputs.extend(plan.encode)
 
     def _no_adapter_slot(self, request: Request, loras: set[str]) -> bool:
         """Its adapter is not among `loras` (those of the step) and they fill max_loras."""
@@ -318,6 +353,8 @@ class Scheduler(ProposalSlots):
     def _preempt(self, request: Request, long_rope_restart: bool = False) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
+        if self.encoder is not None:
+            self.encoder.release(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = request.num_draft_computed = 0
         request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)

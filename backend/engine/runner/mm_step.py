@@ -1,0 +1,54 @@
+"""The runner's side of the vision tower: the outputs it holds by image hash, the images
+the scheduler names encoded before the step's forward, and the step's image rows put
+in place of their placeholder tokens (vLLM's encoder cache in the GPU model runner).
+
+What to encode and what to drop is the scheduler's (scheduling/encoder_cache.py); this
+only carries it out: drops first (never an output the step uses), then encodes, then
+gathers each scheduled chunk's rows, a chunk that ends inside an image included."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from backend.engine.runner.step_inputs import StepInputs
+from backend.engine.scheduling.sched_output import SchedulerOutput
+
+
+class EncoderOutputs:
+    def __init__(self, model, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.outputs: dict[bytes, torch.Tensor] = {}
+
+    def prepare(self, out: SchedulerOutput, step: StepInputs) -> None:
+        """Sets step.model_kwargs for the model's forward."""
+        for h in out.encoder_frees:
+            self.outputs.pop(h, None)
+        if out.encoder_inputs:
+            self._encode(out.encoder_inputs)
+        index: list[np.ndarray] = []
+        rows: list[torch.Tensor] = []
+        first = 0
+        for s in out.scheduled:
+            mm, a, n = s.request.mm_inputs, s.num_computed_tokens, s.num_new_tokens
+            if mm is not None:
+                for i in mm.overlapping(a, a + n):
+                    item = mm.items[i]
+                    lo, hi = max(a, item.offset), min(a + n, item.end)
+                    rows.append(self.outputs[item.mm_hash][lo - item.offset:hi - item.offset])
+                    index.append(np.arange(first + lo - a, first + hi - a))
+            first += n
+        kwargs = {}
+        if rows:
+            kwargs["mm_embeds"] = (torch.from_numpy(np.concatenate(index)).to(self.device), torch.cat(rows))
+        if step.mrope_positions is not None:
+            kwargs["mrope_positions"] = torch.from_numpy(step.mrope_positions).to(self.device)
+        step.model_kwargs = kwargs
+
+    def _encode(self, items) -> None:
+        """One tower run over the step's new images (each attends within itself)."""
+        pixels = torch.cat([item.pixel_values for item in items]).to(self.device)
+        outputs = self.model.encode_images(pixels, [item.grid_thw for item in items])
+        for item, rows in zip(items, outputs):
+            self.outputs[item.mm_hash] = rows

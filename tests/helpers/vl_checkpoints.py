@@ -1,0 +1,76 @@
+"""Random-weight vision-language checkpoints (with their image processor's config),
+generated images, and greedy references from transformers itself."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+# Vocabulary ids of the tiny Qwen2-VL's special tokens (inside its 320-token vocabulary).
+IMAGE, VIDEO, VISION_START, VISION_END = 300, 301, 302, 303
+# Images of up to 16 merged tokens (a 112 x 112 image), at least 4.
+MIN_PIXELS, MAX_PIXELS = 28 * 28 * 4, 28 * 28 * 16
+
+
+def make_qwen2_vl(path: str, seed: int = 0) -> str:
+    import transformers as tf
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    text = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.25, bos_token_id=1,
+                eos_token_id=2, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                 "rope_theta": 10000.0})
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.25)
+    cfg = tf.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
+                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+    torch.manual_seed(seed)
+    tf.Qwen2VLForConditionalGeneration(cfg).eval().save_pretrained(path)
+    tf.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(path)
+    return path
+
+
+def make_images(sizes: list[tuple[int, int]], seed: int = 0) -> list:
+    """RGB images of (height, width) each: smooth gradients with noise, so that resizing
+    keeps them distinct."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    out = []
+    for h, w in sizes:
+        base = np.linspace(0, 255, h * w * 3).reshape(h, w, 3)
+        noise = rng.integers(0, 80, (h, w, 3))
+        out.append(Image.fromarray(((base + noise) % 256).astype(np.uint8)))
+    return out
+
+
+def with_image(text_ids: list[int], n_images: int = 1, tail: list[int] = (5, 6, 7)) -> list[int]:
+    """text, then <vision_start><image_pad><vision_end> per image, then a tail."""
+    ids = list(text_ids)
+    for _ in range(n_images):
+        ids += [VISION_START, IMAGE, VISION_END]
+    return ids + list(tail)
+
+
+def hf_vl_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' generate, one prompt at a time: the placeholders expanded by the
+    image processor's grid (as Qwen2VLProcessor does)."""
+    import transformers as tf
+    model = tf.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = tf.AutoImageProcessor.from_pretrained(path)
+    outs = []
+    for ids, images in prompts:
+        kwargs = {}
+        if images:
+            px = processor(images=images, return_tensors="pt")
+            counts = iter((px["image_grid_thw"].prod(-1) // 4).tolist())
+            ids = [t for tok in ids for t in ([IMAGE] * next(counts) if tok == IMAGE else [tok])]
+            kwargs = dict(pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
+        input_ids = torch.tensor([ids])
+        kwargs["mm_token_type_ids"] = (input_ids == IMAGE).int()
+        with torch.no_grad():
+            gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **kwargs)
+        outs.append(gen[0, len(ids):].tolist())
+    return outs
