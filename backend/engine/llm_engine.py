@@ -244,6 +244,7 @@ class LLMEngine(RequestIntake):
             **(self.scheduler.lora_stats() if self.lora is not None else {}),
             **(kv.connector.stats() if kv.connector is not None else {}),
             **(self.handoff.stats() if self.handoff is not None else {}),
+            **(self.vision.encoder_cache.stats() if self.vision is not None else {}),
             **({"requests_by_priority": counts_by_priority(list(self.scheduler.running), list(self.scheduler.waiting))}
                if self.args.scheduling_policy == "priority" else {}),
             **(self.batch_queue.stats() if self.batch_queue is not None else {}),

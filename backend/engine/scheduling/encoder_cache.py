@@ -48,6 +48,10 @@ class EncoderCacheManager:
         self._budget = self.budget_per_step
         self._step = set()
 
+    def stats(self) -> dict:
+        return {"encoder_images_encoded": self.num_encoded, "encoder_cache_hits": self.num_cache_hits,
+                "encoder_cache_rows": self.rows_held, "encoder_cache_size": self.cache_size}
+
     def take_freed(self) -> list[bytes]:
         freed, self._freed = self._freed, []
         return freed

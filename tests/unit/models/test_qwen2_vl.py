@@ -1,0 +1,142 @@
+"""Qwen2-VL (backend/models/qwen2_vl.py, backend/multimodal/, the encoder cache in
+backend/engine/scheduling/encoder_cache.py): greedy output equals transformers' (fp32,
+CPU) with images of several sizes and aspect ratios, one and several per prompt beside
+text-only prompts, prompt chunks ending inside images, preemption, and the prefix and
+encoder caches keyed by the image's content."""
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.engine.errors import InvalidRequestError
+from tests.conftest import assert_pool_free, random_prompts
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.vl_checkpoints import (IMAGE, VISION_START, hf_vl_greedy, make_images, make_qwen2_vl,
+                                          with_image)
+
+MAX_NEW = 12
+GREEDY = SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def vl_path(tmp_path_factory):
+    return make_qwen2_vl(str(tmp_path_factory.mktemp("qwen2_vl") / "ckpt"))
+
+
+def as_prompt(ids, images):
+    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids
+
+
+def run(llm, prompts):
+    outs = llm.generate([as_prompt(ids, images) for ids, images in prompts], GREEDY)
+    return [o.token_ids for o in outs]
+
+
+def settled(llm):
+    assert_pool_free(llm)
+    assert not llm.engine.vision.encoder_cache.refs     # every reference released
+
+
+def test_vision_tower_matches_transformers(vl_path):
+    import transformers as tf
+    from backend.attention import make_attention_factory
+    from backend.models.config import load_model_config
+    from backend.models.loader import load_model
+    cfg = load_model_config(vl_path)
+    ours = load_model(vl_path, cfg, torch.float32, torch.device("cpu"), make_attention_factory("torch"), 1024)
+    ref = tf.Qwen2VLForConditionalGeneration.from_pretrained(vl_path).eval()
+    px = tf.AutoImageProcessor.from_pretrained(vl_path)(images=make_images([(60, 90), (100, 40)]),
+                                                        return_tensors="pt")
+    with torch.no_grad():
+        got = ours.encode_images(px["pixel_values"], [tuple(g) for g in px["image_grid_thw"].tolist()])
+        want = ref.model.get_image_features(px["pixel_values"], px["image_grid_thw"]).pooler_output
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_greedy_matches_transformers_in_a_batch_mix(vl_path):
+    """Text-only, one-image and two-image prompts together; a 20-token step budget cuts
+    prompts inside images (16 tokens the largest), and a small pool preempts."""
+    images = make_images([(60, 90), (100, 40), (112, 112), (30, 30), (200, 50), (56, 140)], seed=1)
+    texts = random_prompts(6, [7, 12, 3, 20, 1, 9], vocab=290, seed=3)
+    prompts = [(with_image(texts[0]), [images[0]]), (texts[1], []),
+               (with_image(texts[2], 2), [images[1], images[2]]), (with_image(texts[3]), [images[3]]),
+               (with_image(texts[4], 3), [images[4], images[5], images[0]]), (texts[5] + [4] * 30, [])]
+    expected = hf_vl_greedy(vl_path, prompts, MAX_NEW)
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=20, max_num_seqs=8)
+    assert run(llm, prompts) == expected
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0, stats
+    settled(llm)
+    # With n-gram speculation: its verified tokens take the requests' M-RoPE offsets.
+    spec = LLM(vl_path, block_size=4, num_kv_blocks=64, max_num_batched_tokens=20, max_num_seqs=8,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    assert run(spec, prompts) == expected
+    assert spec.stats()["spec_decode_num_draft_tokens"] > 0
+    settled(spec)
+
+
+def test_a_chunk_ends_inside_an_image(vl_path):
+    """Text of 4 tokens, then an image of 16: a 12-token budget computes the image's
+    tokens in two steps from one encoder run."""
+    image = make_images([(112, 112)], seed=2)
+    prompt = (with_image([10, 11, 12, 13]), image)
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=12)
+    assert run(llm, [prompt]) == hf_vl_greedy(vl_path, [prompt], MAX_NEW)
+    stats = llm.stats()
+    assert stats["encoder_images_encoded"] == 1 and stats["num_chunked_prefills"] >= 2, stats
+    settled(llm)
+
+
+def test_prefix_cache_keys_carry_the_image(vl_path):
+    """The same text and image hit every full block; the same text with another image
+    of the same size hits only the blocks before it."""
+    first, other = make_images([(84, 84), (84, 84)], seed=4)
+    text = random_prompts(1, [8], vocab=290, seed=5)[0]
+    ids = with_image(text, tail=[5, 6, 7, 8, 9, 10, 11])      # 8 + 1 + 9 + 1 + 7 = 26 tokens
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=32)
+    expected = hf_vl_greedy(vl_path, [(ids, [first]), (ids, [other])], MAX_NEW)
+    assert run(llm, [(ids, [first])]) == expected[:1]
+    hits = llm.stats()["prefix_cache_hit_tokens"]
+    assert run(llm, [(ids, [first])]) == expected[:1]
+    same = llm.stats()["prefix_cache_hit_tokens"] - hits
+    assert run(llm, [(ids, [other])]) == expected[1:]
+    different = llm.stats()["prefix_cache_hit_tokens"] - hits - same
+    assert same == (26 - 1) // 4 * 4 and different == 8, (same, different)
+    settled(llm)
+
+
+def test_a_repeated_image_is_encoded_once(vl_path):
+    """Other text before the same image: no prefix hit, but the encoder cache serves it."""
+    image = make_images([(70, 100)], seed=6)
+    a, b = random_prompts(2, [5, 9], vocab=290, seed=7)
+    prompts = [(with_image(a), image), (with_image(b), image)]
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=32)
+    expected = hf_vl_greedy(vl_path, prompts, MAX_NEW)
+    assert run(llm, prompts[:1]) + run(llm, prompts[1:]) == expected
+    stats = llm.stats()
+    assert stats["encoder_images_encoded"] == 1 and stats["encoder_cache_hits"] == 1, stats
+    settled(llm)
+
+
+def test_bad_image_requests_are_refused_alone(vl_path, ckpt_dir):
+    image = make_images([(50, 50)])
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=32, limit_mm_per_prompt={"image": 2})
+    engine = llm.engine
+    cases = [({"prompt_token_ids": [5, IMAGE, 6], "multi_modal_data": {"image": image * 2}}, "placeholder"),
+             ({"prompt_token_ids": [5, IMAGE, IMAGE, IMAGE], "multi_modal_data": {"image": image * 3}},
+              "limit_mm_per_prompt allows 2"),
+             ({"prompt_token_ids": [5, IMAGE], "multi_modal_data": {"video": image}}, "modality 'video'"),
+             ({"prompt_token_ids": [5, IMAGE], "multi_modal_data": {"image": ["http://example.com/a.png"]}},
+              "scheme 'http'"),
+             ({"prompt_token_ids": [5, IMAGE], "multi_modal_data": {"image": [b"not an image"]}}, "not a decodable"),
+             ({"prompt_token_ids": [5], "prompt": "x"}, "exactly one")]
+    for prompt, message in cases:
+        with pytest.raises(InvalidRequestError, match=message):
+            engine.add_request(prompt, GREEDY)
+    ok = (with_image([VISION_START, 9]), image)
+    assert run(llm, [ok]) == hf_vl_greedy(vl_path, [ok], MAX_NEW)
+    settled(llm)
+    text_only = LLM(make_checkpoint(str(ckpt_dir / "llama"), "llama"), block_size=4, num_kv_blocks=16)
+    with pytest.raises(InvalidRequestError, match="does not accept images"):
+        text_only.engine.add_request({"prompt_token_ids": [5, 6], "multi_modal_data": {"image": image}}, GREEDY)
