@@ -200,7 +200,7 @@ class TritonPythonModel(Watcher):
         if self.metrics:
             self.metrics.on_request(parsed.params.n)
         for index, (child_id, params) in enumerate(children):
-            self.loop.add_request(parsed.prompt, params, child_id,
+            self.loop.add_request(parsed.engine_prompt(), params, child_id,
                                   callback=lambda out, w=writer, i=index: self._responses.put((w, i, out)))
 
     def _control(self, params: dict, sender) -> None:

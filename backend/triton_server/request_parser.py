@@ -9,9 +9,11 @@ a message that names the input at fault.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -51,7 +53,10 @@ INPUT_SPECS: list[dict[str, Any]] = (
      {"name": "end_id", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
      {"name": "beam_width", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
      # TensorRT-LLM's way to end a request: `stop` true, with that request's id.
-     {"name": "stop", "data_type": "TYPE_BOOL", "dims": [1], "optional": True}]
+     {"name": "stop", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+     # The vLLM backend's image input: one base64-encoded image file per element (a
+     # data: URL is taken too), for a vision-language model.
+     {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True}]
     + [{"name": n, "data_type": "TYPE_BOOL", "dims": [1], "optional": True} for n in BOOL_INPUTS]
     + [{"name": n, "data_type": t, "dims": [1], "optional": True} for n, t in (
         ("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_k", "TYPE_INT32"),
@@ -95,6 +100,14 @@ class ParsedRequest:
     return_prompt_logprobs: bool = False
     prompt_text: str = ""
     stop_key: Optional[str] = None   # what a `stop` must carry to end this request (stop_key.py)
+    images: list[bytes] = field(default_factory=list)   # input `image`, decoded from base64
+
+    def engine_prompt(self) -> Union[str, list[int], dict]:
+        """The prompt as the engine takes it: with images, vLLM's prompt dict."""
+        if not self.images:
+            return self.prompt
+        key = "prompt" if isinstance(self.prompt, str) else "prompt_token_ids"
+        return {key: self.prompt, "multi_modal_data": {"image": self.images}}
 
 
 def _scalar(name: str, arr: np.ndarray) -> Any:
@@ -292,8 +305,26 @@ def parse_request(inputs: dict[str, np.ndarray],
     if flags.get("stream") and not flags["exclude_input_in_output"]:
         raise InvalidRequestError("Error generating stream: When streaming, `exclude_input_in_output` = False "
                                   "is not allowed.")  # the vLLM backend's words
+    images = _images(inputs["image"]) if "image" in inputs else []
     requested = params.logprobs is not None
     if flags.get("return_cumulative_logprob") and not requested:
         params = params.model_copy(update={"logprobs": 0})
     return ParsedRequest(prompt=prompt, params=params, prompt_text=text or "", logprobs_requested=requested,
-                         stop_key=stop_key, **flags)
+                         stop_key=stop_key, images=images, **flags)
+
+
+def _images(arr: np.ndarray) -> list[bytes]:
+    """Input `image`: base64 text per element (or a data: URL's), as bytes. Decoding the
+    image itself is the engine's (backend/multimodal/images.py), with its limits."""
+    out = []
+    for i, value in enumerate(arr.reshape(-1)):
+        text = _text("image", value).strip()
+        if text.startswith("data:"):
+            header, _, text = text.partition(",")
+            if ";base64" not in header:
+                raise InvalidRequestError(f"input 'image' element {i}: a data URL must be base64-encoded")
+        try:
+            out.append(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise InvalidRequestError(f"input 'image' element {i} is not valid base64") from None
+    return out

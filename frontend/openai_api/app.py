@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from frontend.openai_api import completions as completion, embeddings, lora_adapters, metrics, sleep_routes, tokenization
 from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
+from frontend.openai_api.chat_content import checked_images
 from frontend.openai_api.chat_completion import ChatCompletion, Shape
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
@@ -153,6 +154,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                          guided=any(k.startswith("guided_") for k in sampling), legacy=legacy)
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
+        images = checked_images([u for m in req.messages for u in m.image_urls()], served.accepts_images, req.model)
         def render() -> tuple[list[dict], str, list[int]]:    # in a thread: 400k messages take seconds
             messages = [m.for_template() for m in req.messages]
             return (messages, *app.state.chat.render(served.checkpoint, req.model, messages, tool_plan.tools,
@@ -163,7 +165,7 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
             reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         shape = ChatCompletion(req, lambda: ChoiceOutput(reasoning(text) if reasoning else None,
                                                          tool_plan.parser(app.state.tool_config)), tool_plan)
-        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs)
+        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, req.logprobs, images)
         app.state.request_log.received(shape.id, req.model, messages, sampling)
         return await _respond(request, gen, req, shape)
 

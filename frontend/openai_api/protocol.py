@@ -25,7 +25,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       model_validator)
 
 from backend.engine.sampling.logits_processors import PROCESSORS, request_fields
-from frontend.openai_api.chat_content import check_parts
+from frontend.openai_api.chat_content import check_parts, image_url_of
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.tools.protocol import (ChatTool, FunctionDefinition, FunctionName, MessageToolCall,
@@ -205,8 +205,12 @@ class CompletionRequest(_Common):
         return v
 
 
-_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-         "required": ["type", "text"]}
+_PART = {"anyOf": [
+    {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+     "required": ["type", "text"]},
+    {"type": "object", "properties": {"type": {"const": "image_url"}, "image_url": {
+        "type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}},
+     "required": ["type", "image_url"]}]}
 # Only an assistant message may go without content.
 _CONTENT_NEEDED = {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
                    "then": {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]}}
@@ -225,6 +229,11 @@ class ChatMessage(BaseModel):
         """The message as chat templates read it: text content, and each call's arguments
         as a dict (templates write them with tojson), as vLLM passes them."""
         m = {**self.model_dump(exclude_none=True), "content": self.text()}
+        if self.image_urls():
+            # With images, content parts as vision-language templates read them: each
+            # image a {"type": "image"} where it stood (its URL goes to the engine).
+            m["content"] = [{"type": "image"} if image_url_of(p) is not None else p
+                            for p in self.content if p.get("type") == "text" or image_url_of(p) is not None]
         if self.tool_calls:
             m["tool_calls"] = [{**c.model_dump(), "function": {"name": c.function.name,
                                                                "arguments": _json_or_text(c.function.arguments)}}
@@ -244,6 +253,11 @@ class ChatMessage(BaseModel):
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a '{self.role}' message needs content (only an assistant message may have none)")
         return self
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [url for url in map(image_url_of, self.content) if url is not None]
 
     def text(self) -> str:
         if isinstance(self.content, list):     # content parts: the text ones

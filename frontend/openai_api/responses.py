@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from frontend.openai_api.chat_content import checked_images
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
@@ -239,15 +240,16 @@ def register_responses(app: FastAPI) -> None:
                          guided=any(k.startswith("guided_") for k in sampling))
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
+        messages, images = for_template(system + conversation)
+        images = checked_images(images, served.accepts_images, req.model)
         text, ids = await asyncio.to_thread(lambda: app.state.chat.render(   # a thread: long inputs take seconds
-            served.checkpoint, req.model, for_template(system + conversation), tool_plan.tools,
-            req.chat_template_kwargs, served.max_model_len))
+            served.checkpoint, req.model, messages, tool_plan.tools, req.chat_template_kwargs, served.max_model_len))
         reasoning = app.state.reasoning_parser
         if reasoning is not None:
             reasoning_sampling(reasoning(text), sampling, app.state.chat.tokenizer(served.checkpoint, req.model))
         output = ChoiceOutput(reasoning(text) if reasoning else None, tool_plan.parser(app.state.tool_config))
         builder = ResponseBuilder(req, tool_plan)
-        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, False)
+        gen = app.state.llm.generate(req.model, ids, sampling, req.stream, False, images)
         deltas = gen.__aiter__()
 
         def stored() -> None:

@@ -99,19 +99,27 @@ class ResponsesRequest(NullMeansDefault):
         return p
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str, images: bool = False) -> Union[str, list[dict]]:
+    """The content as chat content: its text, or with images (`input_image`, where
+    `images`) chat's text and image_url parts in order."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise APIError(400, f"'{where}.content' must be a string or a list of parts", where)
-    texts = []
+    parts: list[dict] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
+        if images and kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            continue
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            takes = "input_text / output_text" + (" / input_image" if images else "")
             raise APIError(400, f"'{where}.content': parts of type {kind!r} are not supported (this model "
-                                "takes text: input_text / output_text)", where)
-        texts.append(part["text"])
-    return "".join(texts)
+                                f"takes {takes})", where)
+        parts.append({"type": "text", "text": part["text"]})
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def input_messages(items: Union[str, list[dict[str, Any]]]) -> list[dict]:
@@ -129,7 +137,7 @@ def input_messages(items: Union[str, list[dict[str, Any]]]) -> list[dict]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"'{where}.role' must be user, system, developer or assistant", where)
-            messages.append({"role": role, "content": _text(item.get("content"), where)})
+            messages.append({"role": role, "content": _text(item.get("content"), where, images=role == "user")})
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise APIError(400, f"'{where}': a function_call needs call_id, name and arguments (strings)", where)
@@ -149,6 +157,8 @@ def input_messages(items: Union[str, list[dict[str, Any]]]) -> list[dict]:
     return messages
 
 
-def for_template(messages: list[dict]) -> list[dict]:
-    """Through the chat API's message model: the same checks and the same template form."""
-    return [ChatMessage.model_validate(m).for_template() for m in messages]
+def for_template(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """Through the chat API's message model: the same checks and the same template form;
+    with the image URLs of the conversation, in order."""
+    checked = [ChatMessage.model_validate(m) for m in messages]
+    return [m.for_template() for m in checked], [u for m in checked for u in m.image_urls()]

@@ -50,6 +50,7 @@ class ServedModel:
     max_model_len: Optional[int] = None
     runner: str = "generate"                  # config parameter runner: "pooling" serves /v1/embeddings
     lora_enabled: bool = False                # takes adapters at run time (lora_adapters.py)
+    accepts_images: bool = False              # a vision-language checkpoint (chat_content.py)
 
     @property
     def parent(self) -> Optional[str]:
@@ -138,7 +139,8 @@ class TritonLLM:
             lora = (params.get("enable_lora") or "").lower() == "true" or bool(params.get("lora_modules"))
             found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
                                       max_model_len=_max_model_len(params, checkpoint) or None,
-                                      runner=self._runner(name, params), lora_enabled=lora)
+                                      runner=self._runner(name, params), lora_enabled=lora,
+                                      accepts_images=_accepts_images(checkpoint))
             # The model's own list (adapters loaded since start included), else its config's.
             adapters = (await listed_adapters(self.client, name)) if lora else None
             for adapter in adapters if adapters is not None else self._adapters(name, params):
@@ -197,11 +199,12 @@ class TritonLLM:
         return models[name]
 
     def generate(self, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
-                 logprobs: bool) -> "Generation":
+                 logprobs: bool, images: Optional[list[str]] = None) -> "Generation":
+        """images: data: URLs, sent as the vLLM backend's `image` input."""
         served = self._models.get(model)
         if served is not None and served.lora_name:
             model, sampling = served.triton_model, {**sampling, "lora_name": served.lora_name}
-        return Generation(self.client, model, prompt, sampling, stream, logprobs)
+        return Generation(self.client, model, prompt, sampling, stream, logprobs, images)
 
 
 class ClientDisconnected(Exception):
@@ -230,7 +233,7 @@ class Generation:
     the request and frees its KV blocks)."""
 
     def __init__(self, client, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
-                 logprobs: bool) -> None:
+                 logprobs: bool, images: Optional[list[str]] = None) -> None:
         self.request_id = uuid.uuid4().hex
         self.n = int(sampling.get("n", 1))
         flags = ["exclude_input_in_output", "return_num_input_tokens"] + (["return_logprobs"] if logprobs else [])
@@ -240,7 +243,9 @@ class Generation:
             outputs.append("prompt_logprobs")
         inputs = make_inputs(prompt if isinstance(prompt, str) else None, sampling, stream,
                              input_ids=None if isinstance(prompt, str) else list(prompt),
-                             extra={name: np.array([True]) for name in flags})
+                             extra={**{name: np.array([True]) for name in flags},
+                                    **({"image": np.array([u.encode() for u in images], dtype=np.object_)}
+                                       if images else {})})
         # The empty final response tells us when Triton is done with the request.
         self._request = {"model_name": model, "inputs": inputs, "request_id": self.request_id,
                          "outputs": [InferRequestedOutput(o) for o in outputs],
@@ -309,6 +314,17 @@ class Generation:
             await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
         except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
             pass                        # the cancel in __aiter__'s finally ends it
+
+
+def _accepts_images(checkpoint: Optional[str]) -> bool:
+    """Whether the checkpoint's architecture reads images (its `vision` entry)."""
+    from backend.models.architectures import ARCHITECTURES
+    try:
+        with open(os.path.join(checkpoint or "", "config.json")) as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return any(ARCHITECTURES[a].vision for a in archs if a in ARCHITECTURES)
 
 
 def _max_model_len(params: dict, checkpoint: Optional[str]) -> int:

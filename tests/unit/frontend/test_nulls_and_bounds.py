@@ -38,7 +38,7 @@ class GeneratingTriton(FakeTriton):
         super().__init__(models)
         self.sent: list[dict] = []          # the sampling parameters of each request
 
-    def generate(self, model, prompt, sampling, stream, logprobs):
+    def generate(self, model, prompt, sampling, stream, logprobs, images=None):
         self.sent.append(sampling)
         return FakeGeneration(int(sampling.get("n", 1)))
 

@@ -84,7 +84,8 @@ def test_the_declared_request_schema_follows_the_validators(body, valid):
     ({"role": "tool"}, False),
     ({"role": "wizard", "content": "x"}, False),
     ({"role": "user", "content": [{"type": "text", "text": "x"}]}, True),
-    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}, False),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}, True),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}, False),
 ])
 def test_the_declared_message_schema_follows_the_validators(message, valid):
     doc = document()

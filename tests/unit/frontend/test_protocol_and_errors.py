@@ -92,7 +92,6 @@ def test_bad_bodies_name_the_field(body, param):
 
 
 @pytest.mark.parametrize("part, what", [
-    ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, "images"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
     ({"type": "file", "file": {"file_id": "f"}}, "files"),
     ({"type": "hologram"}, None),
@@ -106,6 +105,25 @@ def test_non_text_content_parts_are_refused_not_dropped(part, what):
         parse(ChatCompletionRequest, body)
     assert e.value.status == 400 and e.value.param == "messages.0.content"
     assert (f"this model does not accept {what}" if what else "unsupported content part") in e.value.message
+
+
+def test_image_parts_are_checked_against_the_model_that_serves_them():
+    """An image part passes the protocol; routed to a text model it is a 400 (issue 31:
+    never dropped in silence), and a URL other than inline data is a 400 anywhere."""
+    from frontend.openai_api.chat_content import checked_images
+    from frontend.openai_api.errors import APIError
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    req = parse(ChatCompletionRequest, {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "what is "}, image, {"type": "text", "text": "?"}]}]})
+    message = req.messages[0]
+    assert message.image_urls() == ["data:image/png;base64,AAAA"] and message.text() == "what is ?"
+    assert message.for_template()["content"] == [{"type": "text", "text": "what is "}, {"type": "image"},
+                                                 {"type": "text", "text": "?"}]
+    assert checked_images(message.image_urls(), True, "m") == message.image_urls()
+    with pytest.raises(APIError, match="does not accept images"):
+        checked_images(message.image_urls(), False, "m")
+    with pytest.raises(APIError, match="scheme 'https'"):
+        checked_images(["https://example.com/cat.png"], True, "m")
 
 
 def test_what_strict_input_still_accepts():

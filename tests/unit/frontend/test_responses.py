@@ -34,7 +34,8 @@ def test_input_items_become_chat_messages():
 
 @pytest.mark.parametrize("items", [
     [{"role": "wizard", "content": "x"}], [{"type": "input_image", "image_url": "x"}],
-    [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
+    [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}],
+    [{"role": "user", "content": [{"type": "input_image", "image_url": 5}]}],
     [{"type": "function_call", "name": "f"}], [{"type": "function_call_output", "output": "x"}], ["text"]])
 def test_bad_items_are_400s_naming_the_item(items):
     with pytest.raises(APIError) as e:

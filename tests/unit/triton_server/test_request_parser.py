@@ -221,3 +221,20 @@ def test_parameters_json_past_4_mib_is_refused_unread_and_a_whole_vocabulary_bia
     req = parse_request({"text_input": b("hi"), "sampling_parameters": b(json.dumps({"logit_bias": bias}))},
                         limits=RequestLimits.defaults())
     assert len(req.params.logit_bias) == 150_000
+
+
+def test_the_vllm_backends_image_input():
+    """Input `image`: base64 per element (a data: URL too); the engine gets vLLM's
+    prompt dict with the decoded bytes."""
+    import base64
+    png = b"\x89PNG\r\n\x1a\n..."
+    parsed = parse_request({"text_input": np.array([b"what is <|image_pad|>?"], dtype=object),
+                            "image": np.array([base64.b64encode(png),
+                                               b"data:image/png;base64," + base64.b64encode(png)], dtype=object)})
+    assert parsed.images == [png, png]
+    assert parsed.engine_prompt() == {"prompt": "what is <|image_pad|>?", "multi_modal_data": {"image": [png, png]}}
+    plain = parse_request({"input_ids": np.array([5, 6], dtype=np.int32)})
+    assert plain.engine_prompt() == [5, 6]
+    with pytest.raises(InvalidRequestError, match="input 'image' element 1 is not valid base64"):
+        parse_request({"input_ids": np.array([5], dtype=np.int32), "image": np.array([b"AAAA", b"!!"], dtype=object)})
+    assert {"name": "image", "data_type": "TYPE_STRING", "dims": [-1], "optional": True} in INPUT_SPECS
