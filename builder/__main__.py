@@ -161,6 +161,11 @@ def main(argv=None) -> int:
                       ("--max-stop-string-len", int), ("--max-stop-token-ids", int), ("--max-guided-spec-bytes", int),
                       ("--guided-compile-timeout-s", float), ("--request-timeout-s", float)):
         b.add_argument(flag, type=typ, help="per-request limit (engine argument; see README)")
+    b.add_argument("--limit-mm-per-prompt", help="vision-language models: items per prompt by modality as JSON, "
+                   "e.g. '{\"image\": 4}' (vLLM's limit_mm_per_prompt; default 16 images)")
+    for flag, typ in (("--max-image-bytes", int), ("--max-image-pixels", int), ("--max-num-encoder-input-tokens", int),
+                      ("--encoder-cache-size", int)):
+        b.add_argument(flag, type=typ, help="vision-language models: image limit or encoder budget (engine argument)")
     b.add_argument("--calibration-data", help="text file, one calibration prompt per line (fp8, w8a8, gptq; "
                    "default: built-in text)")
     b.add_argument("--speculative", help="speculative decoding, vLLM's speculative_config as JSON, e.g. "

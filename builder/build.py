@@ -28,7 +28,10 @@ BACKEND_NAME = "paged_llm"
 # Builds that quantize the checkpoint (and write a quality report).
 QUANTIZED_WEIGHTS = ("fp8", "int8", "int4", "w8a8")
 REQUEST_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_len", "max_stop_token_ids",
-                  "max_guided_spec_bytes", "guided_compile_timeout_s", "request_timeout_s")
+                  "max_guided_spec_bytes", "guided_compile_timeout_s", "request_timeout_s",
+                  # vision-language models' image limits and encoder budget
+                  "limit_mm_per_prompt", "max_image_bytes", "max_image_pixels", "max_num_encoder_input_tokens",
+                  "encoder_cache_size")
 
 
 def speculative_value(v):
@@ -109,6 +112,12 @@ class BuildOptions(BaseModel):
     max_guided_spec_bytes: Optional[int] = None
     guided_compile_timeout_s: Optional[float] = None
     request_timeout_s: Optional[float] = None
+    # Vision-language models (engine arguments of the same names); None: the engine's default.
+    limit_mm_per_prompt: Optional[dict[str, int]] = None
+    max_image_bytes: Optional[int] = None
+    max_image_pixels: Optional[int] = None
+    max_num_encoder_input_tokens: Optional[int] = None
+    encoder_cache_size: Optional[int] = None
     grace_period_s: float = Field(10.0, ge=0)
     # Held-out perplexity of the source and of the built entry, both computed by the
     # engine (builder/perplexity.py), for a build that sets the weights' format. On by
@@ -124,6 +133,7 @@ class BuildOptions(BaseModel):
     _speculative_json = field_validator("speculative", mode="before")(lambda v: speculative_value(v))
     _pooler_json = field_validator("pooler_config", mode="before")(lambda v: json_or_value(v))
     _lora_modules = field_validator("lora_modules", mode="before")(lambda v: lora_modules_value(v))
+    _mm_limit_json = field_validator("limit_mm_per_prompt", mode="before")(lambda v: json_or_value(v))
 
     @field_validator("calibration_data")
     @classmethod

@@ -22,11 +22,22 @@ class ImageLimits:
     max_pixels: int = 64 * 1024 * 1024          # width x height, read from the header first
 
 
+# Formats told apart by their first bytes, so that a refusal names them.
+_OTHER_FORMATS = ((b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"%PDF", "PDF"), (b"8BPS", "PSD"),
+                  (b"<svg", "SVG"), (b"<?xml", "SVG"), (b"\x00\x00\x01\x00", "ICO"))
+
+
 def _decode(data: bytes, limits: ImageLimits):
     from PIL import Image
     if len(data) > limits.max_bytes:
         raise InvalidRequestError(f"image of {len(data)} bytes exceeds the limit of {limits.max_bytes} bytes "
                                   "(engine argument max_image_bytes)")
+    other = next((name for magic, name in _OTHER_FORMATS if data.lstrip()[:len(magic)] == magic), None)
+    if other is None and data[4:12] in (b"ftypheic", b"ftypheix", b"ftypmif1", b"ftypavif"):
+        other = "HEIC/AVIF"
+    if other is not None:
+        raise InvalidRequestError(f"unsupported image format {other} (supported formats: "
+                                  f"{', '.join(SUPPORTED_FORMATS)})")
     try:
         # Only the header is read here: a decompression bomb is refused by its declared
         # size before a pixel is decoded.

@@ -14,7 +14,39 @@ IMAGE, VIDEO, VISION_START, VISION_END = 300, 301, 302, 303
 MIN_PIXELS, MAX_PIXELS = 28 * 28 * 4, 28 * 28 * 16
 
 
-def make_qwen2_vl(path: str, seed: int = 0) -> str:
+# Qwen2-VL's chat template reduced to what the tests need: each image part of a message
+# becomes <|vision_start|><|image_pad|><|vision_end|> where it stands.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def write_tokenizer(path: str) -> None:
+    """A byte-level BPE of 300 tokens (<unk> <s> </s> first) trained on the project's
+    corpus, then the four vision tokens as 300..303, as the checkpoint's config names them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from builder.tiny import CORPUS
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    with open(CORPUS, encoding="utf-8") as f:
+        tok.train_from_iterator([p for p in f.read().split("\n\n")[:400] if p.strip()], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.add_special_tokens({"additional_special_tokens": [
+        AddedToken(t, special=True, normalized=False)
+        for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")]})
+    assert fast.convert_tokens_to_ids(["<|image_pad|>", "<|vision_end|>"]) == [IMAGE, VISION_END]
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+
+
+def make_qwen2_vl(path: str, seed: int = 0, tokenizer: bool = False) -> str:
+    """tokenizer: with tokenizer files and a chat template (what serving needs)."""
     import transformers as tf
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
@@ -29,6 +61,8 @@ def make_qwen2_vl(path: str, seed: int = 0) -> str:
     torch.manual_seed(seed)
     tf.Qwen2VLForConditionalGeneration(cfg).eval().save_pretrained(path)
     tf.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(path)
+    if tokenizer:
+        write_tokenizer(path)
     return path
 
 
