@@ -22,6 +22,7 @@ from backend.triton_server.serving_config import render_parameters
 from builder.entry_files import (BuildError, checkpoint_hash, copy_checkpoint, place_adapters, place_draft,
                                  write_fp8_checkpoint)
 from builder.plan import format_plan, memory_plan
+from builder.plan_vision import vision_plan
 
 BACKEND_NAME = "paged_llm"
 # Engine arguments passed through as they are (checked by EngineArgs).
@@ -353,7 +354,9 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     source_dtype = opts.weights in ("auto", "int8", "int4", "w8a8")      # INT computes in the source's dtype
     kv_elem = 1 if opts.kv_cache in ("fp8", "int8") else (4 if (opts.weights == "float32" or (source_dtype
                                                       and cfg.torch_dtype == "float32")) else 2)
-    plan = memory_plan(cfg, wbytes, kv_elem, opts)
+    vision = vision_plan(served, cfg, opts.max_num_batched_tokens, opts.max_num_encoder_input_tokens,
+                         opts.encoder_cache_size, 4 if kv_elem == 4 else 2)
+    plan = memory_plan(cfg, wbytes, kv_elem, opts, vision)
     params = engine_parameters(opts, model_path, place_draft(opts, out), place_adapters(opts, cfg, out))
     if opts.engine != "torch" and cfg.attn_logit_softcap:
         raise BuildError(f"invalid build option 'engine': '{opts.engine}' exports a graph whose attention (the "

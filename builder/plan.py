@@ -338,12 +338,15 @@ NAMED_CONFIGS = {
 }
 
 
-def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions") -> dict:
+def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOptions",
+                vision: Optional[dict] = None) -> dict:
     """The build's memory plan, per device. KV bytes per token = 2 x layers x kv_heads x
     head_dim x bytes (K and V), with each rank's KV heads under tensor parallelism and its
     stage's layers under pipeline parallelism (the fullest stage's GPU). The budget is
     total memory x gpu_memory_utilization less weights and CUDA graphs: the engine's KV
-    cache is smaller by what its profile run finds at load (module docstring)."""
+    cache is smaller by what its profile run finds at load (module docstring). vision
+    (plan_vision.py): a vision-language model's tower (inside the weights' bytes) and
+    encoder cache (taken from the KV cache's budget)."""
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     kv_per_token = max(stage_kv_config(local_config(cfg, tp), s).kv_bytes_per_token for s in stages(cfg, tp, pp))
     draft = drafter(opts.speculative)       # (its K/V in the same blocks, its weights beside the target's)
@@ -357,14 +360,16 @@ def memory_plan(cfg, weight_bytes: int, kv_bytes_per_elem: int, opts: "BuildOpti
     # pipeline parallelism); the engine reserves their pool before sizing the KV cache,
     # and so does the plan (bf16 activations).
     graph_bytes = estimate_graph_bytes(cfg, opts.max_num_seqs, 2) if opts.engine == "torch" and pp == 1 else 0
-    kv_budget = max(budget - weight_bytes - graph_bytes, 0)
+    encoder_cache = vision["encoder_cache_bytes"] if vision else 0
+    kv_budget = max(budget - weight_bytes - graph_bytes - encoder_cache, 0)
     tokens = int(kv_budget // kv_per_token)
     params = count_params(cfg)
     return {"weight_bytes": weight_bytes, "cuda_graph_bytes": graph_bytes, "kv_bytes_per_token": kv_per_token,
             "gpu_memory_gb": opts.gpu_memory_gb, "gpu_memory_utilization": opts.gpu_memory_utilization,
             "kv_cache_bytes": int(kv_budget), "kv_tokens": tokens, "plan_seq_len": opts.plan_seq_len,
             "concurrent_seqs_at_plan_len": tokens // opts.plan_seq_len, "tensor_parallel_size": tp,
-            "pipeline_parallel_size": pp, "parameters": {"total": params.total, "active": params.active}}
+            "pipeline_parallel_size": pp, "parameters": {"total": params.total, "active": params.active},
+            **({"vision": vision} if vision else {})}
 
 
 def format_plan(p: dict) -> str:
@@ -376,9 +381,17 @@ def format_plan(p: dict) -> str:
     moe = f"; parameters {params['total']:,} total, {params['active']:,} active" if (
         params and params["active"] != params["total"]) else ""
     return (f"memory plan ({p['gpu_memory_gb']:g} GiB x {p['gpu_memory_utilization']:g}{per}{moe}): weights "
-            f"{p['weight_bytes'] / gib:.3f} GiB; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
+            f"{p['weight_bytes'] / gib:.3f} GiB{_vision_text(p.get('vision'))}; CUDA graphs {p['cuda_graph_bytes'] / gib:.3f} GiB; "
             f"KV {p['kv_bytes_per_token'] / 1024:.1f} KiB/token; KV cache "
             f"{p['kv_cache_bytes'] / gib:.2f} GiB = {p['kv_tokens']:,} tokens = "
             f"{p['concurrent_seqs_at_plan_len']:,} concurrent sequences of {p['plan_seq_len']} tokens "
             "(at most: the engine also takes off the CUDA context and the activation peak its profile "
             "run measures at load)")
+
+
+def _vision_text(vision: Optional[dict]) -> str:
+    if not vision:
+        return ""
+    mib = 2**20
+    return (f" (vision tower {vision['vision_tower_bytes'] / mib:.1f} MiB of them); encoder cache "
+            f"{vision['encoder_cache_rows']:,} rows = {vision['encoder_cache_bytes'] / mib:.1f} MiB")

@@ -168,7 +168,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     num_kv_blocks = args.num_kv_blocks or sizing.blocks_from_budget(
         args, cfg, device, dtype, use_cuda_graphs, bytes_per_block, memory_profile,
         num_samplers=1 if spec is None or spec.method == "ngram" else 2,     # (a drafter draws with its own)
-        draft_cfg=draft_cfg)
+        draft_cfg=draft_cfg, encoder_cache_rows=vision.encoder_cache.cache_size if vision is not None else 0)
     max_model_len = sizing.resolve_max_model_len(args, cfg, num_kv_blocks)
 
     # Every layer sliding (Mistral-style): blocks out of every window are freed during

@@ -121,11 +121,13 @@ def check_tensor_parallel_size(cfg: ModelConfig, tp_size: int, device: torch.dev
 
 def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                        use_cuda_graphs: bool, bytes_per_block: int, profile: MemoryProfile | None = None,
-                       num_samplers: int = 1, draft_cfg: ModelConfig | None = None) -> int:
+                       num_samplers: int = 1, draft_cfg: ModelConfig | None = None,
+                       encoder_cache_rows: int = 0) -> int:
     """KV blocks (per rank) from kv_cache_memory_bytes; else on CUDA from the profile
     (cuda_kv_budget: a share of total memory), less the penalty tables of num_samplers
     samplers (a draft model has its own), the draft's proposal distributions and the CUDA
-    graphs' pools (the draft model's, `draft_cfg`, too); else 1 GiB (CPU)."""
+    graphs' pools (the draft model's, `draft_cfg`, too) and a vision-language model's
+    encoder cache (`encoder_cache_rows` of the decoder's width); else 1 GiB (CPU)."""
     budget = args.kv_cache_memory_bytes
     what = "kv_cache_memory_bytes"
     if budget is None and device.type == "cuda":
@@ -137,6 +139,9 @@ def blocks_from_budget(args: EngineArgs, cfg: ModelConfig, device: torch.device,
         if held:
             reserved += held
             reserved_what += ", the draft's proposal distributions"
+        if encoder_cache_rows:
+            reserved += encoder_cache_rows * cfg.hidden_size * torch.tensor([], dtype=dtype).element_size()
+            reserved_what += ", the encoder cache"
         if use_cuda_graphs:
             # The graphs' memory pool is captured after the cache is allocated.
             dtype_bytes = torch.tensor([], dtype=dtype).element_size()
