@@ -81,6 +81,12 @@ def _disaggregation(args, cfg, weights: str, replicas: int):
 
 
 def _tiny(args) -> None:
+    if args.vision:
+        if args.trained or args.draft or args.eagle3 or args.medusa or args.train or args.ship:
+            raise BuildError("--vision builds a random Qwen2-VL checkpoint: no other tiny option goes with it")
+        from builder.tiny_vl import build_tiny_vision
+        build_tiny_vision(args.output)
+        return
     if not args.trained:
         if args.draft or args.eagle3 or args.medusa or args.train or args.ship:
             raise BuildError("--draft, --eagle3, --medusa, --train and --ship go with --trained")
@@ -119,6 +125,8 @@ def main(argv=None) -> int:
     t.add_argument("--output", required=True)
     t.add_argument("--trained", action="store_true", help="the trained reference model (default architecture, "
                    "trained on the bundled corpus; shipped weights: builder/train_tiny.py) instead of random weights")
+    t.add_argument("--vision", action="store_true", help="a random Qwen2-VL checkpoint (images in chat; "
+                   "builder/tiny_vl.py) instead of the default model")
     t.add_argument("--draft", action="store_true", help="with --trained: its 2-layer draft sibling")
     t.add_argument("--eagle3", action="store_true", help="with --trained: its EAGLE-3 head (speculative_config "
                    "method 'eagle3'; trained by builder/train_eagle3.py)")
