@@ -13,7 +13,8 @@ tokens. Measured, median over `repeats`:
   batched generate (left-padded);
 - the prefill of all requests at once (one token each), with `--requests` distinct images
   against one image repeated: images encoded, and the time.
-Outputs must be transformers' tokens: the run counts requests that differ.
+Outputs must be transformers' tokens (both suppress the EOS token before `--tokens`, as
+min_tokens does): the run counts requests that differ.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _engine_one(llm, prompt, image, tokens: int) -> tuple[float, float, list[int
     engine = llm.engine
     start = time.perf_counter()
     engine.add_request({"prompt_token_ids": prompt, "multi_modal_data": {"image": [image]}},
-                       SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+                       SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0))
     first, out = None, []
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -137,7 +138,7 @@ def main(argv=None) -> dict:
             differ += rep == 0 and out != ref[0]
     med = {k: statistics.median(v) for k, v in single.items()}
 
-    params = SamplingParams(max_tokens=a.tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=a.tokens, min_tokens=a.tokens, temperature=0)
     batch = [{"prompt_token_ids": p, "multi_modal_data": {"image": [im]}} for p, im in zip(prompts, images)]
     eng_t, hf_t = [], []
     for _ in range(a.repeats):

@@ -87,10 +87,10 @@ class PatchMerger(nn.Module):
     """Each 2x2 group of neighbouring patches (contiguous in the processor's order) to
     one token of the decoder's width."""
 
-    def __init__(self, out_dim: int, dim: int, merge: int) -> None:
+    def __init__(self, out_dim: int, dim: int, merge: int, norm: type = nn.LayerNorm) -> None:
         super().__init__()
         self.width = dim * merge * merge
-        self.ln_q = nn.LayerNorm(dim, eps=1e-6)
+        self.ln_q = norm(dim, eps=1e-6)
         self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,21 +98,33 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
+    """Qwen2-VL's tower; Qwen2.5-VL's (qwen2_5_vl.py) changes its blocks, its norms and
+    which patches attend to which."""
+
     def __init__(self, vc: dict[str, Any]) -> None:
         super().__init__()
-        dim, heads = vc["embed_dim"], vc["num_heads"]
+        dim, heads = self.width(vc), vc["num_heads"]
         self.patch, self.temporal = vc.get("patch_size", 14), vc.get("temporal_patch_size", 2)
         self.in_channels, self.dim = vc.get("in_channels", 3), dim
         self.merge = vc.get("spatial_merge_size", 2)
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv3d(self.in_channels, dim, kernel_size=(self.temporal, self.patch, self.patch),
                                           stride=(self.temporal, self.patch, self.patch), bias=False)
-        mlp_dim = int(dim * vc.get("mlp_ratio", 4))
-        self.blocks = nn.ModuleList(VisionBlock(dim, heads, mlp_dim, vc.get("hidden_act", "quick_gelu"))
-                                    for _ in range(vc["depth"]))
-        self.merger = PatchMerger(vc["hidden_size"], dim, self.merge)
+        self.blocks = nn.ModuleList(self.make_block(vc, i) for i in range(vc["depth"]))
+        self.merger = self.make_merger(vc)
         self.theta = float((vc.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         self.head_dim = dim // heads
+
+    @staticmethod
+    def width(vc: dict[str, Any]) -> int:
+        return vc["embed_dim"]
+
+    def make_block(self, vc: dict[str, Any], index: int) -> nn.Module:
+        return VisionBlock(self.dim, vc["num_heads"], int(self.dim * vc.get("mlp_ratio", 4)),
+                           vc.get("hidden_act", "quick_gelu"))
+
+    def make_merger(self, vc: dict[str, Any]) -> nn.Module:
+        return PatchMerger(vc["hidden_size"], self.dim, self.merge)
 
     def rotary(self, grid_thw: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [patches, head_dim] from each patch's (row, column), in the
@@ -139,22 +151,33 @@ class VisionTower(nn.Module):
         x = pixel_values.to(w.dtype).view(-1, self.in_channels, self.temporal, self.patch, self.patch)
         x = self.patch_embed.proj(x).view(-1, self.dim)
         cos, sin = self.rotary(grid_thw, x.device)
-        cu = [0]
-        for t, h, w_ in grid_thw:
-            for _ in range(t):
-                cu.append(cu[-1] + h * w_)
+        return self.merger(self.run_blocks(x, cos, sin, grid_thw))
+
+    def run_blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
+        cu = image_bounds(grid_thw)
         for block in self.blocks:
             x = block(x, cu, cos, sin)
-        return self.merger(x)
+        return x
+
+
+def image_bounds(grid_thw: list[tuple[int, int, int]]) -> list[int]:
+    """Where each image's (each frame's) patches start and end in the packed patches."""
+    cu = [0]
+    for t, h, w in grid_thw:
+        for _ in range(t):
+            cu.append(cu[-1] + h * w)
+    return cu
 
 
 class Qwen2VLCausalLM(CausalLM):
     """The decoder (Qwen2's, paged) with the vision tower beside it (`visual.*`)."""
+    tower_class: type = VisionTower
 
     def __init__(self, cfg: ModelConfig, attn_factory, max_position: Optional[int] = None, ops=None,
                  tp=SINGLE) -> None:
         super().__init__(cfg, attn_factory, max_position, ops, tp)
-        self.visual = VisionTower(cfg.hf_config["vision_config"])
+        self.visual = self.tower_class(cfg.hf_config["vision_config"])
         self.mrope_section = list(mrope_section(cfg.hf_config))
 
     @staticmethod

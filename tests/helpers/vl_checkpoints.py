@@ -45,8 +45,10 @@ def write_tokenizer(path: str) -> None:
     fast.save_pretrained(path)
 
 
-def make_qwen2_vl(path: str, seed: int = 0, tokenizer: bool = False) -> str:
-    """tokenizer: with tokenizer files and a chat template (what serving needs)."""
+def make_qwen2_vl(path: str, seed: int = 0, tokenizer: bool = False, version: str = "2") -> str:
+    """tokenizer: with tokenizer files and a chat template (what serving needs). version
+    "2.5": Qwen2.5-VL (its windowed tower: windows of 2x2 merged groups, blocks 1 and 3
+    attending to the whole image)."""
     import transformers as tf
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
@@ -56,10 +58,16 @@ def make_qwen2_vl(path: str, seed: int = 0, tokenizer: bool = False) -> str:
                                                  "rope_theta": 10000.0})
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.25)
-    cfg = tf.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
-                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+    config_cls, model_cls = tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration
+    if version == "2.5":
+        vision = dict(depth=4, hidden_size=32, out_hidden_size=64, intermediate_size=48, num_heads=4, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1, 3],
+                      initializer_range=0.25)
+        config_cls, model_cls = tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration
+    cfg = config_cls(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
+                     vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
     torch.manual_seed(seed)
-    tf.Qwen2VLForConditionalGeneration(cfg).eval().save_pretrained(path)
+    model_cls(cfg).eval().save_pretrained(path)
     tf.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(path)
     if tokenizer:
         write_tokenizer(path)
@@ -91,7 +99,7 @@ def hf_vl_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_token
     """transformers' generate, one prompt at a time: the placeholders expanded by the
     image processor's grid (as Qwen2VLProcessor does)."""
     import transformers as tf
-    model = tf.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = tf.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     processor = tf.AutoImageProcessor.from_pretrained(path)
     outs = []
     for ids, images in prompts:

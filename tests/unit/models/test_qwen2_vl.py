@@ -1,5 +1,5 @@
-"""Qwen2-VL (backend/models/qwen2_vl.py, backend/multimodal/, the encoder cache in
-backend/engine/scheduling/encoder_cache.py): greedy output equals transformers' (fp32,
+"""Qwen2-VL and Qwen2.5-VL (backend/models/qwen2_vl.py, qwen2_5_vl.py, backend/multimodal/,
+the encoder cache in backend/engine/scheduling/encoder_cache.py): greedy output equals transformers' (fp32,
 CPU) with images of several sizes and aspect ratios, one and several per prompt beside
 text-only prompts, prompt chunks ending inside images, preemption, and the prefix and
 encoder caches keyed by the image's content."""
@@ -23,6 +23,12 @@ def vl_path(tmp_path_factory):
     return make_qwen2_vl(str(tmp_path_factory.mktemp("qwen2_vl") / "ckpt"))
 
 
+@pytest.fixture(scope="module", params=["2", "2.5"])
+def each_vl_path(request, tmp_path_factory):
+    """Qwen2-VL, then Qwen2.5-VL (windowed tower)."""
+    return make_qwen2_vl(str(tmp_path_factory.mktemp(f"qwen{request.param}_vl") / "ckpt"), version=request.param)
+
+
 def as_prompt(ids, images):
     return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids
 
@@ -37,15 +43,16 @@ def settled(llm):
     assert not llm.engine.vision.encoder_cache.refs     # every reference released
 
 
-def test_vision_tower_matches_transformers(vl_path):
+def test_vision_tower_matches_transformers(each_vl_path):
     import transformers as tf
+    vl_path = each_vl_path
     from backend.attention import make_attention_factory
     from backend.models.config import load_model_config
     from backend.models.loader import load_model
     cfg = load_model_config(vl_path)
     ours = load_model(vl_path, cfg, torch.float32, torch.device("cpu"), make_attention_factory("torch"), 1024)
-    ref = tf.Qwen2VLForConditionalGeneration.from_pretrained(vl_path).eval()
-    px = tf.AutoImageProcessor.from_pretrained(vl_path)(images=make_images([(60, 90), (100, 40)]),
+    ref = tf.AutoModelForImageTextToText.from_pretrained(vl_path).eval()
+    px = tf.AutoImageProcessor.from_pretrained(vl_path)(images=make_images([(60, 90), (100, 40), (112, 112)]),
                                                         return_tensors="pt")
     with torch.no_grad():
         got = ours.encode_images(px["pixel_values"], [tuple(g) for g in px["image_grid_thw"].tolist()])
@@ -54,9 +61,10 @@ def test_vision_tower_matches_transformers(vl_path):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
-def test_greedy_matches_transformers_in_a_batch_mix(vl_path):
+def test_greedy_matches_transformers_in_a_batch_mix(each_vl_path):
     """Text-only, one-image and two-image prompts together; a 20-token step budget cuts
     prompts inside images (16 tokens the largest), and a small pool preempts."""
+    vl_path = each_vl_path
     images = make_images([(60, 90), (100, 40), (112, 112), (30, 30), (200, 50), (56, 140)], seed=1)
     texts = random_prompts(6, [7, 12, 3, 20, 1, 9], vocab=290, seed=3)
     prompts = [(with_image(texts[0]), [images[0]]), (texts[1], []),
