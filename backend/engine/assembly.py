@@ -106,6 +106,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     # The onnxruntime runner is a CPU reference: "auto" means the CPU there, GPU or not.
     device = sizing.resolve_device("cpu" if args.model_runner == "onnxruntime" else args.device)
     tp_size = args.tensor_parallel_size
+    vision = make_vision(args, cfg)        # (refuses what images cannot run with, before the model loads)
     sizing.check_tensor_parallel_size(cfg, tp_size, device)
     check_world(cfg, args, device)
     if args.world_size > 1 and device.type == "cuda":
@@ -145,7 +146,6 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     if model is not None:
         pack_weights(model, device, dtype, workers)
     tokenizer = load_tokenizer(args.model)
-    vision = make_vision(args, cfg)
     spec = args.speculative_config
     # (the drafter network, the config of its K/V in the target's blocks or None), or None
     draft = load_drafter(spec, model, stage, tokenizer, cfg.vocab_size, dtype, device, attention_backend,
@@ -299,7 +299,7 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
     sampler = Sampler(args.seed, device, args.max_num_seqs)
     inputs = StepInputBuilder(*sizing.input_sizes(args, max_model_len), args.block_size, device,
                               long_rope=(long_rope_original, max_position) if long_rope_original is not None else None,
-                              mrope=parts.get("encoder_outputs") is not None)
+                              mrope=getattr(model, "uses_mrope", False))
     common = (kv_layers, args.block_size, device, sampler, kv_cache.block_table, inputs, cfg.vocab_size)
     if args.runner == "pooling":
         return PoolingModelRunner(model, *common, pooler=args.pooler, structured=parts["structured"])

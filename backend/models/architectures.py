@@ -81,6 +81,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen2_5_VLForConditionalGeneration": Architecture(
         "qwen2_5_vl", "qwen2_5_vl", "Qwen2_5_VLCausalLM", qkv_bias="always", windows="qwen", rope_theta=1_000_000.0,
         vision="qwen2_vl", single_rank="its vision tower is not split across ranks yet"),
+    "LlavaForConditionalGeneration": Architecture(
+        "llava", "llava", "LlavaCausalLM", vision="llava", single_rank="its vision tower is not split across ranks yet"),
     "Olmo2ForCausalLM": Architecture("olmo2", "olmo2", "Olmo2CausalLM",
                                      single_rank="its q/k norms span every head: not split across ranks yet"),
 }

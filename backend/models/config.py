@@ -103,6 +103,19 @@ def load_model_config(path: str) -> ModelConfig:
     return model_config_from_dict(cfg, eos)
 
 
+def _full_text_config(text: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language checkpoint's text_config with its model type's defaults filled
+    in (published LLaVA configs state only what differs from LlamaConfig's)."""
+    if "hidden_size" in text or "model_type" not in text:
+        return text
+    from transformers import CONFIG_MAPPING
+    try:
+        defaults = CONFIG_MAPPING[text["model_type"]]().to_dict()
+    except KeyError:
+        return text
+    return {**defaults, **text}
+
+
 def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[int]] = None) -> ModelConfig:
     """A checkpoint's config.json, already parsed; generation_config.json's EOS ids win."""
     archs = cfg.get("architectures") or []
@@ -115,7 +128,7 @@ def model_config_from_dict(cfg: dict[str, Any], generation_eos: Optional[list[in
         # A vision-language checkpoint: the decoder's fields are in text_config
         # (transformers >= 5) or at the top (the published ones); the top level keeps
         # vision_config and the image token ids.
-        cfg = {**cfg, **(cfg.get("text_config") or {}), "architectures": archs}
+        cfg = {**cfg, **_full_text_config(cfg.get("text_config") or {}), "architectures": archs}
 
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]

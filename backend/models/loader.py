@@ -89,6 +89,9 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
         weights = load_shard(path, cfg, tp.rank, tp.size, keep=lambda n: stage.owns(n, cfg.tie_word_embeddings))
     else:
         weights = load_weights(path) if tp.size == 1 else load_shard(path, cfg, tp.rank, tp.size)
+    remap = getattr(model, "remap_names", None)
+    if remap is not None:       # vision-language checkpoints' layouts (vision_lm.py)
+        weights = remap(weights)
     if pooling and not any(k.startswith("model.") for k in weights):
         weights = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in weights.items()}
     tied = cfg.tie_word_embeddings or (pooling and "lm_head.weight" not in weights)

@@ -27,7 +27,7 @@ from torch import nn
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.config import ModelConfig
-from backend.models.llama import CausalLM
+from backend.models.vision_lm import VisionLanguageLM
 from backend.models.rotary import inverse_frequencies
 from backend.parallel.group import SINGLE
 
@@ -170,26 +170,18 @@ def image_bounds(grid_thw: list[tuple[int, int, int]]) -> list[int]:
     return cu
 
 
-class Qwen2VLCausalLM(CausalLM):
+class Qwen2VLCausalLM(VisionLanguageLM):
     """The decoder (Qwen2's, paged) with the vision tower beside it (`visual.*`)."""
     tower_class: type = VisionTower
+    uses_mrope = True
+    # transformers >= 5 may save these; the published checkpoints have `model.*` / `visual.*`.
+    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
 
     def __init__(self, cfg: ModelConfig, attn_factory, max_position: Optional[int] = None, ops=None,
                  tp=SINGLE) -> None:
         super().__init__(cfg, attn_factory, max_position, ops, tp)
         self.visual = self.tower_class(cfg.hf_config["vision_config"])
         self.mrope_section = list(mrope_section(cfg.hf_config))
-
-    @staticmethod
-    def adapt_checkpoint(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """transformers >= 5 may save `model.language_model.*` / `model.visual.*`; the
-        published checkpoints have `model.*` / `visual.*`."""
-        for name in list(state):
-            if name.startswith("model.language_model."):
-                state["model." + name[len("model.language_model."):]] = state.pop(name)
-            elif name.startswith("model.visual."):
-                state[name[len("model."):]] = state.pop(name)
-        return state
 
     def encode_images(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """Each image's tokens [n_i, hidden], in order."""
@@ -207,20 +199,16 @@ class Qwen2VLCausalLM(CausalLM):
         emb = torch.cat([freqs, freqs], dim=-1)
         return SimpleNamespace(cos_cache=emb.cos(), sin_cache=emb.sin())
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCacheLayer],
-                meta: AttentionMetadata, mm_embeds: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                mrope_positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """mm_embeds: (packed token indices, their rows [n, hidden]) replacing those
-        tokens' embeddings; mrope_positions: [3, T] for a step with image tokens."""
-        x = self.embed(input_ids)
-        if mm_embeds is not None:
-            x = x.index_copy(0, mm_embeds[0], mm_embeds[1].to(x.dtype))
+    def decode(self, x: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+               kv_caches: list[KVCacheLayer], meta: AttentionMetadata,
+               mrope_positions: Optional[torch.Tensor]) -> torch.Tensor:
+        """mrope_positions: [3, T] for a step with image tokens: this step's tables."""
         if mrope_positions is None:
-            return super().forward(input_ids, positions, kv_caches, meta, inputs_embeds=x)
+            return super().decode(x, input_ids, positions, kv_caches, meta, None)
         self._step_rotary = self._mrope_tables(mrope_positions)
         try:
             step_positions = torch.arange(x.shape[0], device=x.device, dtype=positions.dtype)
-            return super().forward(input_ids, step_positions, kv_caches, meta, inputs_embeds=x)
+            return super().decode(x, input_ids, step_positions, kv_caches, meta, None)
         finally:
             self._step_rotary = None
 

@@ -9,7 +9,8 @@ from typing import Optional
 from backend.models.architectures import ARCHITECTURES
 from backend.models.config import ModelConfig
 
-PROCESSORS = {"qwen2_vl": ("backend.multimodal.qwen2_vl", "Qwen2VLProcessor")}
+PROCESSORS = {"qwen2_vl": ("backend.multimodal.qwen2_vl", "Qwen2VLProcessor"),
+              "llava": ("backend.multimodal.llava", "LlavaProcessor")}
 
 
 def make_processor(model_path: str, cfg: ModelConfig) -> Optional[object]:

@@ -116,3 +116,47 @@ def hf_vl_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_token
                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **kwargs)
         outs.append(gen[0, len(ids):].tolist())
     return outs
+
+
+def make_llava(path: str, seed: int = 0, feature_layer=-2, strategy: str = "default") -> str:
+    """A tiny LLaVA: a 3-layer CLIP tower on 56 x 56 images (16 patches each) and a
+    2-layer Llama; placeholder token IMAGE."""
+    import transformers as tf
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    text = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.25,
+                bos_token_id=1, eos_token_id=2)
+    vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, image_size=56, patch_size=14, projection_dim=32, initializer_range=0.25)
+    cfg = tf.LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE,
+                         vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy)
+    torch.manual_seed(seed)
+    tf.LlavaForConditionalGeneration(cfg).eval().save_pretrained(path)
+    tf.CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(path)
+    return path
+
+
+def hf_llava_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' generate for LLaVA, one prompt at a time, placeholders expanded to
+    the tower's patch count (as LlavaProcessor does)."""
+    import json
+
+    import transformers as tf
+    model = tf.LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = tf.AutoImageProcessor.from_pretrained(path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    per_image = 16 + (cfg["vision_feature_select_strategy"] == "full")
+    outs = []
+    for ids, images in prompts:
+        kwargs = {}
+        if images:
+            kwargs["pixel_values"] = processor(images=images, return_tensors="pt")["pixel_values"]
+            ids = [t for tok in ids for t in ([IMAGE] * per_image if tok == IMAGE else [tok])]
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **kwargs)
+        outs.append(gen[0, len(ids):].tolist())
+    return outs

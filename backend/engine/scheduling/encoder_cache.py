@@ -56,8 +56,8 @@ class EncoderCacheManager:
         freed, self._freed = self._freed, []
         return freed
 
-    def _evictable_rows(self) -> int:
-        return sum(n for h, n in self.held.items() if not self.refs.get(h) and h not in self._step)
+    def _evictable_rows(self, keep: set[bytes]) -> int:
+        return sum(n for h, n in self.held.items() if not self.refs.get(h) and h not in self._step and h not in keep)
 
     def plan(self, request: Request, start: int, num_new: int) -> EncoderPlan:
         """The request's chunk of num_new tokens from `start`, cut before the first image
@@ -67,8 +67,10 @@ class EncoderCacheManager:
         if mm is None or start >= len(request.prompt_token_ids):
             return EncoderPlan(num_new)
         plan = EncoderPlan(num_new)
-        budget, room = self._budget, self.cache_size - self.rows_held + self._evictable_rows()
-        for i in mm.overlapping(start, end):
+        overlapping = mm.overlapping(start, end)
+        needed = {mm.items[i].mm_hash for i in overlapping}      # (held ones are not room for the others)
+        budget, room = self._budget, self.cache_size - self.rows_held + self._evictable_rows(needed)
+        for i in overlapping:
             item = mm.items[i]
             plan.touched.append(item)
             if item.mm_hash in self.held or any(e.mm_hash == item.mm_hash for e in plan.encode):
@@ -87,6 +89,8 @@ class EncoderCacheManager:
         """The planned chunk was scheduled: its images are encoded (room made) and
         referenced; those it completes are released (they stay cached)."""
         rid = request.request_id
+        for item in plan.touched:           # first: the room made below never takes them
+            self._step.add(item.mm_hash)
         for item in plan.encode:
             self._make_room(item.length)
             self.held[item.mm_hash] = item.length
@@ -97,7 +101,6 @@ class EncoderCacheManager:
         end = request.num_computed_tokens + plan.num_new_tokens
         for item in plan.touched:
             h = item.mm_hash
-            self._step.add(h)
             self.held.move_to_end(h)
             if h not in encoded and item.offset >= request.num_computed_tokens:
                 self.num_cache_hits += 1        # (its first chunk found it held)

@@ -78,3 +78,17 @@ def test_release_drops_a_preempted_requests_references():
     schedule(cache, a, 4)
     cache.release(a)
     assert not cache.refs and cache.held
+
+
+def test_making_room_never_evicts_an_image_the_same_chunk_reads():
+    """A chunk that reads a held image x and encodes a new one y: the room for y comes
+    from elsewhere or the chunk stops before y (it took x once: a KeyError)."""
+    cache = EncoderCacheManager(cache_size=16, budget_per_step=16)
+    first = request("a", [item("x", 0, 8)])
+    cache.begin_step()
+    schedule(cache, first, 20)              # x held, unreferenced
+    both = request("b", [item("x", 0, 8), item("y", 8, 16)])
+    cache.begin_step()
+    plan = schedule(cache, both, 30)
+    assert plan.num_new_tokens == 8 and plan.encode == []       # y waits: only x's rows could make room
+    assert item("x", 0, 8).mm_hash in cache.held

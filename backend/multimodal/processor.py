@@ -1,0 +1,75 @@
+"""What every family's multimodal processor does alike: the checkpoint's transformers
+image processor (loaded once, lazily), one placeholder token per image in the prompt
+expanded to the image's token count, and each image's content hash. A family says how
+many tokens an image becomes, how its processed pixels split per image, and (M-RoPE)
+the prompt's positions."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from backend.engine.errors import InvalidRequestError
+from backend.multimodal.inputs import ImageItem, MultiModalInputs
+
+
+class PlaceholderProcessor:
+    placeholder_name = "<image>"
+
+    def __init__(self, model_path: str, image_token_id: int) -> None:
+        self.model_path = model_path
+        self.image_token_id = image_token_id
+        self._image_processor = None
+
+    @property
+    def image_processor(self):
+        if self._image_processor is None:
+            from transformers import AutoImageProcessor
+            self._image_processor = AutoImageProcessor.from_pretrained(self.model_path)
+        return self._image_processor
+
+    # -- what a family says
+    def split(self, processed: dict[str, Any], num_images: int) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
+        """Each image's pixels (what the tower reads for it) and grid (time, rows, columns
+        of patches)."""
+        raise NotImplementedError
+
+    def num_tokens(self, grid: tuple[int, int, int]) -> int:
+        raise NotImplementedError
+
+    def positions(self, num_tokens: int, items: list[ImageItem]) -> tuple[Optional[np.ndarray], int]:
+        """(M-RoPE positions [3, P] and delta) or (None, 0) for ordinary positions."""
+        return None, 0
+
+    def max_tokens_per_image(self) -> int:
+        raise NotImplementedError
+
+    # -- common
+    def process(self, token_ids: list[int], images: list) -> tuple[list[int], MultiModalInputs]:
+        marks = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(marks) != len(images):
+            raise InvalidRequestError(
+                f"the prompt has {len(marks)} image placeholder(s) (token id {self.image_token_id}, "
+                f"{self.placeholder_name}) for {len(images)} image(s): put one where each image goes (the chat "
+                "template does)")
+        try:
+            processed = self.image_processor(images=images, return_tensors="pt")
+        except Exception as e:
+            raise InvalidRequestError(f"the image processor could not read an image: {e}") from None
+        ids: list[int] = []
+        items: list[ImageItem] = []
+        prev = 0
+        for mark, (pixels, grid) in zip(marks, self.split(processed, len(images))):
+            ids += token_ids[prev:mark]
+            digest = hashlib.sha256(np.asarray(grid, dtype=np.int64).tobytes())
+            digest.update(pixels.contiguous().numpy().tobytes())
+            length = self.num_tokens(grid)
+            items.append(ImageItem(digest.digest(), len(ids), length, pixels, grid))
+            ids += [self.image_token_id] * length
+            prev = mark + 1
+        ids += token_ids[prev:]
+        positions, delta = self.positions(len(ids), items)
+        return ids, MultiModalInputs(items, positions, delta)
