@@ -46,6 +46,9 @@ def main(argv=None) -> None:
     ap.add_argument("--responses-store-bytes", type=int, default=None,
                     help="at most this many bytes of /v1/responses replies and their conversations kept "
                          "(oldest dropped; a larger reply is not kept; 0: none; default 64 MiB)")
+    ap.add_argument("--allowed-media-domains", default=os.environ.get("ALLOWED_MEDIA_DOMAINS"),
+                    help="hosts whose http(s) image URLs the frontend fetches (comma-separated; vLLM's flag); "
+                    "without it only inline data: URLs are taken")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
@@ -59,6 +62,7 @@ def main(argv=None) -> None:
     from frontend.openai_api.app import DEFAULT_MAX_REQUEST_BODY_BYTES, create_app
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
+    from frontend.openai_api.media_fetch import domains_value
     from frontend.openai_api.request_log import RequestLog
     from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES
     from frontend.openai_api.tools.choice import ToolConfig
@@ -97,6 +101,7 @@ def main(argv=None) -> None:
                      if args.triton_ssl_root_cert else None,
                      tool_config=ToolConfig(args.enable_auto_tool_choice, args.tool_call_parser),
                      reasoning_parser=args.reasoning_parser, responses_store_size=args.responses_store_size,
+                     allowed_media_domains=domains_value(args.allowed_media_domains),
                      responses_store_bytes=DEFAULT_RESPONSES_STORE_BYTES if args.responses_store_bytes is None
                      else args.responses_store_bytes)
     # uvicorn's access log names method, path and status: never a prompt or an output.

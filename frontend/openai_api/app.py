@@ -25,6 +25,7 @@ from frontend.openai_api import completions as completion, embeddings, lora_adap
 from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.chat import ChatTemplates
 from frontend.openai_api.chat_content import checked_images
+from frontend.openai_api.media_fetch import MediaFetcher
 from frontend.openai_api.chat_completion import ChatCompletion, Shape
 from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
@@ -52,7 +53,8 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                request_log: Optional[RequestLog] = None, triton_tls: Optional[TritonTLS] = None,
                tool_config: ToolConfig = ToolConfig(), reasoning_parser: Optional[str] = None,
                responses_store_size: int = 1024,
-               responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES) -> FastAPI:
+               responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES,
+               allowed_media_domains: tuple[str, ...] = ()) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
     model-config groups, which listing the served models reads. request_log: off unless
     given enabled (prompts and outputs are the users' data). responses_store_size and
@@ -67,9 +69,11 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
         yield
         preload.cancel()
         await app.state.llm.close()
+        await app.state.media.close()
 
     app = FastAPI(title="paged_llm OpenAI-compatible API", lifespan=lifespan)
     app.state.chat = ChatTemplates(chat_template)
+    app.state.media = MediaFetcher(allowed_media_domains)      # images by URL (media_fetch.py)
     app.state.max_request_body_bytes = max_request_body_bytes
     app.state.request_log = request_log or RequestLog()
     app.state.tool_config = tool_config
@@ -154,7 +158,9 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                          guided=any(k.startswith("guided_") for k in sampling), legacy=legacy)
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
-        images = checked_images([u for m in req.messages for u in m.image_urls()], served.accepts_images, req.model)
+        images = await app.state.media.inline(checked_images(
+            [u for m in req.messages for u in m.image_urls()], served.accepts_images, req.model,
+            app.state.media.allowed_domains))
         def render() -> tuple[list[dict], str, list[int]]:    # in a thread: 400k messages take seconds
             messages = [m.for_template() for m in req.messages]
             return (messages, *app.state.chat.render(served.checkpoint, req.model, messages, tool_plan.tools,

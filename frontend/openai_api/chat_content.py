@@ -1,8 +1,8 @@
 """Chat message content parts: which ones this frontend takes.
 
 Text parts, and images as OpenAI's `image_url` parts (the Responses API's
-`input_image`) for a model that reads them: only as `data:` URLs, since this server
-fetches no URL (vLLM's `--allowed-media-domains` has no counterpart here yet). Any
+`input_image`) for a model that reads them: as `data:` URLs, or http(s) URLs on a host
+that `--allowed-media-domains` names (vLLM's flag; media_fetch.py fetches them). Any
 other part is a 400 that says what the model cannot take ("this model does not accept
 audio"), not a part dropped in silence: a client sending one must not get an answer
 about a conversation without it. Whether the served model reads images is known only
@@ -13,6 +13,7 @@ per model, so an image part is checked again when the request is routed
 from __future__ import annotations
 
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from frontend.openai_api.errors import APIError
 
@@ -52,15 +53,26 @@ def check_parts(parts: list[Any]) -> None:
                              "and 'image_url'")
 
 
-def checked_images(urls: list[str], accepts_images: bool, model: str) -> list[str]:
+def checked_images(urls: list[str], accepts_images: bool, model: str,
+                   allowed_domains: tuple[str, ...] = ()) -> list[str]:
     """The request's image URLs, once it is known which model serves it: a 400 when that
-    model reads no images, or for a URL that is not inline data."""
+    model reads no images, or for a URL that is neither inline data nor http(s) on an
+    allowed domain (`--allowed-media-domains`; media_fetch.py fetches those)."""
     if urls and not accepts_images:
         raise APIError(400, f"this model ('{model}') does not accept images (a content part of type 'image_url'): "
                             "send text parts only", "messages")
     for url in urls:
-        if not url.startswith("data:"):
-            scheme = url.split(":", 1)[0] if ":" in url else url[:16]
-            raise APIError(400, f"image URL scheme '{scheme}' is not accepted: send the image inline as a data: URL "
-                                "(data:image/png;base64,...); this server fetches no URLs", "messages")
+        if url.startswith("data:"):
+            continue
+        scheme = url.split(":", 1)[0].lower() if ":" in url else url[:16]
+        if scheme in ("http", "https") and allowed_domains:
+            host = urlsplit(url).hostname or ""
+            if any(host == d or host.endswith("." + d) for d in allowed_domains):
+                continue
+            raise APIError(400, f"image URL host '{host}' is not among the allowed media domains "
+                                f"({', '.join(allowed_domains)}); send the image inline as a data: URL", "messages")
+        raise APIError(400, f"image URL scheme '{scheme}' is not accepted: send the image inline as a data: URL "
+                            "(data:image/png;base64,...)" + ("" if allowed_domains else
+                                                            "; this server fetches no URLs (--allowed-media-domains)"),
+                       "messages")
     return urls

@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -241,7 +241,8 @@ def register_responses(app: FastAPI) -> None:
         if tool_plan.guided_json is not None:
             sampling["guided_json"] = tool_plan.guided_json
         messages, images = for_template(system + conversation)
-        images = checked_images(images, served.accepts_images, req.model)
+        images = await app.state.media.inline(checked_images(images, served.accepts_images, req.model,
+                                                              app.state.media.allowed_domains))
         text, ids = await asyncio.to_thread(lambda: app.state.chat.render(   # a thread: long inputs take seconds
             served.checkpoint, req.model, messages, tool_plan.tools, req.chat_template_kwargs, served.max_model_len))
         reasoning = app.state.reasoning_parser
