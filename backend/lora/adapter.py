@@ -30,6 +30,8 @@ TARGETS = {
     "down_proj": ("mlp.down_proj", 0),
 }
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+# A vision-language model's tower (its CLIP layers' names match _KEY too).
+_TOWERS = ("vision_tower.", "visual.", "vision_model.", "multi_modal_projector.")
 # adapter_config.json fields that change the math in ways this engine does not run.
 _UNSUPPORTED = {"use_dora": "DoRA adapters", "modules_to_save": "modules_to_save (fully trained copies)",
                 "rank_pattern": "per-module ranks (rank_pattern)", "alpha_pattern": "per-module alphas (alpha_pattern)",
@@ -138,6 +140,9 @@ def load_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int) -
     except Exception as e:          # (safetensors raises its own error types)
         raise LoRAConfigError(f"LoRA adapter '{name}': adapter_model.safetensors cannot be read ({e})") from None
     for key, tensor in tensors.items():
+        if any(tower in key for tower in _TOWERS):
+            raise LoRAConfigError(f"LoRA adapter '{name}': weight '{key}' adapts the vision tower; adapters apply "
+                                  "to the language model's projections only (field 'target_modules')")
         m = _KEY.search(key)
         module = m.group(2) if m else key
         if m is None or module not in TARGETS:

@@ -148,3 +148,44 @@ def test_bad_image_requests_are_refused_alone(vl_path, ckpt_dir):
     text_only = LLM(make_checkpoint(str(ckpt_dir / "llama"), "llama"), block_size=4, num_kv_blocks=16)
     with pytest.raises(InvalidRequestError, match="does not accept images"):
         text_only.engine.add_request({"prompt_token_ids": [5, 6], "multi_modal_data": {"image": image}}, GREEDY)
+
+
+def test_a_lora_adapter_on_the_language_model_gives_peft_tokens(vl_path, tmp_path):
+    """An adapter of the decoder's projections, with images: transformers + PEFT's tokens;
+    one that adapts the vision tower is refused by name."""
+    import transformers as tf
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from backend.lora.adapter import LoRAConfigError
+
+    def adapter(path: str, targets: str) -> str:
+        model = tf.Qwen2VLForConditionalGeneration.from_pretrained(vl_path, dtype=torch.float32)
+        peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.0))
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in peft.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        peft.save_pretrained(path)
+        return path
+    decoder = adapter(str(tmp_path / "decoder"), r".*language_model.*\.(q_proj|v_proj|down_proj)")
+    images = make_images([(60, 90)], seed=1)
+    ids = with_image(random_prompts(1, [7], vocab=290)[0])
+    reference = PeftModel.from_pretrained(tf.Qwen2VLForConditionalGeneration.from_pretrained(
+        vl_path, dtype=torch.float32).eval(), decoder).eval()
+    px = tf.AutoImageProcessor.from_pretrained(vl_path)(images=images, return_tensors="pt")
+    n = int(px["image_grid_thw"].prod(-1)[0] // 4)
+    expanded = torch.tensor([[t for tok in ids for t in ([IMAGE] * n if tok == IMAGE else [tok])]])
+    with torch.no_grad():
+        expected = reference.generate(input_ids=expanded, attention_mask=torch.ones_like(expanded),
+                                      pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
+                                      mm_token_type_ids=(expanded == IMAGE).int(), do_sample=False,
+                                      max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)[0, expanded.shape[1]:].tolist()
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=64, lora_modules={"decoder": decoder}, max_lora_rank=8)
+    with_lora = SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0, lora_name="decoder")
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+    assert llm.generate(prompt, with_lora)[0].token_ids == expected
+    assert llm.generate(prompt, GREEDY)[0].token_ids == hf_vl_greedy(vl_path, [(ids, images)], MAX_NEW)[0] != expected
+    settled(llm)
+    tower = adapter(str(tmp_path / "tower"), r".*visual.*\.qkv")
+    with pytest.raises(LoRAConfigError, match="adapts the vision tower"):
+        LLM(vl_path, block_size=4, num_kv_blocks=64, lora_modules={"tower": tower}, max_lora_rank=8)
