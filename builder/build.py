@@ -14,6 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from backend.build_manifest import BACKEND_VERSION, FORMAT_VERSION, MANIFEST_NAME
 from backend.config import EngineArgs, PoolerConfig, SpeculativeConfig, json_or_value, lora_modules_value, validated
+from backend.models.architectures import ARCHITECTURES
 from backend.models.config import load_model_config
 from backend.models.quant_linears import describe as describe_quantization
 from backend.parallel.pipeline import check_pipeline_parallel
@@ -291,6 +292,14 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
     if moe_fp8 and opts.tensor_parallel_size > 1:
         raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} (FP8 "
                          "mixture-of-experts builds run on one rank)")
+    vision = ARCHITECTURES[cfg.architecture].vision
+    if vision and opts.weights in QUANTIZED_WEIGHTS and opts.weights != "fp8":
+        raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for vision-language "
+                         f"checkpoints ({cfg.architecture}) yet; build fp8 (the language model's projections) or "
+                         "the source's dtype")
+    if vision and opts.engine != "torch":
+        raise BuildError(f"invalid build option 'engine': {opts.engine} graphs take token ids only; "
+                         f"{cfg.architecture} reads images: use engine 'torch'")
     quant = cfg.quantization or {}
     if opts.engine != "torch" and quant and (quant.get("quant_method") != "paged_llm_fp8"
                                              or quant.get("activation_scheme") == "dynamic"):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from builder.build import BuildOptions
 
-CHECKPOINT_FILES = (".json", ".safetensors", ".model", ".txt", ".tiktoken")
+# (.jinja: transformers >= 5 writes the chat template to its own file, chat_template.jinja)
+CHECKPOINT_FILES = (".json", ".safetensors", ".model", ".txt", ".tiktoken", ".jinja")
 
 
 class BuildError(ValueError):

@@ -17,14 +17,56 @@ class QualityReport:
 
 
 def load_source(src: str, dtype="auto"):
-    """(the source model, a function from texts to token-id tensors of at most 256)."""
+    """(the source model, a function from texts to token-id tensors of at most 256). A
+    vision-language checkpoint comes as its language model (LanguageModelView)."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
+    if is_vision_language(src):
+        from transformers import AutoModelForImageTextToText
+        model = LanguageModelView(AutoModelForImageTextToText.from_pretrained(src, dtype=dtype).eval())
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
     encode_one = text_encoder(src, model.config.vocab_size)
 
     def encode(texts: list[str]) -> list[torch.Tensor]:
         return [torch.tensor(encode_one(t)[:256]) for t in texts]
     return model, encode
+
+
+def is_vision_language(src: str) -> bool:
+    import json
+    import os
+
+    from backend.models.architectures import ARCHITECTURES
+    with open(os.path.join(src, "config.json")) as f:
+        archs = json.load(f).get("architectures") or []
+    return any(ARCHITECTURES[a].vision for a in archs if a in ARCHITECTURES)
+
+
+class LanguageModelView:
+    """A vision-language model as the quantizers read a causal LM: its forward on token
+    ids (text only), `model.layers` (the decoder's), the text config, and named_modules
+    over the decoder and the LM head only, so that nothing of the vision tower is
+    calibrated or quantized; state_dict() is the whole model's (the tower saved as it is)."""
+
+    def __init__(self, model) -> None:
+        self.full = model
+        self.model = model.model.language_model
+        self.config = model.config.get_text_config()
+        self.config.tie_word_embeddings = model.config.tie_word_embeddings
+
+    def __call__(self, input_ids):
+        return self.full(input_ids=input_ids)
+
+    def named_modules(self):
+        for name, module in self.full.named_modules():
+            if name.startswith(("model.language_model", "lm_head")):
+                yield name, module
+
+    def named_parameters(self):
+        return ((n, p) for n, p in self.full.named_parameters() if n.startswith(("model.language_model", "lm_head")))
+
+    def state_dict(self):
+        return self.full.state_dict()
 
 
 def text_encoder(src: str, vocab_size: int) -> Callable[[str], list[int]]:
