@@ -17,6 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from backend.engine.errors import InvalidRequestError
+from backend.triton_server import trtllm_images
 
 TEXT, TOKENS = "text", "tokens"
 CONTRACTS = (TEXT, TOKENS)
@@ -45,7 +46,7 @@ INPUT_SPECS = {
            _spec("lora_weights", "TYPE_FP16", [-1, -1]), _spec("lora_config", "TYPE_INT32", [-1, 3]),
            _spec("guided_decoding_guide_type", "TYPE_STRING", [1]), _spec("guided_decoding_guide", "TYPE_STRING", [1]),
            _spec("num_draft_tokens", "TYPE_INT32", [1]), _spec("use_draft_logits", "TYPE_BOOL", [1])]
-    + [_spec(n, t, [1]) for n, t in _SAMPLING],
+    + [_spec(n, t, [1]) for n, t in _SAMPLING] + trtllm_images.INPUT_SPECS,
     TOKENS: [_spec("input_ids", "TYPE_INT32", [-1], optional=False), _spec("input_lengths", "TYPE_INT32", [1], False),
              _spec("request_output_len", "TYPE_INT32", [1], False), _spec("streaming", "TYPE_BOOL", [1]),
              _spec("stop", "TYPE_BOOL", [1]), _spec("runtime_top_k", "TYPE_INT32", [1]),
@@ -177,6 +178,9 @@ def row_request(contract: str, inputs: dict[str, np.ndarray], b: int) -> RowRequ
             words = [bytes(w) for w in stop_words.reshape(-1) if bytes(w)]
             if words:
                 out["stop_words"] = np.array(words, dtype=np.object_)
+        images = trtllm_images.row_images({n: _row(inputs, n, b) for n in trtllm_images.IMAGE_INPUTS})
+        if images:
+            out["image"] = np.array(images, dtype=np.object_)
         bad_words = _text_words("bad_words", _row(inputs, "bad_words", b))
         if bad_words:
             params["bad_words"] = bad_words

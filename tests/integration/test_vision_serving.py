@@ -2,7 +2,8 @@
 serve` runs it) serving a tiny random Qwen2-VL checkpoint, built with `builder build`.
 The official `openai` client sends data: URL images in chat (and the Responses API's
 input_image) and gets the offline engine's tokens; Triton's gRPC and HTTP generate take
-the vLLM backend's `image` input the same way. Each bad image is a 400 naming the
+the vLLM backend's `image` input the same way, and TensorRT-LLM's `ensemble` its
+`image_bytes_input`. Each bad image is a 400 naming the
 problem while a text stream runs on undisturbed, and the pool ends free. Starts its own
 server (model `llm`)."""
 
@@ -18,6 +19,7 @@ import pytest
 from backend import LLM, SamplingParams
 from clients.tritonserver import TritonServer
 from tests.helpers.vl_checkpoints import make_images, make_qwen2_vl
+from builder.trtllm_models import write_fronts
 from tests.integration.conftest import build_repo, infer, openai_frontend, wait_blocks_free
 
 pytestmark = pytest.mark.integration
@@ -45,6 +47,7 @@ def vl_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision")
     ckpt = make_qwen2_vl(str(root / "qwen2_vl"), tokenizer=True)
     repo = build_repo(root / "repo", ckpt, **LIMITS)
+    write_fronts(repo, instances=1)
     with TritonServer(repo, log_path=str(root / "server.log"), supervised=True, openai=True,
                       api_keys=(KEY,)) as srv:
         yield srv, ckpt
@@ -94,6 +97,13 @@ def test_openai_chat_and_responses_with_images_give_the_offline_tokens(vl_server
     with urllib.request.urlopen(urllib.request.Request(f"http://{srv.http_url}/v2/models/llm/generate", body.encode(),
                                                        {"Content-Type": "application/json"}), timeout=60) as r:
         assert json.loads(r.read())["text_output"] == text
+    # TensorRT-LLM's ensemble, raw pixels [batch, images, H, W, C], one image.
+    one_text, _, one_prompt = offline(ckpt, [{"role": "user", "content": [{"type": "image"}]}], images[:1], 16)
+    responses, error = infer(srv, "ensemble", {
+        "text_input": np.array([[one_prompt.encode()]], dtype=object), "max_tokens": np.array([[16]], np.int32),
+        "min_length": np.array([[16]], np.int32), "exclude_input_in_output": np.array([[True]]),
+        "image_bytes_input": np.asarray(images[0])[None, None]})
+    assert error is None and "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in responses) == one_text
     wait_blocks_free(srv)
 
 

@@ -157,3 +157,28 @@ def test_every_response_carries_every_declared_output(contract, stream):
     assert set(resp) == {o["name"] for o in OUTPUT_SPECS[contract]}
     assert resp["cum_log_probs"].tolist() == [[0.0]] and resp["output_log_probs"].tolist() == [[[0.0, 0.0]]]
     assert all(v.size for v in resp.values())       # (an empty tensor is read the same way)
+
+
+def test_multimodal_image_inputs_become_the_llm_models_image_input():
+    """TensorRT-LLM's ensemble takes raw pixels (image_bytes_input, channels first or
+    last) or image URLs (image_url_input): each row's images reach `llm` as base64 image
+    files; preprocessed image_input, fetched URLs and two kinds at once are refused."""
+    import base64
+    import io
+
+    from PIL import Image
+    pixels = np.random.default_rng(0).integers(0, 255, (2, 3, 8, 6), dtype=np.uint8)     # [images, C, H, W]
+    for layout in (pixels, pixels.transpose(0, 2, 3, 1)):
+        row = row_request(TEXT, text(image_bytes_input=layout[None]), 0)
+        decoded = [np.asarray(Image.open(io.BytesIO(base64.b64decode(b)))) for b in row.inputs["image"]]
+        assert all(np.array_equal(d, p.transpose(1, 2, 0)) for d, p in zip(decoded, pixels))
+    url = b"data:image/png;base64,iVBORw0KGgo="
+    assert row_request(TEXT, text(image_url_input=np.array([[url]], dtype=object)), 0).inputs["image"].tolist() == [url]
+    assert "image" not in row_request(TEXT, text(), 0).inputs
+    for extra, message in (({"image_url_input": np.array([[b"https://x.org/a.png"]], dtype=object)}, "scheme 'https'"),
+                           ({"image_input": np.ones((1, 1, 3, 4, 4), dtype=np.float16)}, "'image_input'"),
+                           ({"image_bytes_input": pixels[None], "image_url_input": np.array([[url]], dtype=object)},
+                            "one image input per request"),
+                           ({"image_bytes_input": np.zeros((1, 2, 5, 4, 4), dtype=np.uint8)}, "3 or 4 channels")):
+        with pytest.raises(InvalidRequestError, match=message):
+            row_request(TEXT, text(**extra), 0)
