@@ -2,6 +2,7 @@
 the same machine and checkpoint (CPU), and the encoder cache's effect on a repeated image.
 
     python -m benchmarks.bench_vision [--requests 16 --tokens 64 --repeats 3 --json out.json]
+    python -m benchmarks.bench_vision --checkpoint DIR --device cuda --dtype bfloat16 --image-size 448
 
 The checkpoint is `builder tiny --vision` (a random Qwen2-VL: 4 layers of hidden 256,
 a 4-block vision tower of width 128; images of 224 x 224 pixels become 64 tokens). Each
@@ -13,7 +14,10 @@ tokens. Measured, median over `repeats`:
   batched generate (left-padded);
 - the prefill of all requests at once (one token each), with `--requests` distinct images
   against one image repeated: images encoded, and the time.
-Outputs must be transformers' tokens (both suppress the EOS token before `--tokens`, as
+With `--checkpoint`, another Qwen2-VL / Qwen2.5-VL folder (one without tokenizer files gets
+prompts of random token ids around its image token): benchmarks/gpu_check.py's `vision`
+stage runs a Qwen2.5-VL-7B-shaped random model this way on a GPU, in bf16, where tokens
+are not expected to match (its sums differ). On CPU in fp32, outputs must be transformers' tokens (both suppress the EOS token before `--tokens`, as
 min_tokens does): the run counts requests that differ.
 """
 
@@ -37,13 +41,20 @@ def _checkpoint() -> str:
 
 
 def _images(n: int, size: int = 224, seed: int = 0) -> list:
+    size = _IMAGE_SIZE[0] if size == 224 else size
     import numpy as np
     from PIL import Image
     rng = np.random.default_rng(seed)
     return [Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)) for _ in range(n)]
 
 
-def _prompts(tok, n: int) -> list[list[int]]:
+def _prompts(tok, n: int, image_token: int, vocab: int) -> list[list[int]]:
+    if tok is None:                 # a random checkpoint without tokenizer files
+        import random
+        rng = random.Random(0)
+        top = min(vocab - 8, 150000)        # (below the special ids: Qwen's 151643+, or a small vocabulary's last)
+        return [[rng.randrange(10, top) for _ in range(8)] + [image_token]
+                + [rng.randrange(10, top) for _ in range(12 + i % 5)] for i in range(n)]
     questions = ["what is in this picture", "describe the colours", "how many shapes are there",
                  "is it day or night", "what would you call it", "where was this taken"]
     out = []
@@ -53,6 +64,10 @@ def _prompts(tok, n: int) -> list[list[int]]:
         out.append(tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"])
     return out
+
+
+_IMAGE_SIZE = [224]
+_DEVICE = ["cpu"]
 
 
 def _engine_one(llm, prompt, image, tokens: int) -> tuple[float, float, list[int]]:
@@ -82,8 +97,9 @@ def _hf_inputs(processor, prompts, images, image_token: int, pad: int):
     width = max(map(len, rows))
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return dict(input_ids=input_ids, attention_mask=mask, pixel_values=px["pixel_values"],
-                image_grid_thw=px["image_grid_thw"], mm_token_type_ids=(input_ids == image_token).int())
+    inputs = dict(input_ids=input_ids, attention_mask=mask, pixel_values=px["pixel_values"],
+                  image_grid_thw=px["image_grid_thw"], mm_token_type_ids=(input_ids == image_token).int())
+    return {k: v.to(_DEVICE[0]) for k, v in inputs.items()}
 
 
 def _hf_generate(model, inputs, tokens: int) -> tuple[float, list[list[int]]]:
@@ -101,20 +117,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--checkpoint", help="a Qwen2-VL / Qwen2.5-VL folder (default: builder tiny --vision)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--image-size", type=int, default=224, help="square images of this many pixels a side")
     a = ap.parse_args(argv)
     import torch
     import transformers as tf
 
     from backend import LLM, SamplingParams
-    path = _checkpoint()
+    _IMAGE_SIZE[0], _DEVICE[0] = a.image_size, a.device
+    path = a.checkpoint or _checkpoint()
     cfg = json.load(open(os.path.join(path, "config.json")))
     image_token = cfg["image_token_id"]
-    hf = tf.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    vocab = (cfg.get("text_config") or cfg).get("vocab_size", cfg.get("vocab_size"))
+    hf = tf.AutoModelForImageTextToText.from_pretrained(path, dtype=getattr(torch, a.dtype)).to(a.device).eval()
     processor = tf.AutoImageProcessor.from_pretrained(path)
-    llm = LLM(path, dtype="float32", block_size=16, num_kv_blocks=2048, max_num_seqs=a.requests,
-              max_num_batched_tokens=1024)
+    llm = LLM(path, dtype=a.dtype, device=a.device, block_size=16, num_kv_blocks=2048, max_num_seqs=a.requests,
+              max_num_batched_tokens=4096)
     tok = llm.tokenizer
-    prompts, images = _prompts(tok, a.requests), _images(a.requests)
+    prompts, images = _prompts(tok, a.requests, image_token, vocab), _images(a.requests)
     _engine_one(llm, prompts[0], images[0], 4)                              # warm-up
     _hf_generate(hf, _hf_inputs(processor, prompts[:1], images[:1], image_token, 0), 2)
 
@@ -167,8 +189,10 @@ def main(argv=None) -> dict:
             encoded.append(llm.stats()["encoder_images_encoded"] - before)
         cache[name] = {"prefill_s": statistics.median(times), "images_encoded": encoded[0]}
 
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                         f"{torch.get_num_threads()} threads", "requests": a.requests, "tokens": a.tokens,
+    machine = (torch.cuda.get_device_name() if a.device == "cuda" else
+               f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    result = {"machine": f"{machine}, torch {torch.__version__}", "checkpoint": path, "dtype": a.dtype,
+              "image_size": a.image_size, "requests": a.requests, "tokens": a.tokens,
               "batch1": med, "batched": batched, "encoder_cache": cache, "outputs_differing": differ}
     print(f"batch 1: TTFT engine {med['engine_ttft'] * 1e3:.1f} ms, transformers {med['hf_ttft'] * 1e3:.1f} ms "
           f"({med['hf_ttft'] / med['engine_ttft']:.2f}x); decode engine {med['engine_decode']:.1f} tok/s, "

@@ -403,10 +403,57 @@ def eagle_step(args: list[str] = EAGLE_STEP) -> list[dict]:
     return bench_eagle_step.main(args)["results"]
 
 
+# Qwen2.5-VL-7B's shapes (config.json of Qwen/Qwen2.5-VL-7B-Instruct), the decoder cut to
+# `layers` layers so that a random checkpoint writes in seconds; the tower whole.
+QWEN2_5_VL_7B_TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                          num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24],
+                                           "rope_theta": 1000000.0})
+QWEN2_5_VL_7B_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                            fullatt_block_indexes=[7, 15, 23, 31])
+
+
+def make_vision_checkpoint(root: str, layers: int = 4, device: str = "cuda", dtype=torch.bfloat16,
+                           text: dict = QWEN2_5_VL_7B_TEXT, vision: dict = QWEN2_5_VL_7B_VISION) -> str:
+    """A random Qwen2.5-VL checkpoint of the given shapes (bf16) with its image processor's
+    config (transformers' defaults: up to 1280 tokens an image)."""
+    import transformers as tf
+    path = os.path.join(root, f"qwen2.5-vl-7b-{layers}l")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    vocab = text["vocab_size"]      # (the published special ids, or the last four of a small vocabulary)
+    ids = {} if vocab > 151656 else dict(image_token_id=vocab - 4, video_token_id=vocab - 3,
+                                         vision_start_token_id=vocab - 2, vision_end_token_id=vocab - 1)
+    cfg = tf.Qwen2_5_VLConfig(text_config={**text, "num_hidden_layers": layers, "initializer_range": 0.02},
+                              vision_config={**vision, "initializer_range": 0.02}, dtype=str(dtype).split(".")[-1],
+                              **ids)
+    with torch.device(device):
+        model = tf.Qwen2_5_VLForConditionalGeneration(cfg).to(dtype)
+    model.save_pretrained(path)
+    tf.Qwen2VLImageProcessorPil().save_pretrained(path)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return path
+
+
+def vision(root: str, args: list[str] | None = None, **checkpoint) -> dict:
+    """Issue 52's GPU figure: one-image chat prompts on a Qwen2.5-VL-7B-shaped random model
+    (4 decoder layers, the whole tower), the engine against transformers, bf16, 448 x 448
+    images (256 tokens each), and the encoder cache on a repeated image
+    (benchmarks/bench_vision.py)."""
+    from benchmarks import bench_vision
+    path = make_vision_checkpoint(root, **checkpoint)
+    return bench_vision.main(["--checkpoint", path] + (args if args is not None else [
+        "--device", "cuda", "--dtype", "bfloat16", "--image-size", "448", "--requests", "16", "--tokens", "64",
+        "--repeats", "2"]))
+
+
 # The end-to-end figures first (a lease is short), the unit tests last (their first
 # compiles are slow).
 STAGES = ["models", "attention", "moe_kernel", "quant_kernels", "structured_output", "speculative", "eagle_step",
-          "lora_and_int", "unit_tests"]
+          "vision", "lora_and_int", "unit_tests"]
 
 
 def main(argv=None) -> int:
@@ -506,13 +553,18 @@ def main(argv=None) -> int:
         report["eagle_step"] = eagle_step()
         print("EAGLE-3 step cost:", json.dumps(report["eagle_step"]), flush=True)
 
+    def vision_stage() -> None:
+        report["vision"] = vision(root)
+        print("vision-language:", json.dumps(report["vision"]), flush=True)
+
     def lora() -> None:
         report["lora_and_int"] = lora_and_int(root, make_checkpoint(a.models[-1], root))
         print("LoRA and INT4:", json.dumps(report["lora_and_int"]), flush=True)
 
     run = {"attention": lambda: kernels("attention"), "moe_kernel": lambda: kernels("moe_kernel"),
            "quant_kernels": lambda: kernels("quant_kernels"), "structured_output": structured,
-           "speculative": speculative, "eagle_step": eagle, "models": models, "lora_and_int": lora,
+           "speculative": speculative, "eagle_step": eagle, "vision": vision_stage, "models": models,
+           "lora_and_int": lora,
            "unit_tests": unit_tests}
     stages = [st for st in a.stages if not (st == "unit_tests" and a.skip_tests)]
     for stage in stages:
@@ -545,6 +597,7 @@ def render(report: dict) -> str:
              f"structured output and logit_bias on CUDA: {report.get('structured_output')}",
              f"speculative decoding on CUDA: {report.get('speculative')}",
              f"EAGLE-3 round cost (8B shape) and projected speed-up: {report.get('eagle_step')}",
+             f"Vision-language (Qwen2.5-VL-7B shape, 4 decoder layers): {report.get('vision')}",
              f"LoRA overhead and INT4 decode on CUDA: {report.get('lora_and_int')}",
              f"seconds per stage: {report.get('stage_seconds')}", ""]
     for stage, err in report.get("stage_errors", {}).items():

@@ -31,6 +31,16 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
     eagle = gpu_check.eagle_step(["--shape", "tiny", "--batch", "1", "--k", "2", "--tokens", "6", "--repeats", "1"])
     assert [r["config"] for r in eagle] == ["off", "eagle3 k=2"] and eagle[1]["projected_speedup"] > 0
+    # The vision stage's checkpoint maker and benchmark, at tiny shapes on the CPU.
+    text = dict(gpu_check.QWEN2_5_VL_7B_TEXT, vocab_size=320, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    tower = dict(gpu_check.QWEN2_5_VL_7B_VISION, depth=2, hidden_size=32, intermediate_size=48, num_heads=4,
+                 out_hidden_size=64, window_size=56, fullatt_block_indexes=[1])
+    vision = gpu_check.vision(str(tmp_path), ["--device", "cpu", "--image-size", "112", "--requests", "2",
+                                              "--tokens", "4", "--repeats", "1"],
+                              layers=2, device="cpu", dtype=torch.float32, text=text, vision=tower)
+    assert vision["outputs_differing"] == 0 and vision["encoder_cache"]["repeated"]["images_encoded"] == 1
     nano = gpu_check.nano_vllm_workload(tiny_ckpt, num_seqs=3, lo=4, hi=9)
     assert nano["output_tokens"] > 0 and nano["output_tok_per_s"] > 0
     prof = gpu_check.decode_profile(tiny_ckpt, num_seqs=3, prompt_len=5, steps=2, top=4)
