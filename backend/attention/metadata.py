@@ -31,6 +31,10 @@ class AttentionMetadata:
     # Split-KV factor for the Triton kernel; None lets it choose from max_seq_len. A
     # captured CUDA graph fixes it, since its launch grid is baked in.
     num_splits: Optional[int] = None
+    # Per query token, how many of its sequence's keys it may attend to (keys 0..limit-1),
+    # when that is not its position + 1: the tokens of an image attend to the whole image
+    # (Gemma 3; backend/engine/runner/image_attention.py). None: causal.
+    key_limits: Optional[torch.Tensor] = None
     # The torch path's decode groups by block size (torch_attention.decode_groups), planned
     # by the first layer of the step and read by the others.
     decode_plan: Optional[dict] = field(default=None, repr=False, compare=False)

@@ -10,6 +10,8 @@ explicit mask (causal within the chunk, full over the context before it).
 Every path reads K/V back from the cache, so a prefix-cache hit and a fresh prefill
 see exactly the same values, FP8 and INT8 caches included.
 
+Queries with key limits (AttentionMetadata.key_limits: an image's tokens attend to the
+whole image, Gemma 3) take the explicit mask with those limits for the causal bound.
 A sliding window (per layer) masks keys more than `window - 1` positions before the
 query (transformers' `kv_idx > q_idx - window`). A soft-cap (Gemma 2) bounds each
 score as cap * tanh(score / cap) before the mask and softmax; SDPA cannot do that, so
@@ -205,6 +207,8 @@ class TorchPagedAttention:
                 meta: AttentionMetadata, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, cache.value, self.logits_soft_cap, sinks) else None
+        if meta.key_limits is not None:
+            lib = None              # (the C++ kernel is causal: an image-attention step runs here)
         if lib is None or not cpu_decode.write_kv(lib, k, v, cache.key, cache.value, meta.slot_mapping):
             write_kv(k, v, cache, meta.slot_mapping)
         out = torch.empty_like(q)
@@ -223,7 +227,9 @@ class TorchPagedAttention:
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1 and (covered is None or not covered[i]):
                 s = qsl[i]
-                out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks)
+                limits = meta.key_limits[s:s + n] if meta.key_limits is not None else None
+                out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks,
+                                             limits)
         return out
 
     def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, group: DecodeGroup,
@@ -250,7 +256,9 @@ class TorchPagedAttention:
         return o[:, :, 0, :]
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
-                 seq_len: int, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 seq_len: int, sinks: Optional[torch.Tensor] = None,
+                 limits: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """limits: each query's key count (AttentionMetadata.key_limits) or None: causal."""
         n = q.shape[0]
         nblk = -(-seq_len // cache.block_size)
         blocks = block_table[:nblk].long()
@@ -260,7 +268,8 @@ class TorchPagedAttention:
         # [1, heads, tokens, D]: SDPA's fused CPU kernel (flash attention) takes 4-D
         # inputs only; 3-D ones ran its math path, 1.7-3x slower (benchmarks §16).
         q, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        if seq_len == n and self.sliding_window is None and self.logits_soft_cap is None and sinks is None:
+        if seq_len == n and self.sliding_window is None and self.logits_soft_cap is None and sinks is None \
+                and limits is None:
             # The whole sequence in this chunk: SDPA's own causal mask, whose kernel skips
             # the masked key blocks (half the work of an explicit mask at long prompts).
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
@@ -268,7 +277,7 @@ class TorchPagedAttention:
             return o[0].transpose(0, 1)
         q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
-        allowed = k_pos[None, :] <= q_pos[:, None]
+        allowed = k_pos[None, :] <= q_pos[:, None] if limits is None else k_pos[None, :] < limits[:, None].long()
         if self.sliding_window is not None:
             allowed &= k_pos[None, :] > (q_pos[:, None] - self.sliding_window)
         o = attend(q, k, v, allowed, self.scale, self.logits_soft_cap, sinks)

@@ -74,8 +74,11 @@ class RequestIntake:
                                       "and multi_modal_data)")
         if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
             raise InvalidRequestError("a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'")
-        token_ids = self.tokenize(prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"])
         mm_data = prompt.get("multi_modal_data")
+        text = prompt.get("prompt")
+        if mm_data and isinstance(text, str) and self.vision is not None:
+            text = self.vision.processor.expand_text(text)      # (Gemma 3 places images in the text)
+        token_ids = self.tokenize(text if "prompt" in prompt else prompt["prompt_token_ids"])
         if not mm_data:
             return token_ids, None
         if self.vision is None:

@@ -23,6 +23,7 @@ class VisionParts:
     limits: ImageLimits
     encoder_cache: EncoderCacheManager
     max_images: int                     # limit_mm_per_prompt["image"]
+    max_chunk: int                      # max_num_batched_tokens (an image computed whole must fit)
 
     @property
     def budget(self) -> int:
@@ -44,6 +45,10 @@ class VisionParts:
         images = [load_image(image, self.limits) for image in images]
         ids, mm = self.processor.process(token_ids, images)
         for item in mm.items:
+            if self.encoder_cache.whole_images and item.length > self.max_chunk:
+                raise InvalidRequestError(
+                    f"an image of {item.length} tokens exceeds max_num_batched_tokens={self.max_chunk}: this "
+                    "model computes an image's tokens in one step (they attend to each other)")
             if item.length > self.budget:
                 raise InvalidRequestError(
                     f"an image of {item.length} tokens exceeds the encoder budget max_num_encoder_input_tokens="
@@ -72,4 +77,5 @@ def make_vision(args: EngineArgs, cfg: ModelConfig) -> Optional[VisionParts]:
         raise ConfigError(f"invalid engine argument 'encoder_cache_size': {cache} is below the encoder budget "
                           f"max_num_encoder_input_tokens={budget} (an image encoded in a step must fit)")
     return VisionParts(processor, ImageLimits(args.max_image_bytes, args.max_image_pixels),
-                       EncoderCacheManager(cache, budget), args.limit_mm_per_prompt.get("image", 0))
+                       EncoderCacheManager(cache, budget, processor.whole_images),
+                       args.limit_mm_per_prompt.get("image", 0), args.max_num_batched_tokens)

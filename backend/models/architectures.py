@@ -83,6 +83,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         vision="qwen2_vl", single_rank="its vision tower is not split across ranks yet"),
     "LlavaForConditionalGeneration": Architecture(
         "llava", "llava", "LlavaCausalLM", vision="llava", single_rank="its vision tower is not split across ranks yet"),
+    "Gemma3ForConditionalGeneration": Architecture(
+        "gemma3_vl", "gemma3_vl", "Gemma3VLCausalLM", qk_norm=True, rope_theta=1_000_000.0, local_rope=True,
+        windows="pattern", vision="gemma3", single_rank="its vision tower is not split across ranks yet", **_GEMMA),
     "Olmo2ForCausalLM": Architecture("olmo2", "olmo2", "Olmo2CausalLM",
                                      single_rank="its q/k norms span every head: not split across ranks yet"),
 }

@@ -18,6 +18,9 @@ from backend.multimodal.inputs import ImageItem, MultiModalInputs
 
 class PlaceholderProcessor:
     placeholder_name = "<image>"
+    # The model's image tokens attend to the whole image (Gemma 3): each image is computed
+    # in one step (scheduling/encoder_cache.py) with key limits (runner/image_attention.py).
+    whole_images = False
 
     def __init__(self, model_path: str, image_token_id: int) -> None:
         self.model_path = model_path
@@ -47,29 +50,46 @@ class PlaceholderProcessor:
     def max_tokens_per_image(self) -> int:
         raise NotImplementedError
 
+    def expand_text(self, text: str) -> str:
+        """A text prompt before tokenizing (Gemma 3 expands its images there, as its
+        transformers processor does, so that the text around them tokenizes the same)."""
+        return text
+
+    def count_placeholders(self, token_ids: list[int]) -> int:
+        return sum(1 for t in token_ids if t == self.image_token_id)
+
+    def place(self, token_ids: list[int], lengths: list[int]) -> tuple[list[int], list[int]]:
+        """The prompt with each image's tokens in place of its placeholder, and where each
+        image's tokens start."""
+        ids: list[int] = []
+        offsets: list[int] = []
+        lengths_left = iter(lengths)
+        for t in token_ids:
+            if t == self.image_token_id:
+                offsets.append(len(ids))
+                ids += [self.image_token_id] * next(lengths_left)
+            else:
+                ids.append(t)
+        return ids, offsets
+
     # -- common
     def process(self, token_ids: list[int], images: list) -> tuple[list[int], MultiModalInputs]:
-        marks = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
-        if len(marks) != len(images):
+        found = self.count_placeholders(token_ids)
+        if found != len(images):
             raise InvalidRequestError(
-                f"the prompt has {len(marks)} image placeholder(s) (token id {self.image_token_id}, "
+                f"the prompt has {found} image placeholder(s) (token id {self.image_token_id}, "
                 f"{self.placeholder_name}) for {len(images)} image(s): put one where each image goes (the chat "
                 "template does)")
         try:
             processed = self.image_processor(images=images, return_tensors="pt")
         except Exception as e:
             raise InvalidRequestError(f"the image processor could not read an image: {e}") from None
-        ids: list[int] = []
+        parts = self.split(processed, len(images))
+        ids, offsets = self.place(token_ids, [self.num_tokens(grid) for _, grid in parts])
         items: list[ImageItem] = []
-        prev = 0
-        for mark, (pixels, grid) in zip(marks, self.split(processed, len(images))):
-            ids += token_ids[prev:mark]
+        for offset, (pixels, grid) in zip(offsets, parts):
             digest = hashlib.sha256(np.asarray(grid, dtype=np.int64).tobytes())
             digest.update(pixels.contiguous().numpy().tobytes())
-            length = self.num_tokens(grid)
-            items.append(ImageItem(digest.digest(), len(ids), length, pixels, grid))
-            ids += [self.image_token_id] * length
-            prev = mark + 1
-        ids += token_ids[prev:]
+            items.append(ImageItem(digest.digest(), offset, self.num_tokens(grid), pixels, grid))
         positions, delta = self.positions(len(ids), items)
         return ids, MultiModalInputs(items, positions, delta)

@@ -10,7 +10,8 @@ from backend.models.architectures import ARCHITECTURES
 from backend.models.config import ModelConfig
 
 PROCESSORS = {"qwen2_vl": ("backend.multimodal.qwen2_vl", "Qwen2VLProcessor"),
-              "llava": ("backend.multimodal.llava", "LlavaProcessor")}
+              "llava": ("backend.multimodal.llava", "LlavaProcessor"),
+              "gemma3": ("backend.multimodal.gemma3", "Gemma3Processor")}
 
 
 def make_processor(model_path: str, cfg: ModelConfig) -> Optional[object]:

@@ -23,9 +23,13 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
-def write_tokenizer(path: str) -> None:
+QWEN_SPECIALS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+GEMMA3_SPECIALS = ("<image_soft_token>", "<start_of_image>", "<end_of_image>")
+
+
+def write_tokenizer(path: str, specials: tuple[str, ...] = QWEN_SPECIALS) -> None:
     """A byte-level BPE of 300 tokens (<unk> <s> </s> first) trained on the project's
-    corpus, then the four vision tokens as 300..303, as the checkpoint's config names them."""
+    corpus, then the vision tokens as 300.., as the checkpoint's config names them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from builder.tiny import CORPUS
@@ -37,10 +41,9 @@ def write_tokenizer(path: str) -> None:
     with open(CORPUS, encoding="utf-8") as f:
         tok.train_from_iterator([p for p in f.read().split("\n\n")[:400] if p.strip()], trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.add_special_tokens({"additional_special_tokens": [
-        AddedToken(t, special=True, normalized=False)
-        for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")]})
-    assert fast.convert_tokens_to_ids(["<|image_pad|>", "<|vision_end|>"]) == [IMAGE, VISION_END]
+    fast.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True, normalized=False)
+                                                           for t in specials]})
+    assert fast.convert_tokens_to_ids(list(specials)) == list(range(300, 300 + len(specials)))
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
 
@@ -158,5 +161,63 @@ def hf_llava_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_to
         with torch.no_grad():
             gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **kwargs)
+        outs.append(gen[0, len(ids):].tolist())
+    return outs
+
+
+# The tiny Gemma 3's image tokens (inside its 320-token vocabulary).
+SOFT, BOI, EOI = 300, 301, 302
+
+
+def make_gemma3(path: str, seed: int = 0) -> str:
+    """A tiny Gemma 3 with images: sliding (window 12, shorter than an image's 16 tokens)
+    and full layers, a 2-layer SigLIP tower on 56 x 56 images (16 patches), 4 soft tokens
+    an image... pooled 2x2 from the 4x4 patch grid."""
+    import transformers as tf
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    text = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, initializer_range=0.25,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0, sliding_window=6, query_pre_attn_scalar=24,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=56,
+                  patch_size=14, initializer_range=0.25, vision_use_head=False)
+    cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=SOFT,
+                          boi_token_index=BOI, eoi_token_index=EOI)
+    torch.manual_seed(seed)
+    model = tf.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():       # Gemma's norms start at zero (1 + w = 1): give them values that matter
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") and "vision_tower" not in name:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(path)
+    tf.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(path)
+    return path
+
+
+def with_gemma3_image(text_ids: list[int], n_images: int = 1, tail: list[int] = (5, 6, 7)) -> list[int]:
+    return list(text_ids) + [BOI, 9] * n_images + list(tail)
+
+
+def hf_gemma3_greedy(path: str, prompts: list[tuple[list[int], list]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' generate for Gemma 3, one prompt at a time, each <start_of_image>
+    expanded to <start_of_image> + 4 soft tokens + <end_of_image> (this checkpoint has no
+    tokenizer: no "\\n\\n" around them), token_type_ids marking the soft tokens."""
+    import transformers as tf
+    model = tf.Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = tf.AutoImageProcessor.from_pretrained(path)
+    outs = []
+    for ids, images in prompts:
+        kwargs = {}
+        if images:
+            kwargs["pixel_values"] = processor(images=images, return_tensors="pt")["pixel_values"]
+            ids = [t for tok in ids for t in ([BOI] + [SOFT] * 4 + [EOI] if tok == BOI else [tok])]
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                 token_type_ids=(input_ids == SOFT).long(), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, **kwargs)
         outs.append(gen[0, len(ids):].tolist())
     return outs

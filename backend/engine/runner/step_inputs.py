@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import AttentionMetadata
-from backend.engine.runner import mrope
+from backend.engine.runner import image_attention, mrope
 from backend.engine.runner.buffers import StagedBuffer
 from backend.engine.runner.persistent_block_tables import PersistentBlockTables
 from backend.engine.scheduling.sched_output import SchedulerOutput
@@ -84,7 +84,7 @@ class StepInputs:
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, staging_slots: int = 1, long_rope: Optional[tuple[int, int]] = None,
-                 mrope: bool = False) -> None:
+                 mrope: bool = False, image_attention: bool = False) -> None:
         """staging_slots: host buffers used in turn (buffers.py), for a builder that builds
         several forwards a step (the draft model's). long_rope (LongRoPE models):
         (original_max_position_embeddings, the table's long-mode offset)."""
@@ -110,6 +110,8 @@ class StepInputBuilder:
         # the long rows in the rotary table), or None.
         self.long_rope = long_rope
         self.mrope = mrope          # (Qwen2-VL: runner/mrope.py)
+        self.image_attention = image_attention      # (Gemma 3: runner/image_attention.py)
+        self.device = device
 
     def _host(self, name: str, n: int) -> np.ndarray:
         o = self.offsets[name]
@@ -166,6 +168,9 @@ class StepInputBuilder:
                                    mrope_deltas=deltas)
         if deltas is not None:
             step.mrope_positions = mrope.table(sched, int(step.input_ids.shape[0]))
+        limits = image_attention.key_limits(sched, int(step.input_ids.shape[0])) if self.image_attention else None
+        if limits is not None:
+            step.meta.key_limits = torch.from_numpy(limits).to(self.device)
         if placeholders or proposals:
             first = np.cumsum(n_new) - n_new
             step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)

@@ -13,6 +13,10 @@ A request holds a reference on each image it has started until its tokens are co
 (or it ends, or is preempted); outputs nobody references stay cached and are evicted
 least recently used when room is needed, never one the step uses. The runner is told
 what to encode (SchedulerOutput.encoder_inputs) and what to drop (encoder_frees).
+
+With `whole_images` (models whose image tokens attend to the whole image, Gemma 3) a
+chunk never ends inside an image: all of an image's remaining tokens are computed in one
+step, or the chunk ends before the image.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ class EncoderPlan:
 
 
 class EncoderCacheManager:
-    def __init__(self, cache_size: int, budget_per_step: int) -> None:
+    def __init__(self, cache_size: int, budget_per_step: int, whole_images: bool = False) -> None:
         self.cache_size = cache_size
+        self.whole_images = whole_images
         self.budget_per_step = budget_per_step
         self.held: OrderedDict[bytes, int] = OrderedDict()      # hash -> rows, least recently used first
         self.refs: dict[bytes, set[str]] = {}
@@ -72,6 +77,9 @@ class EncoderCacheManager:
         budget, room = self._budget, self.cache_size - self.rows_held + self._evictable_rows(needed)
         for i in overlapping:
             item = mm.items[i]
+            if self.whole_images and item.end > end:
+                plan.num_new_tokens = max(0, item.offset - start)       # (0: the image's rest waits whole)
+                break
             plan.touched.append(item)
             if item.mm_hash in self.held or any(e.mm_hash == item.mm_hash for e in plan.encode):
                 continue

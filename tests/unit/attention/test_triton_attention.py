@@ -292,3 +292,40 @@ def test_graph_padded_decode_on_the_tiled_kernel(monkeypatch, query_len):
     assert rel_err(out[:T], ref) < 1e-5
     assert torch.equal(out[T:], torch.zeros_like(out[T:]))
     assert torch.equal(c2.key.cpu(), ref_args[3].key) and torch.equal(c2.value.cpu(), ref_args[3].value)
+
+
+def image_limits(seqs, spans):
+    """Key limits (AttentionMetadata.key_limits): position + 1, or an image's end for its
+    tokens; spans: per sequence, (start, end) positions of its images."""
+    limits = []
+    for (c, n), images in zip(seqs, spans):
+        for p in range(c, c + n):
+            limits.append(next((end for start, end in images if start <= p < end), p + 1))
+    return torch.tensor(limits, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_image_tokens_attend_to_their_whole_image(window):
+    """Gemma 3's image attention: an image's tokens see the whole image (keys after them
+    in it too), in a fresh prompt and in a chunk after a cached context that holds the
+    image's start; against an explicit mask over the same keys, and through the kernel."""
+    from backend.attention.torch_attention import attend
+    seqs = [(0, 12), (8, 9), (30, 1), (0, 5)]
+    spans = [[(3, 9)], [(4, 14)], [], [(1, 3)]]
+    q, k, v, cache, meta = build(seqs, 8, 2, 2, 64, seed=31)
+    meta.key_limits = image_limits(seqs, spans)
+    scale = 64 ** -0.5
+    ref_args = to("cpu", q, k, v, cache, meta)
+    ref = TorchPagedAttention(4, 2, 64, scale, window).forward(*ref_args)
+    # The fresh prompt, by hand: its keys are this step's.
+    pos = torch.arange(12)
+    allowed = (pos[None, :] < meta.key_limits[:12, None]) & (
+        (pos[None, :] > pos[:, None] - window) if window else True)
+    by_hand = attend(q[:12].transpose(0, 1)[None], k[:12].transpose(0, 1)[None], v[:12].transpose(0, 1)[None],
+                     allowed, scale, None)[0].transpose(0, 1)
+    assert rel_err(ref[:12], by_hand) < 1e-6
+    causal, _ = run_both(seqs, 8, 2, 2, 64, seed=31, window=window)
+    assert rel_err(causal[3:9], ref[3:9]) > 1e-2 and rel_err(causal[:3], ref[:3]) < 1e-6
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    out = TritonPagedAttention(4, 2, 64, scale, window).forward(q2, k2, v2, c2, m2)
+    assert rel_err(out.cpu(), ref) < 1e-5

@@ -92,3 +92,13 @@ def test_making_room_never_evicts_an_image_the_same_chunk_reads():
     plan = schedule(cache, both, 30)
     assert plan.num_new_tokens == 8 and plan.encode == []       # y waits: only x's rows could make room
     assert item("x", 0, 8).mm_hash in cache.held
+
+
+def test_whole_images_never_end_a_chunk_inside_an_image():
+    cache = EncoderCacheManager(cache_size=64, budget_per_step=64, whole_images=True)
+    r = request("a", [item("x", 4, 8)])
+    cache.begin_step()
+    assert schedule(cache, r, 10).num_new_tokens == 4          # ends before the image
+    cache.begin_step()
+    assert cache.plan(r, 4, 6).num_new_tokens == 0            # the image's 8 tokens do not fit in 6
+    assert schedule(cache, r, 8).num_new_tokens == 8 and not cache.refs
