@@ -16,7 +16,7 @@ from torch import nn
 from backend.models.config import ModelConfig
 from backend.models.gemma import GemmaCausalLM
 from backend.models.llava import ClipLayer
-from backend.models.vision_lm import VisionLanguageLM
+from backend.models.vision_lm import LLAVA_LAYOUT, VisionLanguageLM
 from backend.parallel.group import SINGLE
 
 _TOWER = ("vision_tower.", "multi_modal_projector.")
@@ -71,10 +71,7 @@ class Gemma3Projector(nn.Module):
 
 
 class Gemma3VLCausalLM(VisionLanguageLM, GemmaCausalLM):
-    renames = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-               ("model.language_model.", "model."), ("model.vision_tower.", "vision_tower."),
-               ("model.multi_modal_projector.", "multi_modal_projector."),
-               ("vision_tower.vision_model.", "vision_tower."))
+    renames = LLAVA_LAYOUT
 
     def __init__(self, cfg: ModelConfig, attn_factory, max_position=None, ops=None, tp=SINGLE) -> None:
         super().__init__(cfg, attn_factory, max_position, ops, tp)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.models.config import ModelConfig
-from backend.models.vision_lm import VisionLanguageLM
+from backend.models.vision_lm import LLAVA_LAYOUT, VisionLanguageLM
 from backend.parallel.group import SINGLE
 
 _ACTS = {"quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "gelu": F.gelu,
@@ -83,10 +83,7 @@ class ClipVisionTower(nn.Module):
 
 
 class LlavaCausalLM(VisionLanguageLM):
-    renames = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-               ("model.language_model.", "model."), ("model.vision_tower.", "vision_tower."),
-               ("model.multi_modal_projector.", "multi_modal_projector."),
-               ("vision_tower.vision_model.", "vision_tower."))
+    renames = LLAVA_LAYOUT
 
     def __init__(self, cfg: ModelConfig, attn_factory, max_position=None, ops=None, tp=SINGLE) -> None:
         super().__init__(cfg, attn_factory, max_position, ops, tp)

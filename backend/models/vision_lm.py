@@ -14,6 +14,14 @@ from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.models.llama import CausalLM
 
 
+# The llava-hf layout (LLaVA, Gemma 3): `language_model.model.*`, `vision_tower.vision_model.*`,
+# `multi_modal_projector.*`, and transformers 5's `model.language_model.*` / `model.vision_tower.*`.
+LLAVA_LAYOUT = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                ("model.language_model.", "model."), ("model.vision_tower.", "vision_tower."),
+                ("model.multi_modal_projector.", "multi_modal_projector."),
+                ("vision_tower.vision_model.", "vision_tower."))
+
+
 class VisionLanguageLM(CausalLM):
     # Whether the step inputs carry M-RoPE offsets and tables (runner/mrope.py).
     uses_mrope: bool = False
