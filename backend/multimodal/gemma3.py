@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from backend.engine.errors import InvalidRequestError
 from backend.models.loader import TOKENIZER_FILES
 from backend.multimodal.processor import PlaceholderProcessor
 
@@ -59,6 +60,15 @@ class Gemma3Processor(PlaceholderProcessor):
         if self.image_token_id in token_ids:
             starts = [i for i, t in enumerate(token_ids)
                       if t == self.image_token_id and (i == 0 or token_ids[i - 1] != self.image_token_id)]
+            for start in starts:        # each run as the processor writes it, or the request is wrong
+                end = start + self.per_image
+                if (start == 0 or token_ids[start - 1] != self.boi or end >= len(token_ids)
+                        or token_ids[start:end] != [self.image_token_id] * self.per_image
+                        or token_ids[end] != self.eoi):
+                    raise InvalidRequestError(
+                        f"the prompt's image tokens (id {self.image_token_id}) are not each <start_of_image>, "
+                        f"{self.per_image} of them and <end_of_image>: put one <start_of_image> where each "
+                        "image goes and let the engine expand it")
             return list(token_ids), starts
         ids: list[int] = []
         offsets: list[int] = []

@@ -24,9 +24,10 @@ class ImageItem:
         return self.offset + self.length
 
     @property
-    def hash_id(self) -> int:
-        """The hash as a signed 64-bit int (a prefix-cache key element)."""
-        return int.from_bytes(self.mm_hash[:8], "little", signed=True)
+    def hash_ids(self) -> tuple[int, ...]:
+        """The whole hash as signed 64-bit ints (prefix-cache key elements)."""
+        return tuple(int.from_bytes(self.mm_hash[i:i + 8], "little", signed=True)
+                     for i in range(0, len(self.mm_hash), 8))
 
 
 @dataclass
@@ -44,7 +45,7 @@ class MultiModalInputs:
         extras: list[int] = []
         for item in self.items:
             if item.offset < b and item.end > a:
-                extras += [item.hash_id, item.offset - a]
+                extras += [*item.hash_ids, item.offset - a]
         return tuple(extras)
 
     def overlapping(self, a: int, b: int) -> list[int]:

@@ -91,5 +91,8 @@ class PlaceholderProcessor:
             digest = hashlib.sha256(np.asarray(grid, dtype=np.int64).tobytes())
             digest.update(pixels.contiguous().numpy().tobytes())
             items.append(ImageItem(digest.digest(), offset, self.num_tokens(grid), pixels, grid))
+        ends = [0] + [item.end for item in items]
+        if any(item.offset < end for item, end in zip(items, ends)) or ends[-1] > len(ids):
+            raise InvalidRequestError("the prompt's image placeholders overlap or run past its end")
         positions, delta = self.positions(len(ids), items)
         return ids, MultiModalInputs(items, positions, delta)

@@ -17,6 +17,8 @@ import numpy as np
 
 from backend.engine.errors import InvalidRequestError
 
+# The engine's default max_image_pixels: checked again there, with its own setting.
+MAX_PIXELS = 64 * 1024 * 1024
 IMAGE_INPUTS = ("image_bytes_input", "image_url_input", "image_input")
 INPUT_SPECS = [{"name": "image_bytes_input", "data_type": "TYPE_UINT8", "dims": [-1, -1, -1, -1], "optional": True},
                {"name": "image_url_input", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
@@ -61,6 +63,9 @@ def _images(row: np.ndarray) -> list[np.ndarray]:
     if row.shape[-1] not in (3, 4):
         raise InvalidRequestError(f"input 'image_bytes_input': images need 3 or 4 channels, got shape "
                                   f"{list(row.shape)}")
+    if row.shape[1] * row.shape[2] > MAX_PIXELS:
+        raise InvalidRequestError(f"input 'image_bytes_input': images of {row.shape[2]}x{row.shape[1]} pixels exceed "
+                                  f"{MAX_PIXELS} pixels")
     return list(np.ascontiguousarray(row, dtype=np.uint8))
 
 

@@ -13,7 +13,6 @@ per model, so an image part is checked again when the request is routed
 from __future__ import annotations
 
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
 from frontend.openai_api.errors import APIError
 
@@ -53,6 +52,16 @@ def check_parts(parts: list[Any]) -> None:
                              "and 'image_url'")
 
 
+def url_host(url: str) -> str:
+    """The host a client library would connect to (yarl's parse, as aiohttp's), "" when
+    the URL does not parse."""
+    from yarl import URL
+    try:
+        return (URL(url).host or "").lower()
+    except ValueError:
+        return ""
+
+
 def checked_images(urls: list[str], accepts_images: bool, model: str,
                    allowed_domains: tuple[str, ...] = ()) -> list[str]:
     """The request's image URLs, once it is known which model serves it: a 400 when that
@@ -66,7 +75,7 @@ def checked_images(urls: list[str], accepts_images: bool, model: str,
             continue
         scheme = url.split(":", 1)[0].lower() if ":" in url else url[:16]
         if scheme in ("http", "https") and allowed_domains:
-            host = urlsplit(url).hostname or ""
+            host = url_host(url)
             if any(host == d or host.endswith("." + d) for d in allowed_domains):
                 continue
             raise APIError(400, f"image URL host '{host}' is not among the allowed media domains "

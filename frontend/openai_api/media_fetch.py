@@ -15,6 +15,7 @@ from frontend.openai_api.errors import APIError
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0         # vLLM's VLLM_IMAGE_FETCH_TIMEOUT
+MAX_FETCHED_IMAGES = 16         # (the engine's default limit_mm_per_prompt: more would be refused there)
 
 
 class MediaFetcher:
@@ -28,6 +29,10 @@ class MediaFetcher:
         """The URLs (checked already: data: or an allowed host's) as data: URLs."""
         if all(u.startswith("data:") for u in urls):
             return urls
+        fetched = sum(not u.startswith("data:") for u in urls)
+        if fetched > MAX_FETCHED_IMAGES:
+            raise APIError(400, f"{fetched} image URLs to fetch; a request may have at most {MAX_FETCHED_IMAGES}",
+                           "messages")
         fetched = iter(await asyncio.gather(*(self._fetch(u) for u in urls if not u.startswith("data:"))))
         return [u if u.startswith("data:") else next(fetched) for u in urls]
 
@@ -45,16 +50,18 @@ class MediaFetcher:
                 declared = r.content_length
                 if declared is not None and declared > self.max_bytes:
                     raise self._too_large(host)
-                data = await r.content.read(self.max_bytes + 1)
-                if len(data) > self.max_bytes:
-                    raise self._too_large(host)
+                data = bytearray()
+                async for chunk in r.content.iter_chunked(64 * 1024):
+                    data += chunk
+                    if len(data) > self.max_bytes:
+                        raise self._too_large(host)
                 mime = (r.content_type or "image/png").lower()
         except asyncio.TimeoutError:
             raise APIError(400, f"fetching the image at host '{host}' took longer than {self.timeout_s:g} s",
                            "messages") from None
         except aiohttp.ClientError as e:
             raise APIError(400, f"fetching the image at host '{host}' failed: {e}", "messages") from None
-        return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+        return f"data:{mime};base64,{base64.b64encode(bytes(data)).decode()}"
 
     def _too_large(self, host: str) -> APIError:
         return APIError(400, f"the image at host '{host}' is larger than {self.max_bytes} bytes", "messages")

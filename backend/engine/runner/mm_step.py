@@ -21,6 +21,14 @@ class EncoderOutputs:
         self.device = device
         self.outputs: dict[bytes, torch.Tensor] = {}
 
+    @staticmethod
+    def needs_eager(out: SchedulerOutput) -> bool:
+        """A step with prompt tokens of a request with images runs eagerly: a graph
+        (decode, or verify) would drop the image rows, the M-RoPE table and the key
+        limits. (A prompt's last chunk may be one token, after a prefix hit.)"""
+        return any(s.request.mm_inputs is not None and s.num_computed_tokens < s.request.num_prompt_tokens
+                   for s in out.scheduled)
+
     def prepare(self, out: SchedulerOutput, step: StepInputs) -> None:
         """Sets step.model_kwargs for the model's forward."""
         for h in out.encoder_frees:
@@ -51,4 +59,6 @@ class EncoderOutputs:
         pixels = torch.cat([item.pixel_values for item in items]).to(self.device)
         outputs = self.model.encode_images(pixels, [item.grid_thw for item in items])
         for item, rows in zip(items, outputs):
-            self.outputs[item.mm_hash] = rows
+            # A copy: a view would keep the whole batch's output alive as long as any image
+            # of it is cached (encoder_cache_size counts rows, not batches).
+            self.outputs[item.mm_hash] = rows.clone()

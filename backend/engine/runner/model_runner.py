@@ -155,6 +155,8 @@ class ModelRunner:
         if self.kv_connector is not None:
             self.kv_connector.start_transfers(out.kv_transfers)
         graph = self.graphs.size_for(out) if self.graphs is not None else None
+        if graph is not None and self.encoder_outputs is not None and self.encoder_outputs.needs_eager(out):
+            graph = None
         step = self.inputs.build(out, self._block_table_of, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)

@@ -29,6 +29,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_response(302)
             self.send_header("Location", "http://elsewhere.example/cat.png")
             self.end_headers()
+        elif self.path == "/large.png":
+            body = PNG + bytes(300_000)     # many reads' worth
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/big":
             self.send_response(200)
             self.end_headers()
@@ -66,6 +72,10 @@ def fetch(urls, **kw):
 def test_an_allowed_host_is_fetched_and_inlined(server):
     data = "data:image/gif;base64,R0lGOD"
     assert fetch([server + "/cat.png", data]) == [f"data:image/png;base64,{base64.b64encode(PNG).decode()}", data]
+    large = fetch([server + "/large.png"])[0]           # read whole, not its first chunk
+    assert base64.b64decode(large.split(",", 1)[1]) == PNG + bytes(300_000)
+    with pytest.raises(APIError, match="at most 16"):
+        fetch([server + "/cat.png"] * 17)
 
 
 @pytest.mark.parametrize("path, kw, message", [
@@ -86,7 +96,9 @@ def test_only_named_hosts_pass_the_check():
     assert checked_images(urls, True, "m", allowed) == urls
     for url, message in (("https://example.com.evil.net/a.png", "host 'example.com.evil.net' is not among"),
                          ("http://169.254.169.254/latest", "host '169.254.169.254' is not among"),
-                         ("file:///etc/passwd", "scheme 'file'"), ("ftp://example.com/a.png", "scheme 'ftp'")):
+                         ("file:///etc/passwd", "scheme 'file'"), ("ftp://example.com/a.png", "scheme 'ftp'"),
+                         ("http://example.com@evil.net/a.png", "host 'evil.net' is not among"),
+                         ("http://[not-an-address/a.png", "host '' is not among")):
         with pytest.raises(APIError, match=message):
             checked_images([url], True, "m", allowed)
     with pytest.raises(APIError, match="fetches no URLs"):

@@ -145,3 +145,14 @@ def test_images_are_placed_as_the_gemma3_processor_places_them(gemma3_path, tmp_
     placed, mm = processor.process([7, BOI, 8], make_images([(40, 40)]))
     assert placed == [7] + newlines + [BOI] + [SOFT] * 4 + [EOI] + newlines + [8]
     assert mm.items[0].offset == 2 + len(newlines) and newlines
+
+
+def test_image_tokens_typed_into_a_prompt_are_refused(gemma3_path):
+    """Soft tokens that are not a whole image as the processor writes it (a user can type
+    the special token's text) are a 400, not an image placed over other tokens."""
+    llm = LLM(gemma3_path, block_size=4, num_kv_blocks=32)
+    image = make_images([(40, 40)])
+    for ids in ([5, SOFT, 6], [5, BOI, SOFT, SOFT, SOFT, SOFT, 6], [BOI, SOFT, SOFT, EOI, BOI, SOFT, SOFT, EOI]):
+        with pytest.raises(InvalidRequestError, match="not each <start_of_image>|image placeholder"):
+            llm.engine.add_request({"prompt_token_ids": ids, "multi_modal_data": {"image": image}}, GREEDY)
+    assert_pool_free(llm)

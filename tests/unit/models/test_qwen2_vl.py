@@ -189,3 +189,29 @@ def test_a_lora_adapter_on_the_language_model_gives_peft_tokens(vl_path, tmp_pat
     tower = adapter(str(tmp_path / "tower"), r".*visual.*\.qkv")
     with pytest.raises(LoRAConfigError, match="adapts the vision tower"):
         LLM(vl_path, block_size=4, num_kv_blocks=64, lora_modules={"tower": tower}, max_lora_rank=8)
+
+
+def test_decode_graphs_take_the_offsets_and_a_short_last_prompt_chunk_runs_eagerly(vl_path):
+    """With (CPU stand-in) CUDA graphs, over the Triton kernel in the interpreter as on a
+    GPU (a graph's static views carry no host lengths): decode steps replay graphs on the 1-D positions
+    shifted by the request's M-RoPE offset; a prompt whose last chunk is one token (a
+    full prefix hit of the same image and text) runs that chunk eagerly, its text after
+    the image at its M-RoPE position (a graph would have dropped it)."""
+    from tests.helpers.graphs import EagerReplayGraphs
+    image = make_images([(56, 56)], seed=9)                  # 4 tokens
+    ids = with_image([10, 11, 12, 13, 14], tail=[5, 6, 7, 8, 9, 10])      # 17 tokens with the image's 4
+    llm = LLM(vl_path, block_size=4, num_kv_blocks=64, attention_backend="triton")
+    runner = llm.engine.runner
+    runner.graphs = EagerReplayGraphs(runner, 4)
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}
+    expected = hf_vl_greedy(vl_path, [(ids, image)], MAX_NEW)[0]
+    assert llm.generate(prompt, GREEDY)[0].token_ids == expected
+    assert runner.graphs.replayed                                   # decode steps took graphs
+    assert len(llm.engine.scheduler.requests) == 0
+    prompt_len = len(ids) + 4 - 1
+    assert (prompt_len - 1) % 4 == 0                                 # a full hit leaves one token
+    replays = len(runner.graphs.replayed)
+    assert llm.generate(prompt, GREEDY)[0].token_ids == expected
+    assert llm.stats()["prefix_cache_hit_tokens"] >= prompt_len - 1
+    assert len(runner.graphs.replayed) - replays == MAX_NEW - 1      # the one-token prompt chunk ran eagerly
+    settled(llm)
