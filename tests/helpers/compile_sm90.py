@@ -42,8 +42,18 @@ def int8_kv_attention(dtype: str) -> list:
     types.update({k: "*i8" for k in ("k_cache_ptr", "v_cache_ptr", "k_cache_out_ptr", "v_cache_out_ptr")})
     decode = compile_kernel(ta._paged_attention_kernel, types,
                             {**ta.attention_constexprs(32, 8, 128, 16, 128 ** -0.5, None, False, 4, int8=True),
-                             "sinks_ptr": None})
+                             "sinks_ptr": None, "limits_ptr": None})
     return [tiled_attention(dtype, False, 0, int8=True), tiled_attention(dtype, False, 4096, int8=True), decode]
+
+
+def key_limits_attention(dtype: str):
+    """The one-token kernel with key limits (Gemma 3's image tokens, HAS_LIMITS) and a
+    sliding window, as a step with an image prompt launches it."""
+    from backend.attention import aot, triton_attention as ta
+    types = {**aot.plugin_signature(dtype, False), "limits_ptr": "*i32"}
+    return compile_kernel(ta._paged_attention_kernel, types,
+                          {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 1, limits=True),
+                           "sinks_ptr": None, "part_acc_ptr": None, "part_ml_ptr": None})
 
 
 def layer_ops(dtype: str) -> list:
@@ -149,7 +159,8 @@ def decode_attention_with_sinks(dtype: str):
                                    "stride_vt", "stride_vh", "stride_ot", "stride_oh")},
              "out_ptr": act, "k_cache_out_ptr": act, "v_cache_out_ptr": act, "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "sinks_ptr": act}
-    consts = ta.attention_constexprs(64, 8, 64, 16, 0.125, 128, False, num_splits=4, sinks=True)
+    consts = {**ta.attention_constexprs(64, 8, 64, 16, 0.125, 128, False, num_splits=4, sinks=True),
+              "limits_ptr": None}
     return compile_kernel(ta._paged_attention_kernel, types, consts)
 
 
@@ -195,6 +206,7 @@ def main() -> int:
         return 1
     # gpt-oss: sinks in the one-token kernel (the tiled one is among the variants above).
     assert ".target sm_90" in decode_attention_with_sinks("bf16").asm["ptx"]
+    assert ".target sm_90" in key_limits_attention("bf16").asm["ptx"]
     moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True) + \
         fused_moe("bf16", fp8=True)
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
