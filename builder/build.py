@@ -293,10 +293,10 @@ def build(opts: BuildOptions, log=print, progress: bool = True) -> str:
         raise BuildError(f"invalid build option 'tensor_parallel_size': {opts.tensor_parallel_size} (FP8 "
                          "mixture-of-experts builds run on one rank)")
     vision = ARCHITECTURES[cfg.architecture].vision
-    if vision and opts.weights in QUANTIZED_WEIGHTS and opts.weights != "fp8":
-        raise BuildError(f"invalid build option 'weights': {opts.weights} is not supported for vision-language "
-                         f"checkpoints ({cfg.architecture}) yet; build fp8 (the language model's projections) or "
-                         "the source's dtype")
+    if vision and opts.weights == "w8a8":
+        raise BuildError(f"invalid build option 'weights': w8a8 is not supported for vision-language "
+                         f"checkpoints ({cfg.architecture}) yet; build fp8, int8 or int4 (the language model's "
+                         "projections) or the source's dtype")
     if vision and opts.engine != "torch":
         raise BuildError(f"invalid build option 'engine': {opts.engine} graphs take token ids only; "
                          f"{cfg.architecture} reads images: use engine 'torch'")

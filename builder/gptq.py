@@ -111,11 +111,12 @@ def gptq_model(model, linears: dict[str, torch.nn.Linear], batches: list[torch.T
     the next layer's inputs. Returns name -> (dequantized weight, scales, zero points);
     the model is left holding the source weights."""
     hidden, layer_kwargs = layer_inputs(model, batches)
+    prefix = getattr(model, "layers_prefix", "model.layers")     # (a vision-language model's decoder: its own)
     source = {n: m.weight.data.clone() for n, m in linears.items()}
     out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     try:
         for i, layer in enumerate(model.model.layers):
-            names = [n for n in linears if n.startswith(f"model.layers.{i}.")]
+            names = [n for n in linears if n.startswith(f"{prefix}.{i}.")]
             hess = {n: torch.zeros(linears[n].in_features, linears[n].in_features, dtype=torch.float64)
                     for n in names}
 

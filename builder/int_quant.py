@@ -21,8 +21,10 @@ from backend.models.fp8 import QUANTIZED_LINEARS
 from builder.gptq import gptq_model
 from builder.quality import QualityReport, load_source, logit_quality
 
+VISION_IGNORE = ("re:.*visual.*", "re:.*vision_tower.*", "re:.*multi_modal_projector.*")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja")
+                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
+                   "preprocessor_config.json")
 
 
 def check_group_size(model, group_size: int) -> None:
@@ -83,9 +85,13 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
     report = logit_quality(model, encode(held_out_texts), dequantized)
     advance()
     advance = stage("write", 1)
-    apply_quantization_config(model, QuantizationConfig(
-        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=["lm_head"]))
-    for name, m in model.named_modules():
+    # A vision-language model (quality.LanguageModelView): the whole model is written, its
+    # vision tower and projector left as they are.
+    full = getattr(model, "full", model)
+    apply_quantization_config(full, QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+        ignore=["lm_head"] + (list(VISION_IGNORE) if full is not model else [])))
+    for name, m in full.named_modules():
         if hasattr(m, "weight_scale"):
             # compressed-tensors' compressor rounds the weight on the grid given here; GPTQ's
             # dequantized weights sit on that grid, so they round back to GPTQ's integers.
@@ -93,7 +99,7 @@ def quantize_int_checkpoint(src: str, dst: str, bits: int, group_size: int, held
             scale, zero = qparams[name]
             m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
             m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape).to(m.weight_zero_point.dtype))
-    save_compressed(model, src, dst, "pack-quantized")
+    save_compressed(full, src, dst, "pack-quantized")
     advance()
     return report
 

@@ -48,6 +48,8 @@ class LanguageModelView:
     over the decoder and the LM head only, so that nothing of the vision tower is
     calibrated or quantized; state_dict() is the whole model's (the tower saved as it is)."""
 
+    layers_prefix = "model.language_model.layers"      # (the decoder layers' module names: GPTQ's walk)
+
     def __init__(self, model) -> None:
         self.full = model
         self.model = model.model.language_model
