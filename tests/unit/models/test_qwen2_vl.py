@@ -4,6 +4,8 @@ CPU) with images of several sizes and aspect ratios, one and several per prompt 
 text-only prompts, prompt chunks ending inside images, preemption, and the prefix and
 encoder caches keyed by the image's content."""
 
+import os
+
 import pytest
 import torch
 
@@ -82,6 +84,14 @@ def test_greedy_matches_transformers_in_a_batch_mix(each_vl_path):
     assert run(spec, prompts) == expected
     assert spec.stats()["spec_decode_num_draft_tokens"] > 0
     settled(spec)
+    # With a draft model (a text model of the same vocabulary, drafting on plain positions;
+    # the target verifies on its own).
+    draft = make_checkpoint(os.path.join(os.path.dirname(vl_path), "draft"), "qwen2", seed=3, num_hidden_layers=1)
+    drafted = LLM(vl_path, block_size=4, num_kv_blocks=96, max_num_batched_tokens=20, max_num_seqs=8,
+                  speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 2})
+    assert run(drafted, prompts) == expected
+    assert drafted.stats()["spec_decode_num_draft_tokens"] > 0
+    settled(drafted)
 
 
 def test_a_chunk_ends_inside_an_image(vl_path):
@@ -214,4 +224,17 @@ def test_decode_graphs_take_the_offsets_and_a_short_last_prompt_chunk_runs_eager
     assert llm.generate(prompt, GREEDY)[0].token_ids == expected
     assert llm.stats()["prefix_cache_hit_tokens"] >= prompt_len - 1
     assert len(runner.graphs.replayed) - replays == MAX_NEW - 1      # the one-token prompt chunk ran eagerly
+    settled(llm)
+
+
+def test_the_tower_runs_in_the_checkpoints_dtype(vl_path):
+    """An fp32 checkpoint served in bf16: the decoder computes in bf16, the tower in fp32
+    (its rows cast where they are placed)."""
+    llm = LLM(vl_path, dtype="bfloat16", block_size=4, num_kv_blocks=64)
+    model = llm.engine.model
+    assert model.visual.blocks[0].attn.qkv.weight.dtype == torch.float32
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.bfloat16
+    out = llm.generate({"prompt_token_ids": with_image([5, 6]), "multi_modal_data": {"image": make_images([(60, 90)])}},
+                       GREEDY)[0]
+    assert len(out.token_ids) == MAX_NEW
     settled(llm)
