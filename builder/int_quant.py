@@ -19,12 +19,10 @@ import torch
 
 from backend.models.fp8 import QUANTIZED_LINEARS
 from builder.gptq import gptq_model
+from builder.entry_files import CHECKPOINT_FILES
 from builder.quality import QualityReport, load_source, logit_quality
 
 VISION_IGNORE = ("re:.*visual.*", "re:.*vision_tower.*", "re:.*multi_modal_projector.*")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
-                   "preprocessor_config.json")
 
 
 def check_group_size(model, group_size: int) -> None:
@@ -113,6 +111,9 @@ def save_compressed(model, src: str, dst: str, quantization_format: str) -> None
     compressor.compress_model(model)
     model.save_pretrained(dst)
     compressor.update_config(dst)
-    for f in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(src, f)):
-            shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
+    for f in sorted(os.listdir(src)):       # the source's side files, as an FP8 build copies them
+        full = os.path.join(src, f)
+        if (os.path.isfile(full) and f.endswith(CHECKPOINT_FILES) and f != "config.json"
+                and not f.endswith(".safetensors") and f != "model.safetensors.index.json"
+                and not os.path.exists(os.path.join(dst, f))):
+            shutil.copy2(full, os.path.join(dst, f))

@@ -232,7 +232,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           long_rope_original, vision is not None and vision.processor.whole_images, workers=workers, lora=lora, structured=scheduler.structured,
                           shards=shards, drafter=drafter,
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
-                          encoder_outputs=EncoderOutputs(model, device) if vision is not None else None)
+                          encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None)
     bytes_per_rank = [(weight_bytes, kv_bytes(kv_layers))]
     if workers is not None:
         bytes_per_rank = workers.setup(num_kv_blocks, args.block_size, sizing.input_sizes(args, max_model_len),

@@ -115,22 +115,17 @@ def load_model(path: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.de
     model = model.to(device=device)
     # Cast to the compute dtype everything except the quantized layers (their weights stay
     # FP8 / INT8 / packed, their scales as the checkpoint has them).
-    # A vision tower runs in the checkpoint's own dtype (vision_lm.py), whatever the decoder's.
-    tower = getattr(model, "tower_modules", ())
-    tower_dtype = getattr(torch, cfg.torch_dtype, dtype) if cfg.torch_dtype in ("float32", "bfloat16", "float16") \
-        else dtype
     for module_name, module in model.named_modules():
         if isinstance(module, QUANTIZED_LINEARS) or getattr(module, "quantized", False):
             continue
-        target = tower_dtype if tower and module_name.startswith(tower) else dtype
         for name, p in list(module.named_parameters(recurse=False)):
             if f"{module_name}.{name}".endswith(model.fp32_params):
                 continue                            # kept in fp32, as transformers keeps them
-            if p.is_floating_point() and p.dtype != target:
-                setattr(module, name, torch.nn.Parameter(p.data.to(target), requires_grad=False))
+            if p.is_floating_point() and p.dtype != dtype:
+                setattr(module, name, torch.nn.Parameter(p.data.to(dtype), requires_grad=False))
         for name, b in list(module.named_buffers(recurse=False)):
             if b.is_floating_point():
-                setattr(module, name, b.to(target))
+                setattr(module, name, b.to(dtype))
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.eval().requires_grad_(False)

@@ -25,9 +25,6 @@ LLAVA_LAYOUT = (("language_model.model.", "model."), ("language_model.lm_head.",
 class VisionLanguageLM(CausalLM):
     # Whether the step inputs carry M-RoPE offsets and tables (runner/mrope.py).
     uses_mrope: bool = False
-    # The tower's modules, which the loader keeps in the checkpoint's dtype (the decoder
-    # takes the engine's); its rows are cast to the decoder's dtype where they are placed.
-    tower_modules: tuple[str, ...] = ("visual", "vision_tower", "multi_modal_projector")
     # Checkpoint name prefixes -> ours (published layouts, and transformers >= 5's).
     renames: tuple[tuple[str, str], ...] = ()
 

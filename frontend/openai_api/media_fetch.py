@@ -40,7 +40,10 @@ class MediaFetcher:
         import aiohttp
         host = urlsplit(url).hostname or ""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            # auto_decompress off: the size limit counts the bytes that arrive, not what a
+            # compressed body would expand to.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                  auto_decompress=False)
         try:
             async with self._session.get(url, allow_redirects=False) as r:
                 if r.status != 200:

@@ -46,14 +46,18 @@ def int8_kv_attention(dtype: str) -> list:
     return [tiled_attention(dtype, False, 0, int8=True), tiled_attention(dtype, False, 4096, int8=True), decode]
 
 
-def key_limits_attention(dtype: str):
+def key_limits_attention(dtype: str) -> list:
     """The one-token kernel with key limits (Gemma 3's image tokens, HAS_LIMITS) and a
-    sliding window, as a step with an image prompt launches it."""
+    sliding window, as a step with an image prompt launches it: one split, and four."""
     from backend.attention import aot, triton_attention as ta
     types = {**aot.plugin_signature(dtype, False), "limits_ptr": "*i32"}
-    return compile_kernel(ta._paged_attention_kernel, types,
-                          {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 1, limits=True),
-                           "sinks_ptr": None, "part_acc_ptr": None, "part_ml_ptr": None})
+    one = compile_kernel(ta._paged_attention_kernel, types,
+                         {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 1, limits=True),
+                          "sinks_ptr": None, "part_acc_ptr": None, "part_ml_ptr": None})
+    split = compile_kernel(ta._paged_attention_kernel, {**types, "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"},
+                           {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 4, limits=True),
+                            "sinks_ptr": None})
+    return [one, split]
 
 
 def layer_ops(dtype: str) -> list:
@@ -206,7 +210,7 @@ def main() -> int:
         return 1
     # gpt-oss: sinks in the one-token kernel (the tiled one is among the variants above).
     assert ".target sm_90" in decode_attention_with_sinks("bf16").asm["ptx"]
-    assert ".target sm_90" in key_limits_attention("bf16").asm["ptx"]
+    assert all(".target sm_90" in c.asm["ptx"] for c in key_limits_attention("bf16"))
     moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True) + \
         fused_moe("bf16", fp8=True)
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)

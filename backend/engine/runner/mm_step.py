@@ -16,9 +16,10 @@ from backend.engine.scheduling.sched_output import SchedulerOutput
 
 
 class EncoderOutputs:
-    def __init__(self, model, device: torch.device) -> None:
+    def __init__(self, model, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
         self.device = device
+        self.dtype = dtype          # the decoder's: what the rows are stored in (sizing.py counts them so)
         self.outputs: dict[bytes, torch.Tensor] = {}
 
     @staticmethod
@@ -61,4 +62,4 @@ class EncoderOutputs:
         for item, rows in zip(items, outputs):
             # A copy: a view would keep the whole batch's output alive as long as any image
             # of it is cached (encoder_cache_size counts rows, not batches).
-            self.outputs[item.mm_hash] = rows.clone()
+            self.outputs[item.mm_hash] = rows.to(self.dtype, copy=True)

@@ -226,15 +226,3 @@ def test_decode_graphs_take_the_offsets_and_a_short_last_prompt_chunk_runs_eager
     assert len(runner.graphs.replayed) - replays == MAX_NEW - 1      # the one-token prompt chunk ran eagerly
     settled(llm)
 
-
-def test_the_tower_runs_in_the_checkpoints_dtype(vl_path):
-    """An fp32 checkpoint served in bf16: the decoder computes in bf16, the tower in fp32
-    (its rows cast where they are placed)."""
-    llm = LLM(vl_path, dtype="bfloat16", block_size=4, num_kv_blocks=64)
-    model = llm.engine.model
-    assert model.visual.blocks[0].attn.qkv.weight.dtype == torch.float32
-    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.bfloat16
-    out = llm.generate({"prompt_token_ids": with_image([5, 6]), "multi_modal_data": {"image": make_images([(60, 90)])}},
-                       GREEDY)[0]
-    assert len(out.token_ids) == MAX_NEW
-    settled(llm)
