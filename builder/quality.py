@@ -20,7 +20,8 @@ def load_source(src: str, dtype="auto"):
     """(the source model, a function from texts to token-id tensors of at most 256). A
     vision-language checkpoint comes as its language model (LanguageModelView)."""
     from transformers import AutoModelForCausalLM
-    if is_vision_language(src):
+    from backend.models.architectures import reads_images
+    if reads_images(src):
         from transformers import AutoModelForImageTextToText
         model = LanguageModelView(AutoModelForImageTextToText.from_pretrained(src, dtype=dtype).eval())
     else:
@@ -30,16 +31,6 @@ def load_source(src: str, dtype="auto"):
     def encode(texts: list[str]) -> list[torch.Tensor]:
         return [torch.tensor(encode_one(t)[:256]) for t in texts]
     return model, encode
-
-
-def is_vision_language(src: str) -> bool:
-    import json
-    import os
-
-    from backend.models.architectures import ARCHITECTURES
-    with open(os.path.join(src, "config.json")) as f:
-        archs = json.load(f).get("architectures") or []
-    return any(ARCHITECTURES[a].vision for a in archs if a in ARCHITECTURES)
 
 
 class LanguageModelView:

@@ -9,6 +9,8 @@ needs from ModelConfig.hf_config) and a line here. docs/development.md walks thr
 
 from __future__ import annotations
 
+import json
+import os
 from typing import NamedTuple, Optional
 
 
@@ -89,3 +91,14 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Olmo2ForCausalLM": Architecture("olmo2", "olmo2", "Olmo2CausalLM",
                                      single_rank="its q/k norms span every head: not split across ranks yet"),
 }
+
+
+def reads_images(checkpoint: Optional[str]) -> bool:
+    """Whether the checkpoint folder's architecture reads images (its `vision` entry);
+    False when its config.json cannot be read."""
+    try:
+        with open(os.path.join(checkpoint or "", "config.json")) as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return any(ARCHITECTURES[a].vision for a in archs if a in ARCHITECTURES)

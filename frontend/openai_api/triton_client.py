@@ -24,6 +24,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
+from backend.models.architectures import reads_images
 from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
 from frontend.openai_api.lora_adapters import listed_adapters
@@ -140,7 +141,7 @@ class TritonLLM:
             found[name] = ServedModel(name, checkpoint, now, name, max_queue_size=queue,
                                       max_model_len=_max_model_len(params, checkpoint) or None,
                                       runner=self._runner(name, params), lora_enabled=lora,
-                                      accepts_images=_accepts_images(checkpoint))
+                                      accepts_images=reads_images(checkpoint))
             # The model's own list (adapters loaded since start included), else its config's.
             adapters = (await listed_adapters(self.client, name)) if lora else None
             for adapter in adapters if adapters is not None else self._adapters(name, params):
@@ -314,17 +315,6 @@ class Generation:
             await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
         except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
             pass                        # the cancel in __aiter__'s finally ends it
-
-
-def _accepts_images(checkpoint: Optional[str]) -> bool:
-    """Whether the checkpoint's architecture reads images (its `vision` entry)."""
-    from backend.models.architectures import ARCHITECTURES
-    try:
-        with open(os.path.join(checkpoint or "", "config.json")) as f:
-            archs = json.load(f).get("architectures") or []
-    except (OSError, ValueError):
-        return False
-    return any(ARCHITECTURES[a].vision for a in archs if a in ARCHITECTURES)
 
 
 def _max_model_len(params: dict, checkpoint: Optional[str]) -> int:

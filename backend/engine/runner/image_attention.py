@@ -11,19 +11,20 @@ from typing import Optional
 
 import numpy as np
 
+from backend.engine.scheduling.sched_output import image_chunks
+
 
 def key_limits(sched, num_padded: int) -> Optional[np.ndarray]:
+    if not any(s.in_image_prompt for s in sched):
+        return None                                   # (most steps: no per-token work)
     limits = np.zeros(num_padded, dtype=np.int32)     # (padding rows attend to nothing)
-    first, images = 0, False
+    first = 0
     for s in sched:
         a, n = s.num_computed_tokens, s.num_new_tokens
         limits[first:first + n] = np.arange(a + 1, a + n + 1)
-        mm = s.request.mm_inputs
-        if mm is not None:
-            for i in mm.overlapping(a, a + n):
-                item = mm.items[i]
-                lo, hi = max(a, item.offset), min(a + n, item.end)
-                limits[first + lo - a:first + hi - a] = item.end
-                images = True
         first += n
+    images = False
+    for start, item, lo, hi in image_chunks(sched):
+        limits[start:start + hi - lo] = item.end
+        images = True
     return limits if images else None

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from backend.engine.runner.step_inputs import StepInputs
-from backend.engine.scheduling.sched_output import SchedulerOutput
+from backend.engine.scheduling.sched_output import SchedulerOutput, image_chunks
 
 
 class EncoderOutputs:
@@ -27,8 +27,7 @@ class EncoderOutputs:
         """A step with prompt tokens of a request with images runs eagerly: a graph
         (decode, or verify) would drop the image rows, the M-RoPE table and the key
         limits. (A prompt's last chunk may be one token, after a prefix hit.)"""
-        return any(s.request.mm_inputs is not None and s.num_computed_tokens < s.request.num_prompt_tokens
-                   for s in out.scheduled)
+        return any(s.in_image_prompt for s in out.scheduled)
 
     def prepare(self, out: SchedulerOutput, step: StepInputs) -> None:
         """Sets step.model_kwargs for the model's forward."""
@@ -38,16 +37,9 @@ class EncoderOutputs:
             self._encode(out.encoder_inputs)
         index: list[np.ndarray] = []
         rows: list[torch.Tensor] = []
-        first = 0
-        for s in out.scheduled:
-            mm, a, n = s.request.mm_inputs, s.num_computed_tokens, s.num_new_tokens
-            if mm is not None:
-                for i in mm.overlapping(a, a + n):
-                    item = mm.items[i]
-                    lo, hi = max(a, item.offset), min(a + n, item.end)
-                    rows.append(self.outputs[item.mm_hash][lo - item.offset:hi - item.offset])
-                    index.append(np.arange(first + lo - a, first + hi - a))
-            first += n
+        for start, item, lo, hi in image_chunks(out.scheduled):
+            rows.append(self.outputs[item.mm_hash][lo - item.offset:hi - item.offset])
+            index.append(np.arange(start, start + hi - lo))
         kwargs = {}
         if rows:
             kwargs["mm_embeds"] = (torch.from_numpy(np.concatenate(index)).to(self.device), torch.cat(rows))

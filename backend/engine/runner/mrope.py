@@ -34,8 +34,7 @@ def shift(pos: np.ndarray, seq_of_token: np.ndarray, mrope: tuple[np.ndarray, np
 def table(sched, num_padded: int) -> Optional[np.ndarray]:
     """[3, num_padded] positions when a request with images has prompt tokens in the
     step, else None. Padding columns are 0."""
-    if not any(s.request.mm_inputs is not None and s.num_computed_tokens < s.request.num_prompt_tokens
-               for s in sched):
+    if not any(s.in_image_prompt for s in sched):
         return None
     out = np.zeros((3, num_padded), dtype=np.int64)
     first = 0

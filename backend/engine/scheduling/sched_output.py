@@ -4,7 +4,7 @@ scheduled request's share of the step, as the scheduler left it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -38,6 +38,12 @@ class ScheduledRequest:
     prompt_logprob_start: int = 0
     num_prompt_logprob_rows: int = 0
 
+    @property
+    def in_image_prompt(self) -> bool:
+        """The step holds prompt tokens of a request with images: what needs the image
+        rows, M-RoPE's table or key limits (runner/mm_step.py, mrope.py, image_attention.py)."""
+        return self.request.mm_inputs is not None and self.num_computed_tokens < self.request.num_prompt_tokens
+
     def rejected_among(self, new_tokens: list[int]) -> int:
         """How many of this step's proposals the target rejected, given the request's new
         tokens from the step (the accepted proposals and the target's next one)."""
@@ -68,3 +74,17 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+def image_chunks(scheduled: Sequence[ScheduledRequest]) -> Iterator[tuple[int, ImageItem, int, int]]:
+    """Each image token range the step computes, in order: (where the range starts among
+    the step's packed tokens, the image, its first and end positions in the request)."""
+    first = 0
+    for s in scheduled:
+        a, n = s.num_computed_tokens, s.num_new_tokens
+        if s.in_image_prompt:
+            for i in s.request.mm_inputs.overlapping(a, a + n):
+                item = s.request.mm_inputs.items[i]
+                lo, hi = max(a, item.offset), min(a + n, item.end)
+                yield first + lo - a, item, lo, hi
+        first += n
