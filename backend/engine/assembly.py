@@ -145,6 +145,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     lora = make_lora_manager(args, cfg, model, device, dtype, attention_backend, tp_size=tp_size)
     if model is not None:
         pack_weights(model, device, dtype, workers)
+    if device.type == "cpu":
+        load_cpu_kernels()
     tokenizer = load_tokenizer(args.model)
     spec = args.speculative_config
     # (the drafter network, the config of its K/V in the target's blocks or None), or None
@@ -268,6 +270,14 @@ def load_weights(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype, device:
     return load_model(args.model, cfg, dtype, device, make_attention_factory(attention_backend), max_position,
                       make_layer_ops(attention_backend), workers.tp if workers else SINGLE,
                       int_kernel=attention_backend == "triton", pooling=args.runner == "pooling", stage=stage)
+
+
+def load_cpu_kernels() -> None:
+    """Our C++ kernels built (or read from their cache) while the engine loads, not in its
+    first step, where a compile of seconds would trip the stall watchdog."""
+    from backend.attention import cpu_decode  # noqa: F401  (each module defines its library)
+    from backend.ops import cpu_argmax, cpu_build, cpu_layer_ops  # noqa: F401
+    cpu_build.load_all()
 
 
 def pack_weights(model, device: torch.device, dtype: torch.dtype, workers=None) -> None:

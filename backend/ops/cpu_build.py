@@ -147,6 +147,7 @@ class CppLibrary:
         self.what = what
         self._lock = threading.Lock()
         self._loaded: dict[str, Optional[ctypes.CDLL]] = {}
+        LIBRARIES.append(self)
 
     def get(self) -> Optional[ctypes.CDLL]:
         if os.environ.get(self.env_switch, "1") == "0":
@@ -167,6 +168,17 @@ class CppLibrary:
                     log.warning("%s unavailable, using the torch path: %s", self.what, e)
                     self._loaded[cxx] = None
             return self._loaded[cxx]
+
+
+LIBRARIES: list[CppLibrary] = []
+
+
+def load_all() -> None:
+    """Build (or load from the cache) every library defined so far: what an engine on
+    the CPU does while it loads, so that its first step does not wait seconds for the
+    compiler (a step that long trips the stall watchdog, engine_stall_timeout_s)."""
+    for library in LIBRARIES:
+        library.get()
 
 
 def rows_f32(x: torch.Tensor) -> bool:

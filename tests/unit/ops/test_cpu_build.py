@@ -8,7 +8,7 @@ import time
 import torch
 
 from backend.attention import cpu_decode
-from backend.ops import cpu_build
+from backend.ops import cpu_argmax, cpu_build, cpu_layer_ops  # noqa: F401  (each defines its library)
 
 
 def test_built_once_and_cached(tmp_path, monkeypatch):
@@ -58,3 +58,17 @@ def test_traced_tensors_are_not_plain():
     with FakeTensorMode():
         fake = torch.zeros(2)
     assert not cpu_build.plain_tensors(x, fake)
+
+
+def test_an_engine_on_the_cpu_builds_every_library_while_it_loads(tmp_path, monkeypatch, llama_ckpt):
+    """Not in its first step: a fresh machine's compile (seconds) there would trip the
+    stall watchdog of a served engine (CI's first server did)."""
+    from backend import LLM
+    monkeypatch.setenv("PAGED_LLM_CACHE_DIR", str(tmp_path))
+    for library in cpu_build.LIBRARIES:
+        monkeypatch.setattr(library, "_loaded", {})
+    names = {os.path.basename(library.source_path).split(".")[0] for library in cpu_build.LIBRARIES}
+    assert names >= {"cpu_decode", "cpu_argmax", "cpu_layer_ops"}
+    LLM(llama_ckpt, dtype="float32", num_kv_blocks=16)
+    assert {f.split("-")[0] for f in os.listdir(tmp_path)} == names
+    assert all(library._loaded for library in cpu_build.LIBRARIES)
