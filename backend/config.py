@@ -35,13 +35,18 @@ class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: Literal["ngram", "draft_model", "eagle", "eagle3", "medusa"]
-    num_speculative_tokens: int = Field(ge=1, le=16)
+    # Proposals per verification: a chain's length, or a tree's node count.
+    num_speculative_tokens: int = Field(ge=1, le=63)
     # n-gram: the longest and shortest suffix of the request's tokens looked up earlier in
     # it. vLLM's defaults: 5 and 5; one given, the other equals it.
     prompt_lookup_min: Optional[int] = Field(None, ge=1)
     prompt_lookup_max: Optional[int] = Field(None, ge=1)
     # draft_model / eagle3 / medusa: the draft's (or the heads') checkpoint folder.
     model: Optional[str] = None
+    # vLLM's tree of proposals (eagle, eagle3, medusa): paths of child ranks such as
+    # "[(0,), (1,), (0, 0)]" (backend/engine/spec_decode/token_tree.py); its node count is
+    # num_speculative_tokens. None: a chain.
+    speculative_token_tree: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -52,6 +57,15 @@ class SpeculativeConfig(BaseModel):
             # vLLM infers the method when only a model is named.
             ngram = data["model"] == "[ngram]"
             data = {**data, "method": "ngram" if ngram else "draft_model", **({"model": None} if ngram else {})}
+        tree = data.get("speculative_token_tree")
+        if tree is not None and not isinstance(tree, str):
+            data = {**data, "speculative_token_tree": str([tuple(p) for p in tree])}  # (a list, as JSON gives it)
+        if data.get("speculative_token_tree") is not None and data.get("num_speculative_tokens") is None:
+            from backend.engine.spec_decode.token_tree import TreeError, parse_tree
+            try:
+                data = {**data, "num_speculative_tokens": len(parse_tree(data["speculative_token_tree"]))}
+            except TreeError:
+                data = {**data, "num_speculative_tokens": 1}     # (the check below names the error)
         if data.get("method") == "ngram":
             lo, hi = data.get("prompt_lookup_min"), data.get("prompt_lookup_max")
             data = {**data, "prompt_lookup_min": lo or hi or 5, "prompt_lookup_max": hi or lo or 5}
@@ -77,7 +91,31 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"method '{self.method}' needs 'model' (the draft checkpoint folder)")
         if self.method == "ngram" and self.model:
             raise ValueError("method 'ngram' takes no 'model'")
+        if self.speculative_token_tree is None:
+            if self.num_speculative_tokens > 16:
+                raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens}: a chain has at most 16")
+            return self
+        from backend.engine.spec_decode.token_tree import TreeError, parse_tree
+        if self.method not in ("eagle", "eagle3", "medusa"):
+            raise ValueError(f"speculative_token_tree needs method 'eagle', 'eagle3' or 'medusa', not '{self.method}'")
+        try:
+            n = len(parse_tree(self.speculative_token_tree))
+        except TreeError as e:
+            raise ValueError(f"speculative_token_tree: {e}") from None
+        if n != self.num_speculative_tokens:
+            raise ValueError(f"speculative_token_tree has {n} nodes; num_speculative_tokens is "
+                             f"{self.num_speculative_tokens} (it counts the tree's nodes, as in vLLM)")
         return self
+
+    @property
+    def token_tree(self):
+        """The tree of proposals (token_tree.TokenTree), or None for a chain (a tree whose
+        every node is a first choice is one)."""
+        if self.speculative_token_tree is None:
+            return None
+        from backend.engine.spec_decode.token_tree import TokenTree
+        tree = TokenTree.parse(self.speculative_token_tree)
+        return None if tree.is_chain else tree
 
 
 class PoolerConfig(BaseModel):

@@ -1,7 +1,7 @@
 """What an EAGLE-3 step costs against a plain decode step, on a random model of a real
 shape, and the speed-up that cost projects from measured acceptance lengths.
 
-    python -m benchmarks.bench_eagle_step [--shape 1b --batch 1 16 --k 2 4 --device cpu]
+    python -m benchmarks.bench_eagle_step [--shape 1b --batch 1 16 --k 2 4 --trees tree4 tree8 --device cpu]
     python -m benchmarks.bench_eagle_step --shape 8b --batch 1 16 64 --device cuda --dtype bfloat16
 
 A random Llama of the named shape and a random EAGLE-3 head in the published layout
@@ -10,11 +10,12 @@ temp folder. For each batch size, B requests of 128 prompt tokens decode `--toke
 tokens each, with speculation off and with the head at each k; after every request has
 its first token, the engine's steps are timed: a plain decode step against a speculative
 step (the verification of k + 1 tokens a row, and the head's catch-up and k - 1
-forwards inside it), as time per decoded token after every request's first token. A
-random head's proposals are rejected, so each speculative round yields one token here;
-the projection is
+forwards inside it; for a tree of proposals, the verification of its nodes and the
+head's one forward per level), as time per decoded token after every request's first
+token. A random head's proposals are rejected, so each speculative round yields one
+token here; the projection is
 
-    speed-up(k) = acceptance length(k) x plain step / speculative step
+    speed-up(config) = acceptance length(config) x plain step / speculative step
 
 with the acceptance length the trained head reaches on the trained reference model
 (`docs/benchmarks.md` §25; `--acceptance`), which assumes a head of this shape accepts as
@@ -38,8 +39,11 @@ SHAPES = {   # hidden, intermediate, layers, heads, kv heads, vocab (Llama 3.x)
 }
 DRAFT_VOCAB = 32000
 # Mean acceptance lengths of the trained head on the trained reference model (greedy,
-# held-out prompts, batch 1, CPU, 2026-11-29: docs/benchmarks.md §25).
-ACCEPTANCE = {2: 2.25, 4: 2.90}
+# held-out prompts, batch 1, CPU: docs/benchmarks.md §25), by config: chains of k
+# (2026-11-29) and the trees below (bench_spec_trained's, 2026-11-30).
+ACCEPTANCE = {"k2": 2.25, "k4": 2.90, "tree4": 2.76, "tree8": 3.23}
+TREES = {"tree4": "[(0,), (1,), (0, 0), (0, 0, 0)]",
+         "tree8": "[(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1)]"}
 
 
 def random_target(shape: str, dtype: str, device: str) -> str:
@@ -102,11 +106,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--shape", choices=list(SHAPES), default="1b")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--trees", nargs="*", default=list(TREES), choices=list(TREES))
     ap.add_argument("--tokens", type=int, default=24, help="decoded tokens per request")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--acceptance", help="k=L,... acceptance lengths to project from (default: the trained head's)")
+    ap.add_argument("--acceptance", help="k2=L,tree8=L,... acceptance lengths to project from (default: the "
+                                         "trained head's)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     import numpy as np
@@ -115,7 +121,7 @@ def main(argv=None) -> dict:
     from backend import LLM
     from builder.eagle_heads import random_head
     acceptance = dict(ACCEPTANCE) if not a.acceptance else {
-        int(k): float(v) for k, v in (kv.split("=") for kv in a.acceptance.split(","))}
+        k: float(v) for k, v in (kv.split("=") for kv in a.acceptance.split(","))}
     target = random_target(a.shape, a.dtype, a.device)
     head = os.path.join(tempfile.gettempdir(), f"paged_llm_random_eagle3_{a.shape}")
     if not os.path.isfile(os.path.join(head, "model.safetensors")):
@@ -124,8 +130,9 @@ def main(argv=None) -> dict:
     engine = dict(dtype=a.dtype, device=a.device, block_size=16, max_num_seqs=max(a.batch),
                   max_num_batched_tokens=max(2048, max(a.batch) * 128), max_model_len=1024,
                   num_kv_blocks=max(a.batch) * (128 + a.tokens + 32) // 16 + 64, enable_prefix_caching=False)
-    configs = {"off": None, **{f"eagle3 k={k}": {"method": "eagle3", "model": head, "num_speculative_tokens": k}
-                               for k in a.k}}
+    configs = {"off": None, **{f"k{k}": {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+                               for k in a.k},
+               **{name: {"method": "eagle3", "model": head, "speculative_token_tree": TREES[name]} for name in a.trees}}
     llms = {name: LLM(target, speculative_config=spec, **engine) for name, spec in configs.items()}
     print(f"# {a.shape}-shaped random Llama ({SHAPES[a.shape]}), random EAGLE-3 head, {a.dtype} on {a.device}; "
           f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; time per decoded token "
@@ -140,12 +147,12 @@ def main(argv=None) -> dict:
         med = {name: statistics.median(_round_time(llm, prompts, a.tokens) for _ in range(a.repeats))
                for name, llm in llms.items()}
         for name, t in med.items():
-            k = int(name.split("=")[1]) if "=" in name else None
-            proj = acceptance.get(k, 1.0) * med["off"] / t if k else 1.0
+            spec = name != "off"
+            proj = acceptance.get(name, 1.0) * med["off"] / t if spec else None
             results.append({"batch": batch, "config": name, "step_ms": t * 1e3, "vs_plain_step": t / med["off"],
-                            "projected_speedup": proj if k else None})
+                            "projected_speedup": proj})
             print(f"{batch:>5} {name:>12} {t * 1e3:9.2f} {t / med['off']:8.2f}x "
-                  f"{'-' if not k else f'{proj:.2f}x':>10}")
+                  f"{'-' if not spec else f'{proj:.2f}x':>10}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

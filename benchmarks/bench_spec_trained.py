@@ -1,10 +1,12 @@
 """Speculative decoding on the trained target (builder/train_tiny.py) with its trained
 drafters: the draft model, the EAGLE-3 head (builder/train_eagle3.py), the Medusa heads
-(builder/train_medusa.py) and n-gram lookup.
+(builder/train_medusa.py) and n-gram lookup; chains of k proposals, and trees of proposals
+for the EAGLE-3 head and Medusa (`--trees`, vLLM's speculative_token_tree).
 Acceptance and decode tokens/s at batch 1 and 16, against speculation off, on CPU.
 
     python -m benchmarks.bench_spec_trained [--prompts 16 --prompt-tokens 32 --tokens 64 --repeats 3
-                                             --k 2 4 --methods draft_model eagle3 medusa ngram --batch 1 16]
+                                             --k 2 4 --methods draft_model eagle3 medusa ngram --batch 1 16
+                                             --trees "eagle3:[(0,), (1,), (0, 0), (0, 0, 0)]" ...]
 
 Prompts are the starts of held-out paragraphs of the bundled corpus (never trained on),
 greedy, `--tokens` tokens each. At batch 1 each request runs alone; at batch B they are
@@ -19,6 +21,7 @@ from a one-token step's in the last bits, which can flip a near-tie).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -44,6 +47,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4], help="num_speculative_tokens to try")
     ap.add_argument("--methods", nargs="+", default=["draft_model", "eagle3", "medusa", "ngram"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16], help="requests sent at once")
+    ap.add_argument("--trees", nargs="*", default=DEFAULT_TREES,
+                    help="METHOD:TREE, a speculative_token_tree for eagle3 or medusa (its node count is its k)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     from backend import LLM, SamplingParams
@@ -66,6 +71,11 @@ def main(argv=None) -> dict:
         for k in a.k:
             llms[f"{method} k={k}"] = LLM(target, speculative_config={
                 "method": method, "num_speculative_tokens": k, **drafter[method]}, **engine)
+    for spec in a.trees:
+        method, tree = spec.split(":", 1)
+        n = len(ast.literal_eval(tree))
+        llms[f"{method} tree{n}"] = LLM(target, speculative_config={
+            "method": method, "speculative_token_tree": tree, **drafter[method]}, **engine)
     tok = llms["off"].tokenizer
     held = [p for p in corpus_split()[1] if len(tok.encode(p)) >= a.prompt_tokens]
     prompts = [[tok.bos_token_id] + tok.encode(p)[:a.prompt_tokens - 1] for p in held[:a.prompts]]
@@ -79,6 +89,13 @@ def main(argv=None) -> dict:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
     return {"results": results}
+
+
+# Trees of 4 and 8 nodes for the EAGLE-3 head (second choices near the root, a long
+# first-choice spine) and 6 for Medusa (three heads: at most three levels).
+DEFAULT_TREES = ["eagle3:[(0,), (1,), (0, 0), (0, 0, 0)]",
+                 "eagle3:[(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1)]",
+                 "medusa:[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"]
 
 
 def _run_batch(llms: dict, prompts: list, params, batch: int, a) -> list[dict]:

@@ -27,8 +27,9 @@ checkpoint.
    kernel alone against its weight-read floor (benchmarks/moe_kernel_bench.py): a
    Mixtral-8x7B layer, a gpt-oss-20b layer in bf16 and with MXFP4 experts. The W8A8 INT8
    GEMM and the INT8 KV cache's attention against bf16 (benchmarks/quant_kernel_bench.py).
-5b. An EAGLE-3 round against a plain decode step on a Llama-3.1-8B-shaped random model
-   (benchmarks/bench_eagle_step.py; speed-up projected from the CPU acceptance lengths).
+5b. An EAGLE-3 round (chains of 2 and 4, trees of 4 and 8 nodes) against a plain decode
+   step on a Llama-3.1-8B-shaped random model (benchmarks/bench_eagle_step.py; speed-up
+   projected from the CPU acceptance lengths).
 6. LoRA decode-step overhead with 1, 4, 16 adapters (benchmarks/bench_lora.py) and INT4
    decode at batch 1 vs bf16 (benchmarks/bench_int.py) on the last model.
 6b. Decode latency at batch 1 and 32, with CUDA graphs and eagerly (one engine each),
@@ -395,8 +396,8 @@ EAGLE_STEP = ["--shape", "8b", "--device", "cuda", "--dtype", "bfloat16", "--bat
 
 
 def eagle_step(args: list[str] = EAGLE_STEP) -> list[dict]:
-    """Issue 53's GPU figure: an EAGLE-3 round's cost against a plain decode step on a
-    Llama-3.1-8B-shaped random model at batch 1, 16 and 64, and the speed-up it projects
+    """Issue 53's GPU figure: an EAGLE-3 round's cost (chains and trees) against a plain
+    decode step on a Llama-3.1-8B-shaped random model at batch 1, 16 and 64, and the speed-up it projects
     from the trained head's CPU acceptance lengths (benchmarks/bench_eagle_step.py; target
     at batch 1: >= 2x)."""
     from benchmarks import bench_eagle_step

@@ -78,7 +78,7 @@ def compile_attention(arch: int = 90, dtype: str = "bf16", num_heads: int = 32, 
     consts = ta.attention_constexprs(num_heads, num_kv_heads, head_dim, block_size,
                                      head_dim ** -0.5 if scale is None else scale, sliding_window, fp8,
                                      logits_soft_cap=logits_soft_cap, sinks=sinks)
-    consts.update(part_acc_ptr=None, part_ml_ptr=None, limits_ptr=None)     # (no key limits in a graph)
+    consts.update(part_acc_ptr=None, part_ml_ptr=None, limits_ptr=None, tree_ptr=None)     # (no key limits or trees in a graph)
     sig = {**plugin_signature(dtype, fp8), **{k: "constexpr" for k in consts}}
     compiled = triton.compile(ASTSource(fn=ta._paged_attention_kernel, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", arch, 32))

@@ -54,6 +54,10 @@ struct Args {
     int64_t num_seqs, H, KVH, D, block_size, window;
     float scale;
     void* out; int64_t out_row_stride;
+    // A tree of proposals (nullptr: none): per row, where its tree's nodes start among the
+    // keys and which of them it sees (bit j: node j). Keys from the start on that it does
+    // not see weigh exactly 0.
+    const int64_t* tree_start; const int64_t* tree_bits;
 };
 
 // Where block `id` of a [num_blocks, block_size, KVH, D] pool (a.key or a.value) starts.
@@ -211,7 +215,12 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
                 }
             }
         }
+        const int64_t tree_from = a.tree_start ? std::max(a.tree_start[i], start) : len;
+        auto hidden = [&](int64_t t) { return !((a.tree_bits[i] >> (t - a.tree_start[i])) & 1); };
         if (pass == 0) {   // the softmax of each head's scores, in place
+            for (int64_t t = tree_from; t < len; ++t)       // (a tree's nodes off its path: out)
+                if (hidden(t))
+                    for (int64_t j = 0; j < H; ++j) scores[j * n + (t - start)] = -INFINITY;
             for (int64_t j = 0; j < H; ++j) {
                 float* sj = scores + j * n;
                 float m = -INFINITY;
@@ -224,6 +233,9 @@ void attend_one(const Args& a, int64_t i, const char* next_seq, std::vector<floa
 #pragma omp simd
                 for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
             }
+            for (int64_t t = tree_from; t < len; ++t)       // (exp's clamp left them at 1e-38)
+                if (hidden(t))
+                    for (int64_t j = 0; j < H; ++j) scores[j * n + (t - start)] = 0.f;
         }
     }
     for (int64_t j = 0; j < H * D; ++j) store(out + j, acc[j]);
@@ -327,7 +339,7 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
                  const int64_t* seq_idx, const int64_t* lens, int64_t num_seqs, int64_t H,
                  int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
                  void* out, int64_t out_row_stride, int64_t num_threads, int64_t table_width,
-                 int64_t num_blocks) {
+                 int64_t num_blocks, const int64_t* tree_start, const int64_t* tree_bits) {
     if (KVH <= 0 || H % KVH != 0 || D <= 0 || block_size <= 0) return 1;
     // (A prompt's rows come together and share their table: its entries are checked once,
     // not once per row.)
@@ -342,7 +354,7 @@ int paged_decode(int dtype, const void* q, int64_t q_row_stride, const void* key
         checked = std::max(checked, needed);
     }
     const Args a{q, q_row_stride, key, value, block_tables, bt_stride, rows, seq_idx, lens,
-                 num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride};
+                 num_seqs, H, KVH, D, block_size, window, scale, out, out_row_stride, tree_start, tree_bits};
     // Nothing may unwind through the C ABI (that would terminate the process): a failed
     // allocation or thread start becomes an error code, and the caller raises.
     try {

@@ -31,7 +31,7 @@ ENV_SWITCH = "PAGED_LLM_CPU_DECODE_KERNEL"
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _LIBRARY = CppLibrary(SOURCE, ENV_SWITCH, {
     "paged_decode": (ctypes.c_int, [ctypes.c_int, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
-                                    _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64, _i64, _i64]),
+                                    _i64, _i64, _i64, _i64, ctypes.c_float, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr]),
     "write_kv": (ctypes.c_int, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64]),
     "f32_tiles": (ctypes.c_int, [_i64]),
 }, "CPU decode-attention kernel")
@@ -74,6 +74,13 @@ class DecodePlan:
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:
             tables = tables.to(torch.int32).contiguous()
         self.tables = tables           # kept alive with the plan: the kernel reads its memory
+        # A tree of proposals (AttentionMetadata.tree, on the CPU): each row's tree start
+        # and mask, or None.
+        self.tree_start = self.tree_bits = None
+        if meta.tree is not None:
+            nodes = meta.tree.numpy()[self.rows]
+            self.tree_start = np.ascontiguousarray(nodes[:, 0])
+            self.tree_bits = np.ascontiguousarray(nodes[:, 1])
 
 
 def decode_plan(meta: AttentionMetadata) -> DecodePlan:
@@ -110,7 +117,9 @@ def paged_decode(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, value: to
         DTYPES[q.dtype], q.data_ptr(), q.stride(0), key.data_ptr(), value.data_ptr(),
         tables.data_ptr(), tables.stride(0), plan.rows.ctypes.data, plan.seq_idx.ctypes.data,
         plan.lens.ctypes.data, plan.num_rows, H, kvh, D, block_size, window or 0, scale,
-        out.data_ptr(), out.stride(0), torch.get_num_threads(), tables.shape[1], key.shape[0])
+        out.data_ptr(), out.stride(0), torch.get_num_threads(), tables.shape[1], key.shape[0],
+        plan.tree_start.ctypes.data if plan.tree_start is not None else None,
+        plan.tree_bits.ctypes.data if plan.tree_bits is not None else None)
     if rc == 4:
         raise RuntimeError("paged_decode: a sequence's block table is shorter than its length or names a block "
                            f"outside the pool of {key.shape[0]}")

@@ -35,6 +35,11 @@ class AttentionMetadata:
     # when that is not its position + 1: the tokens of an image attend to the whole image
     # (Gemma 3; backend/engine/runner/image_attention.py). None: causal.
     key_limits: Optional[torch.Tensor] = None
+    # A tree of proposals (backend/engine/spec_decode/token_tree.py): int64 [T, 2], per
+    # query token the index in its sequence where its tree's nodes start (2**40 for a
+    # token outside any tree) and which of those nodes it may see (bit j: node j; its
+    # ancestors and itself). Keys before the start follow the causal rule. None: no tree.
+    tree: Optional[torch.Tensor] = None
     # The torch path's decode groups by block size (torch_attention.decode_groups), planned
     # by the first layer of the step and read by the others.
     decode_plan: Optional[dict] = field(default=None, repr=False, compare=False)

@@ -11,7 +11,10 @@ Every path reads K/V back from the cache, so a prefix-cache hit and a fresh pref
 see exactly the same values, FP8 and INT8 caches included.
 
 Queries with key limits (AttentionMetadata.key_limits: an image's tokens attend to the
-whole image, Gemma 3) take the explicit mask with those limits for the causal bound.
+whole image, Gemma 3) take the explicit mask with those limits for the causal bound. A
+tree of proposals (AttentionMetadata.tree) hides from each query the tree's nodes that are
+not its ancestors: in the C++ kernel's rows, else in the explicit mask (every sequence of
+the step, decode rows included, takes it then).
 A sliding window (per layer) masks keys more than `window - 1` positions before the
 query (transformers' `kv_idx > q_idx - window`). A soft-cap (Gemma 2) bounds each
 score as cap * tanh(score / cap) before the mask and softmax; SDPA cannot do that, so
@@ -169,6 +172,14 @@ def decode_groups(meta: AttentionMetadata, block_size: int, device: torch.device
     return plans[block_size]
 
 
+def tree_visible(k_pos: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """[n, L]: whether each query may see each key as far as its tree goes (nodes: [n, 2]
+    tree start and mask): keys before its tree's nodes, and the nodes its mask sets."""
+    rel = k_pos[None, :] - nodes[:, 0:1]
+    bit = torch.bitwise_right_shift(nodes[:, 1:2], rel.clamp(0, 63)) & 1
+    return (rel < 0) | (bit == 1)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
            logits_soft_cap: Optional[float], sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(mask(cap(q k^T * scale))) v over [..., H, n, D] queries and [..., KVH, L, D]
@@ -207,6 +218,7 @@ class TorchPagedAttention:
                 meta: AttentionMetadata, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; sinks: [H] or None. Returns [T, H, D]."""
         lib = cpu_decode.kernel() if cpu_decode.supports(q, cache.key, cache.value, self.logits_soft_cap, sinks) else None
+        tree = meta.tree is not None
         if meta.key_limits is not None:
             lib = None              # (the C++ kernel is causal: an image-attention step runs here)
         if lib is None or not cpu_decode.write_kv(lib, k, v, cache.key, cache.value, meta.slot_mapping):
@@ -219,17 +231,18 @@ class TorchPagedAttention:
             plan = cpu_decode.decode_plan(meta)
             cpu_decode.paged_decode(lib, q, cache.key, cache.value, plan, self.scale, self.sliding_window, out)
             covered = plan.covers
-        else:
+        elif not tree:
             for group in decode_groups(meta, cache.block_size, q.device):
                 out.index_copy_(0, group.rows,
                                 self._decode_group(q.index_select(0, group.rows), cache, group, sinks))
         qsl = [0] + list(itertools.accumulate(meta.query_lens_cpu))   # host copy: no sync
         for i, n in enumerate(meta.query_lens_cpu):
-            if n > 1 and (covered is None or not covered[i]):
+            if (n > 1 or (tree and n)) and (covered is None or not covered[i]):
                 s = qsl[i]
                 limits = meta.key_limits[s:s + n] if meta.key_limits is not None else None
+                nodes = meta.tree[s:s + n] if tree else None
                 out[s:s + n] = self._prefill(q[s:s + n], cache, meta.block_tables[i], meta.seq_lens_cpu[i], sinks,
-                                             limits)
+                                             limits, nodes)
         return out
 
     def _decode_group(self, q: torch.Tensor, cache: KVCacheLayer, group: DecodeGroup,
@@ -257,8 +270,10 @@ class TorchPagedAttention:
 
     def _prefill(self, q: torch.Tensor, cache: KVCacheLayer, block_table: torch.Tensor,
                  seq_len: int, sinks: Optional[torch.Tensor] = None,
-                 limits: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """limits: each query's key count (AttentionMetadata.key_limits) or None: causal."""
+                 limits: Optional[torch.Tensor] = None,
+                 nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """limits: each query's key count (AttentionMetadata.key_limits) or None: causal.
+        nodes: each query's [tree start, tree mask] (AttentionMetadata.tree), or None."""
         n = q.shape[0]
         nblk = -(-seq_len // cache.block_size)
         blocks = block_table[:nblk].long()
@@ -269,7 +284,7 @@ class TorchPagedAttention:
         # inputs only; 3-D ones ran its math path, 1.7-3x slower (benchmarks §16).
         q, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
         if seq_len == n and self.sliding_window is None and self.logits_soft_cap is None and sinks is None \
-                and limits is None:
+                and limits is None and nodes is None:
             # The whole sequence in this chunk: SDPA's own causal mask, whose kernel skips
             # the masked key blocks (half the work of an explicit mask at long prompts).
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
@@ -280,5 +295,7 @@ class TorchPagedAttention:
         allowed = k_pos[None, :] <= q_pos[:, None] if limits is None else k_pos[None, :] < limits[:, None].long()
         if self.sliding_window is not None:
             allowed &= k_pos[None, :] > (q_pos[:, None] - self.sliding_window)
+        if nodes is not None:
+            allowed &= tree_visible(k_pos, nodes)
         o = attend(q, k, v, allowed, self.scale, self.logits_soft_cap, sinks)
         return o[0].transpose(0, 1)

@@ -41,12 +41,12 @@ def _paged_attention_kernel(
         query_start_loc_ptr, k_scale_ptr, v_scale_ptr,
         num_seqs, stride_bt, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh,
-        out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr, limits_ptr,
+        out_ptr, k_cache_out_ptr, v_cache_out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr, limits_ptr, tree_ptr,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         SM_SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, FP8: tl.constexpr, NUM_SPLITS: tl.constexpr,
         SOFTCAP: tl.constexpr = 0.0, INT8: tl.constexpr = False, HAS_SINKS: tl.constexpr = False,
-        HAS_LIMITS: tl.constexpr = False):
+        HAS_LIMITS: tl.constexpr = False, HAS_TREE: tl.constexpr = False):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -73,6 +73,9 @@ def _paged_attention_kernel(
     if HAS_LIMITS:                                  # an image's tokens see the whole image (Gemma 3)
         causal_end = tl.load(limits_ptr + t)
     kv_end = tl.where(t < q_start + q_len, causal_end, 0)
+    if HAS_TREE:                                    # a tree of proposals: [T, 2] int64 (start, bits)
+        tree_start = tl.load(tree_ptr + 2 * t)
+        tree_bits = tl.load(tree_ptr + 2 * t + 1)
     kv_start = 0
     if SLIDING_WINDOW > 0:
         kv_start = tl.maximum(pos - SLIDING_WINDOW + 1, 0)
@@ -97,6 +100,9 @@ def _paged_attention_kernel(
         phys = tl.load(block_tables_ptr + s * stride_bt + b).to(tl.int64)
         key_pos = b * BLOCK_SIZE + offs
         kmask = (key_pos < kv_end) & (key_pos >= kv_start)
+        if HAS_TREE:                                # of the tree's nodes, only its ancestors and itself
+            rel = key_pos.to(tl.int64) - tree_start
+            kmask = kmask & ((rel < 0) | (((tree_bits >> tl.minimum(tl.maximum(rel, 0), 63)) & 1) == 1))
         # Keys cached before this step come from the pool; this step's keys come from
         # the k/v inputs (other programs are writing them to the pool concurrently),
         # rounded exactly as the pool stores them.
@@ -165,14 +171,14 @@ def choose_num_splits(num_tokens: int, num_kv_heads: int, max_seq_len: int, bloc
 def attention_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, scale: float,
                          sliding_window: Optional[int], fp8: bool, num_splits: int = 1,
                          logits_soft_cap: Optional[float] = None, int8: bool = False, sinks: bool = False,
-                         limits: bool = False) -> dict:
+                         limits: bool = False, tree: bool = False) -> dict:
     """The kernel's compile-time parameters (shared by the launch here and the AOT build)."""
     group = num_heads // num_kv_heads
     return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 1),
                 HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
                 SM_SCALE=float(scale), SLIDING_WINDOW=int(sliding_window or 0), FP8=bool(fp8),
                 NUM_SPLITS=num_splits, SOFTCAP=float(logits_soft_cap or 0.0), INT8=bool(int8),
-                HAS_SINKS=bool(sinks), HAS_LIMITS=bool(limits))
+                HAS_SINKS=bool(sinks), HAS_LIMITS=bool(limits), HAS_TREE=bool(tree))
 
 
 def decode_tile_tokens(num_heads: int, num_kv_heads: int) -> Optional[int]:
@@ -199,8 +205,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     T, H, D = q.shape
     scales = cache.scale_tensor()
     block_m = None
-    if meta.key_limits is not None:
-        tiled = False               # (key limits: the one-token kernel only; steps with image prompts)
+    if meta.key_limits is not None or meta.tree is not None:
+        tiled = False               # (key limits, trees: the one-token kernel only)
     if tiled is None and meta.max_query_len > 1 and num_splits is None and meta.num_splits is None:
         tiled = True
     if not tiled:
@@ -223,7 +229,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     launch_paged_attention(q, k, v, cache.key, cache.value, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                            meta.query_start_loc, scales[0:1], scales[1:2], out, scale, sliding_window, num_splits,
-                           logits_soft_cap, sinks, meta.key_limits)
+                           logits_soft_cap, sinks, meta.key_limits, meta.tree)
     return out
 
 
@@ -233,7 +239,7 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
                            v_scale: torch.Tensor, out: torch.Tensor, scale: float,
                            sliding_window: Optional[int] = None, num_splits: int = 1,
                            logits_soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
-                           key_limits: Optional[torch.Tensor] = None) -> None:
+                           key_limits: Optional[torch.Tensor] = None, tree: Optional[torch.Tensor] = None) -> None:
     """The kernel over the PagedAttention node's tensors, in the node's order (what the
     TensorRT plugin's JIT form calls; its AOT form launches the same kernel itself)."""
     T, H, D = q.shape
@@ -251,10 +257,10 @@ def launch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         q, k, v, k_pool, v_pool, slot_mapping, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         seq_lens.shape[0], block_tables.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        out, k_pool, v_pool, part_acc, part_ml, sinks, key_limits,
+        out, k_pool, v_pool, part_acc, part_ml, sinks, key_limits, tree,
         **attention_constexprs(H, num_kv_heads, D, block_size, scale, sliding_window, fp8, num_splits,
                                logits_soft_cap, int8=k_pool.dtype == torch.int8, sinks=sinks is not None,
-                               limits=key_limits is not None))
+                               limits=key_limits is not None, tree=tree is not None))
     if num_splits > 1:
         _merge_splits_kernel[(T, H)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                      NUM_HEADS=H, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),

@@ -234,7 +234,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           long_rope_original, vision is not None and vision.processor.whole_images, workers=workers, lora=lora, structured=scheduler.structured,
                           shards=shards, drafter=drafter,
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
-                          encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None)
+                          encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None,
+                          tree=spec.token_tree if spec is not None else None)
     bytes_per_rank = [(weight_bytes, kv_bytes(kv_layers))]
     if workers is not None:
         bytes_per_rank = workers.setup(num_kv_blocks, args.block_size, sizing.input_sizes(args, max_model_len),
@@ -302,19 +303,20 @@ def measure_memory(model, workers, cfg: ModelConfig, args: EngineArgs, dtype: to
 
 def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: torch.device,
                  kv_cache: KVCacheManager, max_model_len: int, max_position: int,
-                 long_rope_original: Optional[int], image_attention: bool = False, **parts) -> ModelRunner:
+                 long_rope_original: Optional[int], image_attention: bool = False, tree=None,
+                 **parts) -> ModelRunner:
     """The runner args.runner and args.model_runner name. `parts`: workers, lora,
     structured, shards and drafter, for the torch model's runner; the others take
     structured only (no ranks, adapters, shards or draft)."""
     sampler = Sampler(args.seed, device, args.max_num_seqs)
     inputs = StepInputBuilder(*sizing.input_sizes(args, max_model_len), args.block_size, device,
                               long_rope=(long_rope_original, max_position) if long_rope_original is not None else None,
-                              mrope=getattr(model, "uses_mrope", False), image_attention=image_attention)
+                              mrope=getattr(model, "uses_mrope", False), image_attention=image_attention, tree=tree)
     common = (kv_layers, args.block_size, device, sampler, kv_cache.block_table, inputs, cfg.vocab_size)
     if args.runner == "pooling":
         return PoolingModelRunner(model, *common, pooler=args.pooler, structured=parts["structured"])
     if args.model_runner == "torch":
-        return ModelRunner(model, *common, **parts)
+        return ModelRunner(model, *common, tree=tree, **parts)
     from backend.engine.runner.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
     if not os.path.isfile(args.model_graph):
         raise ConfigError(f"invalid engine argument 'model_graph': no file at '{args.model_graph}'")

@@ -185,15 +185,19 @@ def draft_graph_shapes(args: EngineArgs) -> list[GraphShape]:
 
 def draft_verify_query_len(args: EngineArgs) -> int:
     """Tokens per row of a draft model's catch-up graphs: a verification's accepted
-    tokens and the target's next, at most k + 1."""
-    return args.speculative_config.num_speculative_tokens + 1
+    tokens and the target's next, at most k + 1 (a tree's depth + 1)."""
+    tree = args.speculative_config.token_tree
+    return (tree.depth if tree is not None else args.speculative_config.num_speculative_tokens) + 1
 
 
 def draft_input_sizes(args: EngineArgs, max_model_len: int) -> tuple[int, int, int]:
     """A draft model's step buffer capacities: its catch-up step can hold a target step's
-    tokens and one more a sequence (the target's next token)."""
+    tokens and one more a sequence (the target's next token); a tree's level, a level's
+    nodes a sequence."""
     tokens, seqs, blocks = input_sizes(args, max_model_len)
-    return tokens + seqs, seqs, blocks
+    tree = args.speculative_config.token_tree if args.speculative_config is not None else None
+    widest = max(e - s for s, e in tree.levels) if tree is not None else 1
+    return max(tokens + seqs, seqs * widest), seqs, blocks
 
 
 def resolve_max_model_len(args: EngineArgs, cfg: ModelConfig, num_kv_blocks: int) -> int:

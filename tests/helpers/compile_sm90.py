@@ -42,7 +42,7 @@ def int8_kv_attention(dtype: str) -> list:
     types.update({k: "*i8" for k in ("k_cache_ptr", "v_cache_ptr", "k_cache_out_ptr", "v_cache_out_ptr")})
     decode = compile_kernel(ta._paged_attention_kernel, types,
                             {**ta.attention_constexprs(32, 8, 128, 16, 128 ** -0.5, None, False, 4, int8=True),
-                             "sinks_ptr": None, "limits_ptr": None})
+                             "sinks_ptr": None, "limits_ptr": None, "tree_ptr": None})
     return [tiled_attention(dtype, False, 0, int8=True), tiled_attention(dtype, False, 4096, int8=True), decode]
 
 
@@ -53,10 +53,10 @@ def key_limits_attention(dtype: str) -> list:
     types = {**aot.plugin_signature(dtype, False), "limits_ptr": "*i32"}
     one = compile_kernel(ta._paged_attention_kernel, types,
                          {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 1, limits=True),
-                          "sinks_ptr": None, "part_acc_ptr": None, "part_ml_ptr": None})
+                          "sinks_ptr": None, "part_acc_ptr": None, "part_ml_ptr": None, "tree_ptr": None})
     split = compile_kernel(ta._paged_attention_kernel, {**types, "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"},
                            {**ta.attention_constexprs(8, 4, 256, 16, 256 ** -0.5, 1024, False, 4, limits=True),
-                            "sinks_ptr": None})
+                            "sinks_ptr": None, "tree_ptr": None})
     return [one, split]
 
 
@@ -164,7 +164,7 @@ def decode_attention_with_sinks(dtype: str):
              "out_ptr": act, "k_cache_out_ptr": act, "v_cache_out_ptr": act, "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "sinks_ptr": act}
     consts = {**ta.attention_constexprs(64, 8, 64, 16, 0.125, 128, False, num_splits=4, sinks=True),
-              "limits_ptr": None}
+              "limits_ptr": None, "tree_ptr": None}
     return compile_kernel(ta._paged_attention_kernel, types, consts)
 
 

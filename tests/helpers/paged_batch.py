@@ -59,6 +59,7 @@ def to(dev, q, k, v, cache, meta):
     m = AttentionMetadata(meta.query_start_loc.to(dev), meta.seq_lens.to(dev), meta.block_tables.to(dev),
                           meta.slot_mapping.to(dev), meta.query_lens_cpu, meta.seq_lens_cpu,
                           meta.max_query_len, meta.max_seq_len,
-                          key_limits=meta.key_limits.to(dev) if meta.key_limits is not None else None)
+                          key_limits=meta.key_limits.to(dev) if meta.key_limits is not None else None,
+                          tree=meta.tree.to(dev) if meta.tree is not None else None)
     c = KVCacheLayer(cache.key.clone().to(dev), cache.value.clone().to(dev), cache.k_scale, cache.v_scale)
     return q.to(dev), k.to(dev), v.to(dev), c, m

@@ -160,10 +160,12 @@ def sampled_logits(logits: torch.Tensor, shape: GraphShape, step) -> torch.Tenso
 
 def verify_query_len(args) -> int:
     """Tokens per row of the engine's verify graphs (EngineArgs): k + 1 under speculative
-    decoding, 0 (no verify ladder) without it or with LoRA (its row groups are static
-    per decode row)."""
+    decoding, 0 (no verify ladder) without it, with LoRA (its row groups are static
+    per decode row) or with a tree of proposals (its verifications run eagerly: a graph
+    has no tree masks)."""
     spec = args.speculative_config
-    return spec.num_speculative_tokens + 1 if spec is not None and not args.enable_lora else 0
+    return spec.num_speculative_tokens + 1 \
+        if spec is not None and not args.enable_lora and spec.speculative_token_tree is None else 0
 
 
 def graph_ladders(max_num_seqs: int, verify_query_len: int, max_num_tokens: int) -> DecodeGraphs:

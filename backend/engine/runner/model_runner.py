@@ -23,7 +23,9 @@ from backend.engine.request import Request
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.sched_output import SchedulerOutput
 from backend.engine.spec_decode.draft_tokens import device_fill
-from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_tokens, verify_rows
+from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_path, accepted_tokens, verify_rows
+from backend.engine.spec_decode.token_tree import TokenTree
+from backend.engine.runner.tree_kv import TreeKVCompactor
 from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
@@ -71,7 +73,7 @@ class ModelRunner:
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
                  inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None, structured=None,
                  shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
-                 encoder_outputs=None) -> None:
+                 encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -106,6 +108,10 @@ class ModelRunner:
         self.kv_connector = kv_connector
         # Vision-language models: the vision tower's outputs (mm_step.py).
         self.encoder_outputs = encoder_outputs
+        # A tree of proposals (spec_decode/token_tree.py): how verifications are laid out,
+        # and the accepted paths' K/V moved into place after each.
+        self.tree = tree
+        self._tree_kv = TreeKVCompactor(device) if tree is not None else None
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
         """Capture this runner's decode (and verify) CUDA graphs, every rank at once under
@@ -157,6 +163,8 @@ class ModelRunner:
         graph = self.graphs.size_for(out) if self.graphs is not None else None
         if graph is not None and self.encoder_outputs is not None and self.encoder_outputs.needs_eager(out):
             graph = None
+        if graph is not None and self.tree is not None and any(s.spec_token_ids for s in out.scheduled):
+            graph = None                    # (a graph has no tree masks: a tree's verification runs eagerly)
         step = self.inputs.build(out, self._block_table_of, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)
@@ -213,14 +221,14 @@ class ModelRunner:
             return
         speculative = any(s.spec_token_ids for s in sampling)
         # One sampler row per logits row.
-        rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling)]
+        rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling, self.tree)]
         batch = self.sampler.prepare(rows, self.vocab_size)
         mask = self.structured.bitmask(rows) if self.structured is not None else None
         if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
             logits = logits.float()
             self.structured.apply(logits, mask)
         if speculative:
-            verify = self.rejection_sampler.plan(sampling)
+            verify = self.rejection_sampler.plan(sampling, self.tree)
             sampled, accepted = self.rejection_sampler.sample(self.sampler, logits, batch, verify)
         else:
             sampled, accepted = self.sampler.sample(logits, batch), None
@@ -261,12 +269,18 @@ class ModelRunner:
     def collect(self, launched: LaunchedStep) -> ModelRunnerOutput:
         """The launched step's result (waits for its copy: the step's one host sync), with
         a draft model's proposals for the next step."""
-        result = self._read(launched)
+        paths: dict[int, list[int]] = {}
+        result = self._read(launched, paths)
+        if paths:
+            self._tree_kv.compact(self.kv_caches, *self._tree_kv.slot_moves(
+                launched.sched.scheduled, paths, self._block_table_of, self.block_size))
         if self.drafter is not None:
-            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids, launched.target_hidden)
+            on_tree = {"paths": paths} if self.tree is not None else {}
+            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids, launched.target_hidden,
+                                                    **on_tree)
         return result
 
-    def _read(self, launched: LaunchedStep) -> ModelRunnerOutput:
+    def _read(self, launched: LaunchedStep, paths: Optional[dict[int, list[int]]] = None) -> ModelRunnerOutput:
         if launched.packed is None:
             return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
         if launched.copied is not None:
@@ -282,7 +296,7 @@ class ModelRunner:
         tokens, by_row = logprobs.unpack(values, launched.num_rows, launched.batch.logprobs)
         n = launched.num_rows
         proposals, flags = (values[-2 * n:-n], values[-n:]) if launched.speculative else ([], [])
-        result = tokens_per_request(launched.sched.scheduled, tokens, proposals, flags, by_row)
+        result = tokens_per_request(launched.sched.scheduled, tokens, proposals, flags, by_row, self.tree, paths)
         result.prompt_logprobs = prompt
         return result
 
@@ -316,12 +330,13 @@ _FINISHED_ROW = Request(request_id="", prompt_token_ids=[0], sampling_params=Sam
 
 
 def tokens_per_request(scheduled, tokens: list[int], proposals: list[float], flags: list[float],
-                       by_row: dict[int, TokenLogprobs]) -> ModelRunnerOutput:
+                       by_row: dict[int, TokenLogprobs], tree: Optional[TokenTree] = None,
+                       paths: Optional[dict[int, list[int]]] = None) -> ModelRunnerOutput:
     """The step's sampled rows, back per scheduled request (in order): a request whose
     prompt is still being prefilled gets none; a verifying one its accepted proposals and
     the token after them (`proposals`, `flags`: each row's proposal and whether it
     stands, as the step's copy brought them); with the logprobs of each request's first
-    row."""
+    row. On a tree, `paths` receives each verifying request's accepted nodes, by index."""
     result: list[list[int]] = []
     by_index: dict[int, TokenLogprobs] = {}
     row = 0
@@ -330,8 +345,12 @@ def tokens_per_request(scheduled, tokens: list[int], proposals: list[float], fla
             result.append([])
             continue
         k = len(s.spec_token_ids)
-        result.append(accepted_tokens([int(p) for p in proposals[row:row + k]], tokens, flags, row)
-                      if k else [tokens[row]])
+        if k and tree is not None:
+            new, paths[i] = accepted_path(tree.prefix(k), proposals, tokens, flags, row)
+            result.append(new)
+        else:
+            result.append(accepted_tokens([int(p) for p in proposals[row:row + k]], tokens, flags, row)
+                          if k else [tokens[row]])
         if row in by_row:
             by_index[i] = by_row[row]
         row += k + 1

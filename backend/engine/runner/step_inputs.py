@@ -37,10 +37,11 @@ import torch
 
 from backend.attention.metadata import AttentionMetadata
 from backend.engine.runner import image_attention, mrope
-from backend.engine.runner.buffers import StagedBuffer
+from backend.engine.runner.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.runner.persistent_block_tables import PersistentBlockTables
 from backend.engine.scheduling.sched_output import SchedulerOutput
 from backend.engine.spec_decode.draft_tokens import DraftTokens
+from backend.engine.spec_decode.token_tree import TokenTree, step_tree_rows
 
 
 class GraphShape(NamedTuple):
@@ -84,10 +85,11 @@ class StepInputs:
 class StepInputBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, staging_slots: int = 1, long_rope: Optional[tuple[int, int]] = None,
-                 mrope: bool = False, image_attention: bool = False) -> None:
+                 mrope: bool = False, image_attention: bool = False, tree: Optional[TokenTree] = None) -> None:
         """staging_slots: host buffers used in turn (buffers.py), for a builder that builds
         several forwards a step (the draft model's). long_rope (LongRoPE models):
-        (original_max_position_embeddings, the table's long-mode offset)."""
+        (original_max_position_embeddings, the table's long-mode offset). tree: the
+        speculative tree (token_tree.py) whose nodes a verification holds, or None."""
         self.T, self.B, self.M = max_num_tokens, max_num_seqs, max_blocks_per_seq
         self.block_size = block_size
         off, sizes = {}, [("input_ids", self.T), ("positions", self.T), ("slot_mapping", self.T),
@@ -111,6 +113,8 @@ class StepInputBuilder:
         self.long_rope = long_rope
         self.mrope = mrope          # (Qwen2-VL: runner/mrope.py)
         self.image_attention = image_attention      # (Gemma 3: runner/image_attention.py)
+        self.tree = tree
+        self._tree_rows = GrowingStagedBuffer(torch.int64, device, slots=staging_slots)   # (pinned: no sync)
         self.device = device
 
     def _host(self, name: str, n: int) -> np.ndarray:
@@ -162,10 +166,13 @@ class StepInputBuilder:
         if self.long_rope is not None:
             long_rope = np.fromiter((s.request.long_rope for s in sched), dtype=bool, count=B)
         deltas = mrope.deltas(sched) if self.mrope else None
+        # A verification of a tree: its proposals are the tree's first nodes, after the root.
+        trees = [(i, int(starts[i] + n_new[i]) - len(s.spec_token_ids), self.tree.prefix(len(s.spec_token_ids)))
+                 for i, s in enumerate(sched) if s.spec_token_ids and s.completes_prompt] if self.tree else None
         step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
                                    extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None,
-                                   mrope_deltas=deltas)
+                                   mrope_deltas=deltas, trees=trees or None)
         if deltas is not None:
             step.mrope_positions = mrope.table(sched, int(step.input_ids.shape[0]))
         limits = image_attention.key_limits(sched, int(step.input_ids.shape[0])) if self.image_attention else None
@@ -183,12 +190,15 @@ class StepInputBuilder:
                        pad_to: Optional[int] = None, long_rope: Optional[np.ndarray] = None,
                        extra_rows: Optional[list[tuple[int, np.ndarray]]] = None,
                        pad_tokens_to: Optional[int] = None,
-                       mrope_deltas: Optional[tuple[np.ndarray, np.ndarray]] = None) -> StepInputs:
+                       mrope_deltas: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                       trees: Optional[list[tuple[int, int, TokenTree]]] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
         b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
         after every such row, for the rows extra_rows lists as (sequence i, offsets into
         its new tokens). long_rope[i] (LongRoPE models): sequence i's tokens take the long
-        frequencies. pad_to / pad_tokens_to: rows and tokens of the graph replayed."""
+        frequencies. pad_to / pad_tokens_to: rows and tokens of the graph replayed.
+        trees: (sequence i, the index where its tree's nodes start, the tree): its tokens
+        from there on are nodes, at their tree positions and masks (token_tree.py)."""
         B = len(request_ids)
         Bp = pad_to or B
         bs = self.block_size
@@ -229,6 +239,7 @@ class StepInputBuilder:
         pos = positions[:T]
         slots[:T] = self.tables.host[row_slots[seq_of_token], pos // bs] * bs + pos % bs
         slots[T:] = -1
+        tree_rows = step_tree_rows(trees, start, qsl, pos, Tp) if trees else None     # (rotary positions: after the slots)
         if long_rope is not None:
             # After the slots, which need the true positions: tokens of requests in
             # LongRoPE's long mode index the rotary table's second half.
@@ -257,8 +268,11 @@ class StepInputBuilder:
         if n_updates or self._gathered is None or not np.array_equal(self._gathered, row_slots):
             self._apply_tables(n_updates, Bp)
             self._gathered = row_slots.copy()
-        return self._views(Tp, Bp, T, B, widest, num_logits, all_rows,
+        step = self._views(Tp, Bp, T, B, widest, num_logits, all_rows,
                            n_new.tolist() + [0] * (Bp - B), seq_lens.tolist())
+        if tree_rows is not None:
+            step.meta.tree = self._tree_rows.upload(tree_rows.reshape(-1)).view(-1, 2)
+        return step
 
     def _apply_tables(self, n_updates: int, Bp: int) -> None:
         """Device side, after the upload: the new block ids into the table, then the

@@ -101,15 +101,20 @@ class DraftModelProposer:
     # token before it, read with the target's state there (2: eagle.py).
     lag = 1
 
+    tree = None             # a tree of proposals (token_tree.py; EAGLE drafts trees: eagle.py)
+
     @torch.inference_mode()
-    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None
-                ) -> Proposals:
+    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
+                paths: Optional[dict[int, list[int]]] = None) -> Proposals:
         """Proposals after the step `sched` (its ScheduledRequests), whose new tokens per
         request are `sampled_token_ids` (accepted proposals and the target's next, or none
         mid-prompt): for each request with reserved lookahead slots, up to as many
         proposals as those slots and its max_tokens allow. `target_hidden`: what the
-        target's forward left in `captured_hidden` for the step's rows (EAGLE)."""
-        rows = rows_after_step(sched, sampled_token_ids, self.kv_cache)
+        target's forward left in `captured_hidden` for the step's rows (EAGLE). `paths`:
+        a tree verification's accepted nodes, by index in the step."""
+        rows = rows_after_step(sched, sampled_token_ids, self.kv_cache, paths, self.tree)
+        if self.tree is not None:
+            return self._propose_tree(rows, target_hidden)
         first, computed = self._catch_up(rows, target_hidden)
         proposing = [row for row in rows if row.k > 0]
         if first is None:
@@ -160,18 +165,20 @@ class DraftModelProposer:
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
 
     def _forward(self, request_ids: list[str], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
-                 tokens, input_ids: Optional[torch.Tensor] = None, kept: Optional[torch.Tensor] = None
-                 ) -> Optional[torch.Tensor]:
+                 tokens, input_ids: Optional[torch.Tensor] = None, kept: Optional[torch.Tensor] = None,
+                 trees: Optional[list] = None) -> Optional[torch.Tensor]:
         """The draft over a packed step (StepInputBuilder.build_segments' arguments), the
         logits of its sampled rows or None when it samples none. `input_ids`: the step's
         tokens as a device tensor (a proposal drawn by the previous forward), written
         over what `tokens` gave; `kept`: which of the previous forward's rows these are
         (None: all of them). A captured graph replays the step where one holds it (its
-        rows padded to write nothing), else it runs eagerly."""
-        shape = self.graphs.shape_for(len(request_ids), int(n_new.max())) if self.graphs is not None else None
+        rows padded to write nothing), else it runs eagerly (as a tree's levels do: `trees`,
+        StepInputBuilder.build_segments')."""
+        shape = self.graphs.shape_for(len(request_ids), int(n_new.max())) \
+            if self.graphs is not None and not trees else None
         step = self.inputs.build_segments(request_ids, starts, n_new, num_rows, tokens, self.kv_cache.block_table,
                                           pad_to=shape.num_seqs if shape else None,
-                                          pad_tokens_to=shape.num_tokens if shape else None)
+                                          pad_tokens_to=shape.num_tokens if shape else None, trees=trees)
         if input_ids is not None:
             step.input_ids[:len(input_ids)].copy_(input_ids)
         return self._run(step, shape)
@@ -204,14 +211,20 @@ class DraftModelProposer:
         return out
 
 
-def rows_after_step(sched, sampled_token_ids: list[list[int]], kv_cache: KVCacheManager) -> list["_Row"]:
+def rows_after_step(sched, sampled_token_ids: list[list[int]], kv_cache: KVCacheManager,
+                    paths: Optional[dict[int, list[int]]] = None, tree=None) -> list["_Row"]:
     """The step's requests still running, as the step leaves them (_Row), each with the
-    row of its first position in the step's packed tokens."""
+    row of its first position in the step's packed tokens (and a tree verification's
+    accepted path, from `paths` by index; with `tree`, k counts nodes)."""
     bs = kv_cache.block_size
     rows, step_row = [], 0
-    for s, new in zip(sched.scheduled, sampled_token_ids):
+    for i, (s, new) in enumerate(zip(sched.scheduled, sampled_token_ids)):
         if s.request.status == RequestStatus.RUNNING:       # (not finished or preempted since)
-            rows.append(_Row.after(s, new, len(kv_cache.block_table(s.request.request_id)) * bs, step_row))
+            row = _Row.after(s, new, len(kv_cache.block_table(s.request.request_id)) * bs, step_row, tree)
+            if paths and paths.get(i):
+                row.path = paths[i]
+                row.tree_root = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1
+            rows.append(row)
         step_row += s.num_new_tokens
     return rows
 
@@ -262,9 +275,24 @@ class _Row:
     k: int                      # proposals to make (0: catch up only)
     step_start: int = 0         # the step's first position (its num_computed_tokens)
     step_row: int = 0           # the row of that position in the step's packed tokens
+    # A tree verification's accepted nodes and its root's position: the accepted tokens'
+    # rows in the step are their nodes' (hidden_rows).
+    path: Optional[list[int]] = None
+    tree_root: int = -1
+
+    def hidden_rows(self, a: int, b: int) -> np.ndarray:
+        """The step's packed rows of positions a..b-1 (what the target's forward computed
+        for them: its hidden states)."""
+        positions = np.arange(a, b, dtype=np.int64)
+        rows = self.step_row + positions - self.step_start
+        if self.path:
+            after = positions > self.tree_root
+            nodes = np.asarray(self.path, dtype=np.int64)[positions[after] - self.tree_root - 1]
+            rows[after] = self.step_row + self.tree_root - self.step_start + 1 + nodes
+        return rows
 
     @classmethod
-    def after(cls, s, new: list[int], held_slots: int, step_row: int = 0) -> "_Row":
+    def after(cls, s, new: list[int], held_slots: int, step_row: int = 0, tree=None) -> "_Row":
         """`held_slots`: the slots the request's blocks hold now. With async scheduling
         the next step's schedule may have taken back proposal-only blocks since this step
         was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
@@ -276,7 +304,9 @@ class _Row:
         if new and s.num_lookahead_tokens:
             # Room for k proposals and the target's own token within max_tokens; the
             # newest token and proposals 1..k-1 written at num_tokens - 1 onwards.
-            k = min(s.num_lookahead_tokens, request.max_tokens - request.num_output_tokens - len(new) - 1,
+            room = request.max_tokens - request.num_output_tokens - len(new) - 1
+            # (a tree: its nodes within that depth; they and the newest token take as many slots)
+            k = min(s.num_lookahead_tokens, tree.nodes_within(room) if tree is not None else room,
                     held_slots - num_tokens + 1)
         return cls(request, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0),
                    s.num_computed_tokens, step_row)

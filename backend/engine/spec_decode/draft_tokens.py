@@ -27,13 +27,24 @@ from backend.engine.runner.buffers import GrowingStagedBuffer
 
 
 class DraftTokens:
-    """Proposals start:start + length of `base` (int64, on the device), one request's."""
-    __slots__ = ("base", "start", "length", "_read")
+    """Proposals start:start + length of `base` (int64, on the device), one request's; or,
+    with `index`, base[index] (a path through a tree of proposals: `take`)."""
+    __slots__ = ("base", "start", "length", "_read", "index")
 
-    def __init__(self, base: torch.Tensor, start: int, length: int, _read: Optional[list] = None) -> None:
+    def __init__(self, base: torch.Tensor, start: int, length: int, _read: Optional[list] = None,
+                 index: Optional[np.ndarray] = None) -> None:
         self.base, self.start, self.length = base, start, length
         # [base on the host, or None until read], shared by every slice of `base`.
         self._read = _read if _read is not None else [None]
+        self.index = index
+
+    def positions(self) -> np.ndarray:
+        """Where in `base` these proposals are."""
+        return self.index if self.index is not None else np.arange(self.start, self.start + self.length)
+
+    def take(self, nodes) -> "DraftTokens":
+        """These proposals' entries `nodes` (offsets into them), in that order."""
+        return DraftTokens(self.base, 0, len(nodes), self._read, self.positions()[np.asarray(nodes, dtype=np.int64)])
 
     def __len__(self) -> int:
         return self.length
@@ -44,6 +55,8 @@ class DraftTokens:
         a, b, step = index.indices(self.length)
         if step != 1:
             raise ValueError("DraftTokens slices take step 1")
+        if self.index is not None:
+            return DraftTokens(self.base, 0, max(b - a, 0), self._read, self.index[a:b])
         return DraftTokens(self.base, self.start + a, max(b - a, 0), self._read)
 
     def __iter__(self) -> Iterator[int]:
@@ -62,6 +75,8 @@ class DraftTokens:
             return []
         if self._read[0] is None:
             self._read[0] = self.base.tolist()
+        if self.index is not None:
+            return [self._read[0][i] for i in self.index.tolist()]
         return self._read[0][self.start:self.start + self.length]
 
     def __repr__(self) -> str:
@@ -93,7 +108,7 @@ def device_fill(dest: torch.Tensor, entries: list[tuple[int, DraftTokens]], stag
             bases[id(t.base)] = (t.base, offset)
             offset += t.base.shape[0]
     positions = np.concatenate([np.arange(pos, pos + t.length) for pos, t in entries])
-    sources = np.concatenate([np.arange(t.start, t.start + t.length) + bases[id(t.base)][1] for _, t in entries])
+    sources = np.concatenate([t.positions() + bases[id(t.base)][1] for _, t in entries])
     n = positions.shape[0]
     index = staging.upload(np.concatenate([positions, sources]).astype(np.int64))
     source = next(iter(bases.values()))[0] if len(bases) == 1 else torch.cat([b for b, _ in bases.values()])

@@ -19,6 +19,10 @@ in everything but its inputs:
 - Its logits score the head's draft vocabulary; they are scattered into the target's
   (d2t) before the draw, so proposals and their distributions are in target ids.
 
+With a tree of proposals (`speculative_token_tree`), the catch-up's top-k gives the
+first level and one forward per level the next (tree_drafting.py); after a tree's
+verification the catch-up reads the target's rows of the accepted nodes.
+
 A prefix hit's last position per block was written with the next token of the request
 that computed it, which may differ from this request's: a stale entry lowers the
 acceptance rate, never the output's correctness (the target verifies every proposal).
@@ -33,28 +37,32 @@ import torch
 
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.spec_decode.draft_model import DraftModelProposer, _Row
+from backend.engine.spec_decode.proposals import Proposals
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
+from backend.engine.spec_decode.token_tree import TokenTree
+from backend.engine.spec_decode.tree_drafting import hand_over, level_plan, top_candidates
 
 
 class EagleProposer(DraftModelProposer):
     lag = 2
     reads_target_hidden = True
 
-    def __init__(self, head, kv_caches, kv_cache, inputs, sampler, vocab_size: int) -> None:
+    def __init__(self, head, kv_caches, kv_cache, inputs, sampler, vocab_size: int,
+                 tree: Optional[TokenTree] = None) -> None:
         super().__init__(head, kv_caches, kv_cache, inputs, sampler, vocab_size)
+        self.tree = tree
         head.allocate_hidden_input(inputs.T)
         self._rows = GrowingStagedBuffer(torch.int64, self.device)
         self._carry: Optional[torch.Tensor] = None       # the last forward's sampled rows' head output
         self._to_target = head.draft_to_target     # (None: the head scores the target's vocabulary)
 
-    def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None):
+    def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None, draw: bool = True):
         segments = [(row, row.step_start, row.num_computed) for row in rows if row.num_computed > row.step_start]
         if not segments:
             return None, {}
         if target_hidden is None:
             raise RuntimeError("an EAGLE head needs the target's hidden states of the step")
-        index = self._rows.upload(np.concatenate(
-            [np.arange(row.step_row, row.step_row + b - a, dtype=np.int64) for row, a, b in segments]))
+        index = self._rows.upload(np.concatenate([row.hidden_rows(a, b) for row, a, b in segments]))
         hidden = self.model.combine(target_hidden.index_select(0, index))
         logits = self._forward(
             [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
@@ -62,18 +70,44 @@ class EagleProposer(DraftModelProposer):
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
             lambda i, a, b: segments[i][0].token_slice(a + 1, b + 1), hidden=hidden)
         computed = {row.request.request_id: end for row, _, end in segments}
-        if logits is None:
-            return None, computed
+        if logits is None or not draw:
+            return logits, computed
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
 
+    def _propose_tree(self, rows: list[_Row], target_hidden: Optional[torch.Tensor]) -> Proposals:
+        """Each proposing request's first k nodes of the tree (tree_drafting.py)."""
+        logits, computed = self._catch_up(rows, target_hidden, draw=False)
+        proposing = [row for row in rows if row.k > 0]
+        if logits is None:
+            return Proposals(num_draft_computed=computed)
+        tree, ks = self.tree, [row.k for row in proposing]
+        kmax = tree.max_children
+        index, first_fill, levels = level_plan(tree, ks)
+        index = self._rows.upload(index)
+        table = torch.zeros(len(proposing), tree.num_nodes, dtype=torch.int64, device=self.device)
+        flat = table.view(-1)
+        top = top_candidates(logits, kmax, self.vocab_size, self._to_target).reshape(-1)
+        flat.index_copy_(0, index[first_fill[0]], top.index_select(0, index[first_fill[1]]))
+        for level in levels:
+            active = [proposing[r] for r in level.active]
+            newest = np.asarray([row.num_tokens - 1 for row in active], dtype=np.int64)    # (the head's tree start)
+            width = np.full(len(active), level.width, dtype=np.int64)
+            logits = self._forward([row.request.request_id for row in active], newest + level.first, width, width,
+                                   lambda i, a, b: [0] * (b - a), flat.index_select(0, index[level.inputs]),
+                                   index[level.kept],
+                                   trees=[(i, int(newest[i]), tree.prefix(row.k)) for i, row in enumerate(active)])
+            top = top_candidates(logits, kmax, self.vocab_size, self._to_target).reshape(-1)
+            flat.index_copy_(0, index[level.fill[0]], top.index_select(0, index[level.fill[1]]))
+        return Proposals(hand_over([row.request.request_id for row in proposing], table, ks), computed)
+
     def _forward(self, request_ids, starts, n_new, num_rows, tokens, input_ids=None, kept=None,
-                 hidden: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                 hidden: Optional[torch.Tensor] = None, trees=None) -> Optional[torch.Tensor]:
         """DraftModelProposer._forward, with each row's hidden input: `hidden` (catch-up),
         else the previous forward's output at the rows `kept`."""
         if hidden is None:
             hidden = self._carry if kept is None else self._carry.index_select(0, kept)
         self.model.hidden_in[:hidden.shape[0]].copy_(hidden)
-        return super()._forward(request_ids, starts, n_new, num_rows, tokens, input_ids, kept)
+        return super()._forward(request_ids, starts, n_new, num_rows, tokens, input_ids, kept, trees)
 
     def _run(self, step, shape) -> Optional[torch.Tensor]:
         logits = super()._run(step, shape)

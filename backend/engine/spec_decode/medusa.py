@@ -7,7 +7,8 @@ proposes, the target's final hidden state at its last computed position (the acc
 one, after a verification) is read from what the target's forward captured, and head i
 gives proposal i + 1, drawn under the request's sampling settings (argmax when greedy)
 with its distribution for the rejection sampler. Nothing is kept per request and nothing
-is written to the KV cache.
+is written to the KV cache. With a tree of proposals, head i's top-k gives the nodes at
+depth i + 1 (tree_drafting.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.spec_decode.draft_model import draw_proposals, rows_after_step
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.proposals import Proposals
+from backend.engine.spec_decode.token_tree import TokenTree
+from backend.engine.spec_decode.tree_drafting import hand_over, medusa_plan, top_candidates
 
 
 class MedusaProposer:
@@ -30,12 +33,14 @@ class MedusaProposer:
     reads_target_hidden = True
 
     def __init__(self, heads, kv_cache: KVCacheManager, sampler: Sampler, vocab_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, tree: Optional[TokenTree] = None) -> None:
         self.heads = heads
         self.kv_cache = kv_cache
         self.sampler = sampler
         self.vocab_size = vocab_size
         self._rows = GrowingStagedBuffer(torch.int64, device)
+        self._tree_index = GrowingStagedBuffer(torch.int64, device)
+        self.tree = tree
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
         """Nothing to capture: a few GEMMs over the proposing rows."""
@@ -44,15 +49,18 @@ class MedusaProposer:
         """Nothing is kept per request."""
 
     @torch.inference_mode()
-    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None
-                ) -> Proposals:
-        proposing = [row for row in rows_after_step(sched, sampled_token_ids, self.kv_cache) if row.k > 0]
+    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
+                paths: Optional[dict[int, list[int]]] = None) -> Proposals:
+        proposing = [row for row in rows_after_step(sched, sampled_token_ids, self.kv_cache, paths, self.tree)
+                     if row.k > 0]
         if not proposing:
             return Proposals()
         if target_hidden is None:
             raise RuntimeError("Medusa heads need the target's hidden states of the step")
-        last = [row.step_row + row.num_computed - 1 - row.step_start for row in proposing]
-        hidden = target_hidden.index_select(0, self._rows.upload(np.asarray(last, dtype=np.int64)))
+        last = np.concatenate([row.hidden_rows(row.num_computed - 1, row.num_computed) for row in proposing])
+        hidden = target_hidden.index_select(0, self._rows.upload(last))
+        if self.tree is not None:
+            return Proposals(self._tree(proposing, hidden))
         k = min(max(row.k for row in proposing), self.heads.num_heads)
         requests = [row.as_sampled for row in proposing]
         drawn = [draw_proposals(self.sampler, self.heads.logits(i, hidden), requests, self.vocab_size)
@@ -68,15 +76,26 @@ class MedusaProposer:
         return Proposals(out)
 
 
+    def _tree(self, proposing, hidden: torch.Tensor) -> dict:
+        tree = self.tree
+        tops = torch.stack([top_candidates(self.heads.logits(d, hidden), tree.max_children, self.vocab_size)
+                            for d in range(tree.depth)])
+        index = self._tree_index.upload(medusa_plan(tree, len(proposing)))
+        table = tops.reshape(-1).index_select(0, index).view(len(proposing), tree.num_nodes)
+        return hand_over([row.request.request_id for row in proposing], table, [row.k for row in proposing])
+
+
 def load_medusa(spec, target, dtype: torch.dtype, device: torch.device):
     """The heads `spec` (SpeculativeConfig) names, with the target set to capture its final
     hidden states."""
     from backend.config import ConfigError
     from backend.models.medusa import load_medusa_heads
     heads = load_medusa_heads(spec.model, target, dtype, device)
-    if spec.num_speculative_tokens > heads.num_heads:
-        raise ConfigError(f"invalid engine argument 'speculative_config.num_speculative_tokens': "
-                          f"{spec.num_speculative_tokens} proposals need as many Medusa heads; '{spec.model}' has "
+    tree = spec.token_tree
+    if (tree.depth if tree is not None else spec.num_speculative_tokens) > heads.num_heads:
+        what = (f"'speculative_config.speculative_token_tree': its {tree.depth} levels" if tree is not None else
+                f"'speculative_config.num_speculative_tokens': {spec.num_speculative_tokens} proposals")
+        raise ConfigError(f"invalid engine argument {what} need as many Medusa heads; '{spec.model}' has "
                           f"{heads.num_heads}")
     target.capture_final_hidden = True
     return heads

@@ -12,6 +12,10 @@ normalised residual max(0, p - q), and when all k are accepted the last row emit
 bonus token drawn from p. An n-gram proposal is a point mass: q(d) = 1. The output is
 distributed exactly as p, whatever q is.
 
+A tree of proposals (token_tree.py) has a row for its root and one per node, each
+drawn as decoding draws (the node's row after the node's path); a node stands when its
+token equals its parent's draw, and the host walks from the root along standing nodes.
+
 Everything runs on the logits' device; the host learns the outcome from the step's one
 device-to-host copy (each row's proposal and accept flag beside the tokens).
 """
@@ -19,7 +23,7 @@ device-to-host copy (each row's proposal and accept flag beside the tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +31,7 @@ import torch
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.sampling.sampler import TEMPERATURE, Sampler, SamplingBatch
 from backend.engine.spec_decode.draft_tokens import DraftTokens, device_fill, extend_staged
+from backend.engine.spec_decode.token_tree import TokenTree
 from backend.ops.cpu_argmax import argmax_rows
 
 # Row kinds in the verification plan. PLAIN: the one row of a request that verifies
@@ -76,13 +81,23 @@ class VerifyRow:
         return self.verified_request.output_tail(k - len(proposed)) + list(proposed)
 
 
-def verify_rows(scheduled: Sequence) -> list:
-    """One sampler row per logits row: k + 1 per request verifying k proposals."""
+def verify_rows(scheduled: Sequence, tree: Optional[TokenTree] = None) -> list:
+    """One sampler row per logits row: k + 1 per request verifying k proposals (a tree's:
+    its root, then each node after the node's path)."""
     rows: list = []
     for s in scheduled:
         spec = s.spec_token_ids
+        if tree is not None and spec:
+            rows.append(s.request)
+            rows.extend(VerifyRow(s.request, path_tokens(spec, tree.path_of(j))) for j in range(len(spec)))
+            continue
         rows.extend(VerifyRow(s.request, spec[:j]) if j else s.request for j in range(len(spec) + 1))
     return rows
+
+
+def path_tokens(spec: Sequence[int], path: list[int]) -> Sequence[int]:
+    """The proposals along a path of nodes (left on the device if they are there)."""
+    return spec.take(path) if isinstance(spec, DraftTokens) else [spec[j] for j in path]
 
 
 @dataclass
@@ -92,6 +107,9 @@ class VerifyPlan:
     drawn_rows: torch.Tensor        # int64 [N]: rows whose proposal was drawn from a draft distribution
     draft_probs: list[torch.Tensor]  # those distributions, [k_i, V] per request, rows in order
     plain_rows: frozenset[int] = frozenset()    # host side: the PLAIN rows
+    # A tree's verification: each row's parent row (its own for a root), and proposals
+    # holding each node's own token at its row (-1 at roots).
+    parent_rows: Optional[torch.Tensor] = None
 
 
 class RejectionSampler:
@@ -99,9 +117,11 @@ class RejectionSampler:
         self._plan = GrowingStagedBuffer(torch.int64, device)
         self._draft_index = GrowingStagedBuffer(torch.int64, device)
 
-    def plan(self, scheduled: Sequence) -> VerifyPlan:
+    def plan(self, scheduled: Sequence, tree: Optional[TokenTree] = None) -> VerifyPlan:
         """Each row's proposal and kind, in one upload; a draft model's proposals, on the
         device (draft_tokens.py), written into the plan there."""
+        if tree is not None:
+            return self._plan_tree(scheduled, tree)
         proposals, kinds, drawn, probs, plain = [], [], [], [], []
         on_device: list[tuple[int, DraftTokens]] = []
         for s in scheduled:
@@ -120,11 +140,32 @@ class RejectionSampler:
         device_fill(dev[:R], on_device, self._draft_index)
         return VerifyPlan(dev[:R], dev[R:2 * R], dev[2 * R:], probs, frozenset(plain))
 
+    def _plan_tree(self, scheduled: Sequence, tree: TokenTree) -> VerifyPlan:
+        proposals: list[int] = []
+        parents: list[int] = []
+        on_device: list[tuple[int, DraftTokens]] = []
+        for s in scheduled:
+            root = len(proposals)
+            proposals.append(-1)
+            parents.append(root)
+            if s.spec_token_ids:
+                extend_staged(proposals, s.spec_token_ids, on_device)
+                parents.extend((root + 1 + tree.parents[:len(s.spec_token_ids)]).tolist())
+        R = len(proposals)
+        dev = self._plan.upload(np.asarray(proposals + parents, dtype=np.int64))
+        device_fill(dev[:R], on_device, self._draft_index)
+        return VerifyPlan(dev[:R], dev[:0], dev[:0], [], parent_rows=dev[R:])
+
     def sample(self, sampler: Sampler, logits: torch.Tensor, batch: SamplingBatch, plan: VerifyPlan
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(each row's token [R]: the target's choice there if the row is reached, bool
         accepted [R]: whether the row's proposal stands). A request's output is its
-        leading accepted proposals and then the token of its first non-accepted row."""
+        leading accepted proposals and then the token of its first non-accepted row (on
+        a tree: the standing path from the root, then its last node's row's token)."""
+        if plan.parent_rows is not None:
+            # Every row drawn as decoding draws it; a node stands where its parent drew it.
+            sampled = sampler.sample(logits, batch)
+            return sampled, (sampled.index_select(0, plan.parent_rows) == plan.proposals) & (plan.proposals >= 0)
         logits, probs = sampler.distributions(logits, batch)
         target = argmax_rows(logits)
         proposals = plan.proposals
@@ -160,3 +201,13 @@ def accepted_tokens(spec: list[int], row_tokens: list[int], row_accepted: list[f
     while a < len(spec) and row_accepted[first + a]:
         a += 1
     return spec[:a] + [row_tokens[first + a]]
+
+
+def accepted_path(tree: TokenTree, row_proposals: list[float], row_tokens: list[int], row_accepted: list[float],
+                  first: int) -> tuple[list[int], list[int]]:
+    """A tree verification's output from its rows (from `first`: the root's, then node j's
+    at first + 1 + j, holding its token): the standing path's tokens and the last node's
+    draw; and the path's nodes."""
+    path = tree.walk(row_accepted, first)
+    last = first + (1 + path[-1] if path else 0)
+    return [int(row_proposals[first + 1 + j]) for j in path] + [row_tokens[last]], path

@@ -14,7 +14,7 @@ the target's own one included).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable
 
 from backend.config import SpeculativeConfig
 from backend.engine.request import Request
@@ -95,10 +95,10 @@ def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs,
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "medusa":
         from backend.engine.spec_decode.medusa import MedusaProposer
-        return MedusaProposer(draft[0], kv_cache, sampler, vocab_size, inputs.table_device.device)
+        return MedusaProposer(draft[0], kv_cache, sampler, vocab_size, inputs.table_device.device, config.token_tree)
     if config.method in ("eagle", "eagle3"):
         from backend.engine.spec_decode.eagle import EagleProposer
-        return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
+        return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size, config.token_tree)
     from backend.engine.spec_decode.draft_model import DraftModelProposer
     return DraftModelProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
 

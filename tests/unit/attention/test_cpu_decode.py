@@ -4,6 +4,7 @@ bf16, the engine's strided layouts and more than one thread; the torch path wher
 cannot be built, is switched off, or does not apply (building: tests/unit/ops/test_cpu_build.py)."""
 
 import platform
+from unittest import mock
 import threading
 
 import pytest
@@ -238,3 +239,24 @@ def test_a_bad_block_table_is_an_error_not_a_stray_read(kernel_calls):
                          for i, n in enumerate(meta.seq_lens_cpu)]   # longer than its table
     with pytest.raises(RuntimeError, match="shorter than its length"):
         _forward(q, k, v, cache, meta)
+
+
+def test_tree_rows_see_their_ancestors_only(kernel_calls):
+    """A tree of proposals (AttentionMetadata.tree) through the kernel's rows: a
+    verification (root and four nodes) and a drafter's level (two nodes of a tree whose
+    first level is cached) beside a plain decode row, against the explicit mask."""
+    from backend.engine.spec_decode.token_tree import TokenTree
+    bits = TokenTree.parse("[(0,), (1,), (0, 0), (1, 0)]").bits.tolist()
+    seqs = [(20, 5), (17, 2), (30, 1)]
+    none = [2 ** 40, 0]
+    q, k, v, cache, meta = build(seqs, 4, 2, 2, 16, seed=23)
+    meta.tree = torch.tensor([none] + [[21, b] for b in bits] + [[15, bits[2]], [15, bits[3]]] + [none])
+    out = TorchPagedAttention(4, 2, 16, 0.25).forward(q, k, v, cache, meta)
+    assert kernel_calls == [8]
+    no_kernel = build(seqs, 4, 2, 2, 16, seed=23)
+    no_kernel[4].tree = meta.tree
+    with mock.patch.object(cpu_decode, "kernel", lambda: None):
+        ref = TorchPagedAttention(4, 2, 16, 0.25).forward(*no_kernel)
+    assert rel_err(out, ref) < 1e-5
+    causal = TorchPagedAttention(4, 2, 16, 0.25).forward(*build(seqs, 4, 2, 2, 16, seed=23))
+    assert rel_err(out[2:5], causal[2:5]) > 1e-2 and rel_err(out[:2], causal[:2]) < 1e-6

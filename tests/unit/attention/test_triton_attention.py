@@ -329,3 +329,43 @@ def test_image_tokens_attend_to_their_whole_image(window):
     q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
     out = TritonPagedAttention(4, 2, 64, scale, window).forward(q2, k2, v2, c2, m2)
     assert rel_err(out.cpu(), ref) < 1e-5
+
+
+def test_tree_nodes_attend_to_their_ancestors_only():
+    """A tree of proposals (AttentionMetadata.tree): a verification (root and four nodes
+    after a cached context) and a drafter's level (two nodes whose earlier levels are
+    cached), beside a plain decode row and a fresh prompt. Each node sees the context, the
+    root, its ancestors and itself, never a sibling or a cousin; against an explicit mask
+    over the same keys, and through the kernel, split-KV too."""
+    from backend.attention.torch_attention import attend
+    from backend.engine.spec_decode.token_tree import TokenTree
+    bits = TokenTree.parse("[(0,), (1,), (0, 0), (1, 0)]").bits.tolist()     # [1, 2, 5, 10]
+    seqs = [(20, 5), (17, 2), (30, 1), (0, 6)]
+    none = [2 ** 40, 0]
+    nodes = ([none] + [[21, b] for b in bits]) + [[15, bits[2]], [15, bits[3]]] + [none] + [none] * 6
+    q, k, v, cache, meta = build(seqs, 8, 2, 2, 64, seed=41)
+    meta.tree = torch.tensor(nodes, dtype=torch.int64)
+    scale = 64 ** -0.5
+    ref_args = to("cpu", q, k, v, cache, meta)
+    ref = TorchPagedAttention(4, 2, 64, scale).forward(*ref_args)
+    # The verification's rows by hand: keys are the cache's 20 and this step's 5.
+    from backend.attention.torch_attention import _gather
+    keys = torch.cat([_gather(ref_args[3].key, meta.block_tables[0, :3].long(), None, q.dtype)[:20], k[:5]])
+    values = torch.cat([_gather(ref_args[3].value, meta.block_tables[0, :3].long(), None, q.dtype)[:20], v[:5]])
+    visible = torch.zeros(5, 25, dtype=torch.bool)
+    visible[:, :21] = True                          # the context and the root
+    for j, path in enumerate([[0], [1], [0, 2], [1, 3]]):
+        visible[1 + j, [21 + a for a in path]] = True
+    visible[0, 21:] = False
+    by_hand = attend(q[:5].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                     visible, scale, None)[0].transpose(0, 1)
+    assert rel_err(ref[:5], by_hand) < 1e-5         # (the CPU kernel rounds as it sums)
+    causal, _ = run_both(seqs, 8, 2, 2, 64, seed=41)
+    assert rel_err(causal[:2], ref[:2]) < 1e-6 and rel_err(causal[2:5], ref[2:5]) > 1e-2    # (node 0 sees all it would)
+    assert rel_err(causal[5:7], ref[5:7]) > 1e-2 and rel_err(causal[7:], ref[7:]) < 1e-6
+    q2, k2, v2, c2, m2 = to(DEVICE, q, k, v, cache, meta)
+    for splits in (None, 4):
+        out = paged_attention(q2, k2, v2, to(DEVICE, q, k, v, cache, meta)[3], m2, scale, num_splits=splits)
+        assert rel_err(out.cpu(), ref) < 1e-5
+    out = TritonPagedAttention(4, 2, 64, scale).forward(q2, k2, v2, c2, m2)
+    assert rel_err(out.cpu(), ref) < 1e-5

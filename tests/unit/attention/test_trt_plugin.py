@@ -42,9 +42,9 @@ def test_kernel_launched_as_the_aot_plugin_matches_reference(fp8, with_sinks):
     out = torch.empty_like(q2)
     consts = attention_constexprs(kvh * group, kvh, d, bs, scale, None, fp8, sinks=with_sinks)
     # The kernel's own order: sinks after the outputs (the AOT entry moves it to the inputs),
-    # then the key limits, which a plugin never has (a constant None in the AOT build).
+    # then the key limits and the tree, which a plugin never has (constant Nones in the AOT build).
     _paged_attention_kernel[(q2.shape[0], kvh, 1)](*node_inputs[:-1], *scalars, out, k_pool, v_pool, None, None,
-                                                   node_inputs[-1], None, **consts)
+                                                   node_inputs[-1], None, None, **consts)
     assert rel_err(out.cpu(), ref) < 1e-5
     assert torch.equal(c2.key.cpu().view(torch.uint8), ref_args[3].key.view(torch.uint8))
     assert torch.equal(c2.value.cpu().view(torch.uint8), ref_args[3].value.view(torch.uint8))

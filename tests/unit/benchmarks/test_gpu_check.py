@@ -29,8 +29,9 @@ def test_gpu_check_stages_run_and_report(tiny_ckpt, monkeypatch, tmp_path):
     assert spec["draft_model"]["acceptance_rate"] == 1.0
     assert spec["draft_model"]["draft_graphs_captured"] == 0 and "draft_graphs_captured" not in spec["ngram"]  # (CPU)
     assert {r["config"] for r in spec["bench_spec"]} == {"off", "ngram k=4"}
-    eagle = gpu_check.eagle_step(["--shape", "tiny", "--batch", "1", "--k", "2", "--tokens", "6", "--repeats", "1"])
-    assert [r["config"] for r in eagle] == ["off", "eagle3 k=2"] and eagle[1]["projected_speedup"] > 0
+    eagle = gpu_check.eagle_step(["--shape", "tiny", "--batch", "1", "--k", "2", "--trees", "tree4", "--tokens", "6",
+                                  "--repeats", "1"])
+    assert [r["config"] for r in eagle] == ["off", "k2", "tree4"] and all(r["projected_speedup"] > 0 for r in eagle[1:])
     # The vision stage's checkpoint maker and benchmark, at tiny shapes on the CPU.
     text = dict(gpu_check.QWEN2_5_VL_7B_TEXT, vocab_size=320, hidden_size=64, intermediate_size=128,
                 num_attention_heads=4, num_key_value_heads=2,

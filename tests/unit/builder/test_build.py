@@ -181,6 +181,8 @@ def test_speculative_build_copies_the_draft_and_records_the_config(tiny_ckpt, tm
     assert llm.stats()["spec_decode_acceptance_rate"] == 1.0
     with pytest.raises(BuildError, match="speculative.num_speculative_tokens"):
         opts(tiny_ckpt, tmp_path / "x", speculative='{"method": "ngram", "num_speculative_tokens": 0}')
+    with pytest.raises(BuildError, match="speculative_token_tree needs method 'eagle', 'eagle3' or 'medusa'"):
+        opts(tiny_ckpt, tmp_path / "x", speculative=json.dumps({**spec, "speculative_token_tree": "[(0,), (1,)]"}))
 
 
 def test_lora_build_copies_the_adapters(tiny_ckpt, tmp_path):

@@ -59,39 +59,63 @@ def _requests(prompts):
 # 2026-11-29. With every feature on, at k=3: EAGLE-3 1.63, Medusa 1.25 (a third of the
 # requests run under a random LoRA adapter the heads never saw, one under a grammar).
 # On 16 held-out prompts, greedy, 64 tokens, at k=4 for EAGLE-3 and k=3 for Medusa
-# (its fourth head adds nothing): 3.15 and 1.78. The bounds leave room for rounding to
-# move a few choices, and fail when a drafter stops drafting from the right state.
-MIN_ACCEPTANCE_LENGTH = {"eagle3": 1.4, "medusa": 1.1}
-HELD_OUT_ACCEPTANCE_LENGTH = {"eagle3": (4, 2.8), "medusa": (3, 1.6)}
+# (its fourth head adds nothing): 3.15 and 1.78. With the TREES (2026-11-30): every
+# feature on, 1.61 and 1.31; held out, 2.90 (four nodes: the issue's floor is 2.5) and
+# 2.01 (above any Medusa chain). The bounds leave room for rounding to move a few
+# choices, and fail when a drafter stops drafting from the right state.
+MIN_ACCEPTANCE_LENGTH = {("eagle3", False): 1.4, ("medusa", False): 1.1, ("eagle3", True): 1.4, ("medusa", True): 1.15}
+HELD_OUT_ACCEPTANCE_LENGTH = {("eagle3", False): (4, 2.8), ("medusa", False): (3, 1.6), ("eagle3", True): (4, 2.5),
+                              ("medusa", True): (6, 1.85)}
 
 
-@pytest.mark.parametrize("method", ["eagle3", "medusa"])
-def test_output_is_unchanged_with_every_feature_on(target, drafters, adapter, prompts, method):
-    args = dict(ENGINE, enable_lora=True, max_lora_rank=8, lora_modules={"sql": adapter}, async_scheduling=True)
-    plain = LLM(target, **args).generate(prompts, _requests(prompts))
-    llm = LLM(target, speculative_config={"method": method, "model": drafters[method], "num_speculative_tokens": 3},
-              **args)
+# Trees of proposals (vLLM's speculative_token_tree; token_tree.py): four nodes for
+# EAGLE-3 (two first choices), six for Medusa (whose heads do not see each other's
+# tokens, so second choices pay off more).
+TREES = {"eagle3": "[(0,), (1,), (0, 0), (0, 0, 0)]", "medusa": "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"}
+
+
+def _spec(method: str, drafters: dict, tree: bool, k: int = 3) -> dict:
+    spec = {"method": method, "model": drafters[method]}
+    return {**spec, "speculative_token_tree": TREES[method]} if tree else {**spec, "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(target, adapter, prompts):
+    return LLM(target, **_every_feature(adapter)).generate(prompts, _requests(prompts))
+
+
+def _every_feature(adapter) -> dict:
+    return dict(ENGINE, enable_lora=True, max_lora_rank=8, lora_modules={"sql": adapter}, async_scheduling=True)
+
+
+@pytest.mark.parametrize("method, tree", [("eagle3", False), ("medusa", False), ("eagle3", True), ("medusa", True)],
+                         ids=["eagle3", "medusa", "eagle3_tree", "medusa_tree"])
+def test_output_is_unchanged_with_every_feature_on(target, drafters, adapter, prompts, plain_outputs, method, tree):
+    args = _every_feature(adapter)
+    plain = plain_outputs
+    llm = LLM(target, speculative_config=_spec(method, drafters, tree), **args)
     outs = llm.generate(prompts, _requests(prompts))
     for i, (out, ref) in enumerate(zip(outs, plain)):
         assert out.token_ids == ref.token_ids, f"prompt {i} differs"
     stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
     assert stats["prefix_cache_hit_tokens"] > 0
-    assert stats["spec_decode_mean_acceptance_length"] > MIN_ACCEPTANCE_LENGTH[method], stats
+    assert stats["spec_decode_mean_acceptance_length"] > MIN_ACCEPTANCE_LENGTH[method, tree], \
+        stats["spec_decode_mean_acceptance_length"]
     assert_pool_free(llm)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "medusa"])
-def test_acceptance_on_held_out_text(target, drafters, method):
+@pytest.mark.parametrize("method, tree", [("eagle3", False), ("medusa", False), ("eagle3", True), ("medusa", True)],
+                         ids=["eagle3", "medusa", "eagle3_tree", "medusa_tree"])
+def test_acceptance_on_held_out_text(target, drafters, method, tree):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target)
     prompts = [[tok.bos_token_id] + tok.encode(p)[:60] for p in corpus_split()[1][:16]]
-    k, bound = HELD_OUT_ACCEPTANCE_LENGTH[method]
-    llm = LLM(target, dtype="float32", num_kv_blocks=1024,
-              speculative_config={"method": method, "model": drafters[method], "num_speculative_tokens": k})
+    k, bound = HELD_OUT_ACCEPTANCE_LENGTH[method, tree]
+    llm = LLM(target, dtype="float32", num_kv_blocks=1024, speculative_config=_spec(method, drafters, tree, k))
     llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
     stats = llm.stats()
-    assert stats["spec_decode_mean_acceptance_length"] > bound, stats
+    assert stats["spec_decode_mean_acceptance_length"] > bound, stats["spec_decode_mean_acceptance_length"]
     assert_pool_free(llm)
 
 
@@ -116,11 +140,14 @@ def plain_samples(target, prompts):
     return _samples(LLM(target, seed=1, **SAMPLING_ENGINE), prompts[0])
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("lossy", [False, True], ids=["rejection_sampling", "accept_all"])
-def test_eagle3_sampled_output_has_the_targets_distribution(target, drafters, prompts, plain_samples, lossy,
+def test_eagle3_sampled_output_has_the_targets_distribution(target, drafters, prompts, plain_samples, lossy, tree,
                                                            monkeypatch):
-    """Chi-square homogeneity of each generated position against plain sampling; made
-    lossy (every proposal accepted), the same check fails: it has power here, where the
+    """Chi-square homogeneity of each generated position against plain sampling, for a
+    chain (rejection sampling against the head's distribution) and a tree (the walk
+    along the target's own draws); made lossy (every proposal accepted: on a tree, the
+    first children all the way down), the same check fails: it has power here, where the
     head's proposals are often accepted."""
     if lossy:
         from backend.engine.spec_decode import rejection_sampler as rs
@@ -130,15 +157,17 @@ def test_eagle3_sampled_output_has_the_targets_distribution(target, drafters, pr
             tokens, _ = original(self, sampler, logits, batch, plan)
             return tokens, plan.proposals >= 0
         monkeypatch.setattr(rs.RejectionSampler, "sample", accept_all)
-    llm = LLM(target, seed=2, speculative_config={"method": "eagle3", "model": drafters["eagle3"],
-                                                  "num_speculative_tokens": 3}, **SAMPLING_ENGINE)
+    llm = LLM(target, seed=2, speculative_config=_spec("eagle3", drafters, tree), **SAMPLING_ENGINE)
     spec = _samples(llm, prompts[0])
     stats = llm.stats()
     p = _min_p_value(plain_samples, spec)
     if lossy:
         assert p < 1e-3
         return
-    assert stats["spec_decode_num_accepted_tokens"] > 0.2 * stats["spec_decode_num_draft_tokens"], stats
+    # (a tree accepts a node where the target drew it, without the head's distribution:
+    # lossless, but sampled requests accept less than under rejection sampling)
+    assert stats["spec_decode_mean_acceptance_length"] > (1.25 if tree else 1.4), \
+        stats["spec_decode_mean_acceptance_length"]
     assert p > 1e-3
     assert_pool_free(llm)
 
