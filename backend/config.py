@@ -59,7 +59,10 @@ class SpeculativeConfig(BaseModel):
             data = {**data, "method": "ngram" if ngram else "draft_model", **({"model": None} if ngram else {})}
         tree = data.get("speculative_token_tree")
         if tree is not None and not isinstance(tree, str):
-            data = {**data, "speculative_token_tree": str([tuple(p) for p in tree])}  # (a list, as JSON gives it)
+            try:
+                data = {**data, "speculative_token_tree": str([tuple(p) for p in tree])}  # (a list, as JSON gives it)
+            except TypeError:
+                data = {**data, "speculative_token_tree": str(tree)}     # (the check below names the error)
         if data.get("speculative_token_tree") is not None and data.get("num_speculative_tokens") is None:
             from backend.engine.spec_decode.token_tree import TreeError, parse_tree
             try:
@@ -105,6 +108,8 @@ class SpeculativeConfig(BaseModel):
         if n != self.num_speculative_tokens:
             raise ValueError(f"speculative_token_tree has {n} nodes; num_speculative_tokens is "
                              f"{self.num_speculative_tokens} (it counts the tree's nodes, as in vLLM)")
+        if self.token_tree is None and n > 16:
+            raise ValueError(f"speculative_token_tree is a chain of {n} proposals: a chain has at most 16")
         return self
 
     @property

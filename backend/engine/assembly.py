@@ -149,6 +149,10 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         load_cpu_kernels()
     tokenizer = load_tokenizer(args.model)
     spec = args.speculative_config
+    if spec is not None and spec.token_tree is not None and any(cfg.sliding_windows):
+        # (a node's window would follow its place in the sequence, not its rotary position)
+        raise ConfigError("invalid engine argument 'speculative_config.speculative_token_tree': not with a model "
+                          "whose layers attend through a sliding window")
     # (the drafter network, the config of its K/V in the target's blocks or None), or None
     draft = load_drafter(spec, model, stage, tokenizer, cfg.vocab_size, dtype, device, attention_backend,
                          max_position) if spec is not None else None

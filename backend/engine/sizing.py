@@ -77,8 +77,8 @@ def draft_probs_bytes(speculative_config, max_num_seqs: int, vocab_size: int) ->
     """A draft model's proposal distributions, kept by each request from the step that
     proposes them to the step that verifies them (the rejection sampler needs q): fp32
     [k, V] per sampled request, at most max_num_seqs of them. n-gram proposals are point
-    masses and keep nothing."""
-    if speculative_config is None or speculative_config.method == "ngram":
+    masses and keep nothing; nor does a tree (its acceptance needs no q)."""
+    if speculative_config is None or speculative_config.method == "ngram" or speculative_config.token_tree:
         return 0
     return max_num_seqs * speculative_config.num_speculative_tokens * vocab_size * 4
 

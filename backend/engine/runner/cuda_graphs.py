@@ -165,7 +165,7 @@ def verify_query_len(args) -> int:
     has no tree masks)."""
     spec = args.speculative_config
     return spec.num_speculative_tokens + 1 \
-        if spec is not None and not args.enable_lora and spec.speculative_token_tree is None else 0
+        if spec is not None and not args.enable_lora and spec.token_tree is None else 0
 
 
 def graph_ladders(max_num_seqs: int, verify_query_len: int, max_num_tokens: int) -> DecodeGraphs:

@@ -135,7 +135,8 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
         ids = [f"profile-{i}" for i in range(len(lengths))]
         n_new = np.asarray(lengths, dtype=np.int64)
         verifying = _verify_step(args.speculative_config, requests, vocab_size, device, rng)
-        rows = verify_rows(verifying) if verifying else requests
+        tree = args.speculative_config.token_tree if verifying else None
+        rows = verify_rows(verifying, tree) if verifying else requests
         rejection = RejectionSampler(device)
 
         @torch.inference_mode()
@@ -151,7 +152,7 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
                 logits = torch.cat([logits, logits.new_zeros(len(rows) - logits.shape[0], logits.shape[1])])
             if not verifying:
                 return logprob_ops.pack(logits, sampler.sample(logits, batch), batch.logprobs)
-            sampled, accepted = rejection.sample(sampler, logits, batch, rejection.plan(verifying))
+            sampled, accepted = rejection.sample(sampler, logits, batch, rejection.plan(verifying, tree))
             return torch.cat([logprob_ops.pack(logits, sampled, batch.logprobs).float(), accepted.float()])
         return step
     return setup
@@ -160,13 +161,13 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
 def _verify_step(speculative_config, requests: list[Request], vocab_size: int, device: torch.device,
                  rng: np.random.Generator) -> list[ScheduledRequest]:
     """With speculation: every request verifying num_speculative_tokens random proposals,
-    drawn from (random) draft distributions for a draft model or head, point masses for n-gram.
-    Empty without speculation."""
+    drawn from (random) draft distributions for a draft model or head, point masses for n-gram
+    and for a tree's nodes (their acceptance needs no q). Empty without speculation."""
     if speculative_config is None:
         return []
     k = speculative_config.num_speculative_tokens
     probs = None
-    if speculative_config.method != "ngram":
+    if speculative_config.method != "ngram" and speculative_config.token_tree is None:
         probs = torch.rand(len(requests), k, vocab_size, device=device)
         probs /= probs.sum(dim=-1, keepdim=True)
     return [ScheduledRequest(r, k + 1, rng.integers(0, vocab_size, k).tolist(),

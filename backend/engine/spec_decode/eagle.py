@@ -53,6 +53,9 @@ class EagleProposer(DraftModelProposer):
         self.tree = tree
         head.allocate_hidden_input(inputs.T)
         self._rows = GrowingStagedBuffer(torch.int64, self.device)
+        # (a tree's indices: a buffer of their own, so that their upload does not wait for
+        # the catch-up's, which the device reads after the next step's forward)
+        self._tree_index = GrowingStagedBuffer(torch.int64, self.device)
         self._carry: Optional[torch.Tensor] = None       # the last forward's sampled rows' head output
         self._to_target = head.draft_to_target     # (None: the head scores the target's vocabulary)
 
@@ -83,7 +86,7 @@ class EagleProposer(DraftModelProposer):
         tree, ks = self.tree, [row.k for row in proposing]
         kmax = tree.max_children
         index, first_fill, levels = level_plan(tree, ks)
-        index = self._rows.upload(index)
+        index = self._tree_index.upload(index)
         table = torch.zeros(len(proposing), tree.num_nodes, dtype=torch.int64, device=self.device)
         flat = table.view(-1)
         top = top_candidates(logits, kmax, self.vocab_size, self._to_target).reshape(-1)

@@ -72,6 +72,7 @@ class TokenTree:
     depths: np.ndarray = field(init=False, repr=False, compare=False)     # [N]: 1 for the root's children
     ranks: np.ndarray = field(init=False, repr=False, compare=False)      # [N]: rank among siblings
     bits: np.ndarray = field(init=False, repr=False, compare=False)       # int64 [N]: ancestors and self
+    _prefixes: dict = field(init=False, repr=False, compare=False)      # n -> prefix(n), made once each
 
     @classmethod
     def parse(cls, text) -> "TokenTree":
@@ -87,6 +88,7 @@ class TokenTree:
         bits = np.zeros(len(self.paths), dtype=np.int64)
         for j, parent in enumerate(parents):
             bits[j] = (1 << j) | (bits[parent] if parent >= 0 else 0)
+        object.__setattr__(self, "_prefixes", {})
         for name, value in (("parents", parents), ("bits", bits),
                             ("depths", np.asarray([len(p) for p in self.paths], dtype=np.int64)),
                             ("ranks", np.asarray([p[-1] for p in self.paths], dtype=np.int64))):
@@ -106,7 +108,12 @@ class TokenTree:
 
     def prefix(self, n: int) -> "TokenTree":
         """The first n nodes (a tree: parents come first)."""
-        return self if n >= self.num_nodes else TokenTree(self.paths[:n])
+        if n >= self.num_nodes:
+            return self
+        tree = self._prefixes.get(n)
+        if tree is None:
+            tree = self._prefixes[n] = TokenTree(self.paths[:n])
+        return tree
 
     def nodes_within(self, depth: int) -> int:
         """How many nodes lie at most `depth` deep: the prefix a request with room for

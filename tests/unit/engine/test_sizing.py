@@ -224,6 +224,8 @@ def test_a_draft_models_held_distributions_are_reserved(tiny_ckpt, llama_ckpt):
     assert base - blocks_from_budget(draft, cfg, CUDA, torch.bfloat16, False, 1, p) == 64 * 3 * cfg.vocab_size * 4
     assert blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, False, 1, p) == base
     assert sizing.draft_probs_bytes(SpeculativeConfig(method="ngram", num_speculative_tokens=2), 8, 10) == 0
+    tree = SpeculativeConfig(method="medusa", model="m", speculative_token_tree="[(0,), (1,), (0, 0)]")
+    assert sizing.draft_probs_bytes(tree, 8, 10) == 0        # (a tree's acceptance keeps no q)
     # The verify graphs (64 rows x 4 tokens) make the graphs' pool larger than decode's.
     assert _largest(sizing.graph_shapes(ngram)) == 64 * 4 and _largest(sizing.graph_shapes(plain)) == 64
     assert (blocks_from_budget(ngram, cfg, CUDA, torch.bfloat16, True, 1, p)

@@ -10,11 +10,11 @@ import pytest
 from backend import LLM, SamplingParams
 from backend.config import ConfigError
 from builder.eagle_heads import random_eagle1_head, random_head
-from tests.conftest import assert_pool_free, random_prompts
+from tests.conftest import assert_pool_free
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
 from tests.helpers.eagle_reference import DenseEagle1, DenseEagle3
 
-LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 24
 # 100 blocks of 4 tokens cannot hold the ten sequences at once: preemption must happen.
 ENGINE = dict(block_size=4, num_kv_blocks=100, max_num_seqs=16, max_num_batched_tokens=48, dtype="float32")
@@ -40,8 +40,7 @@ def eagle1_head(target, ckpt_dir):
 
 @pytest.fixture(scope="module")
 def prompts():
-    ps = random_prompts(len(LENGTHS), LENGTHS, seed=1)
-    return ps + [ps[3] + [5, 6, 7], ps[3][:40] + [9] * 30]      # prefix-cache hits
+    return spec_prompts()
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +57,7 @@ def eagle(head: str, k: int, method: str = "eagle3") -> dict:
 def test_greedy_output_is_unchanged(target, head, eagle1_head, prompts, reference, method, k, async_scheduling):
     llm = LLM(target, speculative_config=eagle(head if method == "eagle3" else eagle1_head, k, method),
               async_scheduling=async_scheduling, **ENGINE)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0))
-    for i, (out, ref) in enumerate(zip(outs, reference)):
-        assert out.token_ids == ref, f"prompt {i} differs"
-    stats = llm.stats()
-    assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
-    assert stats["prefix_cache_hit_tokens"] > 0
-    assert stats["spec_decode_num_draft_tokens"] > 0
-    assert_pool_free(llm)
+    assert_greedy_unchanged(llm, prompts, reference, MAX_NEW)
 
 
 def _recording(llm: LLM) -> list[tuple[list[int], list[int]]]:

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from backend import LLM, SamplingParams
 from backend.config import ConfigError
 from builder.medusa_heads import random_heads
-from tests.conftest import assert_pool_free, random_prompts
+from tests.conftest import assert_pool_free
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
 
-LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 24
 ENGINE = dict(block_size=4, num_kv_blocks=100, max_num_seqs=16, max_num_batched_tokens=48, dtype="float32")
 
@@ -32,8 +32,7 @@ def heads(target, ckpt_dir, request):
 
 @pytest.fixture(scope="module")
 def prompts():
-    ps = random_prompts(len(LENGTHS), LENGTHS, seed=1)
-    return ps + [ps[3] + [5, 6, 7], ps[3][:40] + [9] * 30]
+    return spec_prompts()
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +47,7 @@ def medusa(heads: str, k: int) -> dict:
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_greedy_output_is_unchanged(target, heads, prompts, reference, async_scheduling):
     llm = LLM(target, speculative_config=medusa(heads, 3), async_scheduling=async_scheduling, **ENGINE)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0))
-    for i, (out, ref) in enumerate(zip(outs, reference)):
-        assert out.token_ids == ref, f"prompt {i} differs"
-    stats = llm.stats()
-    assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
-    assert stats["prefix_cache_hit_tokens"] > 0 and stats["spec_decode_num_draft_tokens"] > 0
-    assert_pool_free(llm)
+    assert_greedy_unchanged(llm, prompts, reference, MAX_NEW)
 
 
 def test_proposals_are_the_heads_on_the_final_hidden_state(target, heads, prompts):

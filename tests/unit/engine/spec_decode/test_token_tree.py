@@ -11,10 +11,10 @@ from backend.config import SpeculativeConfig
 from backend.engine.spec_decode.token_tree import TokenTree, TreeError, moves, parse_tree
 from builder.eagle_heads import random_head
 from builder.medusa_heads import random_heads
-from tests.conftest import assert_pool_free, random_prompts
+from tests.conftest import assert_pool_free
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
 
-LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
 MAX_NEW = 24
 ENGINE = dict(block_size=4, num_kv_blocks=120, max_num_seqs=16, max_num_batched_tokens=64, dtype="float32")
 TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0)]"
@@ -74,8 +74,7 @@ def eagle_head(target, ckpt_dir):
 
 @pytest.fixture(scope="module")
 def prompts():
-    ps = random_prompts(len(LENGTHS), LENGTHS, seed=1)
-    return ps + [ps[3] + [5, 6, 7], ps[3][:40] + [9] * 30]      # prefix-cache hits
+    return spec_prompts()
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +90,7 @@ def test_greedy_output_is_unchanged(target, medusa_heads, eagle_head, prompts, r
             "speculative_token_tree": TREE}
     llm = LLM(target, speculative_config=spec, async_scheduling=async_scheduling, attention_backend=attention,
               **ENGINE)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, min_tokens=MAX_NEW, temperature=0))
-    for i, (out, ref) in enumerate(zip(outs, reference)):
-        assert out.token_ids == ref, f"prompt {i} differs"
-    stats = llm.stats()
-    assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
-    assert stats["prefix_cache_hit_tokens"] > 0 and stats["spec_decode_num_draft_tokens"] > 0
-    assert_pool_free(llm)
+    assert_greedy_unchanged(llm, prompts, reference, MAX_NEW)
 
 
 def test_the_triton_kernel_verifies_and_drafts_trees(target, eagle_head, prompts, reference):
@@ -110,3 +103,19 @@ def test_the_triton_kernel_verifies_and_drafts_trees(target, eagle_head, prompts
     assert [o.token_ids for o in outs] == [reference[i][:8] for i in picked]
     assert llm.stats()["spec_decode_num_draft_tokens"] > 0
     assert_pool_free(llm)
+
+
+def test_a_tree_on_a_sliding_window_model_is_refused(ckpt_dir):
+    """A node's window would follow its place in the sequence, not its rotary position."""
+    from backend.config import ConfigError
+    mistral = make_checkpoint(str(ckpt_dir / "mistral-tree-w8"), "mistral", sliding_window=8)
+    with pytest.raises(ConfigError, match="speculative_token_tree.*sliding window"):
+        LLM(mistral, speculative_config={"method": "medusa", "model": "heads", "speculative_token_tree": TREE},
+            num_kv_blocks=16)
+
+
+def test_a_chain_given_as_a_tree_keeps_the_chains_limit():
+    with pytest.raises(ValueError, match="a chain of 17 proposals"):
+        SpeculativeConfig(method="eagle3", model="m", speculative_token_tree=str([(0,) * i for i in range(1, 18)]))
+    with pytest.raises(ValueError, match="speculative_token_tree"):
+        SpeculativeConfig(method="eagle3", model="m", speculative_token_tree=[0, 1])
