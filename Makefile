@@ -14,7 +14,7 @@ OPENAI_PORT ?= 9000
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-py312 test-unit test-integration serve serve-dynamo model tritonserver dynamo dynamo-services bench gpu-wheels clean
+.PHONY: install test test-py312 test-unit test-integration serve serve-dynamo model model-random tritonserver dynamo dynamo-services bench docs gpu-wheels clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ dynamo-services:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server etcd-server >/dev/null; \
 	else echo "dynamo-services: install the Debian packages nats-server and etcd-server for the Dynamo tests"; fi
 
+# The model `make serve` serves: the trained reference model (its answers end on their own).
+# The benchmarks build the random-weight default they rely on (it never stops early).
 model: $(STAMP)
+	$(PY) -m builder default --trained --repository model_repository
+
+model-random: $(STAMP)
 	$(PY) -m builder default --repository model_repository
 
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
@@ -100,10 +105,15 @@ serve-dynamo: $(STAMP) dynamo model
 	exec $(PY) -m clients.dynamo_local --model-repository model_repository --host $(HOST) \
 		--port $(DYNAMO_PORT) --workers $(DYNAMO_WORKERS) --router-mode kv
 
-bench: $(STAMP) tritonserver model
+bench: $(STAMP) tritonserver model-random
 	$(PY) -m pip install -q matplotlib
 	$(PY) -m benchmarks.bench offline --json docs/offline.json
 	$(PY) -m benchmarks.bench serve --start-server --json docs/serve.json --plot docs/throughput_latency.png
+
+# The documentation site, served locally (its references first rewritten from the code).
+docs: $(STAMP)
+	$(PY) -m tools.docs_reference
+	$(PY) -m mkdocs serve -a 127.0.0.1:8008
 
 # Wheels the device tool's GPU machines lack (pydantic, xgrammar), into .whl/ for them.
 gpu-wheels: $(STAMP) $(DYNAMO_STAMP)

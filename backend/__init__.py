@@ -13,7 +13,7 @@ import sys as _sys
 # torch's CPU threads run on libgomp, which reads OMP_WAIT_POLICY once, when torch loads.
 # Its default spins at every barrier: when another process shares a core, the spinning
 # threads are time-sliced with it and throughput collapses (2,413 to 88 tok/s on 2 cores:
-# docs/benchmarks.md §16). PASSIVE threads sleep between parallel regions. A user's own
+# docs/archive/benchmarks.md §16). PASSIVE threads sleep between parallel regions. A user's own
 # setting wins; it must be in place before the first `import torch`.
 #
 # THP_MEM_ALLOC_ENABLE (read by torch's CPU allocator at its first allocation): tensors
@@ -21,7 +21,7 @@ import sys as _sys
 # kernel's THP setting `madvise` (the CI machines) gives them. A decode step reads every sequence's
 # K/V blocks scattered over the pool and streams every weight: with 4 KiB pages each 32
 # KiB block spans 8 TLB entries. Measured: the CPU decode-attention kernel 4-9% faster,
-# the hidden-1024 Llama's offline run 2-7% (docs/benchmarks.md §16).
+# the hidden-1024 Llama's offline run 2-7% (docs/archive/benchmarks.md §16).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

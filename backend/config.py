@@ -466,7 +466,7 @@ class EngineArgs(BaseModel):
             return self.async_scheduling
         # With speculation too (n-gram or a draft model, whose proposals stay on the device
         # until the step that verifies them): a speculating request then verifies every
-        # other step (README, async_scheduling).
+        # other step (docs/reference/configuration.md, async_scheduling).
         return self.runner == "generate" and self.world_size == 1 and self.model_runner == "torch"
 
     @property

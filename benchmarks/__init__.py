@@ -1,5 +1,5 @@
 """Benchmarks, measurements and device scripts: what the project's figures come from
-(docs/benchmarks.md). Apart from `clients/`, the tools users run against a served model."""
+(docs/archive/benchmarks.md). Apart from `clients/`, the tools users run against a served model."""
 
 import os as _os
 import sys as _sys

@@ -18,7 +18,7 @@ token here; the projection is
     speed-up(config) = acceptance length(config) x plain step / speculative step
 
 with the acceptance length the trained head reaches on the trained reference model
-(`docs/benchmarks.md` §25; `--acceptance`), which assumes a head of this shape accepts as
+(`docs/archive/benchmarks.md` §25; `--acceptance`), which assumes a head of this shape accepts as
 much. The measured step costs are this machine's; the acceptance lengths are not.
 """
 
@@ -39,7 +39,7 @@ SHAPES = {   # hidden, intermediate, layers, heads, kv heads, vocab (Llama 3.x)
 }
 DRAFT_VOCAB = 32000
 # Mean acceptance lengths of the trained head on the trained reference model (greedy,
-# held-out prompts, batch 1, CPU: docs/benchmarks.md §25), by config: chains of k
+# held-out prompts, batch 1, CPU: docs/archive/benchmarks.md §25), by config: chains of k
 # (2026-11-29) and the trees below (bench_spec_trained's, 2026-11-30).
 ACCEPTANCE = {"k2": 2.25, "k4": 2.90, "tree4": 2.76, "tree8": 3.23}
 TREES = {"tree4": "[(0,), (1,), (0, 0), (0, 0, 0)]",

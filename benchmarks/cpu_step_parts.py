@@ -1,5 +1,5 @@
 """Where a CPU decode step's time goes, timed inside the engine: the figures behind
-docs/benchmarks.md section 16's "where the rest goes".
+docs/archive/benchmarks.md section 16's "where the rest goes".
 
     python -m benchmarks.cpu_step_parts [--model llama-1024] [--num-seqs 32 --prompt-len 200 --steps 20]
 

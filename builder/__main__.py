@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Optional
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
     for flag, typ in (("--max-n", int), ("--max-logprobs", int), ("--max-stop-strings", int),
                       ("--max-stop-string-len", int), ("--max-stop-token-ids", int), ("--max-guided-spec-bytes", int),
                       ("--guided-compile-timeout-s", float), ("--request-timeout-s", float)):
-        b.add_argument(flag, type=typ, help="per-request limit (engine argument; see README)")
+        b.add_argument(flag, type=typ, help="per-request limit (engine argument: docs/reference/configuration.md)")
     b.add_argument("--limit-mm-per-prompt", help="vision-language models: items per prompt by modality as JSON, "
                    "e.g. '{\"image\": 4}' (vLLM's limit_mm_per_prompt; default 16 images)")
     for flag, typ in (("--max-image-bytes", int), ("--max-image-pixels", int), ("--max-num-encoder-input-tokens", int),
@@ -261,10 +262,11 @@ def main(argv=None) -> int:
         else:
             target = os.path.join(args.repository, "llm")
             write_fronts(args.repository, "llm", force=args.force)
-            if os.path.isfile(os.path.join(target, "config.pbtxt")) and not args.force:
+            checkpoint = TRAINED_CHECKPOINT if args.trained else DEFAULT_CHECKPOINT
+            if os.path.isfile(os.path.join(target, "config.pbtxt")) and not args.force \
+                    and _built_from(target) == os.path.abspath(checkpoint):
                 print(f"{target} exists")
                 return 0
-            checkpoint = TRAINED_CHECKPOINT if args.trained else DEFAULT_CHECKPOINT
             if not os.path.isfile(os.path.join(checkpoint, "config.json")):
                 if args.trained:
                     from builder.train_tiny import build_trained
@@ -278,6 +280,16 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _built_from(entry: str):
+    """The checkpoint an entry was built from (its build manifest), or None. The default
+    model is rebuilt when the other one (trained or random) is asked for."""
+    try:
+        with open(os.path.join(entry, "build_manifest.json")) as f:
+            return os.path.abspath(json.load(f)["options"]["checkpoint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def render_config(name: str, params: dict) -> str:
         "# KIND_MODEL: the engine places itself (CUDA when present, else CPU).",
         "instance_group [ { count: 1 kind: KIND_MODEL } ]",
         "# Inputs and outputs are filled in by the backend (auto-complete): the vLLM backend's",
-        "# contract plus TensorRT-LLM's scalar inputs. See README.",
+        "# contract plus TensorRT-LLM's scalar inputs: docs/reference/triton-io.md.",
         render_parameters(params),
         "",
     ])

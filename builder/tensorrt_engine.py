@@ -13,7 +13,7 @@ and logits rows up to max_num_seqs, block-table width up to max_model_len / bloc
 pools of exactly num_kv_blocks blocks.
 
 Needs `tensorrt` (optional extra) and a GPU; neither exists on this project's machines,
-so this module has not been run (docs/status.md).
+so this module has not been run (docs/archive/status-notes.md).
 """
 
 from __future__ import annotations

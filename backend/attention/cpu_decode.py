@@ -3,7 +3,7 @@ at first use, loaded with ctypes, and called once per layer for all of a step's 
 rows, reading K/V in place from the block pool.
 
 Why: on the default model the torch path's decode attention (a gathered copy of each
-sequence's blocks, then SDPA over it) was about half of a CPU step (docs/benchmarks.md
+sequence's blocks, then SDPA over it) was about half of a CPU step (docs/archive/benchmarks.md
 section 16); vLLM-CPU's C++ paged kernel reads the blocks where they lie, and so does
 this one. Built, cached and loaded by backend/ops/cpu_build.py; ctypes releases the GIL
 for the call, so the forward's shard threads (cpu_shards.py) run it side by side.

@@ -199,7 +199,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     prompt tokens (max_query_len > 1) take the tensor-core tiled kernel (triton_tiled.py).
     Decode steps (and a CUDA graph's, verify rows included) take it too when the KV range
     is not split and the GQA group fills a tile (H100, Llama-3.2-1B shapes: 0.09 against
-    0.40 ms at batch 64, 0.25 against 1.25 ms at batch 256, 1k context; docs/benchmarks.md
+    0.40 ms at batch 64, 0.25 against 1.25 ms at batch 256, 1k context; docs/archive/benchmarks.md
     §6); otherwise this file's one-token kernel with split-KV (batch 1 at 4k context:
     0.088 against 0.113 ms). sinks: [H] attention-sink logits (gpt-oss) or None."""
     T, H, D = q.shape

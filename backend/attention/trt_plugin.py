@@ -16,7 +16,7 @@ is imported only by the TensorRT engine build and the TensorRT model runner.
   TensorRT's buffers.
 
 Not run on this project's machines: TensorRT cannot be installed on them (see
-docs/status.md). The argument contract it relies on is checked without TensorRT in
+docs/archive/status-notes.md). The argument contract it relies on is checked without TensorRT in
 tests/unit/attention/test_trt_plugin.py.
 """
 

@@ -6,7 +6,7 @@ nothing, so a CPU forward maps its activations anew every step, and the kernel t
 faults in every page on first touch. On this project's 2-core VMs that fault cost is
 larger than the work: a 46 MB copy (the hidden-1024 Llama's gate/up output at 2,048
 prompt tokens) took 13.6 ms freshly mapped and 1.7 ms from the heap; SiLU-and-mul over it
-14.6 ms against 3.0 (docs/benchmarks.md §16). vLLM-CPU's documentation preloads tcmalloc
+14.6 ms against 3.0 (docs/archive/benchmarks.md §16). vLLM-CPU's documentation preloads tcmalloc
 for the same reason.
 
 So a CPU engine sets, once per process:
@@ -22,7 +22,7 @@ allocate from arenas of their own, whose heaps hold at most 64 MiB: a larger blo
 is still mapped afresh (glibc maps it whatever M_MMAP_MAX says), and each arena keeps its
 own freed memory. One arena for all threads (M_ARENA_MAX 1) would cover those blocks,
 but the shard threads then queue on its lock for every allocation: the default model ran
-3% slower (docs/benchmarks.md §16). A preloaded tcmalloc has neither limit.
+3% slower (docs/archive/benchmarks.md §16). A preloaded tcmalloc has neither limit.
 
 Only where the C library is glibc, and not where the user chose otherwise: any
 `MALLOC_*` setting or `glibc.malloc.` tunable in the environment, a preloaded allocator

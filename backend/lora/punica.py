@@ -89,7 +89,7 @@ def _groups(meta: LoRAMetadata):
 
 # Small steps (decode) with several adapters run them at once on the torch path: two
 # GEMMs against the slots in use instead of a few small ops per slot, which on a CPU cost
-# more than the arithmetic (docs/benchmarks.md §12: per slot wins below 4 adapters). Rows
+# more than the arithmetic (docs/archive/benchmarks.md §12: per slot wins below 4 adapters). Rows
 # pick their own slot's part; the other slots' parts are zeros for them in the expand
 # (exact: they add nothing).
 DENSE_MAX_ROWS = 64

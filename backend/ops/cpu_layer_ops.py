@@ -6,7 +6,7 @@ reference.
 Why: the reference RMSNorm is 7 torch ops and rotary 20 per layer, and every op takes
 the GIL for its dispatch. With the forward split over threads (cpu_shards.py) the two
 shard threads queued for it: a shard ran 15% slower beside a thread of small torch ops,
-and the two shards together 30-40% slower than either alone (docs/benchmarks.md section
+and the two shards together 30-40% slower than either alone (docs/archive/benchmarks.md section
 16). One foreign call each (ctypes releases the GIL while it runs) cuts a shard's op
 count by half. `PAGED_LLM_CPU_LAYER_OPS=0` keeps the references.
 """

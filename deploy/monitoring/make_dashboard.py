@@ -1,5 +1,5 @@
 """Writes deploy/monitoring/grafana/paged-llm.json, the Grafana dashboard of the metrics
-the server exports (docs/deployment and README "Metrics"): `python deploy/monitoring/make_dashboard.py`.
+the server exports (docs/metrics.md, docs/reference/metrics.md): `python deploy/monitoring/make_dashboard.py`.
 
 Kept as code so that each panel's query is one line here; tests/unit/test_dashboard.py
 checks the JSON is this script's output and that every metric it queries is one the

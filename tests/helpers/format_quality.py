@@ -3,7 +3,7 @@
 the held-out perplexity of the built entry (the build's own report,
 builder/perplexity.py), and the figures must keep their order and bounds.
 
-Adding a format (docs/status.md, issue 33): append a FormatRow to FORMAT_ROWS with the
+Adding a format (docs/archive/status-notes.md, issue 33): append a FormatRow to FORMAT_ROWS with the
 build options that make it and its bounds; `check_format_rows` then holds it to
 `max_increase` over the bf16 row's perplexity, to staying at or above the rows named in
 `above`, and, where its build reports one (builder/quality.py), to `min_top1` top-1

@@ -7,6 +7,7 @@ from backend import LLM, SamplingParams
 from tests.conftest import assert_pool_free, random_prompts
 
 LENGTHS = [1, 200, 7, 64, 33, 150, 2, 99, 16, 120]
+MAX_NEW = 24            # greedy tokens per prompt
 
 
 def spec_prompts() -> list[list[int]]:

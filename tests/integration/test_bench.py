@@ -1,5 +1,5 @@
 """Each benchmark command runs end to end at small sizes (numbers are not asserted:
-they come from benchmark runs, see docs/benchmarks.md)."""
+they come from benchmark runs, see docs/archive/benchmarks.md)."""
 
 import json
 import re

@@ -8,7 +8,7 @@ embeddings equal to transformers' last-token hidden states, normalized (fp32, <=
 The embedding model has a server of its own rather than a place in the session's
 repository: two paged_llm engines in one tritonserver lose a backend process to a
 SIGSEGV at startup in about one start of three (reproduced with two copies of `llm`;
-docs/status.md), which would make every test of the session flaky."""
+docs/archive/status-notes.md), which would make every test of the session flaky."""
 
 import base64
 import re

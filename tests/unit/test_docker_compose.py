@@ -29,13 +29,13 @@ def test_mounted_paths_exist():
 def test_command_is_the_documented_one():
     svc = load()
     command = svc["command"][-1]
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    readme = open(os.path.join(ROOT, "docs", "deployment.md")).read()
     assert ("python3 -m clients.tritonserver serve --host 0.0.0.0 --tritonserver /opt/tritonserver/bin/tritonserver"
             in command)
     assert "--model-repository /models" in command
     assert "python3 -m builder default --repository /models" in command
     for step in command.split("&&"):
-        assert step.strip().replace("exec ", "") in readme, f"README does not show: {step.strip()}"
+        assert step.strip().replace("exec ", "") in readme, f"docs/deployment.md does not show: {step.strip()}"
     for req in ("requirements/gpu.txt",):
         assert os.path.isfile(os.path.join(ROOT, req))
 

@@ -58,7 +58,7 @@ KEY_WEIGHT = 32.0         # x 1 / hidden_size
 MIN_SHARD_WORK = 32e6
 # A core taken by another process: the shard threads then share the two cores with it,
 # each step waits for the shard that got less, and one thread running the step whole
-# does better (docs/benchmarks.md section 16: 4,441 against 3,971 tok/s with a core
+# does better (docs/archive/benchmarks.md section 16: 4,441 against 3,971 tok/s with a core
 # taken). Seen as the slower shard's CPU time over its wall time: 0.89-0.97 (deciles)
 # on a quiet 2-core machine, 0.49-0.60 for most steps with one core taken. Below
 # CONTENDED_EFFICIENCY (averaged over steps) the next PROBE_EVERY splittable steps run
@@ -246,7 +246,7 @@ def sharded_forward(requested: Optional[int], eligible: bool, hidden_size: int, 
     engine's thread has at least two intra-op threads, which the shards then share, and
     the weights fit in the last-level cache. Each shard reads every weight: from the cache
     that costs little, from memory it doubles the traffic of GEMMs that are already bound
-    by it at decode batch sizes. Measured (docs/benchmarks.md section 16): the default
+    by it at decode batch sizes. Measured (docs/archive/benchmarks.md section 16): the default
     model (21 MB of weights, 32 MiB L3) 1.42x faster split; a random Llama of hidden
     1024 (640 MB) 0.95x."""
     threads = intra_op_threads()

@@ -8,7 +8,7 @@ pass differs.
   the packed-token contract the TensorRT engine is built on gives the engine's tokens.
 - tensorrt: a TensorRT engine (`model.plan`) built from the plugin variant; the
   PagedAttention plugin writes the engine's own KV pools in place. Needs TensorRT and a
-  GPU; not run on this project's machines (docs/status.md).
+  GPU; not run on this project's machines (docs/archive/status-notes.md).
 """
 
 from __future__ import annotations

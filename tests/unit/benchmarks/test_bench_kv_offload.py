@@ -1,5 +1,5 @@
 """benchmarks/bench_kv_offload.py end to end at a small size (its figures come from
-benchmark runs: docs/benchmarks.md), and that its TTFT is the first token's."""
+benchmark runs: docs/archive/benchmarks.md), and that its TTFT is the first token's."""
 
 import json
 import time

@@ -1,5 +1,5 @@
 """benchmarks/bench_priority.py end to end at a small size (its figures come from
-benchmark runs: docs/benchmarks.md)."""
+benchmark runs: docs/archive/benchmarks.md)."""
 
 import json
 

@@ -127,7 +127,7 @@ def test_memory_plan_formula(tiny_ckpt, tmp_path):
 def test_fp8_quality_report_within_bounds(fp8_build):
     """Stated bounds for the default (random-weight) model: its near-uniform logits turn
     E4M3's ~3% rounding into ~0.29 relative logit error and ~0.53 top-1 agreement
-    (weights alone 0.21 / 0.62, activations alone 0.21 / 0.64; see docs/benchmarks.md)."""
+    (weights alone 0.21 / 0.62, activations alone 0.21 / 0.64; see docs/archive/benchmarks.md)."""
     q = json.load(open(os.path.join(fp8_build, "build_manifest.json")))["quality"]
     assert q["held_out_tokens"] > 1000
     assert q["relative_logit_error"] < 0.35

@@ -1,6 +1,6 @@
 """What one pure-decode step costs a GPU, counted on CPU (tests/helpers/dispatch_count.py):
 kernel dispatches per decoder layer and outside the layers, and host syncs. Targets
-(docs/benchmarks.md): <= 10 per layer, <= 40 outside, <= 1 host sync, at batch 8 with
+(docs/archive/benchmarks.md): <= 10 per layer, <= 40 outside, <= 1 host sync, at batch 8 with
 greedy and sampled requests mixed, Triton kernels (interpreter)."""
 
 import os

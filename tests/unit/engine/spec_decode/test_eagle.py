@@ -12,10 +12,9 @@ from backend.config import ConfigError
 from builder.eagle_heads import random_eagle1_head, random_head
 from tests.conftest import assert_pool_free
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
-from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
+from tests.helpers.spec_batch import MAX_NEW, assert_greedy_unchanged
 from tests.helpers.eagle_reference import DenseEagle1, DenseEagle3
 
-MAX_NEW = 24
 # 100 blocks of 4 tokens cannot hold the ten sequences at once: preemption must happen.
 ENGINE = dict(block_size=4, num_kv_blocks=100, max_num_seqs=16, max_num_batched_tokens=48, dtype="float32")
 
@@ -36,16 +35,6 @@ def head(target, ckpt_dir):
 @pytest.fixture(scope="module")
 def eagle1_head(target, ckpt_dir):
     return random_eagle1_head(target, str(ckpt_dir / "eagle1_head"), seed=4)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return spec_prompts()
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts):
-    return hf_greedy(target, prompts, MAX_NEW)
 
 
 def eagle(head: str, k: int, method: str = "eagle3") -> dict:

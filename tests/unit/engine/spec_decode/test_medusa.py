@@ -12,10 +12,9 @@ from backend import LLM, SamplingParams
 from backend.config import ConfigError
 from builder.medusa_heads import random_heads
 from tests.conftest import assert_pool_free
-from tests.helpers.checkpoints import hf_greedy, make_checkpoint
-from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.spec_batch import MAX_NEW, assert_greedy_unchanged
 
-MAX_NEW = 24
 ENGINE = dict(block_size=4, num_kv_blocks=100, max_num_seqs=16, max_num_batched_tokens=48, dtype="float32")
 
 
@@ -28,16 +27,6 @@ def target(ckpt_dir):
 def heads(target, ckpt_dir, request):
     return random_heads(target, str(ckpt_dir / f"medusa_{request.param}"), num_heads=3, num_layers=1, seed=5,
                         original_lm_head=request.param)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return spec_prompts()
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts):
-    return hf_greedy(target, prompts, MAX_NEW)
 
 
 def medusa(heads: str, k: int) -> dict:

@@ -12,10 +12,9 @@ from backend.engine.spec_decode.token_tree import TokenTree, TreeError, moves, p
 from builder.eagle_heads import random_head
 from builder.medusa_heads import random_heads
 from tests.conftest import assert_pool_free
-from tests.helpers.checkpoints import hf_greedy, make_checkpoint
-from tests.helpers.spec_batch import assert_greedy_unchanged, spec_prompts
+from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.spec_batch import MAX_NEW, assert_greedy_unchanged
 
-MAX_NEW = 24
 ENGINE = dict(block_size=4, num_kv_blocks=120, max_num_seqs=16, max_num_batched_tokens=64, dtype="float32")
 TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0)]"
 
@@ -70,16 +69,6 @@ def medusa_heads(target, ckpt_dir):
 @pytest.fixture(scope="module")
 def eagle_head(target, ckpt_dir):
     return random_head(target, str(ckpt_dir / "eagle3_tree_head"), seed=3, draft_vocab=200)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return spec_prompts()
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts):
-    return hf_greedy(target, prompts, MAX_NEW)
 
 
 @pytest.mark.parametrize("method, async_scheduling, attention", [
