@@ -22,7 +22,8 @@ ENGINE_ARGS = {
     "kv_offloading_size": "GiB of host memory for a KV tier below the device pool (vLLM's name): computed blocks "
                           "are kept there too, and a prefix past the pool's hits is copied back instead of "
                           "recomputed.",
-    "max_queue_size": "Waiting requests beyond this are refused with `UNAVAILABLE`. Unset: no limit.",
+    "max_queue_size": "Waiting requests beyond this are refused with `UNAVAILABLE` (0 refuses every request). "
+                      "Unset: no limit.",
     "scheduling_policy": "`fcfs` admits requests in arrival order; `priority` by each request's `priority` (lower "
                          "first), preempting lower priorities first (vLLM's names).",
     "priority_aging_s": "Under `priority`: a request's priority improves by one level per this many seconds "

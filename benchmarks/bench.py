@@ -50,12 +50,12 @@ def ensure_checkpoint(path: str) -> str:
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     if os.path.abspath(path) == os.path.abspath(DEFAULT_CHECKPOINT):
-        print(f"# no default model yet: building it into {DEFAULT_REPO} (same as `make model`)", flush=True)
+        print(f"# no default model yet: building it into {DEFAULT_REPO} (same as `make model-random`)", flush=True)
         from builder.__main__ import main as builder_main
         if builder_main(["default", "--repository", DEFAULT_REPO]) == 0 and os.path.isfile(
                 os.path.join(path, "config.json")):
             return path
-    raise SystemExit(f"no checkpoint at {path}: run `make model` for the default model, "
+    raise SystemExit(f"no checkpoint at {path}: run `make model-random` for the default model, "
                      "or pass --checkpoint <Hugging Face checkpoint folder>")
 
 

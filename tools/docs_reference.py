@@ -86,9 +86,10 @@ def configuration() -> str:
     from backend.config import EngineArgs
     from backend.triton_server.serving_config import ServerSettings
     lines = [HEADER + "# Configuration reference", "",
-             "Every engine argument, as `config.pbtxt` `parameters` (string values), `model.json`, "
-             "`LLM(...)` keyword arguments and `paged-llm serve` flags take it (vLLM's names where vLLM has "
-             "the setting). Validated once at load: a bad value fails the load with a message naming it.", "",
+             "Every engine argument, as `config.pbtxt` `parameters` (string values) and `LLM(...)` keyword "
+             "arguments take it (vLLM's names where vLLM has the setting); `paged-llm serve` flags and a vLLM "
+             "backend's `model.json` take the common ones. Validated once at load: a bad value fails the load "
+             "with a message naming it.", "",
              "## Engine arguments", "", *_table(EngineArgs, config_help.ENGINE_ARGS), "",
              "## Server settings", "",
              "Settings of the Triton adapter itself, in `config.pbtxt` `parameters` only.", "",
