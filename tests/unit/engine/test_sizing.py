@@ -306,3 +306,21 @@ def test_startup_snapshot_is_the_driver_figures_after_a_release():
     from backend.engine.runner.profile_run import startup_snapshot
     mem = FakeMemory(total=64 * GIB, other=5 * GIB)
     assert startup_snapshot(CUDA, mem) == (59 * GIB, 64 * GIB) and mem.calls == ["release"]
+
+
+def test_profile_step_verifies_a_tree(llama_ckpt, tmp_path):
+    """With a tree of proposals the profile's verify step has a row per node and the root,
+    planned as a tree (no draft distributions), run here on the CPU."""
+    from builder.medusa_heads import random_heads
+    heads = random_heads(llama_ckpt, str(tmp_path / "medusa"), num_heads=2, num_layers=1, seed=1)
+    seqs, nodes = 4, 3
+    llm = LLM(llama_ckpt, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_seqs=seqs,
+              max_num_batched_tokens=16,
+              speculative_config={"method": "medusa", "model": heads, "speculative_token_tree": "[(0,), (1,), (0, 0)]"})
+    eng = llm.engine
+    packed = prefill_step(eng.model, eng.args, torch.float32, eng.device, eng.model_config.vocab_size)()()
+    rows = seqs * (nodes + 1)
+    m = eng.args.max_logprobs
+    assert packed.shape == (rows + rows * (2 + 2 * m) + rows,)
+    flags = packed[-rows:].view(seqs, nodes + 1)
+    assert ((flags == 0) | (flags == 1)).all() and (flags[:, 0] == 0).all()     # a root proposes nothing
