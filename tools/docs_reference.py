@@ -68,17 +68,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines; cells as given (escape free text with _cell)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def _table(model, help_text: dict[str, str]) -> list[str]:
     missing = sorted(set(model.model_fields) - set(help_text))
     extra = sorted(set(help_text) - set(model.model_fields))
     if missing or extra:
         raise SystemExit(f"backend/config_help.py is out of step with {model.__name__}: "
                          f"no meaning for {missing}, meaning of no field {extra}")
-    rows = ["| name | type | default | range | meaning |", "|---|---|---|---|---|"]
-    for name, field in model.model_fields.items():
-        rows.append(f"| `{name}` | {_type(field.annotation)} | {_default(field)} | {_range(field)} | "
-                    f"{_cell(help_text[name])} |")
-    return rows
+    return _markdown_table(["name", "type", "default", "range", "meaning"],
+                           [[f"`{name}`", _type(field.annotation), _default(field), _range(field),
+                             _cell(help_text[name])] for name, field in model.model_fields.items()])
 
 
 def configuration() -> str:
@@ -135,25 +138,18 @@ def _declared_metrics(path: str) -> list[tuple[str, str, str]]:
     return [(name, kind, text) for name, (kind, text) in families.items()]
 
 
-# When a family is there at all: the module's dict or constant name -> condition.
-WHEN = {"SPEC": "with `speculative_config`", "OFFLOAD": "with `kv_offloading_size`", "LORA": "with LoRA",
-        "priority": "with `scheduling_policy: priority`"}
+# When a family is there at all, by a part of its name (the first that matches).
+WHEN = [("spec_decode", "with `speculative_config`"), ("kv_offload", "with `kv_offloading_size`"),
+        ("lora", "with LoRA"), ("by_priority", "with `scheduling_policy: priority`")]
 
 
 def metrics() -> str:
-    rows = ["| family | kind | exported | meaning |", "|---|---|---|---|"]
+    rows = []
     for path in ("backend/triton_server/metrics.py", "backend/triton_server/priority_metrics.py"):
         for name, kind, text in _declared_metrics(path):
-            when = "always"
-            if "spec_decode" in name:
-                when = WHEN["SPEC"]
-            elif "kv_offload" in name:
-                when = WHEN["OFFLOAD"]
-            elif "lora" in name:
-                when = WHEN["LORA"]
-            elif "priority" in path:
-                when = WHEN["priority"]
-            rows.append(f"| `{name}` | {kind} | {when} | {_cell(text)} |")
+            when = next((w for part, w in WHEN if part in name), "always")
+            rows.append([f"`{name}`", kind, when, _cell(text)])
+    rows = _markdown_table(["family", "kind", "exported", "meaning"], rows)
     return "\n".join([HEADER + "# Metrics reference", "",
                       "The families the backend exports on Triton's metrics port (8002, `/metrics`), labelled "
                       "`{model, version}`, beside Triton's own `nv_*` families. `vllm:*` are the names of "
@@ -162,11 +158,9 @@ def metrics() -> str:
 
 
 def _io_rows(specs: list[dict]) -> list[str]:
-    rows = ["| name | type | dims | required |", "|---|---|---|---|"]
-    for s in specs:
-        rows.append(f"| `{s['name']}` | `{s['data_type']}` | `{s['dims']}` | "
-                    f"{'no' if s.get('optional', False) else 'yes'} |")
-    return rows
+    return _markdown_table(["name", "type", "dims", "required"],
+                           [[f"`{s['name']}`", f"`{s['data_type']}`", f"`{s['dims']}`",
+                             "no" if s.get("optional", False) else "yes"] for s in specs])
 
 
 def triton_io() -> str:

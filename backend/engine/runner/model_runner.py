@@ -275,9 +275,8 @@ class ModelRunner:
             self._tree_kv.compact(self.kv_caches, *self._tree_kv.slot_moves(
                 launched.sched.scheduled, paths, self._block_table_of, self.block_size))
         if self.drafter is not None:
-            on_tree = {"paths": paths} if self.tree is not None else {}
             result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids, launched.target_hidden,
-                                                    **on_tree)
+                                                    paths)
         return result
 
     def _read(self, launched: LaunchedStep, paths: Optional[dict[int, list[int]]] = None) -> ModelRunnerOutput:

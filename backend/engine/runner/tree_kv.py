@@ -39,8 +39,11 @@ class TreeKVCompactor:
             table = block_table_of(s.request.request_id)
             if not a or max(a) // block_size >= len(table):
                 continue
-            src += [table[x // block_size] * block_size + x % block_size for x in a]
-            dst += [table[x // block_size] * block_size + x % block_size for x in b]
+
+            def slot(index: int) -> int:
+                return table[index // block_size] * block_size + index % block_size
+            src += [slot(x) for x in a]
+            dst += [slot(x) for x in b]
         return src, dst
 
     def compact(self, layers: list[KVCacheLayer], src: list[int], dst: list[int]) -> None:

@@ -118,8 +118,8 @@ def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
         proposals = []
         real = proposer.propose
 
-        def propose(sched, sampled, target_hidden=None, real=real, proposals=proposals):
-            result = real(sched, sampled, target_hidden)
+        def propose(sched, sampled, target_hidden=None, paths=None, real=real, proposals=proposals):
+            result = real(sched, sampled, target_hidden, paths)
             proposals.append(sorted((rid, tokens) for rid, (tokens, _) in result.tokens.items()))
             return result
         proposer.propose = propose
