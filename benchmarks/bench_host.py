@@ -77,11 +77,14 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
                   max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len, async_scheduling=False)
     engine, runner = llm.engine, llm.engine.runner
 
-    def host_only(out):
-        runner.inputs.build(out, runner._block_table_of)
-        sampling = [s.request for s in out.scheduled if s.completes_prompt]
+    def host_only(out, grammar_bitmask=None):
+        states = runner.states.apply(out)
+        runner.inputs.build(out, states, runner._block_table_of)
+        sampling = [state for s, state in zip(out.scheduled, states) if s.completes_prompt]
         runner.sampler.prepare(sampling, runner.vocab_size)
-        return ModelRunnerOutput([[7] if s.completes_prompt else [] for s in out.scheduled])
+        sampled = [[7] if s.completes_prompt else [] for s in out.scheduled]
+        runner.states.append(states, sampled)
+        return ModelRunnerOutput(sampled)
     runner.execute = host_only
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size
@@ -126,22 +129,23 @@ def _runner_class():
             return self.stream[(off + position) % len(self.stream)]
 
         def launch(self, out, prev=None):
-            self.inputs.build(out, self._block_table_of)
+            states = self.states.apply(out)
+            self.inputs.build(out, states, self._block_table_of)
             self._device_free = max(time.perf_counter(), self._device_free) + self.device_s
-            launched = LaunchedStep(out, None)
+            launched = LaunchedStep(out, states, None)
             launched.done_at = self._device_free
             return launched
 
-        def sample(self, launched) -> None:
-            from backend.engine.runner.model_runner import _FINISHED_ROW
+        def sample(self, launched, grammar_bitmask=None) -> None:
             from backend.engine.spec_decode.rejection_sampler import verify_rows
-            sampling = [s for s in launched.sched.scheduled if s.completes_prompt]
+            pairs = [(s, state) for s, state in zip(launched.sched.scheduled, launched.states) if s.completes_prompt]
+            sampling = [s for s, _ in pairs]
             if not sampling:
                 return
             speculative = any(s.spec_token_ids for s in sampling)
-            rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling)]
+            rows = verify_rows(sampling, [state for _, state in pairs])
             batch = self.sampler.prepare(rows, self.vocab_size)
-            mask = self.structured.bitmask(rows) if self.structured is not None else None
+            mask = grammar_bitmask
             if speculative:
                 self.rejection_sampler.plan(sampling)
             # What the device would send back: ids, logprobs, each row's proposal and
@@ -176,7 +180,9 @@ def _runner_class():
             if not hasattr(launched, "values"):
                 return ModelRunnerOutput([[] for _ in launched.sched.scheduled])
             ids, by_row = logprobs.unpack(launched.values, launched.num_rows, launched.batch.logprobs)
-            return tokens_per_request(launched.sched.scheduled, ids, launched.proposals, launched.flags, by_row)
+            result = tokens_per_request(launched.sched.scheduled, ids, launched.proposals, launched.flags, by_row)
+            self.states.append(launched.states, result.sampled_token_ids)
+            return result
 
     return SimulatedDeviceRunner
 
@@ -326,6 +332,7 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
 
     from backend.engine.scheduling.kv_cache_manager import KVCacheManager
     from backend.engine.request import Request, RequestStatus
+    from backend.engine.runner.request_state import RequestStates
     from backend.engine.sampling.sampler import Sampler
     from backend.engine.sampling.sampling_row import SamplingRow
     from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
@@ -350,16 +357,21 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
             requests.append(r)
         sampler = Sampler(0, torch.device("cpu"), num_seqs)
         builder = StepInputBuilder(num_seqs, num_seqs, max_blocks, block_size, torch.device("cpu"))
+        # The runner's copies of the requests (runner/request_state.py), as it keeps them.
+        states = RequestStates(torch.device("cpu")).apply(
+            SchedulerOutput.first_step([ScheduledRequest(r, 1) for r in requests]))
         elapsed = 0.0
         for step in range(steps + 1):
-            for r in requests:                   # the token the last step sampled
-                r.output_token_ids.append(int(rng.integers(3, vocab)))
+            for r, state in zip(requests, states):     # the token the last step sampled
+                token = int(rng.integers(3, vocab))
+                r.output_token_ids.append(token)
+                state.output_token_ids.append(token)
                 kv.allocate_slots(r, 1)
             t = time.perf_counter()
             if kind == "build":
-                builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]), kv.block_table)
+                builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]), states, kv.block_table)
             else:
-                sampler.prepare(requests, vocab)
+                sampler.prepare(states, vocab)
             if step:                             # the first call of a request may set up state
                 elapsed += time.perf_counter() - t
             for r in requests:

@@ -129,6 +129,7 @@ def bitmask(args) -> None:
     import numpy as np
     import torch
     from backend import LLM, SamplingParams
+    from backend.engine.structured_output.bitmask import apply_bitmask
     from builder.tiny import build_tiny
     checkpoint = args.checkpoint or build_tiny(os.path.join(tempfile.gettempdir(), "paged_llm_default_model"))
     llm = LLM(checkpoint, num_kv_blocks=4096, max_num_seqs=args.batch, enable_prefix_caching=False)
@@ -157,7 +158,7 @@ def bitmask(args) -> None:
         t0 = time.perf_counter()
         mask = so.bitmask(reqs)
         t1 = time.perf_counter()
-        so.apply(logits, mask)
+        apply_bitmask(logits, mask, engine.model_config.vocab_size)
         t2 = time.perf_counter()
         for r, token in zip(reqs, logits.argmax(-1).tolist()):
             if not r.grammar.accept_token(token) or r.grammar.is_terminated():

@@ -235,8 +235,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     if shards is not None:
         started.append(shards)
     runner = _make_runner(args, cfg, model, kv_layers, device, kv_cache, max_model_len, max_position,
-                          long_rope_original, vision is not None and vision.processor.whole_images, workers=workers, lora=lora, structured=scheduler.structured,
-                          shards=shards, drafter=drafter,
+                          long_rope_original, vision is not None and vision.processor.whole_images, workers=workers,
+                          lora=lora, shards=shards, drafter=drafter,
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
                           encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None,
                           tree=spec.token_tree if spec is not None else None)
@@ -310,15 +310,15 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
                  long_rope_original: Optional[int], image_attention: bool = False, tree=None,
                  **parts) -> ModelRunner:
     """The runner args.runner and args.model_runner name. `parts`: workers, lora,
-    structured, shards and drafter, for the torch model's runner; the others take
-    structured only (no ranks, adapters, shards or draft)."""
+    shards and drafter, for the torch model's runner; the others take none of them (no
+    ranks, adapters, shards or draft)."""
     sampler = Sampler(args.seed, device, args.max_num_seqs)
     inputs = StepInputBuilder(*sizing.input_sizes(args, max_model_len), args.block_size, device,
                               long_rope=(long_rope_original, max_position) if long_rope_original is not None else None,
                               mrope=getattr(model, "uses_mrope", False), image_attention=image_attention, tree=tree)
     common = (kv_layers, args.block_size, device, sampler, kv_cache.block_table, inputs, cfg.vocab_size)
     if args.runner == "pooling":
-        return PoolingModelRunner(model, *common, pooler=args.pooler, structured=parts["structured"])
+        return PoolingModelRunner(model, *common, pooler=args.pooler)
     if args.model_runner == "torch":
         return ModelRunner(model, *common, tree=tree, **parts)
     from backend.engine.runner.graph_runner import GraphModelRunner, OnnxRuntimeGraph, TensorRTGraph
@@ -330,7 +330,7 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
     except ImportError as e:
         raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "
                           f"that is not installed ({e})") from None
-    return GraphModelRunner(graph, *common, structured=parts["structured"])
+    return GraphModelRunner(graph, *common)
 
 
 def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attention_backend: str, workers, lora,

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-import torch
 
 from backend.engine.sampling.bad_words import BadWords, resolve as resolve_bad_words
 from backend.engine.errors import (DeadlineExceededError, EngineSleepingError, InvalidRequestError, QueueFullError,
@@ -153,9 +152,7 @@ class RequestIntake:
             eos_token_ids=eos, bad_words=bad_words, reasoning_ended=not params.reasoning_end_token_ids,
             cache_salt=self.lora.salt(params.lora_name) if self.lora is not None else None, pooling=pooling,
             mm_inputs=prepared.mm_inputs,
-            sampling_row=SamplingRow.of(params, eos, self.model_config.vocab_size),
-            generator=(torch.Generator(device=self.device).manual_seed(params.seed)
-                       if params.seed is not None else None))
+            sampling_row=SamplingRow.of(params, eos, self.model_config.vocab_size))
         self.scheduler.add_request(request)     # a guided one waits there for its grammar
         deadline = self.limits.deadline(params)
         if deadline is not None:

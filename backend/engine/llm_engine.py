@@ -179,17 +179,19 @@ class LLMEngine(RequestIntake):
             return outputs + self.batch_queue.step()
         sched = self.scheduler.schedule()
         prev, self._in_flight = self._in_flight, None
-        if sched.is_empty and prev is None:
-            return outputs
+        if sched.is_empty:
+            self.runner.update_states(sched)    # (every step reaches the runner: finished, preempted ids)
+            if prev is None:
+                return outputs
         try:
             if not self.async_scheduling:
-                return outputs + self._update(sched, self.runner.execute(sched))
+                return outputs + self._update(sched, self.runner.execute(sched, self.scheduler.grammar_bitmask(sched)))
             launched = None if sched.is_empty else self.runner.launch(sched, prev)
             if prev is not None:
                 outputs += self._update(prev.sched, self.runner.collect(prev),
                                         launched.sched if launched is not None else None)
             if launched is not None:
-                self.runner.sample(launched)
+                self.runner.sample(launched, self.scheduler.grammar_bitmask(launched.sched))
                 self._in_flight = launched
         except Exception as e:
             if self.workers is not None:    # name the rank whose death broke the collective

@@ -52,7 +52,6 @@ class Request:
     # Prompt tokens served from the prefix cache on the latest admission.
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    generator: Optional[torch.Generator] = None
     # The sampling settings as the sampler reads them each step, worked out at intake
     # (backend/engine/sampling/sampling_row.py); None: the sampler works them out itself.
     sampling_row: Optional["SamplingRow"] = None
@@ -82,8 +81,6 @@ class Request:
     # drawn from ([len(spec_token_ids), V] on the device).
     spec_token_ids: Sequence[int] = field(default_factory=list)
     draft_probs: Optional[torch.Tensor] = None
-    # Tokens whose K/V the draft model has in its cache (the same blocks as the target's).
-    num_draft_computed: int = 0
     # Prompt logprobs (SamplingParams.prompt_logprobs): the logits at positions
     # 0:num_prompt_logprob_rows have been scheduled for them. Never reset: after a
     # preemption the recompute skips them, so no position is reported twice.

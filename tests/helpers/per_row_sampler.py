@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState
 
 
-def processed_logits(row: torch.Tensor, r: Request) -> torch.Tensor:
+def processed_logits(row: torch.Tensor, r: RequestState) -> torch.Tensor:
     """Penalties and min_tokens masking, as the per-row sampler applied them."""
     row = row.float().clone()
     p = r.sampling_params
@@ -29,7 +29,7 @@ def processed_logits(row: torch.Tensor, r: Request) -> torch.Tensor:
     return row
 
 
-def target_probs(row: torch.Tensor, r: Request) -> torch.Tensor:
+def target_probs(row: torch.Tensor, r: RequestState) -> torch.Tensor:
     """The distribution the per-row sampler drew from (one-hot for greedy)."""
     p = r.sampling_params
     row = processed_logits(row, r)

@@ -7,14 +7,29 @@ key below a limit is in the cache or in the step. None for a step without image 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from backend.engine.scheduling.sched_output import image_chunks
+from backend.multimodal.inputs import ImageItem
 
 
-def key_limits(sched, num_padded: int) -> Optional[np.ndarray]:
+def image_chunks(scheduled: Sequence, states: Sequence) -> Iterator[tuple[int, ImageItem, int, int]]:
+    """Each image token range the step computes, in order: (where the range starts among
+    the step's packed tokens, the image, its first and end positions in the request).
+    `states`: the scheduled requests' states (request_state.py)."""
+    first = 0
+    for s, state in zip(scheduled, states):
+        a, n = s.num_computed_tokens, s.num_new_tokens
+        if s.in_image_prompt:
+            for i in state.mm_inputs.overlapping(a, a + n):
+                item = state.mm_inputs.items[i]
+                lo, hi = max(a, item.offset), min(a + n, item.end)
+                yield first + lo - a, item, lo, hi
+        first += n
+
+
+def key_limits(sched, states, num_padded: int) -> Optional[np.ndarray]:
     if not any(s.in_image_prompt for s in sched):
         return None                                   # (most steps: no per-token work)
     limits = np.zeros(num_padded, dtype=np.int32)     # (padding rows attend to nothing)
@@ -24,7 +39,7 @@ def key_limits(sched, num_padded: int) -> Optional[np.ndarray]:
         limits[first:first + n] = np.arange(a + 1, a + n + 1)
         first += n
     images = False
-    for start, item, lo, hi in image_chunks(sched):
+    for start, item, lo, hi in image_chunks(sched, states):
         limits[start:start + hi - lo] = item.end
         images = True
     return limits if images else None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from backend.engine.runner.image_attention import image_chunks
 from backend.engine.runner.step_inputs import StepInputs
-from backend.engine.scheduling.sched_output import SchedulerOutput, image_chunks
+from backend.engine.scheduling.sched_output import SchedulerOutput
 
 
 class EncoderOutputs:
@@ -29,15 +30,16 @@ class EncoderOutputs:
         limits. (A prompt's last chunk may be one token, after a prefix hit.)"""
         return any(s.in_image_prompt for s in out.scheduled)
 
-    def prepare(self, out: SchedulerOutput, step: StepInputs) -> None:
-        """Sets step.model_kwargs for the model's forward."""
+    def prepare(self, out: SchedulerOutput, states, step: StepInputs) -> None:
+        """Sets step.model_kwargs for the model's forward (`states`: the scheduled
+        requests', request_state.py)."""
         for h in out.encoder_frees:
             self.outputs.pop(h, None)
         if out.encoder_inputs:
             self._encode(out.encoder_inputs)
         index: list[np.ndarray] = []
         rows: list[torch.Tensor] = []
-        for start, item, lo, hi in image_chunks(out.scheduled):
+        for start, item, lo, hi in image_chunks(out.scheduled, states):
             rows.append(self.outputs[item.mm_hash][lo - item.offset:hi - item.offset])
             index.append(np.arange(start, start + hi - lo))
         kwargs = {}

@@ -19,17 +19,17 @@ from backend.engine.runner.cpu_shards import ShardedForward
 from backend.engine.runner.cuda_graphs import capture_decode_graphs, sampled_logits
 from backend.engine.sampling.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState, RequestStates
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.sched_output import SchedulerOutput
 from backend.engine.spec_decode.draft_tokens import device_fill
 from backend.engine.spec_decode.rejection_sampler import RejectionSampler, accepted_path, accepted_tokens, verify_rows
 from backend.engine.spec_decode.token_tree import TokenTree
+from backend.engine.structured_output.bitmask import apply_bitmask
 from backend.engine.runner.tree_kv import TreeKVCompactor
 from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder, StepInputs
 from backend.models.config import ModelConfig
 from backend.models.llama import CausalLM
-from backend.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
-                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None, structured=None,
+                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None,
                  shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
                  encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
         self.model = model
@@ -89,9 +89,9 @@ class ModelRunner:
         # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
         # step's plan before this rank runs its shard of the same forward.
         self.workers = workers
-        # Structured output: the scheduler's StructuredOutputManager, which gives each
-        # step's bitmask.
-        self.structured = structured
+        # The requests this runner holds (request_state.py), changed by the typed steps
+        # and by the tokens it samples.
+        self.states = RequestStates(device)
         self.rejection_sampler = RejectionSampler(device)
         # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and
         # tells the wrapped projections which rows run under which.
@@ -143,21 +143,29 @@ class ModelRunner:
         return sampled_logits(logits, graph, step)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, out: SchedulerOutput, grammar_bitmask=None) -> ModelRunnerOutput:
         """One step in series: launch, sample, collect. Returns, per scheduled request,
         its new tokens: none when the request is mid-prefill (its chunk did not reach the
         last token), one, or with proposals verified, the accepted ones and the target's
         next; and the logprobs of those that asked, by their index in `out.scheduled`.
-        Reads request state, never writes it (the scheduler applies the output)."""
+        `grammar_bitmask`: the scheduler's for the step's sampled rows (structured output)."""
         launched = self.launch(out)
-        self.sample(launched)
+        self.sample(launched, grammar_bitmask)
         return self.collect(launched)
+
+    def update_states(self, out: SchedulerOutput) -> list[RequestState]:
+        """The step's changes to the request states (request_state.py); the states of its
+        scheduled requests. The engine hands every step here, an empty one too, before
+        it collects the step in flight: a request preempted or finished since must not
+        be drafted for or moved."""
+        return self.states.apply(out)
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, prev: Optional[LaunchedStep] = None) -> LaunchedStep:
         """Builds the step's inputs and issues its forward. With async scheduling, `prev`
         is the step still in flight: the tokens it samples are this step's placeholders,
         taken from its sampled ids on the device (no host sync)."""
+        states = self.update_states(out)
         if self.kv_connector is not None:
             self.kv_connector.start_transfers(out.kv_transfers)
         graph = self.graphs.size_for(out) if self.graphs is not None else None
@@ -165,14 +173,14 @@ class ModelRunner:
             graph = None
         if graph is not None and self.tree is not None and any(s.spec_token_ids for s in out.scheduled):
             graph = None                    # (a graph has no tree masks: a tree's verification runs eagerly)
-        step = self.inputs.build(out, self._block_table_of, pad_to=graph)
+        step = self.inputs.build(out, states, self._block_table_of, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)
         if step.proposals:
             device_fill(step.input_ids, step.proposals, self._proposal_index)
         if self.encoder_outputs is not None:
-            self.encoder_outputs.prepare(out, step)
-        lora_names = [s.request.sampling_params.lora_name for s in out.scheduled] if self.lora is not None else None
+            self.encoder_outputs.prepare(out, states, step)
+        lora_names = [state.sampling_params.lora_name for state in states] if self.lora is not None else None
         if self.lora is not None:       # (LoRA engines capture decode graphs only)
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],
                               graph.num_seqs if graph is not None else None)
@@ -180,7 +188,7 @@ class ModelRunner:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
         logits = self.run_forward(step, graph)
-        return LaunchedStep(out, logits, target_hidden=self._target_hidden(step, graph))
+        return LaunchedStep(out, states, logits, target_hidden=self._target_hidden(step, graph))
 
     def _target_hidden(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:
         """What the forward captured for an EAGLE head (CausalLM.captured_hidden), kept
@@ -201,15 +209,16 @@ class ModelRunner:
         step.input_ids.index_copy_(0, pairs[:n], prev.sampled.index_select(0, pairs[n:]).to(step.input_ids.dtype))
 
     @torch.inference_mode()
-    def sample(self, launched: LaunchedStep) -> None:
-        """Issues the draw over the launched step's logits, from request state as it is
-        now (with async scheduling: after the previous step's result was applied, so
-        penalties, min_tokens and grammars include its tokens), and the copy of the ids
-        (and logprobs) to the host. Rows of requests that finished meanwhile are drawn as
-        greedy stand-ins; their results are dropped."""
+    def sample(self, launched: LaunchedStep, grammar_bitmask=None) -> None:
+        """Issues the draw over the launched step's logits, from the request states as
+        they are now (with async scheduling: the step before was collected, so penalties,
+        min_tokens and bad words include its tokens), and the copy of the ids (and
+        logprobs) to the host. `grammar_bitmask`: (bitmask, rows) from the scheduler,
+        which applied the step before to its grammars first (Scheduler.grammar_bitmask).
+        A request that finished meanwhile is drawn as any other; its token is dropped."""
         out, logits = launched.sched, launched.logits
-        sampling = [s for s in out.scheduled if s.completes_prompt]
-        plan = self._prompt_logprobs.plan(out.scheduled, self.vocab_size)
+        sampling = [(s, state) for s, state in zip(out.scheduled, launched.states) if s.completes_prompt]
+        plan = self._prompt_logprobs.plan(out.scheduled, launched.states, self.vocab_size)
         if plan is not None:
             # The step's prompt-logprob rows follow its sampled ones (StepInputBuilder.build).
             launched.prompt_plan = plan
@@ -219,25 +228,25 @@ class ModelRunner:
             if plan is not None:
                 self._to_host(launched, prompt_packed)
             return
-        speculative = any(s.spec_token_ids for s in sampling)
+        scheduled = [s for s, _ in sampling]
+        speculative = any(s.spec_token_ids for s in scheduled)
         # One sampler row per logits row.
-        rows = [r if not r.is_finished else _FINISHED_ROW for r in verify_rows(sampling, self.tree)]
+        rows = verify_rows(scheduled, [state for _, state in sampling], self.tree)
         batch = self.sampler.prepare(rows, self.vocab_size)
-        mask = self.structured.bitmask(rows) if self.structured is not None else None
-        if mask is not None:            # guided rows: disallowed tokens to -inf before the draw
+        if grammar_bitmask is not None:     # guided rows: disallowed tokens to -inf before the draw
             logits = logits.float()
-            self.structured.apply(logits, mask)
+            apply_bitmask(logits, grammar_bitmask, self.vocab_size)
         if speculative:
-            verify = self.rejection_sampler.plan(sampling, self.tree)
+            verify = self.rejection_sampler.plan(scheduled, self.tree)
             sampled, accepted = self.rejection_sampler.sample(self.sampler, logits, batch, verify)
         else:
             sampled, accepted = self.sampler.sample(logits, batch), None
         # What the next step's placeholders are filled from: the row of each request that
         # verifies nothing (a verifying one sits that step out: Scheduler.may_speculate).
         launched.sampled, row = sampled, 0
-        for s in sampling:
+        for s in scheduled:
             if not s.spec_token_ids:
-                launched.row_of[s.request.request_id] = row
+                launched.row_of[s.request_id] = row
             row += len(s.spec_token_ids) + 1
         # The step's one device-to-host copy: the ids with the logprobs asked for, the
         # prompt logprobs of its prompt chunks, and each row's proposal (a draft model's
@@ -268,15 +277,17 @@ class ModelRunner:
 
     def collect(self, launched: LaunchedStep) -> ModelRunnerOutput:
         """The launched step's result (waits for its copy: the step's one host sync), with
-        a draft model's proposals for the next step."""
+        a draft model's proposals for the next step; its new tokens appended to the
+        request states (after the draft, which reads the states as the step found them)."""
         paths: dict[int, list[int]] = {}
         result = self._read(launched, paths)
         if paths:
             self._tree_kv.compact(self.kv_caches, *self._tree_kv.slot_moves(
-                launched.sched.scheduled, paths, self._block_table_of, self.block_size))
+                launched.sched.scheduled, launched.states, paths, self._block_table_of, self.block_size))
         if self.drafter is not None:
-            result.proposals = self.drafter.propose(launched.sched, result.sampled_token_ids, launched.target_hidden,
-                                                    paths)
+            result.proposals = self.drafter.propose(launched.sched, launched.states, result.sampled_token_ids,
+                                                    launched.target_hidden, paths)
+        RequestStates.append(launched.states, result.sampled_token_ids)
         return result
 
     def _read(self, launched: LaunchedStep, paths: Optional[dict[int, list[int]]] = None) -> ModelRunnerOutput:
@@ -306,6 +317,7 @@ class LaunchedStep:
     previous step's result is applied, read back (`collect`) after the next step has
     been launched, with async scheduling."""
     sched: SchedulerOutput
+    states: list[RequestState]          # the scheduled requests' states, in order
     logits: Optional[torch.Tensor]
     # The sampled ids on the device ([rows]) and each request's row: what the next step's
     # placeholders are filled from.
@@ -320,12 +332,6 @@ class LaunchedStep:
     prompt_plan: Optional[prompt_logprobs.PromptLogprobPlan] = None
     # The target's hidden states an EAGLE head drafts from (ModelRunner._target_hidden).
     target_hidden: Optional[torch.Tensor] = None
-
-
-# Sampled in place of a request that finished while its step was in flight (async
-# scheduling): greedy, no penalties, no grammar; its token is dropped.
-_FINISHED_ROW = Request(request_id="", prompt_token_ids=[0], sampling_params=SamplingParams(temperature=0.0),
-                        arrival_time=0.0, max_tokens=1)
 
 
 def tokens_per_request(scheduled, tokens: list[int], proposals: list[float], flags: list[float],

@@ -14,13 +14,14 @@ from typing import Optional
 import numpy as np
 
 
-def deltas(sched) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """(delta, prompt length) per scheduled request, or None when none has images."""
-    if not any(s.request.mm_inputs is not None for s in sched):
+def deltas(sched, states) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(delta, prompt length) per scheduled request, or None when none has images.
+    `states`: the scheduled requests' states (request_state.py)."""
+    if not any(state.mm_inputs is not None for state in states):
         return None
-    delta = np.fromiter((s.request.mm_inputs.mrope_delta if s.request.mm_inputs is not None else 0
-                         for s in sched), dtype=np.int64, count=len(sched))
-    prompt = np.fromiter((s.request.num_prompt_tokens for s in sched), dtype=np.int64, count=len(sched))
+    delta = np.fromiter((state.mm_inputs.mrope_delta if state.mm_inputs is not None else 0
+                         for state in states), dtype=np.int64, count=len(sched))
+    prompt = np.fromiter((state.num_prompt_tokens for state in states), dtype=np.int64, count=len(sched))
     return delta, prompt
 
 
@@ -31,15 +32,15 @@ def shift(pos: np.ndarray, seq_of_token: np.ndarray, mrope: tuple[np.ndarray, np
     pos += np.where(past, delta[seq_of_token], 0).astype(pos.dtype)
 
 
-def table(sched, num_padded: int) -> Optional[np.ndarray]:
+def table(sched, states, num_padded: int) -> Optional[np.ndarray]:
     """[3, num_padded] positions when a request with images has prompt tokens in the
     step, else None. Padding columns are 0."""
     if not any(s.in_image_prompt for s in sched):
         return None
     out = np.zeros((3, num_padded), dtype=np.int64)
     first = 0
-    for s in sched:
-        r, a, n = s.request, s.num_computed_tokens, s.num_new_tokens
+    for s, r in zip(sched, states):
+        a, n = s.num_computed_tokens, s.num_new_tokens
         idx = np.arange(a, a + n)
         mm = r.mm_inputs
         if mm is None:

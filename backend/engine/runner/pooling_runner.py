@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from backend.config import PoolerConfig
 from backend.engine.runner.model_runner import ModelRunner
 from backend.engine.outputs import ModelRunnerOutput
-from backend.engine.request import Request
 from backend.engine.scheduling.sched_output import SchedulerOutput
 
 
@@ -34,12 +33,15 @@ class PoolingModelRunner(ModelRunner):
     def __init__(self, *args, pooler: Optional[PoolerConfig] = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.pooler = pooler or PoolerConfig()
-        # MEAN: request id -> (the request, sum of its computed tokens' hidden states).
-        self._sums: dict[str, tuple[Request, torch.Tensor]] = {}
+        # MEAN: request id -> sum of its computed tokens' hidden states.
+        self._sums: dict[str, torch.Tensor] = {}
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        step = self.inputs.build(out, self._block_table_of)
+    def execute(self, out: SchedulerOutput, grammar_bitmask=None) -> ModelRunnerOutput:
+        states = self.update_states(out)
+        for request_id in [rid for rid in self._sums if rid not in self.states]:
+            del self._sums[request_id]              # aborted mid-prompt
+        step = self.inputs.build(out, states, self._block_table_of)
         hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
         done = [i for i, s in enumerate(out.scheduled) if s.completes_prompt]
         if self.pooler.pooling_type == "LAST":
@@ -55,19 +57,17 @@ class PoolingModelRunner(ModelRunner):
         return result
 
     def _mean(self, out: SchedulerOutput, hidden: torch.Tensor) -> Optional[torch.Tensor]:
-        for rid in [rid for rid, (r, _) in self._sums.items() if r.is_finished]:
-            del self._sums[rid]                     # aborted mid-prompt
         means, start = [], 0
         for s in out.scheduled:
             rows = hidden[start:start + s.num_new_tokens]
             start += s.num_new_tokens
-            rid = s.request.request_id
+            rid = s.request_id
             total = rows.float().sum(dim=0)
             if s.num_computed_tokens > 0 and rid in self._sums:
-                total = total + self._sums[rid][1]
+                total = total + self._sums[rid]
             if s.completes_prompt:
                 self._sums.pop(rid, None)
                 means.append(total / (s.num_computed_tokens + s.num_new_tokens))
             else:
-                self._sums[rid] = (s.request, total)
+                self._sums[rid] = total
         return torch.stack(means) if means else None

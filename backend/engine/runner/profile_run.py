@@ -32,7 +32,7 @@ from backend.config import EngineArgs
 from backend.engine.sampling import logprobs as logprob_ops
 from backend.engine.sampling.logits_processors import PROCESSORS
 from backend.engine.runner.model_runner import allocate_kv_cache, run_model
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.sched_output import ScheduledRequest
 from backend.engine.sizing import MemoryProfile
@@ -97,7 +97,7 @@ def split_tokens(num_tokens: int, max_num_seqs: int) -> list[int]:
 
 
 def dummy_requests(lengths: list[int], num_rows: int, vocab_size: int, max_logprobs: int,
-                   rng: np.random.Generator) -> list[Request]:
+                   rng: np.random.Generator) -> list[RequestState]:
     """num_rows requests that use every sampler feature that costs memory; the first
     len(lengths) have prompts of those lengths, the rest one token; one output token each
     (frequency and presence penalties read generated tokens)."""
@@ -108,9 +108,8 @@ def dummy_requests(lengths: list[int], num_rows: int, vocab_size: int, max_logpr
     out = []
     for i in range(num_rows):
         n = lengths[i] if i < len(lengths) else 1
-        out.append(Request(request_id=f"profile-{i}", prompt_token_ids=rng.integers(0, vocab_size, n).tolist(),
-                           sampling_params=params, arrival_time=0.0, max_tokens=1,
-                           output_token_ids=[int(rng.integers(0, vocab_size))]))
+        out.append(RequestState(f"profile-{i}", rng.integers(0, vocab_size, n).tolist(), params, max_tokens=1,
+                                output_token_ids=[int(rng.integers(0, vocab_size))]))
     return out
 
 
@@ -136,7 +135,7 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
         n_new = np.asarray(lengths, dtype=np.int64)
         verifying = _verify_step(args.speculative_config, requests, vocab_size, device, rng)
         tree = args.speculative_config.token_tree if verifying else None
-        rows = verify_rows(verifying, tree) if verifying else requests
+        rows = verify_rows(verifying, requests, tree) if verifying else requests
         rejection = RejectionSampler(device)
 
         @torch.inference_mode()
@@ -158,7 +157,7 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
     return setup
 
 
-def _verify_step(speculative_config, requests: list[Request], vocab_size: int, device: torch.device,
+def _verify_step(speculative_config, requests: list[RequestState], vocab_size: int, device: torch.device,
                  rng: np.random.Generator) -> list[ScheduledRequest]:
     """With speculation: every request verifying num_speculative_tokens random proposals,
     drawn from (random) draft distributions for a draft model or head, point masses for n-gram
@@ -170,8 +169,9 @@ def _verify_step(speculative_config, requests: list[Request], vocab_size: int, d
     if speculative_config.method != "ngram" and speculative_config.token_tree is None:
         probs = torch.rand(len(requests), k, vocab_size, device=device)
         probs /= probs.sum(dim=-1, keepdim=True)
-    return [ScheduledRequest(r, k + 1, rng.integers(0, vocab_size, k).tolist(),
-                             probs[i] if probs is not None else None) for i, r in enumerate(requests)]
+    return [ScheduledRequest(None, k + 1, rng.integers(0, vocab_size, k).tolist(),
+                             probs[i] if probs is not None else None, request_id=r.request_id)
+            for i, r in enumerate(requests)]
 
 
 def startup_snapshot(device: torch.device, memory: Optional[DeviceMemory] = None) -> tuple[int, int]:

@@ -30,7 +30,7 @@ query_len the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from backend.attention.metadata import AttentionMetadata
 from backend.engine.runner import image_attention, mrope
 from backend.engine.runner.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.runner.persistent_block_tables import PersistentBlockTables
+from backend.engine.runner.request_state import RequestState
 from backend.engine.scheduling.sched_output import SchedulerOutput
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.token_tree import TokenTree, step_tree_rows
@@ -129,11 +130,13 @@ class StepInputBuilder:
         """[rows, cols] view with row stride M (kernels take the stride)."""
         return self.step_tables[:rows, :cols]
 
-    def build(self, out: SchedulerOutput, block_table_of: Callable[[str], list[int]],
+    def build(self, out: SchedulerOutput, states: Sequence[RequestState], block_table_of: Callable[[str], list[int]],
               pad_to: Optional[GraphShape] = None) -> StepInputs:
         """The scheduled step: each request's new tokens from its computed ones, its
         proposed tokens last; logits for the last token of each request whose prompt is
-        complete, and for each proposed token (the target scores them all)."""
+        complete, and for each proposed token (the target scores them all). `states`:
+        the scheduled requests' states (request_state.py); a token past what a state
+        holds is a placeholder, sampled by the step in flight."""
         sched = out.scheduled
         B = len(sched)
         starts = np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=B)
@@ -144,7 +147,7 @@ class StepInputBuilder:
         proposals: list[tuple[int, int, DraftTokens]] = []     # (request index, first position, tokens)
 
         def tokens(i: int, a: int, b: int) -> list[int]:
-            r = sched[i].request
+            r = states[i]
             n = r.num_tokens
             if b <= n:
                 return r.token_slice(a, b)
@@ -164,23 +167,24 @@ class StepInputBuilder:
                  for i, s in enumerate(sched) if s.num_prompt_logprob_rows]
         long_rope = None
         if self.long_rope is not None:
-            long_rope = np.fromiter((s.request.long_rope for s in sched), dtype=bool, count=B)
-        deltas = mrope.deltas(sched) if self.mrope else None
+            long_rope = np.fromiter((state.long_rope for state in states), dtype=bool, count=B)
+        deltas = mrope.deltas(sched, states) if self.mrope else None
         # A verification of a tree: its proposals are the tree's first nodes, after the root.
         trees = [(i, int(starts[i] + n_new[i]) - len(s.spec_token_ids), self.tree.prefix(len(s.spec_token_ids)))
                  for i, s in enumerate(sched) if s.spec_token_ids and s.completes_prompt] if self.tree else None
-        step = self.build_segments([s.request.request_id for s in sched], starts, n_new, rows, tokens,
+        step = self.build_segments([s.request_id for s in sched], starts, n_new, rows, tokens,
                                    block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
                                    extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None,
                                    mrope_deltas=deltas, trees=trees or None)
         if deltas is not None:
-            step.mrope_positions = mrope.table(sched, int(step.input_ids.shape[0]))
-        limits = image_attention.key_limits(sched, int(step.input_ids.shape[0])) if self.image_attention else None
+            step.mrope_positions = mrope.table(sched, states, int(step.input_ids.shape[0]))
+        limits = (image_attention.key_limits(sched, states, int(step.input_ids.shape[0]))
+                  if self.image_attention else None)
         if limits is not None:
             step.meta.key_limits = torch.from_numpy(limits).to(self.device)
         if placeholders or proposals:
             first = np.cumsum(n_new) - n_new
-            step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request.request_id)
+            step.placeholders = [(int(first[i] + p - starts[i]), sched[i].request_id)
                                  for i, p in placeholders]
             step.proposals = [(int(first[i] + p - starts[i]), spec) for i, p, spec in proposals]
         return step

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import KVCacheLayer
-from backend.engine.request import RequestStatus
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.spec_decode.token_tree import moves
 
@@ -25,18 +24,18 @@ class TreeKVCompactor:
     def __init__(self, device: torch.device) -> None:
         self._index = GrowingStagedBuffer(torch.int64, device)
 
-    def slot_moves(self, scheduled, paths: dict[int, list[int]], block_table_of: Callable[[str], list[int]],
+    def slot_moves(self, scheduled, states, paths: dict[int, list[int]], block_table_of: Callable[[str], list[int]],
                    block_size: int) -> tuple[list[int], list[int]]:
         """(source slots, destination slots) for the accepted paths `paths` (by index in
-        `scheduled`) of the requests still running."""
+        `scheduled`) of the requests still running (`states`: their RequestStates)."""
         src, dst = [], []
         for i, path in paths.items():
             s = scheduled[i]
-            if not path or s.request.status != RequestStatus.RUNNING:
+            if not path or not states[i].running:
                 continue                    # (finished or preempted since: nothing to keep)
             root = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1
             a, b = moves(path, root)
-            table = block_table_of(s.request.request_id)
+            table = block_table_of(s.request_id)
             if not a or max(a) // block_size >= len(table):
                 continue
 

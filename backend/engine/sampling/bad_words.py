@@ -50,7 +50,7 @@ class BadWords:
         return cls(always, prefixed, max((len(p) for p, _ in prefixed), default=0))
 
     def banned(self, row) -> list[int]:
-        """The ids banned for a sampler row: a Request, or a verification row (its
+        """The ids banned for a sampler row: a request's state, or a verification row (its
         `verified_request` plus the `proposed` tokens before it)."""
         if not self.prefixed:
             return list(self.always)

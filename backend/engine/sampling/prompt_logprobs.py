@@ -48,18 +48,19 @@ class PromptLogprobPlanner:
     def __init__(self, device: torch.device) -> None:
         self._targets = GrowingStagedBuffer(torch.int64, device)
 
-    def plan(self, scheduled, vocab_size: int) -> Optional[PromptLogprobPlan]:
-        """The rows of a scheduled step (ScheduledRequests, in order), or None without any."""
+    def plan(self, scheduled, states, vocab_size: int) -> Optional[PromptLogprobPlan]:
+        """The rows of a scheduled step (ScheduledRequests and their RequestStates, in
+        order), or None without any."""
         index, counts, ks, targets = [], [], [], []
-        for i, s in enumerate(scheduled):
+        for i, (s, state) in enumerate(zip(scheduled, states)):
             n = s.num_prompt_logprob_rows
             if not n:
                 continue
             start = s.prompt_logprob_start
             index.append(i)
             counts.append(n)
-            ks.append(min(s.request.sampling_params.prompt_logprobs, vocab_size))
-            targets += s.request.prompt_token_ids[start + 1:start + 1 + n]
+            ks.append(min(state.sampling_params.prompt_logprobs, vocab_size))
+            targets += state.prompt_token_ids[start + 1:start + 1 + n]
         if not index:
             return None
         return PromptLogprobPlan(index, counts, ks, self._targets.upload(np.asarray(targets, dtype=np.int64)),

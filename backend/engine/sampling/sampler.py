@@ -22,7 +22,7 @@ the same tokens whatever shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Collection, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -31,10 +31,12 @@ from backend.engine.runner.buffers import GrowingStagedBuffer, StagedBuffer
 from backend.engine.sampling.logits_processors import PROCESSORS
 from backend.engine.sampling.logprobs import LogprobRows
 from backend.engine.sampling.penalty_state import PenaltyState
-from backend.engine.request import Request
 from backend.engine.sampling.sampling_row import SamplingRow
 from backend.engine.spec_decode.draft_tokens import device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
+
+if TYPE_CHECKING:
+    from backend.engine.runner.request_state import RequestState
 
 # Columns of the per-row parameter tensor; logits processor k reads column
 # FIRST_PROCESSOR_COLUMN + k.
@@ -85,8 +87,9 @@ class Sampler:
         self.penalties = PenaltyState(self.device, max_slots=max_num_seqs)
 
     # ------------------------------------------------------------------ host side
-    def prepare(self, requests: Sequence[Request], vocab_size: int) -> SamplingBatch:
-        """Per-row parameters and index sets from the requests: host work only, O(batch)
+    def prepare(self, requests: Sequence["RequestState"], vocab_size: int) -> SamplingBatch:
+        """Per-row parameters and index sets from the runner's request states
+        (runner/request_state.py; a Request reads the same): host work only, O(batch)
         plus each row's new tokens (a request's first sampled step: its prompt and output,
         once). A row may be a verification row (`verified_request`, `proposed`: see
         spec_decode/rejection_sampler.VerifyRow): it reads its request's state plus its

@@ -61,7 +61,9 @@ class BatchQueue:
             launched = False
             if len(self.queue) < self.max_concurrent_batches:
                 sched = self.scheduler.schedule(max_batch_seqs=self._share())
-                if not sched.is_empty:
+                if sched.is_empty:
+                    self.runner.update_states(sched)    # (its finished and preempted ids)
+                else:
                     self.num_overlapped_batches += bool(self.queue)
                     self.num_batches += 1
                     self.queue.append(self.runner.launch(sched))
@@ -80,7 +82,7 @@ class BatchQueue:
         if launched.logits is not None:
             self.stage_model.wait_logits()
         self.queue.popleft()
-        self.runner.sample(launched)
+        self.runner.sample(launched, self.scheduler.grammar_bitmask(launched.sched))
         return self._update(launched.sched, self.runner.collect(launched))
 
     def _share(self) -> int:

@@ -1,21 +1,70 @@
-"""What the scheduler hands the model runner for one step (vLLM's sched/output.py): each
-scheduled request's share of the step, as the scheduler left it."""
+"""What the scheduler hands the model runner for one step (vLLM's sched/output.py): a
+typed step. The runner reads only these fields, never the scheduler's `Request`
+objects (tests/unit/test_runner_reads_typed_steps.py checks it):
+
+- `new_requests`: each request the step admits, with everything the runner keeps of it
+  (runner/request_state.py), sent once per admission (again, marked resumed, after a
+  preemption);
+- `scheduled`: each scheduled request's share of the step (ScheduledRequest: its
+  tokens, proposals and prompt-logprob rows, all as numbers and ids);
+- `finished_req_ids` and `preempted_req_ids`: what the runner drops or pauses.
+
+Output tokens travel the other way: the runner samples them and keeps its own copy.
+`ScheduledRequest.request` and `preempted` are the scheduler's own bookkeeping, for
+applying the step's result."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
 from backend.engine.kv_offload.connector import KVTransfers
 from backend.engine.request import Request
 from backend.multimodal.inputs import ImageItem
+from backend.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engine.sampling.bad_words import BadWords
+    from backend.engine.sampling.sampling_row import SamplingRow
+    from backend.multimodal.inputs import MultiModalInputs
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request as the runner first gets it (vLLM's NewRequestData): what stays fixed
+    for its life, the tokens it has, and where its first step starts."""
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]         # (a copy: non-empty when resumed, or imported with tokens)
+    sampling_params: SamplingParams
+    max_tokens: int                     # the effective limit (max_model_len taken into account)
+    eos_token_ids: frozenset[int]
+    sampling_row: Optional["SamplingRow"]
+    bad_words: Optional["BadWords"]
+    mm_inputs: Optional["MultiModalInputs"]
+    long_rope: bool
+    pooling: bool
+    # Tokens whose K/V the admission found computed (prefix-cache hits): the draft
+    # model's K/V lives in the same blocks, so it has them too.
+    num_computed_tokens: int
+    # Admitted again after a preemption (or a LongRoPE restart): the runner keeps what it
+    # had (its tokens, its seeded generator) and takes the new long_rope and start.
+    resumed: bool = False
+
+    @classmethod
+    def of(cls, request: Request, resumed: bool = False) -> "NewRequestData":
+        return cls(request.request_id, request.prompt_token_ids, list(request.output_token_ids),
+                   request.sampling_params, request.max_tokens, request.eos_token_ids, request.sampling_row,
+                   request.bad_words, request.mm_inputs, request.long_rope, request.pooling,
+                   request.num_computed_tokens, resumed)
 
 
 @dataclass
 class ScheduledRequest:
-    request: Request
+    # The scheduler's own request (for applying the result; the runner never reads it).
+    request: Optional[Request]
     num_new_tokens: int
     # Proposed tokens verified in this step (the last len() of num_new_tokens), and the
     # draft's distributions they were drawn from, if any. A draft model's are on the
@@ -28,21 +77,20 @@ class ScheduledRequest:
     # the runner's step (vLLM's num_lookahead_tokens): the newest token's K/V and
     # proposals 1..k-1; 0 when this request proposes nothing after the step.
     num_lookahead_tokens: int = 0
-    # As scheduled: where this step's tokens start, and whether after it every token of
-    # the request (a placeholder of a step in flight included) has its K/V, so that the
-    # logits of the last one give the next token.
-    num_computed_tokens: int = field(init=False)
-    completes_prompt: bool = field(init=False)
+    # As scheduled (taken from `request` when one is given): which request, where this
+    # step's tokens start, whether after it every token of the request (a placeholder of
+    # a step in flight included) has its K/V, so that the logits of the last one give the
+    # next token, and whether the step holds prompt tokens of a request with images (what
+    # needs the image rows, M-RoPE's table or key limits: runner/mm_step.py, mrope.py,
+    # image_attention.py).
+    request_id: str = ""
+    num_computed_tokens: int = 0
+    completes_prompt: bool = True
+    in_image_prompt: bool = False
     # Prompt logprobs: the positions start:start+n of this step's tokens whose logits give
     # them (each predicts the prompt token after it), set by the scheduler.
     prompt_logprob_start: int = 0
     num_prompt_logprob_rows: int = 0
-
-    @property
-    def in_image_prompt(self) -> bool:
-        """The step holds prompt tokens of a request with images: what needs the image
-        rows, M-RoPE's table or key limits (runner/mm_step.py, mrope.py, image_attention.py)."""
-        return self.request.mm_inputs is not None and self.num_computed_tokens < self.request.num_prompt_tokens
 
     def rejected_among(self, new_tokens: list[int]) -> int:
         """How many of this step's proposals the target rejected, given the request's new
@@ -51,14 +99,21 @@ class ScheduledRequest:
 
     def __post_init__(self) -> None:
         r = self.request
+        if r is None:
+            return
+        self.request_id = r.request_id
         self.num_computed_tokens = r.num_computed_tokens
         self.completes_prompt = (r.num_computed_tokens + self.num_new_tokens
                                  >= r.num_tokens + r.num_output_placeholders)
+        self.in_image_prompt = r.mm_inputs is not None and r.num_computed_tokens < r.num_prompt_tokens
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    # Requests that finished (or were aborted) since the last step the runner got.
+    finished_req_ids: list[str] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     # Copies between the KV pool and a store beyond it (kv_offload/), run before the forward.
     kv_transfers: Optional[KVTransfers] = None
@@ -67,6 +122,16 @@ class SchedulerOutput:
     encoder_inputs: list[ImageItem] = field(default_factory=list)
     encoder_frees: list[bytes] = field(default_factory=list)
 
+    @classmethod
+    def first_step(cls, scheduled: list[ScheduledRequest], **kwargs) -> "SchedulerOutput":
+        """A step whose requests the runner has not seen (tests and benchmarks that build
+        steps by hand)."""
+        return cls(scheduled, [NewRequestData.of(s.request) for s in scheduled], **kwargs)
+
+    @property
+    def preempted_req_ids(self) -> list[str]:
+        return [r.request_id for r in self.preempted]
+
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
@@ -74,17 +139,3 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
-
-
-def image_chunks(scheduled: Sequence[ScheduledRequest]) -> Iterator[tuple[int, ImageItem, int, int]]:
-    """Each image token range the step computes, in order: (where the range starts among
-    the step's packed tokens, the image, its first and end positions in the request)."""
-    first = 0
-    for s in scheduled:
-        a, n = s.num_computed_tokens, s.num_new_tokens
-        if s.in_image_prompt:
-            for i in s.request.mm_inputs.overlapping(a, a + n):
-                item = s.request.mm_inputs.items[i]
-                lo, hi = max(a, item.offset), min(a + n, item.end)
-                yield first + lo - a, item, lo, hi
-        first += n

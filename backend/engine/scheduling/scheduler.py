@@ -34,7 +34,7 @@ from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
-from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
+from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
@@ -82,6 +82,10 @@ class Scheduler(ProposalSlots):
         # steps scheduled but not yet updated are in flight and left out of later steps.
         self.exclude_in_flight = False
         self.in_flight: set[str] = set()
+        # The runner's side of the typed step (sched_output.py): the requests it holds a
+        # state for, and those finished since its last step (sent with the next one).
+        self._runner_holds: set[str] = set()
+        self._finished_req_ids: list[str] = []
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -126,6 +130,9 @@ class Scheduler(ProposalSlots):
                 self.structured.cancel(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if request.request_id in self._runner_holds:
+            self._runner_holds.discard(request.request_id)
+            self._finished_req_ids.append(request.request_id)
         if self.encoder is not None:
             self.encoder.release(request)
         transfer = request.sampling_params.kv_transfer_params
@@ -197,7 +204,7 @@ class Scheduler(ProposalSlots):
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 request.spec_token_ids = []
             while not self.kv_cache.allocate_slots(request, num_new):
-                if self._reclaim_proposal_blocks({request.request_id, *(s.request.request_id for s in out.scheduled)}):
+                if self._reclaim_proposal_blocks({request.request_id, *(s.request_id for s in out.scheduled)}):
                     continue
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -249,7 +256,6 @@ class Scheduler(ProposalSlots):
             request.num_computed_tokens = num_computed
             self._commit_encoder(out, request, plan)
             request.num_cached_tokens = len(cached) * self.kv_cache.block_size
-            request.num_draft_computed = num_computed
             request.status = RequestStatus.RUNNING
             if self.policy == "priority":
                 insert_running(self.running, request, self.ranking)
@@ -257,6 +263,8 @@ class Scheduler(ProposalSlots):
                 self.running.append(request)
             if request.sampling_params.lora_name:
                 loras.add(request.sampling_params.lora_name)
+            out.new_requests.append(NewRequestData.of(request, resumed=request.request_id in self._runner_holds))
+            self._runner_holds.add(request.request_id)
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
@@ -267,7 +275,8 @@ class Scheduler(ProposalSlots):
         if out.scheduled and self.kv_cache.connector is not None:
             out.kv_transfers = self.kv_cache.take_transfers()   # (kept for a step that runs)
         if self.exclude_in_flight:
-            self.in_flight.update(s.request.request_id for s in out.scheduled)
+            self.in_flight.update(s.request_id for s in out.scheduled)
+        out.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         return out
 
     def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> set[str]:
@@ -356,7 +365,7 @@ class Scheduler(ProposalSlots):
         if self.encoder is not None:
             self.encoder.release(request)
         request.status = RequestStatus.WAITING
-        request.num_computed_tokens = request.num_draft_computed = 0
+        request.num_computed_tokens = 0
         request.num_output_placeholders = 0     # a token in flight still arrives (update_from_output)
         request.spec_token_ids, request.draft_probs = [], None
         if long_rope_restart:
@@ -392,7 +401,7 @@ class Scheduler(ProposalSlots):
         finished."""
         outputs = []
         if self.in_flight:                  # (pipeline micro-batches only)
-            self.in_flight.difference_update(s.request.request_id for s in out.scheduled)
+            self.in_flight.difference_update(s.request_id for s in out.scheduled)
         for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
             request = s.request
             s.num_rejected = s.rejected_among(tokens)   # (counted even if it ended meanwhile: the metrics)
@@ -440,6 +449,20 @@ class Scheduler(ProposalSlots):
         if result.proposals is not None:    # a draft model's, made inside the step
             self.set_proposals(result.proposals)
         return outputs
+
+    def grammar_bitmask(self, out: SchedulerOutput):
+        """The step's grammar bitmask for the runner's draw (structured output): a row per
+        sampled logits row (k + 1 for a request verifying k proposals), from the
+        request's matcher as it is now, which with async scheduling has accepted the
+        step before's tokens; no row for a request that finished since. None when no row
+        is guided."""
+        if self.structured is None:
+            return None
+        rows: list[Optional[Request]] = []
+        for s in out.scheduled:
+            if s.completes_prompt:
+                rows += [None if s.request.is_finished else s.request] * (len(s.spec_token_ids) + 1)
+        return self.structured.bitmask(rows) if rows else None
 
     def stop_request(self, request_id: str) -> None:
         """A stop string ended the request (found by the output side, on text): finished

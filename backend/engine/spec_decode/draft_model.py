@@ -5,12 +5,13 @@ ids, block tables and slot mapping, in tensors shaped for the draft's layers. So
 KV cache manager manages both at once (allocated, preempted, freed and prefix-cached with
 the target request's blocks) and nothing here tracks blocks of its own. The scheduler
 reserves the slots of what the draft writes ahead when it schedules the step
-(`ScheduledRequest.num_lookahead_tokens`), and records how far the draft's K/V reaches
-(`num_draft_computed`) from the Proposals this returns.
+(`ScheduledRequest.num_lookahead_tokens`). How far the draft's K/V reaches is the
+runner's (`RequestState.num_draft_computed`, runner/request_state.py): set at admission
+to the prefix-cache hits, advanced here, reset by a preemption.
 
 The draft runs inside the runner's step (ModelRunner.collect), right after the step's
-tokens come back and before the scheduler applies them, from the requests as scheduled
-plus the step's new tokens (read, never written). For the step's requests it
+tokens come back and before they are appended, from the runner's request states plus
+the step's new tokens. For the step's requests it
 1. catches up: one packed forward over the tokens it has no K/V for (this step's prefill
    chunk or accepted tokens), through the newest token for the requests that propose,
    whose logits give proposal 1;
@@ -48,7 +49,7 @@ from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.runner.cuda_graphs import DecodeGraphs, capture_decode_graphs, sampled_logits
 from backend.engine.runner.model_runner import run_model
-from backend.engine.request import Request, RequestStatus
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.draft_tokens import DraftTokens
@@ -104,7 +105,8 @@ class DraftModelProposer:
     tree = None             # a tree of proposals (token_tree.py; EAGLE drafts trees: eagle.py)
 
     @torch.inference_mode()
-    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
+    def propose(self, sched, states: list[RequestState], sampled_token_ids: list[list[int]],
+                target_hidden: Optional[torch.Tensor] = None,
                 paths: Optional[dict[int, list[int]]] = None) -> Proposals:
         """Proposals after the step `sched` (its ScheduledRequests), whose new tokens per
         request are `sampled_token_ids` (accepted proposals and the target's next, or none
@@ -112,13 +114,13 @@ class DraftModelProposer:
         proposals as those slots and its max_tokens allow. `target_hidden`: what the
         target's forward left in `captured_hidden` for the step's rows (EAGLE). `paths`:
         a tree verification's accepted nodes, by index in the step."""
-        rows = rows_after_step(sched, sampled_token_ids, self.kv_cache, paths, self.tree)
+        rows = rows_after_step(sched, states, sampled_token_ids, self.kv_cache, paths, self.tree)
         if self.tree is not None:
             return self._propose_tree(rows, target_hidden)
-        first, computed = self._catch_up(rows, target_hidden)
+        first = self._catch_up(rows, target_hidden)
         proposing = [row for row in rows if row.k > 0]
         if first is None:
-            return Proposals(num_draft_computed=computed)
+            return Proposals()
         num_forwards = max(row.k for row in proposing)
         # Every index the forwards and the hand-over take, in one upload: a staging buffer
         # rewritten within the step would first wait for the device to have read it.
@@ -135,34 +137,35 @@ class DraftModelProposer:
             active = [active[i] for i in keep]
             starts = np.asarray([row.num_tokens - self.lag + j for row in active], dtype=np.int64)
             ones = np.ones(len(active), np.int64)
-            logits = self._forward([row.request.request_id for row in active], starts, ones, ones,
+            logits = self._forward([row.state.request_id for row in active], starts, ones, ones,
                                    lambda i, a, b: [0], prev_tokens, kept)
             t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
             probs.append(p)
         ordered = torch.cat(tokens).index_select(0, index[used:])
-        return Proposals(self._hand_over(proposing, ordered, places, starts_of, probs), computed)
+        return Proposals(self._hand_over(proposing, ordered, places, starts_of, probs))
 
     def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None):
-        """The forward over what the draft lacks: (proposal 1 per proposing row and its
-        distributions, or None when no row proposes; how far the draft's K/V reaches
-        after it, by request id)."""
+        """The forward over what the draft lacks (each request's state then records how
+        far the draft's K/V reaches): proposal 1 per proposing row and its
+        distributions, or None when no row proposes."""
         segments = []
         for row in rows:
             end = row.num_tokens if row.k > 0 else row.num_computed
-            if end > row.request.num_draft_computed:
-                segments.append((row, row.request.num_draft_computed, end))
+            if end > row.state.num_draft_computed:
+                segments.append((row, row.state.num_draft_computed, end))
         if not segments:
-            return None, {}
+            return None
         logits = self._forward(
-            [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            [row.state.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
             lambda i, a, b: segments[i][0].token_slice(a, b))
-        computed = {row.request.request_id: end for row, _, end in segments}
+        for row, _, end in segments:
+            row.state.num_draft_computed = end
         if logits is None:
-            return None, computed
-        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
+            return None
+        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0])
 
     def _forward(self, request_ids: list[str], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                  tokens, input_ids: Optional[torch.Tensor] = None, kept: Optional[torch.Tensor] = None,
@@ -202,25 +205,26 @@ class DraftModelProposer:
         out, start, read = {}, 0, [None]       # (read: one host copy for all, if ever read)
         for row, own in zip(proposing, places):
             q = None
-            if not row.request.sampling_params.greedy:
+            if not row.state.sampling_params.greedy:
                 # The rejection sampler's q: its row in each forward's distributions.
                 q = torch.stack([probs[j][p - starts_of[j]] for j, p in enumerate(own.tolist())])
             # (the K/V of the proposals is rewritten by the next catch-up)
-            out[row.request.request_id] = (DraftTokens(ordered, start, len(own), read), q)
+            out[row.state.request_id] = (DraftTokens(ordered, start, len(own), read), q)
             start += len(own)
         return out
 
 
-def rows_after_step(sched, sampled_token_ids: list[list[int]], kv_cache: KVCacheManager,
+def rows_after_step(sched, states: list[RequestState], sampled_token_ids: list[list[int]], kv_cache: KVCacheManager,
                     paths: Optional[dict[int, list[int]]] = None, tree=None) -> list["_Row"]:
     """The step's requests still running, as the step leaves them (_Row), each with the
     row of its first position in the step's packed tokens (and a tree verification's
-    accepted path, from `paths` by index; with `tree`, k counts nodes)."""
+    accepted path, from `paths` by index; with `tree`, k counts nodes). `states`: the
+    step's requests' states as the runner launched it."""
     bs = kv_cache.block_size
     rows, step_row = [], 0
-    for i, (s, new) in enumerate(zip(sched.scheduled, sampled_token_ids)):
-        if s.request.status == RequestStatus.RUNNING:       # (not finished or preempted since)
-            row = _Row.after(s, new, len(kv_cache.block_table(s.request.request_id)) * bs, step_row, tree)
+    for i, (s, state, new) in enumerate(zip(sched.scheduled, states, sampled_token_ids)):
+        if state.running:           # (not finished or preempted since)
+            row = _Row.after(s, state, new, len(kv_cache.block_table(s.request_id)) * bs, step_row, tree)
             if paths and paths.get(i):
                 row.path = paths[i]
                 row.tree_root = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1
@@ -266,9 +270,9 @@ def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray
 
 @dataclass
 class _Row:
-    """A scheduled request as the step leaves it, before the scheduler applies the step:
-    its tokens are the request's plus `new` (read, not written)."""
-    request: Request
+    """A scheduled request as the step leaves it, before its new tokens are appended:
+    its tokens are the state's plus `new`."""
+    state: RequestState
     new: list[int]
     num_tokens: int             # after the step
     num_computed: int           # tokens with the target's K/V after the step
@@ -292,12 +296,12 @@ class _Row:
         return rows
 
     @classmethod
-    def after(cls, s, new: list[int], held_slots: int, step_row: int = 0, tree=None) -> "_Row":
+    def after(cls, s, state: RequestState, new: list[int], held_slots: int, step_row: int = 0, tree=None) -> "_Row":
         """`held_slots`: the slots the request's blocks hold now. With async scheduling
         the next step's schedule may have taken back proposal-only blocks since this step
         was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
         slots still held."""
-        request = s.request
+        request = state
         rejected = s.rejected_among(new)      # (the scheduler records it when it applies the step)
         num_tokens = request.num_tokens + len(new)
         k = 0
@@ -315,13 +319,13 @@ class _Row:
     def as_sampled(self) -> VerifyRow:
         """The request as the draft's sampler sees it: the step's new tokens count as
         output (penalties, min_tokens, bad words), as they will once applied."""
-        return VerifyRow(self.request, self.new)
+        return VerifyRow(self.state, self.new)
 
     def token_slice(self, a: int, b: int) -> list[int]:
-        n = self.request.num_tokens
+        n = self.state.num_tokens
         if b <= n:
-            return self.request.token_slice(a, b)
-        return self.request.token_slice(a, n) + self.new[max(a - n, 0):b - n] if a < n else self.new[a - n:b - n]
+            return self.state.token_slice(a, b)
+        return self.state.token_slice(a, n) + self.new[max(a - n, 0):b - n] if a < n else self.new[a - n:b - n]
 
 
 def load_draft(path: str, target_vocab: int, target_tokenizer, dtype: torch.dtype, device: torch.device,

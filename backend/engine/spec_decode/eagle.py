@@ -62,27 +62,28 @@ class EagleProposer(DraftModelProposer):
     def _catch_up(self, rows: list[_Row], target_hidden: Optional[torch.Tensor] = None, draw: bool = True):
         segments = [(row, row.step_start, row.num_computed) for row in rows if row.num_computed > row.step_start]
         if not segments:
-            return None, {}
+            return None
         if target_hidden is None:
             raise RuntimeError("an EAGLE head needs the target's hidden states of the step")
         index = self._rows.upload(np.concatenate([row.hidden_rows(a, b) for row, a, b in segments]))
         hidden = self.model.combine(target_hidden.index_select(0, index))
         logits = self._forward(
-            [row.request.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            [row.state.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
             lambda i, a, b: segments[i][0].token_slice(a + 1, b + 1), hidden=hidden)
-        computed = {row.request.request_id: end for row, _, end in segments}
+        for row, _, end in segments:
+            row.state.num_draft_computed = end
         if logits is None or not draw:
-            return logits, computed
-        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0]), computed
+            return logits
+        return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0])
 
     def _propose_tree(self, rows: list[_Row], target_hidden: Optional[torch.Tensor]) -> Proposals:
         """Each proposing request's first k nodes of the tree (tree_drafting.py)."""
-        logits, computed = self._catch_up(rows, target_hidden, draw=False)
+        logits = self._catch_up(rows, target_hidden, draw=False)
         proposing = [row for row in rows if row.k > 0]
         if logits is None:
-            return Proposals(num_draft_computed=computed)
+            return Proposals()
         tree, ks = self.tree, [row.k for row in proposing]
         kmax = tree.max_children
         index, first_fill, levels = level_plan(tree, ks)
@@ -95,13 +96,13 @@ class EagleProposer(DraftModelProposer):
             active = [proposing[r] for r in level.active]
             newest = np.asarray([row.num_tokens - 1 for row in active], dtype=np.int64)    # (the head's tree start)
             width = np.full(len(active), level.width, dtype=np.int64)
-            logits = self._forward([row.request.request_id for row in active], newest + level.first, width, width,
+            logits = self._forward([row.state.request_id for row in active], newest + level.first, width, width,
                                    lambda i, a, b: [0] * (b - a), flat.index_select(0, index[level.inputs]),
                                    index[level.kept],
                                    trees=[(i, int(newest[i]), tree.prefix(row.k)) for i, row in enumerate(active)])
             top = top_candidates(logits, kmax, self.vocab_size, self._to_target).reshape(-1)
             flat.index_copy_(0, index[level.fill[0]], top.index_select(0, index[level.fill[1]]))
-        return Proposals(hand_over([row.request.request_id for row in proposing], table, ks), computed)
+        return Proposals(hand_over([row.state.request_id for row in proposing], table, ks))
 
     def _forward(self, request_ids, starts, n_new, num_rows, tokens, input_ids=None, kept=None,
                  hidden: Optional[torch.Tensor] = None, trees=None) -> Optional[torch.Tensor]:

@@ -49,9 +49,9 @@ class MedusaProposer:
         """Nothing is kept per request."""
 
     @torch.inference_mode()
-    def propose(self, sched, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
+    def propose(self, sched, states, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
                 paths: Optional[dict[int, list[int]]] = None) -> Proposals:
-        proposing = [row for row in rows_after_step(sched, sampled_token_ids, self.kv_cache, paths, self.tree)
+        proposing = [row for row in rows_after_step(sched, states, sampled_token_ids, self.kv_cache, paths, self.tree)
                      if row.k > 0]
         if not proposing:
             return Proposals()
@@ -70,9 +70,9 @@ class MedusaProposer:
         for r, row in enumerate(proposing):
             n = min(row.k, k)
             q = None
-            if not row.request.sampling_params.greedy:
+            if not row.state.sampling_params.greedy:
                 q = torch.stack([drawn[i][1][r] for i in range(n)])
-            out[row.request.request_id] = (DraftTokens(flat, r * k, n, read), q)
+            out[row.state.request_id] = (DraftTokens(flat, r * k, n, read), q)
         return Proposals(out)
 
 
@@ -82,7 +82,7 @@ class MedusaProposer:
                             for d in range(tree.depth)])
         index = self._tree_index.upload(medusa_plan(tree, len(proposing)))
         table = tops.reshape(-1).index_select(0, index).view(len(proposing), tree.num_nodes)
-        return hand_over([row.request.request_id for row in proposing], table, [row.k for row in proposing])
+        return hand_over([row.state.request_id for row in proposing], table, [row.k for row in proposing])
 
 
 def load_medusa(spec, target, dtype: torch.dtype, device: torch.device):

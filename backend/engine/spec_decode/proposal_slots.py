@@ -68,11 +68,7 @@ class ProposalSlots:
 
     def set_proposals(self, proposals: Proposals) -> None:
         """The speculator's result: each request's proposals for the next step (tokens, the
-        draft's distributions or None), and how far the draft model's K/V now reaches."""
-        for request_id, num in proposals.num_draft_computed.items():
-            request = self.requests.get(request_id)
-            if request is not None and request.status == RequestStatus.RUNNING:     # (not preempted since)
-                request.num_draft_computed = num
+        draft's distributions or None)."""
         for request_id, (tokens, probs) in proposals.tokens.items():
             request = self.requests.get(request_id)
             if request is not None and request.status == RequestStatus.RUNNING:

@@ -14,5 +14,3 @@ class Proposals:
     """A proposer's result, which the scheduler applies (Scheduler.set_proposals)."""
     # By request id: (proposed tokens, the draft's distributions or None).
     tokens: dict[str, tuple[list[int], Optional[torch.Tensor]]] = field(default_factory=dict)
-    # By request id: how far the draft model's K/V now reaches (its num_draft_computed).
-    num_draft_computed: dict[str, int] = field(default_factory=dict)

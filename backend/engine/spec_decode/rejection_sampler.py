@@ -41,7 +41,7 @@ BONUS, POINT, DRAWN, PLAIN = 0, 1, 2, 3
 
 
 class VerifyRow:
-    """A request as its logits row after `proposed` tokens sees it: those tokens count as
+    """A request's state as its logits row after `proposed` tokens sees it: those tokens count as
     output, as they would when decoding one token at a time. The sampler reads the
     request's own penalty state plus `proposed` (nothing is copied per row)."""
     __slots__ = ("verified_request", "proposed", "sampling_params", "sampling_row", "generator", "bad_words",
@@ -81,17 +81,18 @@ class VerifyRow:
         return self.verified_request.output_tail(k - len(proposed)) + list(proposed)
 
 
-def verify_rows(scheduled: Sequence, tree: Optional[TokenTree] = None) -> list:
+def verify_rows(scheduled: Sequence, states: Sequence, tree: Optional[TokenTree] = None) -> list:
     """One sampler row per logits row: k + 1 per request verifying k proposals (a tree's:
-    its root, then each node after the node's path)."""
+    its root, then each node after the node's path). `states`: each scheduled request's
+    state (runner/request_state.py)."""
     rows: list = []
-    for s in scheduled:
+    for s, state in zip(scheduled, states):
         spec = s.spec_token_ids
         if tree is not None and spec:
-            rows.append(s.request)
-            rows.extend(VerifyRow(s.request, path_tokens(spec, tree.path_of(j))) for j in range(len(spec)))
+            rows.append(state)
+            rows.extend(VerifyRow(state, path_tokens(spec, tree.path_of(j))) for j in range(len(spec)))
             continue
-        rows.extend(VerifyRow(s.request, spec[:j]) if j else s.request for j in range(len(spec) + 1))
+        rows.extend(VerifyRow(state, spec[:j]) if j else state for j in range(len(spec) + 1))
     return rows
 
 

@@ -159,7 +159,7 @@ class StructuredOutput:
         """(device bitmask [R, vocab / 32], the rows it applies to) for this step's
         sampled requests, or None when none is guided. Host work: one fill per guided
         row, one upload."""
-        rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.reasoning_ended]
+        rows = [i for i, r in enumerate(requests) if r is not None and r.grammar is not None and r.reasoning_ended]
         if not rows:
             return None
         n = len(requests) * self._width
@@ -172,10 +172,6 @@ class StructuredOutput:
                 view[i] &= self._json_safe
         return self._bitmask.upload(n).view(len(requests), self._width), rows
 
-    def apply(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> None:
-        """Disallowed tokens of the guided rows to -inf, in place."""
-        bitmask, rows = mask
-        self.xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
 
 
 class AwaitingGrammar:

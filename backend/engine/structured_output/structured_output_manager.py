@@ -4,8 +4,8 @@ A guided request enters the scheduler with status WAITING_FOR_GRAMMAR while its 
 compiles off the step loop (structured_output.py: xgrammar on a worker thread, a time
 limit, the compiler's message on failure); the scheduler leaves it in the waiting queue
 and admits it once `update` has found its grammar ready, or ends it with the error. The
-runner asks the same manager for the step's bitmask; the scheduler advances each
-request's matcher with its tokens (`Scheduler.update_from_output`).
+scheduler advances each request's matcher with its tokens (`Scheduler.update_from_output`)
+and hands the runner each step's bitmask (`Scheduler.grammar_bitmask`).
 
 xgrammar is imported when the first guided request arrives.
 """
@@ -57,7 +57,6 @@ class StructuredOutputManager:
             self._awaiting.pop(self.backend, request_id)
 
     def bitmask(self, requests: Sequence) -> Optional[tuple[torch.Tensor, list[int]]]:
+        """The bitmask of a step's sampled rows, one request (or None: no grammar) a row;
+        None when no row is guided (bitmask.apply_bitmask applies it)."""
         return self.backend.bitmask(requests) if self.backend is not None else None
-
-    def apply(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]]) -> None:
-        self.backend.apply(logits, mask)

@@ -57,10 +57,10 @@ def test_the_draft_model_never_waits_for_an_upload_of_its_own_step(ckpt_dir, mon
     drafter = llm.engine.runner.drafter
     real, in_draft = drafter.propose, []
 
-    def propose(sched, sampled, target_hidden=None, paths=None):
+    def propose(sched, states, sampled, target_hidden=None, paths=None):
         clock.step += 1
         clock.waits, start = [], len(in_draft)
-        result = real(sched, sampled, target_hidden, paths)
+        result = real(sched, states, sampled, target_hidden, paths)
         in_draft.extend(clock.waits)
         clock.step += 1
         assert all(stamp < clock.step - 1 for stamp, _ in in_draft[start:]), in_draft[start:]

@@ -37,6 +37,7 @@ class _Req:
     def __init__(self, computed, total):
         self.num_computed_tokens, self.num_tokens = computed, total
         self.num_output_placeholders = 0
+        self.request_id, self.mm_inputs = "r", None
 
 
 def test_steps_whose_requests_all_sample_qualify():
@@ -118,8 +119,8 @@ def test_draft_model_through_its_own_graphs(ckpt_dir, draft):
         proposals = []
         real = proposer.propose
 
-        def propose(sched, sampled, target_hidden=None, paths=None, real=real, proposals=proposals):
-            result = real(sched, sampled, target_hidden, paths)
+        def propose(sched, states, sampled, target_hidden=None, paths=None, real=real, proposals=proposals):
+            result = real(sched, states, sampled, target_hidden, paths)
             proposals.append(sorted((rid, tokens) for rid, (tokens, _) in result.tokens.items()))
             return result
         proposer.propose = propose
@@ -195,7 +196,7 @@ def test_padded_inputs_overwrite_stale_rows(llama_ckpt):
     sched = engine.scheduler.schedule()
     assert len(sched.scheduled) == 5 and needs_query_len(sched) == 1
     addresses = [b.device_view(n, 1).data_ptr() for n in b.offsets]
-    step = b.build(sched, engine.kv_cache.block_table, pad_to=GraphShape(8))
+    step = b.build(sched, engine.runner.states.apply(sched), engine.kv_cache.block_table, pad_to=GraphShape(8))
     assert [b.device_view(n, 1).data_ptr() for n in b.offsets] == addresses
     dev = {n: b.device_view(n, 9).cpu().numpy() for n in ("slot_mapping", "seq_lens", "query_start_loc", "input_ids")}
     assert (dev["slot_mapping"][5:8] == -1).all() and (dev["slot_mapping"][:5] >= 0).all()

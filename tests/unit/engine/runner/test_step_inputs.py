@@ -15,6 +15,7 @@ from backend.engine.request import Request
 from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
 from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder
 from backend.sampling_params import SamplingParams
+from tests.helpers.runner_states import states_of
 
 BS, B, M = 4, 6, 16
 
@@ -78,7 +79,8 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
         if not sched:
             continue
         pad = rng.choice([None, len(sched), B]) if all(s.num_new_tokens == 1 for s in sched) else None
-        step = rank0.build(SchedulerOutput(sched), kv.block_table, pad_to=GraphShape(pad) if pad else None)
+        step = rank0.build(SchedulerOutput(sched), states_of(sched), kv.block_table,
+                           pad_to=GraphShape(pad) if pad else None)
         _check_step(rank0, step, sched, kv)
         plan = rank0.plan(step)
         sent = (plan[0] - rank0.offsets["table_updates"]) // 2
@@ -122,7 +124,7 @@ def test_a_decode_step_sends_only_new_block_ids():
     sent = []
     for _ in range(8):
         sched = [ScheduledRequest(r, 1) for r in requests]
-        step = builder.build(SchedulerOutput(sched), kv.block_table)
+        step = builder.build(SchedulerOutput(sched), states_of(sched), kv.block_table)
         _check_step(builder, step, sched, kv)
         sent.append((builder.plan(step)[0] - builder.offsets["table_updates"]) // 2)
         for r in requests:
@@ -141,9 +143,11 @@ def test_plain_lists_are_written_in_full():
     reqs = [_request("a", 6, rng), _request("b", 2, rng)]
     for r in reqs:
         r.num_computed_tokens = r.num_tokens - 1
-    step = builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in reqs]), tables.__getitem__)
+    sched = [ScheduledRequest(r, 1) for r in reqs]
+    step = builder.build(SchedulerOutput(sched), states_of(sched), tables.__getitem__)
     assert step.meta.block_tables[0, :2].tolist() == [3, 1] and step.meta.block_tables[1, 0] == 2
     tables["a"] = [0, 2]
-    step = builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in reqs]), tables.__getitem__)
+    sched = [ScheduledRequest(r, 1) for r in reqs]
+    step = builder.build(SchedulerOutput(sched), states_of(sched), tables.__getitem__)
     assert step.meta.block_tables[0, :2].tolist() == [0, 2]
     assert np.array_equal(step.meta.slot_mapping.numpy(), [2 * BS + 1, 2 * BS + 1])

@@ -8,15 +8,13 @@ import pytest
 import torch
 
 from backend.attention.metadata import KVCacheLayer
-from backend.engine.request import RequestStatus
 from backend.engine.runner.tree_kv import TreeKVCompactor
 
 BLOCK = 4
 
 
-def scheduled(rid, computed, new, spec, status=RequestStatus.RUNNING):
-    return SimpleNamespace(request=SimpleNamespace(request_id=rid, status=status), num_computed_tokens=computed,
-                           num_new_tokens=new, spec_token_ids=[0] * spec)
+def scheduled(rid, computed, new, spec):
+    return SimpleNamespace(request_id=rid, num_computed_tokens=computed, num_new_tokens=new, spec_token_ids=[0] * spec)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn, torch.int8])
@@ -24,9 +22,10 @@ def test_the_path_moves_to_the_positions_it_holds(dtype):
     tables = {"a": [7, 2, 5], "b": [3, 0], "gone": [1, 4]}
     # a: root at index 5, nodes 0..5 at 6..11; the path (1, 3) moves 7 -> 6 and 9 -> 7.
     # b: root at 2, a path already in place (0, 2 -> its second node sits at 5).
-    sched = [scheduled("a", 5, 7, 6), scheduled("b", 2, 5, 4), scheduled("gone", 0, 3, 2, RequestStatus.FINISHED)]
+    sched = [scheduled("a", 5, 7, 6), scheduled("b", 2, 5, 4), scheduled("gone", 0, 3, 2)]
+    states = [SimpleNamespace(running=True), SimpleNamespace(running=True), SimpleNamespace(running=False)]
     kv = TreeKVCompactor(torch.device("cpu"))
-    src, dst = kv.slot_moves(sched, {0: [1, 3], 1: [0, 2], 2: [1]}, tables.__getitem__, BLOCK)
+    src, dst = kv.slot_moves(sched, states, {0: [1, 3], 1: [0, 2], 2: [1]}, tables.__getitem__, BLOCK)
 
     def slot(rid, index):
         return tables[rid][index // BLOCK] * BLOCK + index % BLOCK

@@ -11,7 +11,7 @@ import torch
 from backend import LLM, SamplingParams
 from backend.engine.sampling.bad_words import BadWords, resolve, tokenize_words
 from backend.engine.errors import InvalidRequestError
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from tests.conftest import assert_pool_free
@@ -20,9 +20,9 @@ from tests.helpers.sampling import sample_ids
 ENGINE = dict(block_size=8, num_kv_blocks=128, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
 
 
-def req(sequences, out=(), prompt=(1,), temperature=0.0) -> Request:
-    r = Request(request_id="r", prompt_token_ids=list(prompt), sampling_params=SamplingParams(temperature=temperature),
-                arrival_time=0, max_tokens=100, bad_words=BadWords.from_sequences(sequences) if sequences else None)
+def req(sequences, out=(), prompt=(1,), temperature=0.0) -> RequestState:
+    r = RequestState(request_id="r", prompt_token_ids=list(prompt), sampling_params=SamplingParams(temperature=temperature),
+                     max_tokens=100, bad_words=BadWords.from_sequences(sequences) if sequences else None)
     r.output_token_ids = list(out)
     return r
 

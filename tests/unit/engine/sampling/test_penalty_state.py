@@ -11,7 +11,7 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.engine.sampling.penalty_state import PenaltyState
-from backend.engine.request import Request, RequestStatus
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from tests.conftest import assert_pool_free, random_prompts
@@ -28,9 +28,9 @@ PARAMS = [
 ]
 
 
-def _request(rng: random.Random, i: int) -> Request:
-    r = Request(request_id=f"r{i}", prompt_token_ids=[rng.randrange(V) for _ in range(rng.randrange(1, 12))],
-                sampling_params=rng.choice(PARAMS), arrival_time=0.0, max_tokens=100,
+def _request(rng: random.Random, i: int) -> RequestState:
+    r = RequestState(request_id=f"r{i}", prompt_token_ids=[rng.randrange(V) for _ in range(rng.randrange(1, 12))],
+                sampling_params=rng.choice(PARAMS), max_tokens=100,
                 eos_token_ids=frozenset([1]))
     r.output_token_ids = [rng.randrange(V) for _ in range(rng.randrange(0, 4))]
     return r
@@ -67,7 +67,7 @@ def test_state_matches_full_recompute_on_random_steps():
                 r.output_token_ids = list(r.output_token_ids) + [rng.randrange(V)]
         if rng.random() < 0.3:                                # one finishes, another arrives
             gone = live.pop(rng.randrange(len(live)))
-            gone.status = RequestStatus.FINISHED
+            gone.running = False
             live.append(_request(rng, next_id))
             next_id += 1
     assert sampler.penalties.capacity > 3                     # the tables grew
@@ -77,9 +77,8 @@ def test_state_matches_full_recompute_on_random_steps():
 def test_a_step_sends_only_new_tokens():
     rng = random.Random(1)
     sampler = Sampler(0)
-    r = Request(request_id="r", prompt_token_ids=[rng.randrange(V) for _ in range(500)],
-                sampling_params=SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5), arrival_time=0.0,
-                max_tokens=100)
+    r = RequestState(request_id="r", prompt_token_ids=[rng.randrange(V) for _ in range(500)],
+                sampling_params=SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5), max_tokens=100)
     r.output_token_ids = [3] * 200
     sampler.prepare([r], V)
     for step in range(3):
@@ -94,8 +93,8 @@ def test_verification_rows_leave_no_trace():
     """Proposals count for their verification rows only: a rejected proposal is never
     in the request's state, whatever the next step holds."""
     sampler = Sampler(0)
-    r = Request(request_id="r", prompt_token_ids=[5], sampling_params=SamplingParams(
-        temperature=0, frequency_penalty=1.0, repetition_penalty=2.0), arrival_time=0.0, max_tokens=10)
+    r = RequestState(request_id="r", prompt_token_ids=[5], sampling_params=SamplingParams(
+        temperature=0, frequency_penalty=1.0, repetition_penalty=2.0), max_tokens=10)
     r.output_token_ids = [7]
     logits = torch.ones(3, V)
     _check(sampler, [r, VerifyRow(r, [8]), VerifyRow(r, [8, 9])], logits)
@@ -152,8 +151,8 @@ def test_engine_with_speculative_rollbacks_equals_full_recompute(llama_ckpt, mon
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_state_lives_on_the_sampler_device(device):
     sampler = Sampler(0, torch.device(device))
-    r = Request(request_id="r", prompt_token_ids=[1, 2], sampling_params=SamplingParams(
-        repetition_penalty=1.2, presence_penalty=0.1), arrival_time=0.0, max_tokens=4)
+    r = RequestState(request_id="r", prompt_token_ids=[1, 2], sampling_params=SamplingParams(
+        repetition_penalty=1.2, presence_penalty=0.1), max_tokens=4)
     r.output_token_ids = [3]
     batch = sampler.prepare([r], V)
     for rows in (batch.repetition, batch.counted):

@@ -3,15 +3,15 @@ import math
 import pytest
 import torch
 
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import NUM_COLUMNS, Sampler
 from tests.helpers.sampling import sample_ids
 from backend.sampling_params import SamplingParams, SamplingParamsError
 
 
-def req(params: SamplingParams, prompt=(1,), out=(), seed=None) -> Request:
-    r = Request(request_id="r", prompt_token_ids=list(prompt), sampling_params=params, arrival_time=0,
-                max_tokens=100, eos_token_ids=frozenset([0]))
+def req(params: SamplingParams, prompt=(1,), out=(), seed=None) -> RequestState:
+    r = RequestState(request_id="r", prompt_token_ids=list(prompt), sampling_params=params, max_tokens=100,
+                     eos_token_ids=frozenset([0]))
     r.output_token_ids = list(out)
     if params.seed is not None:
         r.generator = torch.Generator().manual_seed(params.seed)
@@ -116,7 +116,7 @@ MIXED = [
 ]
 
 
-def mixed_requests(copies: int) -> list[Request]:
+def mixed_requests(copies: int) -> list[RequestState]:
     out = []
     for i, p in enumerate(MIXED):
         for _ in range(copies):

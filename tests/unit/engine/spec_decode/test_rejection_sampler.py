@@ -10,6 +10,7 @@ from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.sched_output import ScheduledRequest
 from backend.engine.spec_decode.rejection_sampler import (RejectionSampler, accepted_tokens, verify_rows)
 from backend.sampling_params import SamplingParams
+from tests.helpers.runner_states import states_of
 from tests.helpers.stats import goodness_of_fit
 
 V = 8
@@ -30,7 +31,7 @@ def _run(params: SamplingParams, target_logits: torch.Tensor, q: torch.Tensor, p
     for i, d in enumerate(proposals):
         sched.append(ScheduledRequest(_request(i, params), 2, [d], None if point_mass else q[None, :]))
     sampler = Sampler(seed=seed)
-    rows = verify_rows(sched)
+    rows = verify_rows(sched, states_of(sched))
     batch = sampler.prepare(rows, V)
     logits = target_logits.expand(len(rows), V).clone()
     rs = RejectionSampler(torch.device("cpu"))
@@ -62,7 +63,7 @@ def test_output_follows_the_target_distribution(params, q_kind):
         q = torch.zeros(V)
         q[3] = 1.0                      # an n-gram proposal: always token 3
     firsts, num_accepted, sampler, batch, logits = _run(params, LOGITS, q, point_mass=q_kind == "point_mass")
-    _, p = sampler.distributions(logits[:1], sampler.prepare([_request(0, params)], V))
+    _, p = sampler.distributions(logits[:1], sampler.prepare(states_of([ScheduledRequest(_request(0, params), 1)]), V))
     p = (p[0] / p[0].sum()).tolist()
     assert goodness_of_fit(firsts, p) > 1e-3
     # The acceptance rate is sum_x min(p(x), q(x)) in expectation.
@@ -74,7 +75,7 @@ def test_greedy_rows_accept_the_argmax_and_correct_the_rest():
     params = SamplingParams(temperature=0.0)
     sched = [ScheduledRequest(_request(0, params), 4, [0, 0, 5], None),      # argmax is 0: two accepted
              ScheduledRequest(_request(1, params), 3, [4, 0], None)]         # rejected at once
-    rows = verify_rows(sched)
+    rows = verify_rows(sched, states_of(sched))
     sampler = Sampler()
     logits = LOGITS.expand(len(rows), V).clone()
     rs = RejectionSampler(torch.device("cpu"))
@@ -91,7 +92,7 @@ def test_rows_see_the_proposals_before_them():
     request = Request(request_id="r", prompt_token_ids=[5], sampling_params=params, arrival_time=0.0,
                       max_tokens=16, eos_token_ids=frozenset([1]))
     sched = [ScheduledRequest(request, 3, [0, 6], None)]
-    rows = verify_rows(sched)
+    rows = verify_rows(sched, states_of(sched))
     assert [r.output_token_ids for r in rows] == [[], [0], [0, 6]]
     batch = Sampler().prepare(rows, V)
     logits = LOGITS.expand(3, V).clone()

@@ -195,13 +195,13 @@ def test_compiles_given_up_on_are_capped_then_guided_requests_wait_their_end(tin
              for i in range(structured_output.MAX_ABANDONED_COMPILES)]
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.runner.structured.pool.num_abandoned == structured_output.MAX_ABANDONED_COMPILES
+    assert engine.scheduler.structured.pool.num_abandoned == structured_output.MAX_ABANDONED_COMPILES
     with pytest.raises(QueueFullError, match="past guided_compile_timeout_s.*retry later"):
         engine.add_request("x", SamplingParams(guided_regex="[0-9]"))
     assert llm.generate(["y"], SamplingParams(max_tokens=3, min_tokens=3))[0].error is None
     release.set()
     for _ in range(1000):
-        if engine.runner.structured.pool.num_abandoned == 0:
+        if engine.scheduler.structured.pool.num_abandoned == 0:
             break
         time.sleep(0.01)
     monkeypatch.setattr(structured_output.StructuredOutput, "_compile", compile_)
@@ -289,13 +289,13 @@ def test_slow_compiles_past_their_limit_are_killed_and_lock_nothing_out(tiny_ckp
         finals.update({out.request_id: out for out in engine.step() if out.finished})
     errors = [str(finals[r.request_id].error) for r in slow]
     assert all("did not compile within guided_compile_timeout_s" in e for e in errors), errors
-    pool = engine.runner.structured.pool
+    pool = engine.scheduler.structured.pool
     deadline = time.monotonic() + 2.0
     while pool.num_abandoned and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pool.num_abandoned == 0                      # no compile still holds a core
     out = llm.generate(["z"], SamplingParams(max_tokens=8, guided_regex="[0-9]{2}"))[0]
     assert out.error is None and re.fullmatch(r"[0-9]{2}", out.text)
-    processes = engine.runner.structured.backend._processes
+    processes = engine.scheduler.structured.backend._processes
     assert len(processes._all) <= structured_output.COMPILE_THREADS    # the killed ones' pipes closed
     assert_pool_free(llm)

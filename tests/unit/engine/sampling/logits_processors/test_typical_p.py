@@ -12,7 +12,7 @@ from transformers.generation.logits_process import TopKLogitsWarper, TypicalLogi
 
 from backend import LLM
 from backend.engine.errors import InvalidRequestError
-from backend.engine.request import Request
+from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
 from backend.sampling_params import SamplingParams, SamplingParamsError
 from backend.triton_server.request_parser import parse_request
@@ -21,9 +21,9 @@ from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
 
 
-def req(params: SamplingParams) -> Request:
-    return Request(request_id="r", prompt_token_ids=[1], sampling_params=params, arrival_time=0,
-                   max_tokens=100, eos_token_ids=frozenset([0]))
+def req(params: SamplingParams) -> RequestState:
+    return RequestState(request_id="r", prompt_token_ids=[1], sampling_params=params, max_tokens=100,
+                        eos_token_ids=frozenset([0]))
 
 
 def hf_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""The runner's own record of each request it runs (vLLM's CachedRequestState): made from
+the scheduler's NewRequestData when a request is admitted, changed only by the typed
+step (scheduling/sched_output.py) and by the tokens the runner itself samples.
+
+The runner never reads the scheduler's `Request`: its tokens here are the ones it
+sampled (appended when a step is collected, before the scheduler applies them), so a
+step samples with penalties, min_tokens and bad words that include the step before,
+whatever order the engine applies results in. The scheduler may end a request inside
+tokens the runner appended (a stop token among accepted proposals, max_tokens): it
+finishes then, and its state is dropped with the next step's `finished_req_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
+from backend.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engine.sampling.bad_words import BadWords
+    from backend.engine.sampling.sampling_row import SamplingRow
+    from backend.engine.scheduling.sched_output import NewRequestData, SchedulerOutput
+    from backend.multimodal.inputs import MultiModalInputs
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    sampling_row: Optional["SamplingRow"] = None
+    bad_words: Optional["BadWords"] = None
+    mm_inputs: Optional["MultiModalInputs"] = None
+    long_rope: bool = False
+    pooling: bool = False
+    # A seeded request's generator, on the runner's device: made once, kept across
+    # preemptions, so that a resumed request goes on drawing where it stopped.
+    generator: Optional[torch.Generator] = None
+    # Tokens whose K/V the draft model (or EAGLE head) has in the request's blocks.
+    num_draft_computed: int = 0
+    # False once finished, and from a preemption until the request is admitted again: a
+    # step in flight from before leaves it alone (no proposals, no moved K/V).
+    running: bool = True
+
+    @classmethod
+    def of(cls, new: "NewRequestData", device: torch.device) -> "RequestState":
+        seed = new.sampling_params.seed
+        return cls(new.request_id, new.prompt_token_ids, new.sampling_params, new.max_tokens, new.eos_token_ids,
+                   list(new.output_token_ids), new.sampling_row, new.bad_words, new.mm_inputs, new.long_rope,
+                   new.pooling, torch.Generator(device=device).manual_seed(seed) if seed is not None else None,
+                   new.num_computed_tokens)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_slice(self, a: int, b: int) -> list[int]:
+        """Tokens a:b of prompt + output, without building the concatenation."""
+        prompt, output = self.prompt_token_ids, self.output_token_ids
+        p = len(prompt)
+        if b <= p:
+            return prompt[a:b]
+        if a >= p:
+            return output[a - p:b - p]
+        return prompt[a:] + output[:b - p]
+
+    def output_tail(self, k: int) -> list[int]:
+        """The last k generated tokens (fewer when there are fewer)."""
+        out = self.output_token_ids
+        return out[max(0, len(out) - k):]
+
+
+class RequestStates:
+    """Every request the runner holds, by id; applied from each step before it is built."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._states: dict[str, RequestState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._states
+
+    def get(self, request_id: str) -> Optional[RequestState]:
+        return self._states.get(request_id)
+
+    def apply(self, out: "SchedulerOutput") -> list[RequestState]:
+        """The step's changes (finished ids dropped, preempted ones paused, admitted ones
+        made or resumed); the states of its scheduled requests, in order."""
+        states = self._states
+        for request_id in out.finished_req_ids:
+            state = states.pop(request_id, None)
+            if state is not None:
+                state.running = False   # (a step in flight from before still holds it)
+        for request_id in out.preempted_req_ids:
+            state = states.get(request_id)
+            if state is not None:
+                state.running, state.num_draft_computed = False, 0     # (its blocks are gone)
+        for new in out.new_requests:
+            state = states.get(new.request_id) if new.resumed else None
+            if state is None:
+                states[new.request_id] = RequestState.of(new, self.device)
+            else:
+                state.running, state.long_rope, state.num_draft_computed = True, new.long_rope, new.num_computed_tokens
+        try:
+            return [states[s.request_id] for s in out.scheduled]
+        except KeyError as e:
+            raise RuntimeError(f"request {e} was scheduled but never sent to the runner "
+                               "(SchedulerOutput.new_requests)") from None
+
+    @staticmethod
+    def append(states: Sequence[RequestState], sampled_token_ids: Sequence[list[int]]) -> None:
+        """A collected step's new tokens, each to the state it was sampled for."""
+        for state, tokens in zip(states, sampled_token_ids):
+            if tokens:
+                state.output_token_ids.extend(tokens)
