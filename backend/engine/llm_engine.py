@@ -109,7 +109,7 @@ class LLMEngine(RequestIntake):
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.num_unfinished > 0 or self._in_flight is not None
-                or (self.batch_queue is not None and self.batch_queue.busy))
+                or (self.batch_queue is not None and self.batch_queue.busy) or self.scheduler.has_finished_unsent)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:

@@ -169,11 +169,13 @@ class PenaltyState:
         self._free.append(self._entries.pop(key).slot)
 
     def _reclaim(self) -> None:
-        """Slots of finished (or preempted) or collected requests back to the free list;
-        failing that, above max_slots, the least recently used slot not serving this call."""
+        """Slots of finished (or preempted) or collected requests back to the free list,
+        but never one this call gave out (a row of a request that ended while its step was
+        in flight is still drawn from its slot); failing that, above max_slots, the least
+        recently used slot not serving this call."""
         for key, e in list(self._entries.items()):
             r = e.ref()
-            if r is None or not r.running:
+            if r is None or (not r.running and e.used < self._call):
                 self._release(key)
         if self._free or self.capacity - 1 < self.max_slots:
             return

@@ -147,6 +147,12 @@ class Scheduler(ProposalSlots):
     def num_unfinished(self) -> int:
         return len(self.requests)
 
+    @property
+    def has_finished_unsent(self) -> bool:
+        """Requests finished since the last step whose ids the runner has not had (one
+        more, empty, step hands them over, so that it lets go of their state)."""
+        return bool(self._finished_req_ids)
+
     def lora_stats(self) -> dict:
         """The adapters of running and of waiting requests, by name (vLLM's
         `lora_requests_info`). Read from the metrics thread: each queue is copied in one

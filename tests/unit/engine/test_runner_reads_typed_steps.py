@@ -73,6 +73,7 @@ def test_the_runner_side_reads_no_request_with_every_feature_on(tiny_ckpt, watch
     assert stats["spec_decode_num_draft_tokens"] > 0 and stats["num_preemptions"] > 0, stats
     assert any(r.endswith("scheduler.py") for r in watch_reads)        # (the watch sees reads)
     assert not _runner_side(watch_reads), _runner_side(watch_reads)
+    assert not len(llm.engine.runner.states)        # every finished request's state let go
     assert_pool_free(llm)
 
 

@@ -179,6 +179,6 @@ def test_multimodal_image_inputs_become_the_llm_models_image_input():
                            ({"image_input": np.ones((1, 1, 3, 4, 4), dtype=np.float16)}, "'image_input'"),
                            ({"image_bytes_input": pixels[None], "image_url_input": np.array([[url]], dtype=object)},
                             "one image input per request"),
-                           ({"image_bytes_input": np.zeros((1, 2, 5, 4, 4), dtype=np.uint8)}, "3 or 4 channels")):
+                           ({"image_bytes_input": np.zeros((1, 2, 5, 4, 6), dtype=np.uint8)}, "3 or 4 channels")):
         with pytest.raises(InvalidRequestError, match=message):
             row_request(TEXT, text(**extra), 0)

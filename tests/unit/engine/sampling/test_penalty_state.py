@@ -157,3 +157,21 @@ def test_state_lives_on_the_sampler_device(device):
     batch = sampler.prepare([r], V)
     for rows in (batch.repetition, batch.counted):
         assert rows.slots.device.type == device and rows.table.device.type == device
+
+
+def test_a_slot_given_out_in_a_call_is_not_reclaimed_in_it():
+    """A row of a request that ended while its step was in flight (its state no longer
+    running) is still drawn from its slot: a request needing a slot later in the same
+    call must get another one, not share it (pipeline micro-batches sample a step after a
+    later one was launched)."""
+    rng = random.Random(3)
+    sampler = Sampler(0)
+    sampler.penalties = PenaltyState(torch.device("cpu"), initial_slots=1, max_slots=1)
+    gone, new = _request(rng, 0), _request(rng, 1)
+    gone.sampling_params = new.sampling_params = PARAMS[0]
+    sampler.prepare([gone], V)                                # gone holds the one slot
+    gone.running = False                                      # ended since; its row is still drawn
+    rows = [gone, new]
+    _check(sampler, rows, torch.randn(2, V, generator=torch.Generator().manual_seed(1)) * 3)
+    entries = sampler.penalties._entries
+    assert entries[id(gone)].slot != entries[id(new)].slot
