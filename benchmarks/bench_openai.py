@@ -156,7 +156,7 @@ def bitmask(args) -> None:
     fill, apply, advance = [], [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        mask = so.bitmask(reqs)
+        mask = so.bitmask(len(reqs), list(enumerate(reqs)))
         t1 = time.perf_counter()
         apply_bitmask(logits, mask, engine.model_config.vocab_size)
         t2 = time.perf_counter()

@@ -462,13 +462,18 @@ class Scheduler(ProposalSlots):
         request's matcher as it is now, which with async scheduling has accepted the
         step before's tokens; no row for a request that finished since. None when no row
         is guided."""
-        if self.structured is None:
+        if self.structured is None or not self.structured.started:
             return None
-        rows: list[Optional[Request]] = []
+        guided: list[tuple[int, Request]] = []
+        num_rows = 0
         for s in out.scheduled:
             if s.completes_prompt:
-                rows += [None if s.request.is_finished else s.request] * (len(s.spec_token_ids) + 1)
-        return self.structured.bitmask(rows) if rows else None
+                k = len(s.spec_token_ids) + 1
+                r = s.request
+                if r.grammar is not None and r.reasoning_ended and not r.is_finished:
+                    guided += [(num_rows + j, r) for j in range(k)]
+                num_rows += k
+        return self.structured.bitmask(num_rows, guided) if guided else None
 
     def stop_request(self, request_id: str) -> None:
         """A stop string ended the request (found by the output side, on text): finished

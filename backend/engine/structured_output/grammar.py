@@ -155,22 +155,19 @@ class StructuredOutput:
         return self.xgr.GrammarMatcher(compiled)
 
     # ------------------------------------------------------------------ steps
-    def bitmask(self, requests: Sequence) -> Optional[tuple[torch.Tensor, list[int]]]:
-        """(device bitmask [R, vocab / 32], the rows it applies to) for this step's
-        sampled requests, or None when none is guided. Host work: one fill per guided
-        row, one upload."""
-        rows = [i for i, r in enumerate(requests) if r is not None and r.grammar is not None and r.reasoning_ended]
-        if not rows:
-            return None
-        n = len(requests) * self._width
+    def bitmask(self, num_rows: int, guided: Sequence[tuple[int, object]]) -> tuple[torch.Tensor, list[int]]:
+        """(device bitmask [num_rows, vocab / 32], the rows it applies to) for a step's
+        sampled rows, filled for the `guided` ones: (row, its request, whose grammar
+        applies). Host work: one fill per guided row, one upload."""
+        n = num_rows * self._width
         if self._bitmask.np.shape[0] < n:
             self._bitmask = StagedBuffer(n, torch.int32, self._device)
-        view = torch.from_numpy(self._bitmask.writable()[:n]).view(len(requests), self._width)
-        for i in rows:
-            requests[i].grammar.fill_next_token_bitmask(view, i)
-            if requests[i].sampling_params.guided_json is not None or requests[i].sampling_params.guided_json_object:
+        view = torch.from_numpy(self._bitmask.writable()[:n]).view(num_rows, self._width)
+        for i, request in guided:
+            request.grammar.fill_next_token_bitmask(view, i)
+            if request.sampling_params.guided_json is not None or request.sampling_params.guided_json_object:
                 view[i] &= self._json_safe
-        return self._bitmask.upload(n).view(len(requests), self._width), rows
+        return self._bitmask.upload(n).view(num_rows, self._width), [i for i, _ in guided]
 
 
 

@@ -56,7 +56,12 @@ class StructuredOutputManager:
         if request_id in self._awaiting:
             self._awaiting.pop(self.backend, request_id)
 
-    def bitmask(self, requests: Sequence) -> Optional[tuple[torch.Tensor, list[int]]]:
-        """The bitmask of a step's sampled rows, one request (or None: no grammar) a row;
-        None when no row is guided (bitmask.apply_bitmask applies it)."""
-        return self.backend.bitmask(requests) if self.backend is not None else None
+    @property
+    def started(self) -> bool:
+        """Whether any request has asked for a grammar yet."""
+        return self.backend is not None
+
+    def bitmask(self, num_rows: int, guided: Sequence[tuple[int, object]]) -> tuple[torch.Tensor, list[int]]:
+        """The bitmask of a step's `num_rows` sampled rows, filled for the `guided` (row,
+        request whose grammar applies) ones (bitmask.apply_bitmask applies it)."""
+        return self.backend.bitmask(num_rows, guided)
