@@ -11,6 +11,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SUPERVISOR_PORT ?= 8003
 OPENAI_PORT ?= 9000
+MODEL ?=
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
@@ -45,8 +46,9 @@ dynamo-services:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server etcd-server >/dev/null; \
 	else echo "dynamo-services: install the Debian packages nats-server and etcd-server for the Dynamo tests"; fi
 
-# The model `make serve` serves: the trained reference model (its answers end on their own).
-# The benchmarks build the random-weight default they rely on (it never stops early).
+# The model `make serve` serves (the trained reference model: its answers end on their own),
+# as a repository of its own in model_repository/. The benchmarks build the random-weight
+# default they rely on (it never stops early).
 model: $(STAMP)
 	$(PY) -m builder default --trained --repository model_repository
 
@@ -91,10 +93,12 @@ test-unit: $(STAMP)
 test-integration: $(STAMP) tritonserver
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration
 
-serve: $(STAMP) tritonserver model
-	exec $(PY) -m clients.tritonserver serve --model-repository model_repository --host $(HOST) \
+# `paged-llm serve` (clients/cli.py): MODEL, a Hugging Face folder, or by default the trained
+# reference model, built once into the cache with TensorRT-LLM's three models in front.
+serve: $(STAMP) tritonserver
+	exec $(PY) -m clients.cli serve $(MODEL) --trtllm-models --host $(HOST) --port $(OPENAI_PORT) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--supervisor-port $(SUPERVISOR_PORT) --openai-port $(OPENAI_PORT) $(OPENAI_FLAGS)
+		--supervisor-port $(SUPERVISOR_PORT) $(OPENAI_FLAGS)
 
 # The default model under NVIDIA Dynamo on this machine (docs/dynamo.md): NATS, etcd,
 # DYNAMO_WORKERS of our workers, Dynamo's KV-routing frontend, and with API_KEY set our

@@ -98,17 +98,22 @@ def _build_once(final: str, done: str, make: Callable[[str], None]) -> bool:
     return True
 
 
-def ensure_entry(checkpoint: str, name: str, options: dict, log=print) -> str:
+def ensure_entry(checkpoint: str, name: str, options: dict, log=print, trtllm_models: bool = False) -> str:
     """The model repository holding `name` built from `checkpoint` with `options`:
-    built on the first call, reused after (_build_once)."""
+    built on the first call, reused after (_build_once). `trtllm_models`: TensorRT-LLM's
+    ensemble, tensorrt_llm_bls and tensorrt_llm beside it, in front of it."""
     from builder.build import BuildOptions, build
-    repo = os.path.join(cache_root(), "repositories", entry_key(checkpoint, {**options, "name": name}))
+    key = {**options, "name": name, **({"trtllm_models": True} if trtllm_models else {})}
+    repo = os.path.join(cache_root(), "repositories", entry_key(checkpoint, key))
     entry = os.path.join(repo, name)
 
     def make(staging: str) -> None:
         log(f"building {checkpoint} into {entry} (once: later starts reuse it)")
         build(BuildOptions.create(checkpoint=os.path.abspath(checkpoint), output=os.path.join(staging, name),
                                   name=name, link=True, perplexity=False, **options), log=lambda *_: None)
+        if trtllm_models:
+            from builder.trtllm_models import write_fronts
+            write_fronts(staging, name)
     if not _build_once(repo, os.path.join(name, "config.pbtxt"), make):
         log(f"reusing the entry built before: {entry}")
     return repo
@@ -123,7 +128,9 @@ def trained_checkpoint() -> str:
 
 
 def _serve(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="paged-llm serve", description="Serve a Hugging Face checkpoint folder.",
+    ap = argparse.ArgumentParser(prog="paged-llm serve", usage="paged-llm serve [PATH] [options]",
+                                 description="Serve a Hugging Face checkpoint folder: PATH, first (as vLLM's model), "
+                                             "or without it the trained reference model.",
                                  epilog="examples:\n  paged-llm serve ./Llama-3.2-1B --max-model-len 4096\n"
                                         "  API_KEY=... paged-llm serve ./Qwen3-0.6B --quantization fp8\n"
                                         "  paged-llm serve ./Llama-3.1-8B --speculative-config "
@@ -133,7 +140,6 @@ def _serve(argv: list[str]) -> int:
                                         "(docs/security.md): it needs a key.\nOther options go to the launcher "
                                         "(python -m clients.tritonserver serve --help).",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", help="a Hugging Face checkpoint folder (default: the trained reference model)")
     ap.add_argument("--served-model-name", help="the model's name for clients (default: the folder's name)")
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)), help="the OpenAI API")
@@ -142,9 +148,16 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--quantization", choices=("fp8", "int8", "int4", "w8a8"), help="weights built to this format")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "int8"), default="auto")
     ap.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    ap.add_argument("--trtllm-models", action="store_true",
+                    help="also serve TensorRT-LLM's ensemble, tensorrt_llm_bls and tensorrt_llm in front of the model "
+                         "(what `make serve` serves; docs/migrating-from-tensorrt-llm-backend.md)")
     for flag, (field, typ) in BUILD_FLAGS.items():
         ap.add_argument(flag, dest=field, type=typ, metavar=flag[2:].upper().replace("-", "_"))
-    args, launcher = ap.parse_known_args(argv)
+    # PATH comes first, as `vllm serve MODEL`: the launcher's options pass through unparsed,
+    # so a value of one of them (--http-port 8000) must not be taken for it.
+    path_arg = argv[0] if argv and not argv[0].startswith("-") else None
+    args, launcher = ap.parse_known_args(argv[1:] if path_arg is not None else argv)
+    args.path = path_arg
     options = {field: getattr(args, field) for field, _ in BUILD_FLAGS.values() if getattr(args, field) is not None}
     options.update(weights=args.quantization or args.dtype, kv_cache=args.kv_cache_dtype)
     if args.enable_prefix_caching is not None:
@@ -160,13 +173,18 @@ def _serve(argv: list[str]) -> int:
         print(f"paged-llm serve: --served-model-name '{name}': letters, digits, '_', '.' and '-' only (a Triton "
               "model name; 'org/model' is not one)", file=sys.stderr)
         return 2
+    from builder.trtllm_models import FRONTS
+    if args.trtllm_models and name in FRONTS:
+        print(f"paged-llm serve: --served-model-name '{name}' is one of the TensorRT-LLM models --trtllm-models "
+              "adds: choose another name", file=sys.stderr)
+        return 2
     path = args.path or trained_checkpoint()
     if not os.path.isfile(os.path.join(path, "config.json")):
         print(f"paged-llm serve: {path} is not a Hugging Face checkpoint folder (no config.json)", file=sys.stderr)
         return 2
     from builder.build import BuildError
     try:
-        repo = ensure_entry(path, name, options, log=lambda m: print(m, flush=True))
+        repo = ensure_entry(path, name, options, log=lambda m: print(m, flush=True), trtllm_models=args.trtllm_models)
     except (BuildError, ValueError) as e:
         print(f"paged-llm serve: {e}", file=sys.stderr)
         return 2

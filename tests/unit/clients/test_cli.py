@@ -97,3 +97,37 @@ def test_speculative_config_reaches_the_build(folder, monkeypatch):
                      '{"method": "ngram", "num_speculative_tokens": 3}']) == 0
     assert cli.main(["serve", folder, "--speculative-config", "ngram:2"]) == 0
     assert [(s.method, s.num_speculative_tokens) for s in seen] == [("ngram", 3), ("ngram", 2)]
+
+
+def test_trtllm_models_are_written_in_front_under_a_key_of_their_own(folder, monkeypatch):
+    """--trtllm-models (what `make serve` passes): TensorRT-LLM's three models in front of
+    the entry, in a cached repository of their own, reused by the next start."""
+    calls = []
+    monkeypatch.setattr("builder.build.build", fake_build(calls))
+    plain = cli.ensure_entry(folder, "llm", {}, log=lambda *_: None)
+    fronted = cli.ensure_entry(folder, "llm", {}, log=lambda *_: None, trtllm_models=True)
+    assert fronted != plain and len(calls) == 2
+    assert sorted(os.listdir(fronted)) == ["ensemble", "llm", "tensorrt_llm", "tensorrt_llm_bls"]
+    assert sorted(os.listdir(plain)) == ["llm"]
+    assert 'value: { string_value: "llm" }' in open(os.path.join(fronted, "ensemble", "config.pbtxt")).read()
+    assert cli.ensure_entry(folder, "llm", {}, log=lambda *_: None, trtllm_models=True) == fronted and len(calls) == 2
+
+
+def test_a_served_name_of_a_trtllm_model_is_refused(folder, monkeypatch, capsys):
+    monkeypatch.setattr("builder.build.build", lambda *a, **k: pytest.fail("built"))
+    assert cli.main(["serve", folder, "--trtllm-models", "--served-model-name", "ensemble"]) == 2
+    assert "TensorRT-LLM models" in capsys.readouterr().err
+
+
+def test_the_launchers_options_pass_through_without_a_path(folder, monkeypatch):
+    """`make serve` passes the launcher's options (--http-port 8000, --tool-call-parser
+    hermes) with no PATH: their values are never taken for one."""
+    seen = []
+
+    def ensure_entry(path, name, options, log=None, trtllm_models=False):
+        seen.append((path, name, trtllm_models))
+        raise ValueError("stop here")
+    monkeypatch.setattr(cli, "trained_checkpoint", lambda: folder)
+    monkeypatch.setattr(cli, "ensure_entry", ensure_entry)
+    assert cli.main(["serve", "--trtllm-models", "--http-port", "8000", "--tool-call-parser", "hermes"]) == 2
+    assert seen == [(folder, "llm", True)]
