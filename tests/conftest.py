@@ -71,6 +71,15 @@ def tiny_ckpt(ckpt_dir):
     return build_tiny(str(ckpt_dir / "tiny"))
 
 
+@pytest.fixture(scope="session")
+def tiny_draft(ckpt_dir):
+    """A smaller model with the default model's tokenizer (a draft for speculation)."""
+    from builder.tiny import TinySpec, build_tiny
+    return build_tiny(str(ckpt_dir / "tiny_draft"), TinySpec(hidden_size=64, intermediate_size=128,
+                                                             num_hidden_layers=1, num_attention_heads=2,
+                                                             num_key_value_heads=1, seed=3))
+
+
 def random_prompts(n: int, lengths, vocab: int = 320, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
+from backend.engine.token_sequence import TokenSequence
 from backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass
-class Request:
+class Request(TokenSequence):
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -110,38 +111,6 @@ class Request:
     # runner="pooling": prefill only; the step that completes the prompt returns its
     # pooled hidden state and the request finishes there, nothing sampled.
     pooling: bool = False
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def token_slice(self, a: int, b: int) -> list[int]:
-        """Tokens a:b of prompt + output, without building the concatenation (whose cost
-        grows with the context: step inputs and block hashes need a block's worth)."""
-        prompt, output = self.prompt_token_ids, self.output_token_ids
-        p = len(prompt)
-        if b <= p:
-            return prompt[a:b]
-        if a >= p:
-            return output[a - p:b - p]
-        return prompt[a:] + output[:b - p]
-
-    def output_tail(self, k: int) -> list[int]:
-        """The last k generated tokens (fewer when there are fewer)."""
-        out = self.output_token_ids
-        return out[max(0, len(out) - k):]
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
     @property
     def is_finished(self) -> bool:

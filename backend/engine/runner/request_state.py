@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
+from backend.engine.token_sequence import TokenSequence
 from backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(eq=False)
-class RequestState:
+class RequestState(TokenSequence):
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -55,37 +56,6 @@ class RequestState:
                    list(new.output_token_ids), new.sampling_row, new.bad_words, new.mm_inputs, new.long_rope,
                    new.pooling, torch.Generator(device=device).manual_seed(seed) if seed is not None else None,
                    new.num_computed_tokens)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-    def token_slice(self, a: int, b: int) -> list[int]:
-        """Tokens a:b of prompt + output, without building the concatenation."""
-        prompt, output = self.prompt_token_ids, self.output_token_ids
-        p = len(prompt)
-        if b <= p:
-            return prompt[a:b]
-        if a >= p:
-            return output[a - p:b - p]
-        return prompt[a:] + output[:b - p]
-
-    def output_tail(self, k: int) -> list[int]:
-        """The last k generated tokens (fewer when there are fewer)."""
-        out = self.output_token_ids
-        return out[max(0, len(out) - k):]
 
 
 class RequestStates:

@@ -86,13 +86,9 @@ def test_only_the_scheduler_side_writes_requests_with_every_feature_on(tiny_ckpt
     assert_pool_free(llm)
 
 
-def test_only_the_scheduler_side_writes_requests_with_a_draft_model(tiny_ckpt, ckpt_dir, watch_writes):
-    from builder.tiny import TinySpec, build_tiny
-    draft = build_tiny(str(ckpt_dir / "one_writer_draft"), TinySpec(hidden_size=64, intermediate_size=128,
-                                                                   num_hidden_layers=1, num_attention_heads=2,
-                                                                   num_key_value_heads=1, seed=3))
+def test_only_the_scheduler_side_writes_requests_with_a_draft_model(tiny_ckpt, tiny_draft, watch_writes):
     llm = LLM(tiny_ckpt, block_size=4, num_kv_blocks=60, max_num_seqs=8, max_num_batched_tokens=40,
-              speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 3})
+              speculative_config={"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3})
     prompts = random_prompts(5, [30, 45, 12], vocab=300, seed=5)
     llm.generate(prompts, [SamplingParams(max_tokens=20, temperature=t, seed=2, ignore_eos=True)
                            for t in (0, 0.7, 0, 1.0, 0)])

@@ -77,13 +77,9 @@ def test_the_runner_side_reads_no_request_with_every_feature_on(tiny_ckpt, watch
     assert_pool_free(llm)
 
 
-def test_the_runner_side_reads_no_request_with_a_draft_model(tiny_ckpt, ckpt_dir, watch_reads):
-    from builder.tiny import TinySpec, build_tiny
-    draft = build_tiny(str(ckpt_dir / "typed_steps_draft"), TinySpec(hidden_size=64, intermediate_size=128,
-                                                                    num_hidden_layers=1, num_attention_heads=2,
-                                                                    num_key_value_heads=1, seed=3))
+def test_the_runner_side_reads_no_request_with_a_draft_model(tiny_ckpt, tiny_draft, watch_reads):
     llm = LLM(tiny_ckpt, block_size=4, num_kv_blocks=40, max_num_seqs=8, max_num_batched_tokens=40,
-              speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 3})
+              speculative_config={"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3})
     prompts = random_prompts(5, [30, 45, 12], vocab=300, seed=5)
     watch_reads.clear()
     llm.generate(prompts, [SamplingParams(max_tokens=20, temperature=t, seed=2, ignore_eos=True)

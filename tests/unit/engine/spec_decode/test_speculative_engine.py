@@ -171,15 +171,6 @@ def _stream(llm: LLM, prompt: str, params: SamplingParams):
     return "".join(deltas), tokens, final
 
 
-@pytest.fixture(scope="module")
-def tiny_draft(ckpt_dir):
-    """A smaller model with the default model's tokenizer."""
-    from builder.tiny import TinySpec, build_tiny
-    return build_tiny(str(ckpt_dir / "tiny_draft"), TinySpec(hidden_size=64, intermediate_size=128,
-                                                             num_hidden_layers=1, num_attention_heads=2,
-                                                             num_key_value_heads=1, seed=3))
-
-
 @pytest.mark.parametrize("method", ["ngram", "draft_same"])
 def test_stops_and_streaming_are_exact_when_several_tokens_land(tiny_ckpt, method):
     """Stop strings, stop ids, max_tokens and min_tokens end the output where decoding one
