@@ -109,7 +109,7 @@ class LLMEngine(RequestIntake):
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.num_unfinished > 0 or self._in_flight is not None
-                or (self.batch_queue is not None and self.batch_queue.busy) or self.scheduler.has_finished_unsent)
+                or (self.batch_queue is not None and self.batch_queue.busy))
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -124,6 +124,10 @@ class LLMEngine(RequestIntake):
         """Between steps, on the engine thread: adapters whose unload waited for their
         requests go, and the step's KV events are handed to their publisher."""
         self.runtime_lora.finish_unloads()
+        if self.scheduler.has_finished_unsent and not self.has_unfinished_requests():
+            # Idle: no step will carry the finished ids, so an empty one hands them over
+            # now and the runner lets go of those requests' state.
+            self.runner.update_states(self.scheduler.schedule())
         if self.handoff is not None and self.handoff.held:
             self.handoff.expire()           # blocks kept for a decode engine that never came
         if self.kv_events is not None:

@@ -149,8 +149,8 @@ class Scheduler(ProposalSlots):
 
     @property
     def has_finished_unsent(self) -> bool:
-        """Requests finished since the last step whose ids the runner has not had (one
-        more, empty, step hands them over, so that it lets go of their state)."""
+        """Requests finished since the last step whose ids the runner has not had (an idle
+        engine hands them over in an empty step: LLMEngine.after_step)."""
         return bool(self._finished_req_ids)
 
     def lora_stats(self) -> dict:
