@@ -157,6 +157,20 @@ def local_address(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
+def exposure_warnings(host: str, no_supervisor: bool, wants_guard: bool) -> list[str]:
+    """What `serve` warns about before it starts, off loopback: Triton's inference APIs
+    take no key (the OpenAI API's key does not cover them), and without the supervisor
+    no HTTP guard stands in front of Triton's HTTP port."""
+    out = []
+    if not is_loopback(host):
+        out.append(f"warning: --host {host} exposes Triton's inference APIs (HTTP and gRPC), which take no key: "
+                   "anyone who reaches them can run requests (docs/security.md)")
+    if no_supervisor and wants_guard:
+        out.append("warning: --no-supervisor runs no HTTP guard: Triton 24.10's HTTP port is exposed to "
+                   "CVE-2025-23310/23311")
+    return out
+
+
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -415,13 +429,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(" ".join(admin.redact(cmd)), flush=True)
     where = f"generated, in {admin.key_file}" if admin.generated else "given"
     print(f"Triton's {', '.join(admin.restricted)} APIs take the header '{HEADER}' (key {where})", flush=True)
-    if not is_loopback(args.host):
-        print(f"warning: --host {args.host} exposes Triton's inference APIs (HTTP and gRPC), which take no key: "
-              "anyone who reaches them can run requests (docs/security.md)", file=sys.stderr, flush=True)
+    for warning in exposure_warnings(args.host, args.no_supervisor, wants_guard):
+        print(warning, file=sys.stderr, flush=True)
     if args.no_supervisor:
-        if wants_guard:
-            print("warning: --no-supervisor runs no HTTP guard: Triton 24.10's HTTP port is exposed to "
-                  "CVE-2025-23310/23311", file=sys.stderr, flush=True)
         os.execve(cmd[0], cmd, env)
     import logging
 
