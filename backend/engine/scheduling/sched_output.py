@@ -112,8 +112,10 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     new_requests: list[NewRequestData] = field(default_factory=list)
-    # Requests that finished (or were aborted) since the last step the runner got.
+    # Requests that finished (or were aborted) since the last step the runner got, and
+    # those this step preempted (the scheduler's own list of them: `preempted`).
     finished_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     # Copies between the KV pool and a store beyond it (kv_offload/), run before the forward.
     kv_transfers: Optional[KVTransfers] = None
@@ -127,10 +129,6 @@ class SchedulerOutput:
         """A step whose requests the runner has not seen (tests and benchmarks that build
         steps by hand)."""
         return cls(scheduled, [NewRequestData.of(s.request) for s in scheduled], **kwargs)
-
-    @property
-    def preempted_req_ids(self) -> list[str]:
-        return [r.request_id for r in self.preempted]
 
     @property
     def num_tokens(self) -> int:

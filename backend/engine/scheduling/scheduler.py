@@ -283,6 +283,7 @@ class Scheduler(ProposalSlots):
         if self.exclude_in_flight:
             self.in_flight.update(s.request_id for s in out.scheduled)
         out.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
+        out.preempted_req_ids = [r.request_id for r in out.preempted]
         return out
 
     def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> set[str]:

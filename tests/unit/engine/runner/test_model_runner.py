@@ -1,4 +1,5 @@
-"""The model runner alone, over steps a real scheduler makes, with a stand-in model whose
+"""The model runner alone, over steps a real scheduler makes and over typed steps built by
+hand (no scheduler, no Request: its own state from NewRequestData), with a stand-in model whose
 next token after t is always t + 1 (no weights): which rows it samples (none for a prompt
 chunk that stops short of the prompt's end), what it returns per scheduled request, the
 verification of proposals (accepted up to the first miss, then the model's own token),
@@ -114,3 +115,60 @@ def test_a_step_with_no_sampled_row_runs_the_model_and_samples_nothing():
     calls = NextTokenModel.calls
     assert runner.execute(out).sampled_token_ids == [[]]
     assert NextTokenModel.calls == calls + 1
+
+
+# ------------------------------------------------------------- typed steps alone
+def typed_runner(tables: dict) -> ModelRunner:
+    cpu = torch.device("cpu")
+    return ModelRunner(NextTokenModel(), [], BLOCK, cpu, Sampler(0, cpu, 8), tables.__getitem__,
+                       StepInputBuilder(64, 8, 16, BLOCK, cpu), VOCAB)
+
+
+def new(rid: str, prompt: list[int], output=(), computed: int = 0, resumed: bool = False, **params):
+    from backend.engine.scheduling.sched_output import NewRequestData
+    p = SamplingParams(max_tokens=8, temperature=0, **params)
+    return NewRequestData(rid, prompt, list(output), p, 8, frozenset(), None, None, None, False, False, computed,
+                          resumed)
+
+
+def share(rid: str, num_new: int, computed: int, completes: bool = True, spec=()):
+    from backend.engine.scheduling.sched_output import ScheduledRequest
+    return ScheduledRequest(None, num_new, list(spec), request_id=rid, num_computed_tokens=computed,
+                            completes_prompt=completes)
+
+
+def test_the_runner_runs_on_typed_steps_alone_and_keeps_its_own_state():
+    """No scheduler and no Request: a request arrives as NewRequestData, decodes from the
+    tokens the runner sampled itself, verifies proposals, pauses when preempted, resumes
+    with what it had, and is dropped once finished."""
+    from backend.engine.scheduling.sched_output import SchedulerOutput
+    tables = {"a": [0, 1, 2], "b": [3, 4]}
+    runner = typed_runner(tables)
+    step = SchedulerOutput([share("a", 3, 0), share("b", 2, 0, completes=False)], [new("a", [5, 6, 7]),
+                                                                                    new("b", [20, 21, 22])])
+    assert runner.execute(step).sampled_token_ids == [[8], []]      # b's prompt is cut short
+    a, b = runner.states.get("a"), runner.states.get("b")
+    assert a.output_token_ids == [8] and b.output_token_ids == []
+    # a decodes its own sampled token; b's last prompt token samples its first.
+    assert runner.execute(SchedulerOutput([share("a", 1, 3), share("b", 1, 2)])).sampled_token_ids == [[9], [23]]
+    assert a.output_token_ids == [8, 9] and b.output_token_ids == [23]
+    # a verifies proposals 10 (right) and 12 (wrong: the model says 11): one accepted.
+    assert runner.execute(SchedulerOutput([share("a", 3, 4, spec=[10, 12])])).sampled_token_ids == [[10, 11]]
+    assert a.output_token_ids == [8, 9, 10, 11]
+    # b is preempted: paused, its tokens kept; resumed, it recomputes from them.
+    runner.execute(SchedulerOutput([share("a", 1, 6)], preempted_req_ids=["b"]))
+    assert not b.running and runner.states.get("b") is b
+    out = runner.execute(SchedulerOutput([share("b", 4, 0)], [new("b", [20, 21, 22], [23], resumed=True)]))
+    assert out.sampled_token_ids == [[24]] and b.running and b.output_token_ids == [23, 24]
+    # a finished: its state is let go of with the next step.
+    runner.execute(SchedulerOutput([share("b", 1, 4)], finished_req_ids=["a"]))
+    assert "a" not in runner.states and not a.running and len(runner.states) == 1
+
+
+def test_a_step_of_a_request_never_sent_is_refused_by_name():
+    import pytest
+
+    from backend.engine.scheduling.sched_output import SchedulerOutput
+    runner = typed_runner({"x": [0]})
+    with pytest.raises(RuntimeError, match="request 'x' was scheduled but never sent"):
+        runner.execute(SchedulerOutput([share("x", 1, 0)]))
