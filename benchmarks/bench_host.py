@@ -78,7 +78,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
     engine, runner = llm.engine, llm.engine.runner
 
     def host_only(out, grammar_bitmask=None):
-        states = runner.states.apply(out)
+        states = runner.update_states(out)
         runner.inputs.build(out, states, runner._block_table_of)
         sampling = [state for s, state in zip(out.scheduled, states) if s.completes_prompt]
         runner.sampler.prepare(sampling, runner.vocab_size)
@@ -129,7 +129,7 @@ def _runner_class():
             return self.stream[(off + position) % len(self.stream)]
 
         def launch(self, out, prev=None):
-            states = self.states.apply(out)
+            states = self.update_states(out)
             self.inputs.build(out, states, self._block_table_of)
             self._device_free = max(time.perf_counter(), self._device_free) + self.device_s
             launched = LaunchedStep(out, states, None)

@@ -1,6 +1,6 @@
 """What the scheduler hands the model runner for one step (vLLM's sched/output.py): a
 typed step. The runner reads only these fields, never the scheduler's `Request`
-objects (tests/unit/test_runner_reads_typed_steps.py checks it):
+objects (tests/unit/engine/test_runner_reads_typed_steps.py checks it):
 
 - `new_requests`: each request the step admits, with everything the runner keeps of it
   (runner/request_state.py), sent once per admission (again, marked resumed, after a

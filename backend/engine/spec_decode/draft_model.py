@@ -301,18 +301,17 @@ class _Row:
         the next step's schedule may have taken back proposal-only blocks since this step
         was scheduled (Scheduler._reclaim_proposal_blocks): the draft writes only into
         slots still held."""
-        request = state
         rejected = s.rejected_among(new)      # (the scheduler records it when it applies the step)
-        num_tokens = request.num_tokens + len(new)
+        num_tokens = state.num_tokens + len(new)
         k = 0
         if new and s.num_lookahead_tokens:
             # Room for k proposals and the target's own token within max_tokens; the
             # newest token and proposals 1..k-1 written at num_tokens - 1 onwards.
-            room = request.max_tokens - request.num_output_tokens - len(new) - 1
+            room = state.max_tokens - state.num_output_tokens - len(new) - 1
             # (a tree: its nodes within that depth; they and the newest token take as many slots)
             k = min(s.num_lookahead_tokens, tree.nodes_within(room) if tree is not None else room,
                     held_slots - num_tokens + 1)
-        return cls(request, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0),
+        return cls(state, new, num_tokens, s.num_computed_tokens + s.num_new_tokens - rejected, max(k, 0),
                    s.num_computed_tokens, step_row)
 
     @property

@@ -21,8 +21,9 @@ ENGINE = dict(block_size=8, num_kv_blocks=128, max_num_seqs=8, max_num_batched_t
 
 
 def req(sequences, out=(), prompt=(1,), temperature=0.0) -> RequestState:
-    r = RequestState(request_id="r", prompt_token_ids=list(prompt), sampling_params=SamplingParams(temperature=temperature),
-                     max_tokens=100, bad_words=BadWords.from_sequences(sequences) if sequences else None)
+    r = RequestState(request_id="r", prompt_token_ids=list(prompt),
+                     sampling_params=SamplingParams(temperature=temperature), max_tokens=100,
+                     bad_words=BadWords.from_sequences(sequences) if sequences else None)
     r.output_token_ids = list(out)
     return r
 
