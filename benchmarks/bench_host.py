@@ -79,7 +79,7 @@ def host_ms_per_step(checkpoint: str, num_seqs: int, prompt_len: int, steps: int
 
     def host_only(out, grammar_bitmask=None):
         states = runner.update_states(out)
-        runner.inputs.build(out, states, runner._block_table_of)
+        runner.inputs.build(out, states)
         sampling = [state for s, state in zip(out.scheduled, states) if s.completes_prompt]
         runner.sampler.prepare(sampling, runner.vocab_size)
         sampled = [[7] if s.completes_prompt else [] for s in out.scheduled]
@@ -130,7 +130,7 @@ def _runner_class():
 
         def launch(self, out, prev=None):
             states = self.update_states(out)
-            self.inputs.build(out, states, self._block_table_of)
+            self.inputs.build(out, states)
             self._device_free = max(time.perf_counter(), self._device_free) + self.device_s
             launched = LaunchedStep(out, states, None)
             launched.done_at = self._device_free
@@ -358,8 +358,10 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
         sampler = Sampler(0, torch.device("cpu"), num_seqs)
         builder = StepInputBuilder(num_seqs, num_seqs, max_blocks, block_size, torch.device("cpu"))
         # The runner's copies of the requests (runner/request_state.py), as it keeps them.
-        states = RequestStates(torch.device("cpu")).apply(
-            SchedulerOutput.first_step([ScheduledRequest(r, 1) for r in requests]))
+        held = RequestStates(torch.device("cpu"))
+        first = SchedulerOutput.first_step([ScheduledRequest(r, 1) for r in requests])
+        kv.set_block_diffs(first)
+        states = held.apply(first)
         elapsed = 0.0
         for step in range(steps + 1):
             for r, state in zip(requests, states):     # the token the last step sampled
@@ -367,9 +369,11 @@ def parts_ms(num_seqs: int, context: int, steps: int = 20, vocab: int = 32000, b
                 r.output_token_ids.append(token)
                 state.output_token_ids.append(token)
                 kv.allocate_slots(r, 1)
+            sched = SchedulerOutput([ScheduledRequest(r, 1) for r in requests])
+            kv.set_block_diffs(sched)
             t = time.perf_counter()
-            if kind == "build":
-                builder.build(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]), states, kv.block_table)
+            if kind == "build":        # (the runner's side: its copies' tables, then the inputs)
+                builder.build(sched, held.apply(sched))
             else:
                 sampler.prepare(states, vocab)
             if step:                             # the first call of a request may set up state

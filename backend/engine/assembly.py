@@ -204,7 +204,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
         # none waits for the device to have read the one before (buffers.py).
         slots = spec.num_speculative_tokens if spec.method != "ngram" else 1
         speculator = Speculator(spec, make_proposer(
-            spec, draft, kv_cache, draft_layers,
+            spec, draft, args.block_size, draft_layers,
             StepInputBuilder(tokens, seqs, blocks, args.block_size, device, staging_slots=slots),
             Sampler(args.seed + 1, device, args.max_num_seqs, staging_slots=slots), cfg.vocab_size))
     drafter = speculator.proposer if speculator is not None and speculator.in_runner else None
@@ -234,7 +234,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     shards = _cpu_shards(args, cfg, device, attention_backend, workers, lora, weight_bytes, vision is not None)
     if shards is not None:
         started.append(shards)
-    runner = _make_runner(args, cfg, model, kv_layers, device, kv_cache, max_model_len, max_position,
+    runner = _make_runner(args, cfg, model, kv_layers, device, max_model_len, max_position,
                           long_rope_original, vision is not None and vision.processor.whole_images, workers=workers,
                           lora=lora, shards=shards, drafter=drafter,
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
@@ -306,7 +306,7 @@ def measure_memory(model, workers, cfg: ModelConfig, args: EngineArgs, dtype: to
 
 
 def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: torch.device,
-                 kv_cache: KVCacheManager, max_model_len: int, max_position: int,
+                 max_model_len: int, max_position: int,
                  long_rope_original: Optional[int], image_attention: bool = False, tree=None,
                  **parts) -> ModelRunner:
     """The runner args.runner and args.model_runner name. `parts`: workers, lora,
@@ -316,7 +316,7 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
     inputs = StepInputBuilder(*sizing.input_sizes(args, max_model_len), args.block_size, device,
                               long_rope=(long_rope_original, max_position) if long_rope_original is not None else None,
                               mrope=getattr(model, "uses_mrope", False), image_attention=image_attention, tree=tree)
-    common = (kv_layers, args.block_size, device, sampler, kv_cache.block_table, inputs, cfg.vocab_size)
+    common = (kv_layers, args.block_size, device, sampler, inputs, cfg.vocab_size)
     if args.runner == "pooling":
         return PoolingModelRunner(model, *common, pooler=args.pooler)
     if args.model_runner == "torch":

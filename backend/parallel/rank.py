@@ -72,7 +72,7 @@ def worker_main(spec: WorkerSpec) -> None:
                                   device)
         # The runner rank 0 runs, for its forward path (graph replay or eager); this rank
         # never samples, so it has no sampler and no block tables of its own.
-        runner = ModelRunner(model, kv_caches, setup.block_size, device, None, None, inputs, cfg.vocab_size,
+        runner = ModelRunner(model, kv_caches, setup.block_size, device, None, inputs, cfg.vocab_size,
                              lora=lora)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
                     dst=0, group=ctrl)

@@ -45,9 +45,9 @@ def packed_inputs(step: StepInputs, kv_caches: list[KVCacheLayer], k_scales: tor
 
 class GraphModelRunner(ModelRunner):
     def __init__(self, graph: Callable[[dict[str, torch.Tensor]], torch.Tensor], kv_caches: list[KVCacheLayer],
-                 block_size: int, device: torch.device, sampler: Sampler,
-                 block_table_of: Callable[[str], list[int]], inputs: StepInputBuilder, vocab_size: int) -> None:
-        super().__init__(None, kv_caches, block_size, device, sampler, block_table_of, inputs, vocab_size)
+                 block_size: int, device: torch.device, sampler: Sampler, inputs: StepInputBuilder,
+                 vocab_size: int) -> None:
+        super().__init__(None, kv_caches, block_size, device, sampler, inputs, vocab_size)
         self.graph = graph
         # The cache scales are fixed at load (calibrated by the builder): stacked once.
         scales = torch.stack([c.scale_tensor() for c in kv_caches])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -70,8 +70,7 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
 
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
-                 device: torch.device, sampler: Sampler, block_table_of: Callable[[str], list[int]],
-                 inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None,
+                 device: torch.device, sampler: Sampler, inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None,
                  shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
                  encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
         self.model = model
@@ -81,7 +80,6 @@ class ModelRunner:
         self.sampler = sampler
         self.inputs = inputs
         self.vocab_size = vocab_size
-        self._block_table_of = block_table_of
         # This runner's CUDA graphs (capture_graphs, once its KV cache exists), or None.
         self.graphs = None
         # On CPU: the forward split by sequences over threads (cpu_shards.py).
@@ -173,7 +171,7 @@ class ModelRunner:
             graph = None
         if graph is not None and self.tree is not None and any(s.spec_token_ids for s in out.scheduled):
             graph = None                    # (a graph has no tree masks: a tree's verification runs eagerly)
-        step = self.inputs.build(out, states, self._block_table_of, pad_to=graph)
+        step = self.inputs.build(out, states, pad_to=graph)
         if step.placeholders:
             self._fill_placeholders(step, prev)
         if step.proposals:
@@ -283,7 +281,7 @@ class ModelRunner:
         result = self._read(launched, paths)
         if paths:
             self._tree_kv.compact(self.kv_caches, *self._tree_kv.slot_moves(
-                launched.sched.scheduled, launched.states, paths, self._block_table_of, self.block_size))
+                launched.sched.scheduled, launched.states, paths, self.block_size))
         if self.drafter is not None:
             result.proposals = self.drafter.propose(launched.sched, launched.states, result.sampled_token_ids,
                                                     launched.target_hidden, paths)

@@ -1,12 +1,13 @@
 """The persistent block table's host side (vLLM's block_table.py idea): each request keeps
 a row (its slot) of the device table [max_num_seqs + 1, max_blocks_per_seq] for as long as
 it holds blocks, and a step sends only the block ids its requests gained since the last
-step (or a whole row for a request new to the table or re-admitted). StepInputBuilder
-(step_inputs.py) applies the updates on the device."""
+step (or a whole row for a request new to the table or re-admitted). The tables it
+mirrors are the runner's copies (`RequestState.block_ids`, updated from the typed step's
+diffs). StepInputBuilder (step_inputs.py) applies the updates on the device."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -16,7 +17,7 @@ class _TableRow:
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
-        self.table: Optional[list[int]] = None  # the KV cache manager's list it mirrors
+        self.table: Optional[list[int]] = None  # the runner's copy it mirrors
         self.serials: list[int] = []            # BlockTable serials of the entries written
         self.length = 0                         # entries written
         self.used = 0                           # the build that last used it
@@ -26,7 +27,7 @@ class PersistentBlockTables:
     """Rank 0's host side of the persistent block table: which slot each request holds,
     what its row holds, and a host mirror of the rows (the slot mapping is computed from
     it). Rows are keyed by request id; a row is rewritten from the first entry that
-    changed, found in O(changed) from the BlockTable serials (backend/engine/scheduling/kv_cache_manager.py),
+    changed, found in O(changed) from the BlockTable serials (backend/engine/block_table.py),
     or in full for a plain list."""
 
     def __init__(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:
@@ -39,13 +40,12 @@ class PersistentBlockTables:
     def begin(self) -> None:
         self._build += 1
 
-    def row(self, request_id: str, table: list[int], block_table_of: Callable[[str], list[int]],
-            index: list[int], values: list[int]) -> int:
+    def row(self, request_id: str, table: list[int], index: list[int], values: list[int]) -> int:
         """The request's slot, its row brought up to date on the host; the changed
         entries appended to (index, values) as flat table indices and block ids."""
         r = self.rows.get(request_id)
         if r is None:
-            r = self.rows[request_id] = _TableRow(self._allocate(block_table_of))
+            r = self.rows[request_id] = _TableRow(self._allocate())
         serials = getattr(table, "serials", None)
         start = 0
         if r.table is table and serials is not None:
@@ -67,12 +67,13 @@ class PersistentBlockTables:
             r.serials.extend(serials[start:n])
         return r.slot
 
-    def _allocate(self, block_table_of: Callable[[str], list[int]]) -> int:
+    def _allocate(self) -> int:
         if not self._free:
-            # Rows whose request no longer holds the blocks they mirror (finished,
-            # preempted) first; failing that, the least recently used outside this build.
+            # Rows whose request no longer holds blocks (finished, preempted: the runner
+            # empties its copy) first; failing that, the least recently used outside
+            # this build.
             for rid, r in list(self.rows.items()):
-                if block_table_of(rid) is not r.table and r.used < self._build:
+                if not r.table and r.used < self._build:
                     self._free.append(self.rows.pop(rid).slot)
             if not self._free:
                 idle = [(r.used, rid) for rid, r in self.rows.items() if r.used < self._build]

@@ -41,7 +41,7 @@ class PoolingModelRunner(ModelRunner):
         states = self.update_states(out)
         for request_id in [rid for rid in self._sums if rid not in self.states]:
             del self._sums[request_id]              # aborted mid-prompt
-        step = self.inputs.build(out, states, self._block_table_of)
+        step = self.inputs.build(out, states)
         hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
         done = [i for i, s in enumerate(out.scheduled) if s.completes_prompt]
         if self.pooler.pooling_type == "LAST":

@@ -143,7 +143,7 @@ def prefill_step(model, args: EngineArgs, kv_dtype: torch.dtype, device: torch.d
             batch = sampler.prepare(rows, vocab_size)
             built = inputs.build_segments(ids, np.zeros(len(ids), dtype=np.int64), n_new,
                                           np.ones(len(ids), dtype=np.int64),
-                                          lambda i, a, b: requests[i].prompt_token_ids[a:b], tables.__getitem__)
+                                          lambda i, a, b: requests[i].prompt_token_ids[a:b], [tables[i] for i in ids])
             logits: Optional[torch.Tensor] = run_model(model, kv, built)
             if logits is None:                      # not rank 0: no sampler here
                 return None

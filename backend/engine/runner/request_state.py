@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
+from backend.engine.block_table import BlockTable
 from backend.engine.token_sequence import TokenSequence
 from backend.sampling_params import SamplingParams
 
@@ -45,6 +46,9 @@ class RequestState(TokenSequence):
     generator: Optional[torch.Generator] = None
     # Tokens whose K/V the draft model (or EAGLE head) has in the request's blocks.
     num_draft_computed: int = 0
+    # The runner's copy of the request's block table, kept by the steps' diffs; empty
+    # once the request gave its blocks back (finished, preempted).
+    block_ids: BlockTable = field(default_factory=BlockTable)
     # False once finished, and from a preemption until the request is admitted again: a
     # step in flight from before leaves it alone (no proposals, no moved K/V).
     running: bool = True
@@ -82,10 +86,12 @@ class RequestStates:
             state = states.pop(request_id, None)
             if state is not None:
                 state.running = False   # (a step in flight from before still holds it)
+                state.block_ids.truncate(0)
         for request_id in out.preempted_req_ids:
             state = states.get(request_id)
             if state is not None:
                 state.running, state.num_draft_computed = False, 0     # (its blocks are gone)
+                state.block_ids.truncate(0)
         for new in out.new_requests:
             state = states.get(new.request_id) if new.resumed else None
             if state is None:
@@ -93,10 +99,17 @@ class RequestStates:
             else:
                 state.running, state.long_rope, state.num_draft_computed = True, new.long_rope, new.num_computed_tokens
         try:
-            return [states[s.request_id] for s in out.scheduled]
+            scheduled = [states[s.request_id] for s in out.scheduled]
         except KeyError as e:
             raise RuntimeError(f"request {e} was scheduled but never sent to the runner "
                                "(SchedulerOutput.new_requests)") from None
+        for s, state in zip(out.scheduled, scheduled):
+            state.block_ids.apply_diff(s.block_ids_start, s.new_block_ids)
+        for request_id, (start, block_ids) in out.other_block_diffs.items():
+            state = states.get(request_id)
+            if state is not None:
+                state.block_ids.apply_diff(start, block_ids)
+        return scheduled
 
     @staticmethod
     def append(states: Sequence[RequestState], sampled_token_ids: Sequence[list[int]]) -> None:

@@ -130,13 +130,14 @@ class StepInputBuilder:
         """[rows, cols] view with row stride M (kernels take the stride)."""
         return self.step_tables[:rows, :cols]
 
-    def build(self, out: SchedulerOutput, states: Sequence[RequestState], block_table_of: Callable[[str], list[int]],
+    def build(self, out: SchedulerOutput, states: Sequence[RequestState],
               pad_to: Optional[GraphShape] = None) -> StepInputs:
         """The scheduled step: each request's new tokens from its computed ones, its
         proposed tokens last; logits for the last token of each request whose prompt is
         complete, and for each proposed token (the target scores them all). `states`:
-        the scheduled requests' states (request_state.py); a token past what a state
-        holds is a placeholder, sampled by the step in flight."""
+        the scheduled requests' states (request_state.py), their block tables those of
+        this step; a token past what a state holds is a placeholder, sampled by the step
+        in flight."""
         sched = out.scheduled
         B = len(sched)
         starts = np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=B)
@@ -173,7 +174,7 @@ class StepInputBuilder:
         trees = [(i, int(starts[i] + n_new[i]) - len(s.spec_token_ids), self.tree.prefix(len(s.spec_token_ids)))
                  for i, s in enumerate(sched) if s.spec_token_ids and s.completes_prompt] if self.tree else None
         step = self.build_segments([s.request_id for s in sched], starts, n_new, rows, tokens,
-                                   block_table_of, pad_to.num_seqs if pad_to else None, long_rope,
+                                   [state.block_ids for state in states], pad_to.num_seqs if pad_to else None, long_rope,
                                    extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None,
                                    mrope_deltas=deltas, trees=trees or None)
         if deltas is not None:
@@ -190,14 +191,15 @@ class StepInputBuilder:
         return step
 
     def build_segments(self, request_ids: list[str], start: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
-                       tokens: Callable[[int, int, int], list[int]], block_table_of: Callable[[str], list[int]],
+                       tokens: Callable[[int, int, int], list[int]], block_tables: Sequence[list[int]],
                        pad_to: Optional[int] = None, long_rope: Optional[np.ndarray] = None,
                        extra_rows: Optional[list[tuple[int, np.ndarray]]] = None,
                        pad_tokens_to: Optional[int] = None,
                        mrope_deltas: Optional[tuple[np.ndarray, np.ndarray]] = None,
                        trees: Optional[list[tuple[int, int, TokenTree]]] = None) -> StepInputs:
         """Sequence i adds tokens start[i]:start[i] + n_new[i] (their ids from tokens(i, a,
-        b)) over its cached ones, and wants logits for its last num_rows[i] of them; then,
+        b)) over its cached ones, in the blocks block_tables[i] lists (its slot in the
+        persistent table is kept by request id), and wants logits for its last num_rows[i] of them; then,
         after every such row, for the rows extra_rows lists as (sequence i, offsets into
         its new tokens). long_rope[i] (LongRoPE models): sequence i's tokens take the long
         frequencies. pad_to / pad_tokens_to: rows and tokens of the graph replayed.
@@ -234,8 +236,8 @@ class StepInputBuilder:
         for i, request_id in enumerate(request_ids):
             a, b = int(start[i]), int(start[i] + n_new[i])
             input_ids[qsl[i]:qsl[i + 1]] = tokens(i, a, b)
-            table = block_table_of(request_id)
-            row_slots[i] = self.tables.row(request_id, table, block_table_of, index, values)
+            table = block_tables[i]
+            row_slots[i] = self.tables.row(request_id, table, index, values)
             widest = max(widest, len(table))
         row_slots[B:] = 0
         input_ids[T:] = 0

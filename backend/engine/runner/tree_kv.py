@@ -10,8 +10,6 @@ scatter per layer, indices in one upload, no host sync.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
@@ -24,8 +22,8 @@ class TreeKVCompactor:
     def __init__(self, device: torch.device) -> None:
         self._index = GrowingStagedBuffer(torch.int64, device)
 
-    def slot_moves(self, scheduled, states, paths: dict[int, list[int]], block_table_of: Callable[[str], list[int]],
-                   block_size: int) -> tuple[list[int], list[int]]:
+    def slot_moves(self, scheduled, states, paths: dict[int, list[int]], block_size: int
+                   ) -> tuple[list[int], list[int]]:
         """(source slots, destination slots) for the accepted paths `paths` (by index in
         `scheduled`) of the requests still running (`states`: their RequestStates)."""
         src, dst = [], []
@@ -35,7 +33,7 @@ class TreeKVCompactor:
                 continue                    # (finished or preempted since: nothing to keep)
             root = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1
             a, b = moves(path, root)
-            table = block_table_of(s.request_id)
+            table = states[i].block_ids
             if not a or max(a) // block_size >= len(table):
                 continue
 

@@ -5,37 +5,12 @@ about requests (kv_cache_manager.py maps requests to blocks)."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence
 
 BlockHash = bytes
-
-# Every block id ever appended to a block table gets a number no other gets.
-_serials = itertools.count(1)
-
-
-class BlockTable(list):
-    """A request's block ids, with a serial number per entry: a reader that kept the
-    serials it saw knows which leading entries are unchanged, in O(changed), even after
-    entries were trimmed and others appended in their place (persistent block tables in
-    backend/engine/runner/step_inputs.py)."""
-    __slots__ = ("serials",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.serials: list[int] = []
-
-    def append_blocks(self, block_ids: list[int]) -> None:
-        self.extend(block_ids)
-        self.serials.extend(itertools.islice(_serials, len(block_ids)))
-
-    def truncate(self, n: int) -> None:
-        del self[n:]
-        del self.serials[n:]
-
 
 @dataclass(eq=False)
 class KVBlock:
@@ -64,8 +39,6 @@ def hash_chain(parent: Optional[BlockHash], blocks: Iterable[Sequence[int]]) -> 
         parent = hash_block(parent, token_ids)
         yield parent
 
-
-_EMPTY = BlockTable()
 
 
 class BlockPool:

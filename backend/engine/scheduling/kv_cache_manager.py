@@ -28,11 +28,18 @@ caching only computed blocks are freed, and they stay cached for later hits.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from backend.engine.block_table import BlockTable
 from backend.engine.kv_offload.connector import ExternalHit, KVConnectorScheduler, KVTransfers
 from backend.engine.request import Request
-from backend.engine.scheduling.block_pool import _EMPTY, BlockPool, BlockTable, KVBlock, hash_chain
+from backend.engine.scheduling.block_pool import BlockPool, KVBlock, hash_chain
+
+if TYPE_CHECKING:
+    from backend.engine.scheduling.sched_output import SchedulerOutput
+
+_EMPTY = BlockTable()
+
 
 def num_device_hits(cached: Sequence) -> int:
     """How many of find_cached_blocks' hits are the pool's own blocks (the connector's,
@@ -60,8 +67,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, events)
         self.events = events
         self.req_blocks: dict[str, list[KVBlock]] = {}
-        # The same tables as block ids, kept in step with req_blocks: the model runner
-        # reads every running request's table every step (the new entries only).
+        # The same tables as block ids, kept in step with req_blocks: each step hands the
+        # runner what changed in its requests' tables (take_block_diff).
         self.req_block_ids: dict[str, BlockTable] = {}
         # How many leading blocks of each request are registered in the prefix cache, and
         # how many of those hold computed K/V (the rest are pending).
@@ -69,6 +76,8 @@ class KVCacheManager:
         self._num_computed_blocks: dict[str, int] = {}
         self.prefix_cache_queries = 0
         self.prefix_cache_hit_tokens = 0
+        # Requests whose tables changed since the last set_block_diffs.
+        self._changed: set[str] = set()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -83,6 +92,26 @@ class KVCacheManager:
         """The request's block ids (read-only: the manager's own BlockTable, the same
         object for as long as the request holds blocks)."""
         return self.req_block_ids.get(request_id, _EMPTY)
+
+    def set_block_diffs(self, out: "SchedulerOutput") -> None:
+        """What changed in block tables since the last step, for the runner's copies
+        (block_table.py): each scheduled request's `block_ids_start` and `new_block_ids`,
+        and in `out.other_block_diffs` those of requests not in the step whose tables
+        changed meanwhile (proposal-only blocks taken back while their step is in
+        flight: its draft must not write past them). A table made again after the
+        request gave its blocks back (preempted) starts from entry 0. Called once the
+        step's allocations are all made."""
+        for s in out.scheduled:
+            table = self.req_block_ids.get(s.request_id)
+            s.block_ids_start, s.new_block_ids = table.take_diff() if table is not None else (0, None)
+            self._changed.discard(s.request_id)
+        for request_id in self._changed:
+            table = self.req_block_ids.get(request_id)
+            if table is not None:
+                start, ids = table.take_diff()
+                if ids is not None:
+                    out.other_block_diffs[request_id] = (start, ids)
+        self._changed.clear()
 
     # ------------------------------------------------------------ prefix cache
     def _update_block_hashes(self, request: Request) -> None:
@@ -168,6 +197,7 @@ class KVCacheManager:
                 self.connector.on_allocated(external, new[:len(external)])
         ids = self.req_block_ids.setdefault(request.request_id, BlockTable())
         ids.append_blocks([b.block_id for b in blocks[len(ids):]])
+        self._changed.add(request.request_id)
         if cached_blocks or external:
             # Hits are already in the prefix cache; registration resumes after them.
             self._num_registered[request.request_id] = len(cached_blocks)
@@ -256,6 +286,7 @@ class KVCacheManager:
             self.pool.release(block)
         del blocks[keep:]
         self.req_block_ids[request.request_id].truncate(keep)
+        self._changed.add(request.request_id)
 
     def free(self, request: Request) -> None:
         """Give back every block of the request. Tail blocks are queued first, so

@@ -6,8 +6,11 @@ objects (tests/unit/engine/test_runner_reads_typed_steps.py checks it):
   (runner/request_state.py), sent once per admission (again, marked resumed, after a
   preemption);
 - `scheduled`: each scheduled request's share of the step (ScheduledRequest: its
-  tokens, proposals and prompt-logprob rows, all as numbers and ids);
-- `finished_req_ids` and `preempted_req_ids`: what the runner drops or pauses.
+  tokens, proposals and prompt-logprob rows, and what changed in its block table since
+  the runner last got it, all as numbers and ids);
+- `finished_req_ids` and `preempted_req_ids`: what the runner drops or pauses;
+- `other_block_diffs`: tables of requests outside the step that changed (trimmed while
+  their step was in flight).
 
 Output tokens travel the other way: the runner samples them and keeps its own copy.
 `ScheduledRequest.request` and `preempted` are the scheduler's own bookkeeping, for
@@ -91,6 +94,13 @@ class ScheduledRequest:
     # them (each predicts the prompt token after it), set by the scheduler.
     prompt_logprob_start: int = 0
     num_prompt_logprob_rows: int = 0
+    # The request's block table from entry block_ids_start on, as this step has it, or
+    # None where it did not change (vLLM's new_block_ids; ours can also replace trailing
+    # entries, given back after rejected proposals): the runner's copy is kept by these
+    # diffs alone (backend/engine/block_table.py). Set once the step's allocations are
+    # made (KVCacheManager.set_block_diffs).
+    block_ids_start: int = 0
+    new_block_ids: Optional[list[int]] = None
 
     def rejected_among(self, new_tokens: list[int]) -> int:
         """How many of this step's proposals the target rejected, given the request's new
@@ -117,6 +127,9 @@ class SchedulerOutput:
     finished_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Block-table diffs (ScheduledRequest.block_ids_start, new_block_ids) of requests not
+    # in this step whose tables changed since their last one, by id.
+    other_block_diffs: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
     # Copies between the KV pool and a store beyond it (kv_offload/), run before the forward.
     kv_transfers: Optional[KVTransfers] = None
     # Vision-language models (scheduling/encoder_cache.py): the images the vision tower

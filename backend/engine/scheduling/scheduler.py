@@ -276,6 +276,7 @@ class Scheduler(ProposalSlots):
         self.waiting.extendleft(reversed(skipped))
         if self.num_lookahead_tokens:
             self.reserve_lookahead(out)
+        self.kv_cache.set_block_diffs(out)          # (after every allocation of the step)
         if self.encoder is not None:
             out.encoder_frees = self.encoder.take_freed()
         if out.scheduled and self.kv_cache.connector is not None:

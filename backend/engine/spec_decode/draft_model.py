@@ -45,7 +45,6 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import ConfigError
-from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.runner.cuda_graphs import DecodeGraphs, capture_decode_graphs, sampled_logits
 from backend.engine.runner.model_runner import run_model
@@ -69,16 +68,15 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, d
 
 
 class DraftModelProposer:
-    def __init__(self, model, kv_caches, kv_cache: KVCacheManager, inputs: StepInputBuilder, sampler: Sampler,
+    def __init__(self, model, kv_caches, block_size: int, inputs: StepInputBuilder, sampler: Sampler,
                  vocab_size: int) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        self.kv_cache = kv_cache
         self.inputs = inputs
         self.sampler = sampler
         self.vocab_size = vocab_size
         self.device = kv_caches[0].key.device
-        self.block_size = kv_cache.block_size
+        self.block_size = block_size
         self._index = GrowingStagedBuffer(torch.int64, self.device)
         # The draft's own CUDA graphs over its step inputs (capture_graphs, when graphs
         # are on): a decode ladder for the one-token forwards, a verify ladder of
@@ -114,7 +112,7 @@ class DraftModelProposer:
         proposals as those slots and its max_tokens allow. `target_hidden`: what the
         target's forward left in `captured_hidden` for the step's rows (EAGLE). `paths`:
         a tree verification's accepted nodes, by index in the step."""
-        rows = rows_after_step(sched, states, sampled_token_ids, self.kv_cache, paths, self.tree)
+        rows = rows_after_step(sched, states, sampled_token_ids, self.block_size, paths, self.tree)
         if self.tree is not None:
             return self._propose_tree(rows, target_hidden)
         first = self._catch_up(rows, target_hidden)
@@ -137,7 +135,7 @@ class DraftModelProposer:
             active = [active[i] for i in keep]
             starts = np.asarray([row.num_tokens - self.lag + j for row in active], dtype=np.int64)
             ones = np.ones(len(active), np.int64)
-            logits = self._forward([row.state.request_id for row in active], starts, ones, ones,
+            logits = self._forward([row.state for row in active], starts, ones, ones,
                                    lambda i, a, b: [0], prev_tokens, kept)
             t, p = self._draw(logits, [row.as_sampled for row in active])
             tokens.append(t)
@@ -157,7 +155,7 @@ class DraftModelProposer:
         if not segments:
             return None
         logits = self._forward(
-            [row.state.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            [row.state for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
             lambda i, a, b: segments[i][0].token_slice(a, b))
@@ -167,19 +165,21 @@ class DraftModelProposer:
             return None
         return self._draw(logits, [row.as_sampled for row, _, _ in segments if row.k > 0])
 
-    def _forward(self, request_ids: list[str], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
+    def _forward(self, states: list[RequestState], starts: np.ndarray, n_new: np.ndarray, num_rows: np.ndarray,
                  tokens, input_ids: Optional[torch.Tensor] = None, kept: Optional[torch.Tensor] = None,
                  trees: Optional[list] = None) -> Optional[torch.Tensor]:
-        """The draft over a packed step (StepInputBuilder.build_segments' arguments), the
+        """The draft over a packed step (StepInputBuilder.build_segments' arguments, its
+        sequences those of `states`, in their blocks), the
         logits of its sampled rows or None when it samples none. `input_ids`: the step's
         tokens as a device tensor (a proposal drawn by the previous forward), written
         over what `tokens` gave; `kept`: which of the previous forward's rows these are
         (None: all of them). A captured graph replays the step where one holds it (its
         rows padded to write nothing), else it runs eagerly (as a tree's levels do: `trees`,
         StepInputBuilder.build_segments')."""
-        shape = self.graphs.shape_for(len(request_ids), int(n_new.max())) \
+        shape = self.graphs.shape_for(len(states), int(n_new.max())) \
             if self.graphs is not None and not trees else None
-        step = self.inputs.build_segments(request_ids, starts, n_new, num_rows, tokens, self.kv_cache.block_table,
+        step = self.inputs.build_segments([state.request_id for state in states], starts, n_new, num_rows, tokens,
+                                          [state.block_ids for state in states],
                                           pad_to=shape.num_seqs if shape else None,
                                           pad_tokens_to=shape.num_tokens if shape else None, trees=trees)
         if input_ids is not None:
@@ -214,17 +214,16 @@ class DraftModelProposer:
         return out
 
 
-def rows_after_step(sched, states: list[RequestState], sampled_token_ids: list[list[int]], kv_cache: KVCacheManager,
+def rows_after_step(sched, states: list[RequestState], sampled_token_ids: list[list[int]], block_size: int,
                     paths: Optional[dict[int, list[int]]] = None, tree=None) -> list["_Row"]:
     """The step's requests still running, as the step leaves them (_Row), each with the
     row of its first position in the step's packed tokens (and a tree verification's
     accepted path, from `paths` by index; with `tree`, k counts nodes). `states`: the
     step's requests' states as the runner launched it."""
-    bs = kv_cache.block_size
     rows, step_row = [], 0
     for i, (s, state, new) in enumerate(zip(sched.scheduled, states, sampled_token_ids)):
         if state.running:           # (not finished or preempted since)
-            row = _Row.after(s, state, new, len(kv_cache.block_table(s.request_id)) * bs, step_row, tree)
+            row = _Row.after(s, state, new, len(state.block_ids) * block_size, step_row, tree)
             if paths and paths.get(i):
                 row.path = paths[i]
                 row.tree_root = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1

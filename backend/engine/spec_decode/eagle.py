@@ -47,9 +47,9 @@ class EagleProposer(DraftModelProposer):
     lag = 2
     reads_target_hidden = True
 
-    def __init__(self, head, kv_caches, kv_cache, inputs, sampler, vocab_size: int,
+    def __init__(self, head, kv_caches, block_size: int, inputs, sampler, vocab_size: int,
                  tree: Optional[TokenTree] = None) -> None:
-        super().__init__(head, kv_caches, kv_cache, inputs, sampler, vocab_size)
+        super().__init__(head, kv_caches, block_size, inputs, sampler, vocab_size)
         self.tree = tree
         head.allocate_hidden_input(inputs.T)
         self._rows = GrowingStagedBuffer(torch.int64, self.device)
@@ -68,7 +68,7 @@ class EagleProposer(DraftModelProposer):
         index = self._rows.upload(np.concatenate([row.hidden_rows(a, b) for row, a, b in segments]))
         hidden = self.model.combine(target_hidden.index_select(0, index))
         logits = self._forward(
-            [row.state.request_id for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
+            [row.state for row, _, _ in segments], np.asarray([a for _, a, _ in segments], dtype=np.int64),
             np.asarray([b - a for _, a, b in segments], dtype=np.int64),
             np.asarray([int(row.k > 0) for row, _, _ in segments], dtype=np.int64),
             lambda i, a, b: segments[i][0].token_slice(a + 1, b + 1), hidden=hidden)
@@ -96,7 +96,7 @@ class EagleProposer(DraftModelProposer):
             active = [proposing[r] for r in level.active]
             newest = np.asarray([row.num_tokens - 1 for row in active], dtype=np.int64)    # (the head's tree start)
             width = np.full(len(active), level.width, dtype=np.int64)
-            logits = self._forward([row.state.request_id for row in active], newest + level.first, width, width,
+            logits = self._forward([row.state for row in active], newest + level.first, width, width,
                                    lambda i, a, b: [0] * (b - a), flat.index_select(0, index[level.inputs]),
                                    index[level.kept],
                                    trees=[(i, int(newest[i]), tree.prefix(row.k)) for i, row in enumerate(active)])
@@ -104,14 +104,14 @@ class EagleProposer(DraftModelProposer):
             flat.index_copy_(0, index[level.fill[0]], top.index_select(0, index[level.fill[1]]))
         return Proposals(hand_over([row.state.request_id for row in proposing], table, ks))
 
-    def _forward(self, request_ids, starts, n_new, num_rows, tokens, input_ids=None, kept=None,
+    def _forward(self, states, starts, n_new, num_rows, tokens, input_ids=None, kept=None,
                  hidden: Optional[torch.Tensor] = None, trees=None) -> Optional[torch.Tensor]:
         """DraftModelProposer._forward, with each row's hidden input: `hidden` (catch-up),
         else the previous forward's output at the rows `kept`."""
         if hidden is None:
             hidden = self._carry if kept is None else self._carry.index_select(0, kept)
         self.model.hidden_in[:hidden.shape[0]].copy_(hidden)
-        return super()._forward(request_ids, starts, n_new, num_rows, tokens, input_ids, kept, trees)
+        return super()._forward(states, starts, n_new, num_rows, tokens, input_ids, kept, trees)
 
     def _run(self, step, shape) -> Optional[torch.Tensor]:
         logits = super()._run(step, shape)

@@ -20,7 +20,6 @@ import torch
 
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.sampling.sampler import Sampler
-from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.spec_decode.draft_model import draw_proposals, rows_after_step
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.proposals import Proposals
@@ -32,10 +31,10 @@ class MedusaProposer:
     in_runner = True
     reads_target_hidden = True
 
-    def __init__(self, heads, kv_cache: KVCacheManager, sampler: Sampler, vocab_size: int,
+    def __init__(self, heads, block_size: int, sampler: Sampler, vocab_size: int,
                  device: torch.device, tree: Optional[TokenTree] = None) -> None:
         self.heads = heads
-        self.kv_cache = kv_cache
+        self.block_size = block_size
         self.sampler = sampler
         self.vocab_size = vocab_size
         self._rows = GrowingStagedBuffer(torch.int64, device)
@@ -51,7 +50,7 @@ class MedusaProposer:
     @torch.inference_mode()
     def propose(self, sched, states, sampled_token_ids: list[list[int]], target_hidden: Optional[torch.Tensor] = None,
                 paths: Optional[dict[int, list[int]]] = None) -> Proposals:
-        proposing = [row for row in rows_after_step(sched, states, sampled_token_ids, self.kv_cache, paths, self.tree)
+        proposing = [row for row in rows_after_step(sched, states, sampled_token_ids, self.block_size, paths, self.tree)
                      if row.k > 0]
         if not proposing:
             return Proposals()

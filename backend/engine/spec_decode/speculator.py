@@ -88,19 +88,19 @@ class Speculator:
         }
 
 
-def make_proposer(config: SpeculativeConfig, draft, kv_cache, kv_layers, inputs, sampler, vocab_size: int):
+def make_proposer(config: SpeculativeConfig, draft, block_size: int, kv_layers, inputs, sampler, vocab_size: int):
     """The proposer the config names; `draft` is what load_drafter returned."""
     if config.method == "ngram":
         from backend.engine.spec_decode.ngram import NgramProposer
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "medusa":
         from backend.engine.spec_decode.medusa import MedusaProposer
-        return MedusaProposer(draft[0], kv_cache, sampler, vocab_size, inputs.table_device.device, config.token_tree)
+        return MedusaProposer(draft[0], block_size, sampler, vocab_size, inputs.table_device.device, config.token_tree)
     if config.method in ("eagle", "eagle3"):
         from backend.engine.spec_decode.eagle import EagleProposer
-        return EagleProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size, config.token_tree)
+        return EagleProposer(draft[0], kv_layers, block_size, inputs, sampler, vocab_size, config.token_tree)
     from backend.engine.spec_decode.draft_model import DraftModelProposer
-    return DraftModelProposer(draft[0], kv_layers, kv_cache, inputs, sampler, vocab_size)
+    return DraftModelProposer(draft[0], kv_layers, block_size, inputs, sampler, vocab_size)
 
 
 def load_drafter(config: SpeculativeConfig, target, stage, tokenizer, vocab_size: int, dtype, device,

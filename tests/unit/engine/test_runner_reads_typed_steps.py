@@ -3,7 +3,9 @@ sampling/, the proposers, verification, the bitmask's application) learns about 
 only from the typed step (scheduling/sched_output.py) and keeps its own state of each
 (runner/request_state.py). While engines serve with every feature on, every read of
 an attribute of the scheduler's `Request` is recorded with the file that made it, and
-no runner-side file may appear; no runner-side module imports `backend.engine.request`."""
+no runner-side file may appear; no runner-side module imports `backend.engine.request`,
+or anything of the scheduler's but the typed step (its block tables too are the
+runner's own copies, kept by the step's diffs)."""
 
 import ast
 import sys
@@ -41,12 +43,14 @@ def _runner_side(readers: set) -> set:
     return {r for r in readers if r in names}
 
 
-def test_the_runner_side_never_imports_the_schedulers_request():
+def test_the_runner_side_never_imports_the_schedulers_request_or_state():
     assert len(RUNNER_SIDE) > 30
     for path in RUNNER_SIDE:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert node.module != "backend.engine.request", f"{path} imports backend.engine.request"
+                assert not node.module.startswith("backend.engine.scheduling.") or \
+                    node.module == "backend.engine.scheduling.sched_output", f"{path} imports {node.module}"
 
 
 def test_the_runner_side_reads_no_request_with_every_feature_on(tiny_ckpt, watch_reads):

@@ -196,7 +196,7 @@ def test_padded_inputs_overwrite_stale_rows(llama_ckpt):
     sched = engine.scheduler.schedule()
     assert len(sched.scheduled) == 5 and needs_query_len(sched) == 1
     addresses = [b.device_view(n, 1).data_ptr() for n in b.offsets]
-    step = b.build(sched, engine.runner.update_states(sched), engine.kv_cache.block_table, pad_to=GraphShape(8))
+    step = b.build(sched, engine.runner.update_states(sched), pad_to=GraphShape(8))
     assert [b.device_view(n, 1).data_ptr() for n in b.offsets] == addresses
     dev = {n: b.device_view(n, 9).cpu().numpy() for n in ("slot_mapping", "seq_lens", "query_start_loc", "input_ids")}
     assert (dev["slot_mapping"][5:8] == -1).all() and (dev["slot_mapping"][:5] >= 0).all()

@@ -44,7 +44,7 @@ def setup(budget: int = 16) -> tuple[Scheduler, ModelRunner]:
     kv = KVCacheManager(num_blocks=64, block_size=BLOCK, enable_prefix_caching=False)
     scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=budget)
     cpu = torch.device("cpu")
-    runner = ModelRunner(NextTokenModel(), [], BLOCK, cpu, Sampler(0, cpu, 8), kv.block_table,
+    runner = ModelRunner(NextTokenModel(), [], BLOCK, cpu, Sampler(0, cpu, 8),
                          StepInputBuilder(64, 8, 16, BLOCK, cpu), VOCAB)
     return scheduler, runner
 
@@ -118,9 +118,9 @@ def test_a_step_with_no_sampled_row_runs_the_model_and_samples_nothing():
 
 
 # ------------------------------------------------------------- typed steps alone
-def typed_runner(tables: dict) -> ModelRunner:
+def typed_runner() -> ModelRunner:
     cpu = torch.device("cpu")
-    return ModelRunner(NextTokenModel(), [], BLOCK, cpu, Sampler(0, cpu, 8), tables.__getitem__,
+    return ModelRunner(NextTokenModel(), [], BLOCK, cpu, Sampler(0, cpu, 8),
                        StepInputBuilder(64, 8, 16, BLOCK, cpu), VOCAB)
 
 
@@ -131,10 +131,11 @@ def new(rid: str, prompt: list[int], output=(), computed: int = 0, resumed: bool
                           resumed)
 
 
-def share(rid: str, num_new: int, computed: int, completes: bool = True, spec=()):
+def share(rid: str, num_new: int, computed: int, completes: bool = True, spec=(), blocks=(0, None)):
+    """A request's share of a typed step; `blocks`: its block table's diff (start, ids)."""
     from backend.engine.scheduling.sched_output import ScheduledRequest
     return ScheduledRequest(None, num_new, list(spec), request_id=rid, num_computed_tokens=computed,
-                            completes_prompt=completes)
+                            completes_prompt=completes, block_ids_start=blocks[0], new_block_ids=blocks[1])
 
 
 def test_the_runner_runs_on_typed_steps_alone_and_keeps_its_own_state():
@@ -142,10 +143,10 @@ def test_the_runner_runs_on_typed_steps_alone_and_keeps_its_own_state():
     tokens the runner sampled itself, verifies proposals, pauses when preempted, resumes
     with what it had, and is dropped once finished."""
     from backend.engine.scheduling.sched_output import SchedulerOutput
-    tables = {"a": [0, 1, 2], "b": [3, 4]}
-    runner = typed_runner(tables)
-    step = SchedulerOutput([share("a", 3, 0), share("b", 2, 0, completes=False)], [new("a", [5, 6, 7]),
-                                                                                    new("b", [20, 21, 22])])
+    runner = typed_runner()
+    step = SchedulerOutput([share("a", 3, 0, blocks=(0, [0, 1, 2])), share("b", 2, 0, completes=False,
+                                                                              blocks=(0, [3, 4]))],
+                           [new("a", [5, 6, 7]), new("b", [20, 21, 22])])
     assert runner.execute(step).sampled_token_ids == [[8], []]      # b's prompt is cut short
     a, b = runner.states.get("a"), runner.states.get("b")
     assert a.output_token_ids == [8] and b.output_token_ids == []
@@ -157,9 +158,11 @@ def test_the_runner_runs_on_typed_steps_alone_and_keeps_its_own_state():
     assert a.output_token_ids == [8, 9, 10, 11]
     # b is preempted: paused, its tokens kept; resumed, it recomputes from them.
     runner.execute(SchedulerOutput([share("a", 1, 6)], preempted_req_ids=["b"]))
-    assert not b.running and runner.states.get("b") is b
-    out = runner.execute(SchedulerOutput([share("b", 4, 0)], [new("b", [20, 21, 22], [23], resumed=True)]))
+    assert not b.running and runner.states.get("b") is b and b.block_ids == []     # (its blocks are gone)
+    out = runner.execute(SchedulerOutput([share("b", 4, 0, blocks=(0, [5, 6]))],
+                                         [new("b", [20, 21, 22], [23], resumed=True)]))
     assert out.sampled_token_ids == [[24]] and b.running and b.output_token_ids == [23, 24]
+    assert b.block_ids == [5, 6] and a.block_ids == [0, 1, 2]
     # a finished: its state is let go of with the next step.
     runner.execute(SchedulerOutput([share("b", 1, 4)], finished_req_ids=["a"]))
     assert "a" not in runner.states and not a.running and len(runner.states) == 1
@@ -169,6 +172,6 @@ def test_a_step_of_a_request_never_sent_is_refused_by_name():
     import pytest
 
     from backend.engine.scheduling.sched_output import SchedulerOutput
-    runner = typed_runner({"x": [0]})
+    runner = typed_runner()
     with pytest.raises(RuntimeError, match="request 'x' was scheduled but never sent"):
         runner.execute(SchedulerOutput([share("x", 1, 0)]))

@@ -1,21 +1,21 @@
 """Persistent block tables (backend/engine/runner/step_inputs.py): over random steps (blocks
 allocated, proposals' blocks trimmed and others allocated in their place, requests
 freed, preempted and re-admitted with prefix hits, rows in any order, padded steps),
-every step's block tables and slot mapping on the device are what the KV cache manager
-holds; a step sends only the entries that changed; and a second rank that applies the
-same uploads (tensor parallelism) holds the same tables."""
+the runner's copies of the tables, kept by the typed steps' diffs alone, and every
+step's block tables and slot mapping on the device are what the KV cache manager holds;
+a step sends only the entries that changed; and a second rank that applies the same
+uploads (tensor parallelism) holds the same tables."""
 
 import random
 
-import numpy as np
 import torch
 
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.request import Request
-from backend.engine.scheduling.sched_output import ScheduledRequest, SchedulerOutput
+from backend.engine.runner.request_state import RequestStates
+from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder
 from backend.sampling_params import SamplingParams
-from tests.helpers.runner_states import states_of
 
 BS, B, M = 4, 6, 16
 
@@ -26,7 +26,23 @@ def _request(rid: str, n: int, rng: random.Random) -> Request:
     return r
 
 
-def _check_step(builder: StepInputBuilder, step, sched: list[ScheduledRequest], kv: KVCacheManager) -> None:
+def _step(held: RequestStates, kv: KVCacheManager, sched: list[ScheduledRequest], finished=(), preempted=()):
+    """The typed step the scheduler would send (its diffs taken from `kv`), applied to the
+    runner's states `held`: (the step, the scheduled requests' states)."""
+    new = []
+    for s in sched:
+        state = held.get(s.request.request_id)
+        if state is None or not state.running or s.request.request_id in preempted:
+            new.append(NewRequestData.of(s.request, resumed=state is not None))
+    out = SchedulerOutput(sched, new, finished_req_ids=list(finished), preempted_req_ids=list(preempted))
+    kv.set_block_diffs(out)
+    return out, held.apply(out)
+
+
+def _check_step(builder: StepInputBuilder, step, sched: list[ScheduledRequest], kv: KVCacheManager,
+                states) -> None:
+    for s, state in zip(sched, states):             # the runner's copies
+        assert state.block_ids == kv.block_table(s.request.request_id)
     tables = step.meta.block_tables.cpu().numpy()
     slots = step.meta.slot_mapping.cpu().numpy()
     assert step.meta.block_tables.data_ptr() == builder.step_tables.data_ptr()      # fixed address
@@ -47,6 +63,9 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
     rank1 = StepInputBuilder(256, B, M, BS, torch.device("cpu"))
     live: list[Request] = []
     waiting: list[Request] = []
+    held = RequestStates(torch.device("cpu"))
+    finished: list[str] = []
+    preempted: list[str] = []
     n = 0
     sent_total = 0
     for step_no in range(300):
@@ -71,6 +90,8 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
         rng.shuffle(live)
         sched = []
         for r in live:
+            if r.num_computed_tokens == r.num_tokens and rng.random() < 0.2:
+                continue                                    # sits the step out (a step in flight)
             if r.num_computed_tokens == r.num_tokens:        # decoding: the last sampled token
                 r.prompt_token_ids.append(rng.randrange(3, 9))
                 if not kv.allocate_slots(r, 1):
@@ -79,9 +100,12 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
         if not sched:
             continue
         pad = rng.choice([None, len(sched), B]) if all(s.num_new_tokens == 1 for s in sched) else None
-        step = rank0.build(SchedulerOutput(sched), states_of(sched), kv.block_table,
-                           pad_to=GraphShape(pad) if pad else None)
-        _check_step(rank0, step, sched, kv)
+        out, states = _step(held, kv, sched, finished, preempted)
+        finished, preempted = [], []
+        step = rank0.build(out, states, pad_to=GraphShape(pad) if pad else None)
+        _check_step(rank0, step, sched, kv, states)
+        for r in live:          # the requests outside the step too (a trim while not scheduled)
+            assert held.get(r.request_id).block_ids == kv.block_table(r.request_id)
         plan = rank0.plan(step)
         sent = (plan[0] - rank0.offsets["table_updates"]) // 2
         sent_total += sent
@@ -102,14 +126,17 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
             elif event < 0.32:                              # finished
                 live.remove(r)
                 kv.free(r)
+                finished.append(r.request_id)
             elif event < 0.38:                              # preempted
                 live.remove(r)
                 kv.free(r)
                 r.num_computed_tokens = 0
                 waiting.append(r)
+                preempted.append(r.request_id)
             if r.num_tokens > 40 and r in live:             # keep within max_blocks_per_seq
                 live.remove(r)
                 kv.free(r)
+                finished.append(r.request_id)
     assert n > 30 and sent_total > 0
 
 
@@ -121,33 +148,47 @@ def test_a_decode_step_sends_only_new_block_ids():
     for r in requests:
         assert kv.allocate_slots(r, r.num_tokens)
         r.num_computed_tokens = r.num_tokens - 1
-    sent = []
+    held = RequestStates(torch.device("cpu"))
+    sent, diffs = [], []
     for _ in range(8):
         sched = [ScheduledRequest(r, 1) for r in requests]
-        step = builder.build(SchedulerOutput(sched), states_of(sched), kv.block_table)
-        _check_step(builder, step, sched, kv)
+        out, states = _step(held, kv, sched)
+        step = builder.build(out, states)
+        _check_step(builder, step, sched, kv, states)
         sent.append((builder.plan(step)[0] - builder.offsets["table_updates"]) // 2)
+        diffs.append(sum(len(s.new_block_ids or []) for s in sched))
         for r in requests:
             r.num_computed_tokens += 1
             r.prompt_token_ids.append(5)
             assert kv.allocate_slots(r, 1)
-    # First step: every row (25 blocks each); then a new block per request every 4 tokens.
-    assert sent == [B * 25, B, 0, 0, 0, B, 0, 0]
+    # First step: every row (25 blocks each); then a new block per request every 4 tokens,
+    # in the typed step as on the device.
+    assert sent == diffs == [B * 25, B, 0, 0, 0, B, 0, 0]
 
 
-def test_plain_lists_are_written_in_full():
-    """A block_table_of that returns plain lists (no serials) still gives right tables."""
-    builder = StepInputBuilder(16, 2, 4, BS, torch.device("cpu"))
-    tables = {"a": [3, 1], "b": [2]}
+def test_a_trimmed_table_is_rewritten_from_the_first_changed_entry():
+    """Blocks given back after rejected proposals and others appended in their place: the
+    step's diff starts at the first replaced entry, and so does the device's update."""
     rng = random.Random(2)
-    reqs = [_request("a", 6, rng), _request("b", 2, rng)]
-    for r in reqs:
-        r.num_computed_tokens = r.num_tokens - 1
-    sched = [ScheduledRequest(r, 1) for r in reqs]
-    step = builder.build(SchedulerOutput(sched), states_of(sched), tables.__getitem__)
-    assert step.meta.block_tables[0, :2].tolist() == [3, 1] and step.meta.block_tables[1, 0] == 2
-    tables["a"] = [0, 2]
-    sched = [ScheduledRequest(r, 1) for r in reqs]
-    step = builder.build(SchedulerOutput(sched), states_of(sched), tables.__getitem__)
-    assert step.meta.block_tables[0, :2].tolist() == [0, 2]
-    assert np.array_equal(step.meta.slot_mapping.numpy(), [2 * BS + 1, 2 * BS + 1])
+    kv = KVCacheManager(20, BS, enable_prefix_caching=False)
+    builder = StepInputBuilder(16, 2, 6, BS, torch.device("cpu"))
+    held = RequestStates(torch.device("cpu"))
+    r = _request("a", 6, rng)
+    assert kv.allocate_slots(r, 6 + 5)                # the prompt and 5 proposals' slots: 3 blocks
+    r.num_computed_tokens = 5
+    sched = [ScheduledRequest(r, 1)]
+    out, states = _step(held, kv, sched)
+    first = list(kv.block_table("a"))
+    assert (sched[0].block_ids_start, sched[0].new_block_ids) == (0, first) and len(first) == 3
+    builder.build(out, states)
+    r.num_computed_tokens = 6
+    kv.trim(r, 6)                                     # the proposals' last block back
+    assert kv.allocate_slots(r, 6)                    # 12 tokens: a third block again
+    sched = [ScheduledRequest(r, 1)]
+    out, states = _step(held, kv, sched)
+    table = kv.block_table("a")
+    assert (sched[0].block_ids_start, sched[0].new_block_ids) == (2, table[2:])     # (whatever its id)
+    step = builder.build(out, states)
+    assert (builder.plan(step)[0] - builder.offsets["table_updates"]) // 2 == 1     # one entry sent
+    _check_step(builder, step, sched, kv, states)
+    assert step.meta.slot_mapping.tolist() == [table[1] * BS + 2]

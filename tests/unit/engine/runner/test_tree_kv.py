@@ -23,9 +23,9 @@ def test_the_path_moves_to_the_positions_it_holds(dtype):
     # a: root at index 5, nodes 0..5 at 6..11; the path (1, 3) moves 7 -> 6 and 9 -> 7.
     # b: root at 2, a path already in place (0, 2 -> its second node sits at 5).
     sched = [scheduled("a", 5, 7, 6), scheduled("b", 2, 5, 4), scheduled("gone", 0, 3, 2)]
-    states = [SimpleNamespace(running=True), SimpleNamespace(running=True), SimpleNamespace(running=False)]
+    states = [SimpleNamespace(running=rid != "gone", block_ids=tables[rid]) for rid in tables]
     kv = TreeKVCompactor(torch.device("cpu"))
-    src, dst = kv.slot_moves(sched, states, {0: [1, 3], 1: [0, 2], 2: [1]}, tables.__getitem__, BLOCK)
+    src, dst = kv.slot_moves(sched, states, {0: [1, 3], 1: [0, 2], 2: [1]}, BLOCK)
 
     def slot(rid, index):
         return tables[rid][index // BLOCK] * BLOCK + index % BLOCK

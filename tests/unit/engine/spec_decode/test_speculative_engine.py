@@ -357,7 +357,8 @@ def test_under_async_scheduling_the_draft_writes_only_into_slots_still_held(targ
 
 
 def test_the_draft_writes_ahead_only_into_slots_the_scheduler_reserved(target, other_draft, prompts, reference):
-    """One writer of KV state: the draft model allocates nothing; the scheduler reserves its
+    """One writer of KV state: the draft model allocates nothing (it holds no KV cache
+    manager: its block tables are the runner's copies); the scheduler reserves its
     lookahead slots (reserve_lookahead, when it schedules the step). How far the draft's
     K/V reaches is the runner's own record (RequestState.num_draft_computed): set at
     admission and preemption from the typed step (request_state.py), advanced by the
@@ -366,16 +367,8 @@ def test_the_draft_writes_ahead_only_into_slots_the_scheduler_reserved(target, o
     llm = LLM(target, speculative_config=spec_config("draft_model", 4, target, other_draft), **ENGINE)
     proposer = llm.engine.speculator.proposer
 
-    class NoAllocation:
-        def __init__(self, kv):
-            self._kv = kv
-
-        def allocate_slots(self, *args):
-            raise AssertionError("the draft model allocated KV slots")
-
-        def __getattr__(self, name):
-            return getattr(self._kv, name)
-    proposer.kv_cache = NoAllocation(proposer.kv_cache)
+    from backend.engine.scheduling.kv_cache_manager import KVCacheManager
+    assert not any(isinstance(v, KVCacheManager) for v in vars(proposer).values())
     real_setattr, writes = RequestState.__setattr__, []
 
     def watched(self, name, value):
