@@ -104,7 +104,8 @@ class RequestStates:
             raise RuntimeError(f"request {e} was scheduled but never sent to the runner "
                                "(SchedulerOutput.new_requests)") from None
         for s, state in zip(out.scheduled, scheduled):
-            state.block_ids.apply_diff(s.block_ids_start, s.new_block_ids)
+            if s.new_block_ids is not None:     # (most decode steps: None)
+                state.block_ids.apply_diff(s.block_ids_start, s.new_block_ids)
         for request_id, (start, block_ids) in out.other_block_diffs.items():
             state = states.get(request_id)
             if state is not None:

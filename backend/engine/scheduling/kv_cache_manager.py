@@ -101,16 +101,21 @@ class KVCacheManager:
         flight: its draft must not write past them). A table made again after the
         request gave its blocks back (preempted) starts from entry 0. Called once the
         step's allocations are all made."""
-        for s in out.scheduled:
-            table = self.req_block_ids.get(s.request_id)
-            s.block_ids_start, s.new_block_ids = table.take_diff() if table is not None else (0, None)
-            self._changed.discard(s.request_id)
+        if not self._changed:
+            return                      # (a ScheduledRequest's diff is None by default)
+        scheduled = {s.request_id: s for s in out.scheduled}
         for request_id in self._changed:
             table = self.req_block_ids.get(request_id)
-            if table is not None:
-                start, ids = table.take_diff()
-                if ids is not None:
-                    out.other_block_diffs[request_id] = (start, ids)
+            if table is None:
+                continue                # (freed since: the runner hears of it by id)
+            start, ids = table.take_diff()
+            if ids is None:
+                continue
+            s = scheduled.get(request_id)
+            if s is not None:
+                s.block_ids_start, s.new_block_ids = start, ids
+            else:
+                out.other_block_diffs[request_id] = (start, ids)
         self._changed.clear()
 
     # ------------------------------------------------------------ prefix cache
