@@ -63,14 +63,17 @@ LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
 	vllm_repository.py dynamo_serving.py dynamo_disagg.py cli.py) $(addprefix tests/unit/,parallel builder attention models ops \
 	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py)
-# Each lane's temporary files (server logs included) stay here until the next run.
+# Each lane's temporary files (server logs included) and its JUnit report (every test's
+# time: lane-a.xml, lane-b.xml) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
 PYTEST := PYTHONUNBUFFERED=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: $(STAMP) tritonserver dynamo test-py312
 	@set -u; mkdir -p $(TEST_TMP); \
-	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-a $(addprefix --ignore=,$(LANE_B)) tests 2>&1 | sed -u 's/^/A| /'; \
+	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-a --junitxml=$(TEST_TMP)/lane-a.xml $(addprefix --ignore=,$(LANE_B)) tests 2>&1 \
+	  | sed -u 's/^/A| /'; \
 	  exit $${PIPESTATUS[0]} ) & a=$$!; \
-	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-b $(LANE_B) 2>&1 | sed -u 's/^/B| /'; exit $${PIPESTATUS[0]} ) & b=$$!; \
+	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-b --junitxml=$(TEST_TMP)/lane-b.xml $(LANE_B) 2>&1 | sed -u 's/^/B| /'; \
+	  exit $${PIPESTATUS[0]} ) & b=$$!; \
 	wait $$a; ra=$$?; wait $$b; rb=$$?; echo "make test: lane A exited $$ra, lane B $$rb"; \
 	test $$ra -eq 0 && test $$rb -eq 0
 
