@@ -54,7 +54,7 @@ class BlockTable(list):
 
     def apply_diff(self, start: int, block_ids: Optional[list[int]]) -> None:
         """The owner's diff applied to a copy: entries from `start` on replaced (None:
-        no change)."""
+        no change). (A copy's own `dirty_from` is never read.)"""
         if block_ids is None:
             return
         if start > len(self):

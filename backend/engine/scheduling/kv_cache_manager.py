@@ -68,7 +68,7 @@ class KVCacheManager:
         self.events = events
         self.req_blocks: dict[str, list[KVBlock]] = {}
         # The same tables as block ids, kept in step with req_blocks: each step hands the
-        # runner what changed in its requests' tables (take_block_diff).
+        # runner what changed in its requests' tables (set_block_diffs).
         self.req_block_ids: dict[str, BlockTable] = {}
         # How many leading blocks of each request are registered in the prefix cache, and
         # how many of those hold computed K/V (the rest are pending).
@@ -298,6 +298,7 @@ class KVCacheManager:
         they are evicted before the shared prefix blocks."""
         blocks = self.req_blocks.pop(request.request_id, [])
         self.req_block_ids.pop(request.request_id, None)
+        self._changed.discard(request.request_id)      # (the runner hears of it by id)
         self._num_registered.pop(request.request_id, None)
         self._num_computed_blocks.pop(request.request_id, None)
         released = self._num_released.pop(request.request_id, 0)
