@@ -174,8 +174,11 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 
     async def open_session(app: web.Application) -> None:
         # No read timeout: a stream may run as long as generation does. No decompression:
-        # bytes go back as Triton sent them, Content-Encoding included.
-        app[SESSION] = ClientSession(connector=TCPConnector(limit=1024), auto_decompress=False,
+        # bytes go back as Triton sent them, Content-Encoding included. No idle connection
+        # kept to Triton (one loopback connect per request): Triton's shutdown waits for
+        # every open HTTP connection, an idle pooled one too, up to its exit timeout (30 s
+        # of every stop, before).
+        app[SESSION] = ClientSession(connector=TCPConnector(limit=1024, force_close=True), auto_decompress=False,
                                        timeout=ClientTimeout(total=None, connect=5, sock_read=None))
 
     async def close_session(app: web.Application) -> None:

@@ -67,7 +67,7 @@ OPENAI_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--
 
 
 @pytest.fixture(scope="session")
-def server(model_repo):
+def session_server(model_repo):
     # Supervised and with the OpenAI frontend, as `make serve` runs it. perf_analyzer and
     # genai-perf read the model config over gRPC and cannot send headers there, so this
     # server opens model-config (test_security.py checks the default on a server of its own).
@@ -78,6 +78,15 @@ def server(model_repo):
                        extra_args=[*OPENAI_FLAGS, "--http-guard", "on"])
     with srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def server(session_server):
+    """The session's server. A module that parametrizes a `server` of its own depends on
+    `session_server` instead: a parametrized override that requested `server` itself would
+    hand its parameters to this session fixture, which pytest then tears down and starts
+    again at every parameter switch (it did: two restarts of 20-30 s each)."""
+    return session_server
 
 
 def metric(server, name: str, labels: str = 'model="llm"') -> float:

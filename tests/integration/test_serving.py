@@ -31,9 +31,9 @@ GREEDY = {"max_tokens": 20, "min_tokens": 20, "temperature": 0}
 
 @pytest.fixture(scope="module", params=[None, "tensor_parallel_size", "pipeline_parallel_size"],
                 ids=["tp1", "tp2", "pp2"])
-def server(request, server, tmp_path_factory, tiny_ckpt):
+def server(request, session_server, tmp_path_factory, tiny_ckpt):
     if request.param is None:
-        yield server
+        yield session_server
         return
     repo = build_repo(tmp_path_factory.mktemp("repo_" + request.param), tiny_ckpt, **{request.param: 2})
     # A log of its own: the session server's (conftest.py) is <basetemp>/server.log.
