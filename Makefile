@@ -61,7 +61,7 @@ model-random: $(STAMP)
 # file needs no list. The lanes are about equal (docs/development.md has their times).
 LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	vllm_repository.py dynamo_serving.py dynamo_disagg.py cli.py) $(addprefix tests/unit/,parallel builder attention models ops \
+	dynamo_serving.py dynamo_disagg.py cli.py) $(addprefix tests/unit/,parallel builder attention models ops \
 	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py)
 # Each lane's temporary files (server logs included) and its JUnit report (every test's
 # time: lane-a.xml, lane-b.xml) stay here until the next run.
