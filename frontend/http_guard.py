@@ -156,11 +156,17 @@ def make_app(upstream: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except ClientError as e:
-            # A client that leaves mid-answer ends here too (or with ConnectionResetError):
-            # leaving the `async with` closes Triton's side of the stream.
+        except (ClientError, ConnectionResetError, BrokenPipeError) as e:
+            # Leaving the `async with` has closed Triton's side of the stream.
             if response is not None and response.prepared:
-                raise                       # cut mid-answer: the client sees the cut too
+                if request.transport is None or request.transport.is_closing():
+                    # The client left mid-answer (a write to it failed): routine, one debug
+                    # line (aiohttp logged a traceback for each, a flood under load).
+                    log.debug("client left mid-answer: %s %s", request.method, request.path)
+                    return response
+                raise                       # Triton cut the answer: the client sees the cut too
+            if not isinstance(e, ClientError):
+                raise
             log.warning("tritonserver unreachable: %s", e)
             return _error(503, "tritonserver is not reachable (starting or restarting); retry")
 
