@@ -70,8 +70,8 @@ def run_model(model: CausalLM, kv_caches: list[KVCacheLayer], step: StepInputs,
 
 class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
-                 device: torch.device, sampler: Sampler, inputs: StepInputBuilder, vocab_size: int, workers=None, lora=None,
-                 shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
+                 device: torch.device, sampler: Sampler, inputs: StepInputBuilder, vocab_size: int,
+                 workers=None, lora=None, shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
                  encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
         self.model = model
         self.kv_caches = kv_caches

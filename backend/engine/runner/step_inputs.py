@@ -174,7 +174,8 @@ class StepInputBuilder:
         trees = [(i, int(starts[i] + n_new[i]) - len(s.spec_token_ids), self.tree.prefix(len(s.spec_token_ids)))
                  for i, s in enumerate(sched) if s.spec_token_ids and s.completes_prompt] if self.tree else None
         step = self.build_segments([s.request_id for s in sched], starts, n_new, rows, tokens,
-                                   [state.block_ids for state in states], pad_to.num_seqs if pad_to else None, long_rope,
+                                   [state.block_ids for state in states], pad_to.num_seqs if pad_to else None,
+                                   long_rope,
                                    extra_rows=extra or None, pad_tokens_to=pad_to.num_tokens if pad_to else None,
                                    mrope_deltas=deltas, trees=trees or None)
         if deltas is not None:

@@ -40,7 +40,6 @@ def hash_chain(parent: Optional[BlockHash], blocks: Iterable[Sequence[int]]) -> 
         yield parent
 
 
-
 class BlockPool:
     """The free queue and the hash -> block map. Knows nothing about requests."""
 
