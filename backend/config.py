@@ -223,6 +223,10 @@ class EngineArgs(BaseModel):
     # improves by one level per this many seconds since it arrived, so lower priorities
     # are not starved by a steady stream of higher ones. Unset: no aging.
     priority_aging_s: Optional[float] = Field(None, gt=0)
+    # Ours: under scheduling_policy priority, prompt tokens a step gives at most to
+    # requests ranked below the best-ranked one present (shorter steps while
+    # better-ranked work is around). Unset: no cap.
+    lower_priority_prefill_tokens: Optional[int] = Field(None, ge=1)
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8", "int8"] = "auto"
@@ -419,8 +423,9 @@ class EngineArgs(BaseModel):
                                  "splits the torch model's forward on CPU, on one rank): leave it unset")
         if self.model_runner == "tensorrt" and self.device == "cpu":
             raise ValueError("model_runner='tensorrt' needs device 'cuda' (or 'auto' on a GPU machine)")
-        if self.priority_aging_s is not None and self.scheduling_policy != "priority":
-            raise ValueError("priority_aging_s needs scheduling_policy 'priority'")
+        for name in ("priority_aging_s", "lower_priority_prefill_tokens"):
+            if getattr(self, name) is not None and self.scheduling_policy != "priority":
+                raise ValueError(f"{name} needs scheduling_policy 'priority'")
         if self.kv_offloading_size is not None:
             off = ("enable_prefix_caching is false" if not self.enable_prefix_caching else
                    f"model_runner='{self.model_runner}'" if self.model_runner != "torch" else

@@ -29,6 +29,10 @@ ENGINE_ARGS = {
     "priority_aging_s": "Under `priority`: a request's priority improves by one level per this many seconds "
                         "since it arrived, so a steady stream of higher priorities cannot starve it. Unset: no "
                         "aging.",
+    "lower_priority_prefill_tokens": "Under `priority`: at most this many prompt tokens a step for requests "
+                                     "ranked below the best-ranked request present, so steps stay short while "
+                                     "better-ranked work is around (a better-ranked arrival waits less). Unset: "
+                                     "no cap.",
     "seed": "Seed of the engine's sampler (a request's own `seed` overrides it for that request).",
     "attention_backend": "`triton`: the OpenAI Triton kernels (CUDA, or the interpreter); `torch`: the torch "
                          "path and its C++ CPU kernels; `auto`: triton on CUDA, torch on the CPU.",

@@ -226,7 +226,8 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           # the draft proposes inside the runner's step, into slots reserved with it
                           num_lookahead_tokens=spec.num_speculative_tokens if drafter is not None else 0,
                           policy=args.scheduling_policy, ranking=Ranking(args.priority_aging_s), handoff=handoff,
-                          encoder=vision.encoder_cache if vision is not None else None)
+                          encoder=vision.encoder_cache if vision is not None else None,
+                          lower_priority_prefill_tokens=args.lower_priority_prefill_tokens)
     kv_layers = allocate_kv_cache(rank_cfg, num_kv_blocks, args.block_size, kv_dtype, device)
     if kv_scales is not None:
         set_kv_cache_scales(kv_layers, kv_scales)

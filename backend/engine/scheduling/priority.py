@@ -13,6 +13,20 @@ lower priorities waiting. With the engine argument `priority_aging_s` a request'
 priority improves by one level per that many seconds since it arrived, so every request
 eventually outranks the newer work. Both queues are put in order again before each
 schedule then, and preemption compares these aged priorities too.
+
+First-token steps: while a request waits for its first token (its prompt is being
+computed, or the step that samples its first token is still in flight, async
+scheduling), prompt chunks of lower-ranked requests sit the step out; their decodes
+still run. So a high-priority request's prefill shares its step only with decodes and
+with prompts of its own rank or better, and its time to first token under load stays
+near its idle value (docs/performance.md, bench_priority) at the cost of a step's delay
+for the lower prompts each time.
+
+What a better-ranked arrival waits for first is the step already running. With the
+engine argument `lower_priority_prefill_tokens`, prompt chunks of requests ranked below
+the best-ranked request present (running or waiting) get at most that many tokens a
+step, so steps stay short while better-ranked work is around (LowerPrefillCap). Unset:
+they share `max_num_batched_tokens` like everyone.
 """
 
 from __future__ import annotations
@@ -85,6 +99,41 @@ class PriorityQueue:
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._items)
+
+
+def first_token_lead(running: list[Request], head: Optional[Request], ranking: Ranking,
+                     now: Optional[float]) -> Optional[int]:
+    """The best (aged) priority among requests still waiting for their first token: the
+    running ones (prefilling, or their first token in flight) and `head`, the waiting
+    request this step will admit (None: none will). None when there is none."""
+    ranks = [ranking.priority(r, now) for r in running if not r.num_output_tokens]
+    if head is not None and not head.num_output_tokens:
+        ranks.append(ranking.priority(head, now))
+    return min(ranks, default=None)
+
+
+def sits_out(request: Request, lead: Optional[int], ranking: Ranking, now: Optional[float]) -> bool:
+    """A prompt chunk (or a preempted request's recompute) ranked below `lead`: it waits
+    while a better-ranked request's first token is on its way."""
+    return (lead is not None and request.num_computed_tokens + 1 < request.num_tokens
+            and ranking.priority(request, now) > lead)
+
+
+class LowerPrefillCap:
+    """One step's allowance of prompt tokens for requests ranked below `best`."""
+
+    def __init__(self, tokens: int, best: int, ranking: Ranking, now: Optional[float]) -> None:
+        self.left, self.best, self.ranking, self.now = tokens, best, ranking, now
+
+    def clip(self, request: Request, num_new: int) -> int:
+        """num_new, cut to what is left of the allowance if this is a lower-ranked prompt
+        chunk (0: nothing left)."""
+        if request.num_computed_tokens + 1 >= request.num_tokens or \
+                self.ranking.priority(request, self.now) <= self.best:
+            return num_new
+        num_new = min(num_new, self.left)
+        self.left -= num_new
+        return num_new
 
 
 def insert_running(running: list[Request], request: Request, ranking: Ranking = Ranking()) -> None:

@@ -33,7 +33,8 @@ from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_devic
 from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
+from backend.engine.scheduling.priority import (LowerPrefillCap, PriorityQueue, Ranking, first_token_lead,
+                                                insert_running, sits_out)
 from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -47,7 +48,8 @@ class Scheduler(ProposalSlots):
                  long_rope_original: Optional[int] = None,
                  may_speculate: Optional[Callable[[Request], bool]] = None, num_lookahead_tokens: int = 0,
                  policy: str = "fcfs", ranking: Ranking = Ranking(), handoff: Optional[KVHandoff] = None,
-                 encoder: Optional[EncoderCacheManager] = None) -> None:
+                 encoder: Optional[EncoderCacheManager] = None, lower_priority_prefill_tokens: Optional[int] = None
+                 ) -> None:
         self.kv_cache = kv_cache
         # Vision-language models: the images each step encodes (encoder_cache.py).
         self.encoder = encoder
@@ -63,6 +65,7 @@ class Scheduler(ProposalSlots):
         # "fcfs", or "priority": both queues in (priority, arrival) order (priority.py).
         self.policy = policy
         self.ranking = ranking      # (with priority_aging_s: priorities improve as requests wait)
+        self.lower_priority_prefill_tokens = lower_priority_prefill_tokens     # (priority.LowerPrefillCap)
         self.waiting: Union[deque[Request], PriorityQueue] = PriorityQueue(ranking) if policy == "priority" \
             else deque()
         self.running: list[Request] = []
@@ -177,11 +180,16 @@ class Scheduler(ProposalSlots):
             self.waiting.reorder()
             self.running = sorted(self.running, key=self.ranking.key())    # (new: never seen half-sorted)
         made_room = self._make_room_for_waiting(out, budget) if self.policy == "priority" else set()
+        # Priority: the best rank whose first token is on its way (priority.py's
+        # first-token steps); lower-ranked prompt chunks sit this step out.
+        now = self.ranking.clock() if self.ranking.aging_s is not None else None
+        lead = self._first_token_lead(budget, now) if self.policy == "priority" else None
+        cap = self._lower_prefill_cap(now)
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
             request = self.running[idx]
-            if request.request_id in self.in_flight:
-                idx += 1                    # in another micro-batch still in flight
+            if request.request_id in self.in_flight or (lead is not None and sits_out(request, lead, self.ranking, now)):
+                idx += 1                    # in another micro-batch still in flight, or sits out
                 continue
             if request.num_output_placeholders and (
                     request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
@@ -199,6 +207,11 @@ class Scheduler(ProposalSlots):
             self.kv_cache.free_outside_window(request)
             num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                           - request.num_computed_tokens, budget)
+            if cap is not None:
+                num_new = cap.clip(request, num_new)
+                if not num_new:
+                    idx += 1                # its allowance is spent (priority.LowerPrefillCap)
+                    continue
             plan = self._encoder_plan(request, request.num_computed_tokens, num_new)
             if plan is not None:
                 if not plan.num_new_tokens:
@@ -231,6 +244,8 @@ class Scheduler(ProposalSlots):
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < max_batch_seqs):
             request = self.waiting[0]
+            if lead is not None and sits_out(request, lead, self.ranking, now):
+                break                       # (the rest rank no better)
             if request.request_id in self.in_flight or request.request_id in made_room:
                 skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
                 continue
@@ -250,6 +265,10 @@ class Scheduler(ProposalSlots):
                 continue
             num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(request.num_tokens - num_computed, budget)
+            if cap is not None:
+                num_new = cap.clip(request, num_new)
+                if not num_new:
+                    break                   # (the rest rank no better)
             plan = self._encoder_plan(request, num_computed, num_new)
             if plan is not None:
                 if not plan.num_new_tokens:
@@ -295,19 +314,14 @@ class Scheduler(ProposalSlots):
         that could not be admitted in this step anyway (its adapter has no slot, or its
         prompt's blocks are being computed). Returns the ids preempted."""
         preempted: set[str] = set()
-        head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
-                     and r.request_id not in self.in_flight), None)
+        head = self._waiting_head()
         aged = self.ranking.priority
         priority = None if head is None else aged(head)
         if head is None or not self.running or aged(self.running[-1]) <= priority:
             return preempted
-        loras = {r.sampling_params.lora_name for r in self.running} - {None}
-        cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
-        if cached is None:
+        blocks = self._blocks_to_admit(head, budget)
+        if blocks is None:
             return preempted
-        computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
-        chunk = min(head.num_tokens - computed, budget)
-        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
         while self.running:
             worst = self.running[-1]
             if aged(worst) <= priority or worst.request_id in self.in_flight:
@@ -318,6 +332,39 @@ class Scheduler(ProposalSlots):
             out.preempted.append(worst)
             preempted.add(worst.request_id)
         return preempted
+
+    def _first_token_lead(self, budget: int, now: Optional[float]) -> Optional[int]:
+        """priority.first_token_lead over the running requests and the waiting head, if
+        it has room to be admitted in this step."""
+        head = self._waiting_head()
+        blocks = None if head is None else self._blocks_to_admit(head, budget)
+        fits = blocks is not None and len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks
+        return first_token_lead(self.running, head if fits else None, self.ranking, now)
+
+    def _lower_prefill_cap(self, now: Optional[float]) -> Optional[LowerPrefillCap]:
+        """The step's allowance for prompts ranked below the best present, if capped."""
+        if self.lower_priority_prefill_tokens is None or not (self.running or self.waiting):
+            return None
+        ranks = [self.ranking.priority(q[0], now) for q in (self.running, self.waiting) if q]
+        return LowerPrefillCap(self.lower_priority_prefill_tokens, min(ranks), self.ranking, now)
+
+    def _waiting_head(self) -> Optional[Request]:
+        """The first waiting request ready to be admitted (not waiting for its grammar,
+        nor for a micro-batch in flight)."""
+        return next((r for r in self.waiting if r.status == RequestStatus.WAITING
+                     and r.request_id not in self.in_flight), None)
+
+    def _blocks_to_admit(self, request: Request, budget: int) -> Optional[int]:
+        """The free blocks a waiting request's next chunk needs after its prefix-cache
+        hits; None when it cannot be admitted in this step whatever the room (its
+        adapter has no slot, or its prompt's blocks are being computed)."""
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        cached = None if self._no_adapter_slot(request, loras) else self._prefix_hits(request)
+        if cached is None:
+            return None
+        computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
+        chunk = min(request.num_tokens - computed, budget)
+        return -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
 
     def _encoder_plan(self, request: Request, start: int, num_new: int):
         """Vision-language models: the chunk cut before an image the step cannot encode."""

@@ -13,12 +13,13 @@ def test_runs_both_policies_and_reports_each_class(ckpt_dir, tmp_path, capsys):
     bench_priority.main(["--checkpoint", path, "--num-requests", "12", "--high-fraction", "0.3", "--load", "3",
                          "--max-num-seqs", "4", "--num-kv-blocks", "256", "--json", str(out)])
     report = json.loads(out.read_text())
-    for policy in ("fcfs", "priority"):
+    for policy in ("fcfs", "priority", "priority+cap"):
         for cls in ("high", "low"):
             r = report[policy][cls]
             assert r["completed"] == r["requests"] and r["ttft_p99_s"] >= r["ttft_p50_s"] > 0
-    assert report["idle_ttft_s"] > 0
-    assert "priority  high: TTFT" in capsys.readouterr().out
+    assert report["idle_ttft_p99_s"] >= report["idle_ttft_p50_s"] > 0
+    printed = capsys.readouterr().out
+    assert "priority     high: TTFT" in printed and "priority+cap high: TTFT" in printed
 
 
 def test_idle_ttft_is_the_first_tokens_not_the_last(ckpt_dir):
@@ -28,6 +29,9 @@ def test_idle_ttft_is_the_first_tokens_not_the_last(ckpt_dir):
 
     from backend import LLM
     llm = LLM(make_checkpoint(str(ckpt_dir / "llama"), "llama"), block_size=16, num_kv_blocks=64)
+    request = (list(range(3, 40)), 64, True)
+    first = bench_priority.idle_ttfts(llm, [request])
+    assert len(first) == 1 and not llm.engine.has_unfinished_requests()
     start = time.perf_counter()
-    first = bench_priority.idle_ttft(llm, [(list(range(3, 40)), 64, True)])
-    assert first < (time.perf_counter() - start) / 4
+    llm.generate([request[0]], [bench_priority.params(request[1], 0)])
+    assert first[0] < (time.perf_counter() - start) / 4        # the whole request: 64 tokens

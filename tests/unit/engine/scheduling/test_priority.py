@@ -4,6 +4,9 @@ place of a lower-priority running one (never of an equal or higher one), the poo
 last blocks taken from the lowest priority, and every request done with the pool free.
 Through the engine, with greedy tokens equal to FCFS's: test_priority_engine.py."""
 
+import pytest
+
+from backend.config import EngineArgs
 from backend.engine.outputs import ModelRunnerOutput
 from backend.engine.request import Request
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
@@ -63,7 +66,9 @@ def test_a_waiting_request_takes_the_place_of_a_lower_priority_running_one():
     scheduler, kv = setup(max_num_seqs=2)
     scheduler.add_request(request("low", 4, 5, 0.0, max_tokens=20))
     scheduler.add_request(request("mid", 4, 3, 1.0, max_tokens=20))
-    order = step(scheduler)[2]
+    # (two steps: "low"'s prompt sits out the step of "mid"'s first token)
+    order = step(scheduler)[2] + step(scheduler)[2]
+    assert {r.request_id for r in scheduler.running} == {"low", "mid"}
     scheduler.add_request(request("high", 4, 0, 2.0, max_tokens=4))
     scheduled, preempted, finished = step(scheduler)
     assert preempted == ["low"] and "high" in scheduled and "mid" in scheduled
@@ -124,8 +129,82 @@ def test_room_counts_the_prefix_cache_hits():
     scheduler.add_request(a)
     scheduler.add_request(request("v", 32, 5, 1.0, max_tokens=50))
     step(scheduler)
+    step(scheduler)                     # ("v"'s prompt sat the first step out: "a"'s first token)
     h = request("h", 1, 1, 2.0, max_tokens=4)
     h.prompt_token_ids = shared + [50, 51, 52, 53]
     scheduler.add_request(h)
     scheduled, preempted, _ = step(scheduler)
     assert preempted == [] and "h" in scheduled and "v" in scheduled
+
+
+def test_lower_prompts_sit_out_the_steps_of_a_better_ranked_first_token():
+    """While "high" waits for its first token (its prefill, then that step still in flight
+    under async scheduling: two schedules before an update), "low"'s prompt chunk sits
+    out and "dec"'s decode runs; once the token is in, "low" goes on. FCFS does not wait."""
+    for policy in ("priority", "fcfs"):
+        kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=16, policy=policy)
+        scheduler.add_request(request("dec", 2, 5, 0.0, max_tokens=30))
+        step(scheduler)
+        scheduler.add_request(request("low", 40, 5, 1.0, max_tokens=4))
+        assert step(scheduler)[0] == ["dec", "low"]                 # "low"'s first chunk
+        scheduler.add_request(request("high", 6, 0, 2.0, max_tokens=4))
+        in_flight = [scheduler.schedule()]
+        in_flight.append(scheduler.schedule())                    # its first token not back yet
+        ids = [sorted(s.request.request_id for s in out.scheduled) for out in in_flight]
+        if policy == "fcfs":
+            assert all("low" in step_ids for step_ids in ids)
+        else:
+            assert ids == [["dec", "high"], ["dec", "high"]]
+        for out in in_flight:
+            scheduler.update_from_output(out, ModelRunnerOutput([[7] if s.completes_prompt else []
+                                                                 for s in out.scheduled]))
+        assert "low" in step(scheduler)[0]
+        run_to_end(scheduler, kv)
+
+
+def test_a_waiting_head_that_cannot_run_holds_no_prompt_back():
+    """"h" outranks "v" but its adapter has no slot while "a" runs: "v"'s prompt does not
+    sit out for it (only for "a"'s first token)."""
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, max_loras=1, policy="priority")
+    a = request("a", 8, 0, 0.0, max_tokens=30)
+    a.sampling_params = SamplingParams(max_tokens=30, priority=0, lora_name="x")
+    scheduler.add_request(a)
+    h = request("h", 8, 1, 1.0, max_tokens=4)
+    h.sampling_params = SamplingParams(max_tokens=4, priority=1, lora_name="y")
+    scheduler.add_request(h)
+    scheduler.add_request(request("v", 8, 5, 2.0, max_tokens=4))
+    assert step(scheduler)[0] == ["a"]
+    assert step(scheduler)[0] == ["a", "v"]
+    run_to_end(scheduler, kv)
+
+
+def test_lower_prompts_get_their_allowance_while_better_ranked_work_is_present():
+    """lower_priority_prefill_tokens=8: "low"'s prompt chunks are at most 8 tokens while
+    "high" runs, and whole again once it has finished; without the cap, one chunk."""
+    def low_chunks(cap):
+        kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, policy="priority",
+                              lower_priority_prefill_tokens=cap)
+        scheduler.add_request(request("high", 2, 0, 0.0, max_tokens=4))
+        scheduler.add_request(request("low", 60, 5, 1.0, max_tokens=2))
+        chunks = []
+        while scheduler.num_unfinished:
+            high_present = "high" in scheduler.requests
+            out = scheduler.schedule()
+            chunks += [(s.num_new_tokens, high_present) for s in out.scheduled
+                       if s.request.request_id == "low" and s.num_new_tokens > 1]
+            scheduler.update_from_output(out, ModelRunnerOutput([[7] if s.completes_prompt else []
+                                                                 for s in out.scheduled]))
+        assert kv.num_free_blocks == kv.num_total_blocks
+        return chunks
+    assert low_chunks(None) == [(60, True)]
+    assert low_chunks(8) == [(8, True), (8, True), (8, True), (36, False)]
+
+
+def test_the_allowance_is_for_the_priority_policy():
+    with pytest.raises(ValueError, match="lower_priority_prefill_tokens needs scheduling_policy 'priority'"):
+        EngineArgs(model="x", lower_priority_prefill_tokens=128)
+    assert EngineArgs(model="x", scheduling_policy="priority",
+                      lower_priority_prefill_tokens=128).lower_priority_prefill_tokens == 128
