@@ -3,7 +3,9 @@
 Order of operations (as in vLLM): logit bias, penalties, min_tokens and bad words masking,
 then greedy argmax or temperature -> top-k -> top-p -> the logits processors
 (backend/engine/logits_processors: min-p, ...) -> draw. Per-row parameters travel as one
-[B, NUM_COLUMNS] tensor (one host-to-device copy); features no row uses cost nothing.
+[B, NUM_COLUMNS] tensor gathered on the device from rows written once per distinct
+settings (sampling_table.py): a step uploads a slot id per row, in the same one
+host-to-device copy as its index sets; features no row uses cost nothing.
 Greedy rows ride in the same pass and take the argmax of the penalized logits.
 
 Every tensor made here lives on the logits' device, and nothing here reads a device
@@ -27,11 +29,12 @@ from typing import TYPE_CHECKING, Collection, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from backend.engine.runner.buffers import GrowingStagedBuffer, StagedBuffer
+from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.sampling.logits_processors import PROCESSORS
 from backend.engine.sampling.logprobs import LogprobRows
 from backend.engine.sampling.penalty_state import PenaltyState
 from backend.engine.sampling.sampling_row import SamplingRow
+from backend.engine.sampling.sampling_table import SamplingTable
 from backend.engine.spec_decode.draft_tokens import device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 
@@ -78,8 +81,8 @@ class Sampler:
         prepares several draws a step (the draft model's)."""
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._slots = staging_slots
-        self._params = StagedBuffer(max_num_seqs * NUM_COLUMNS, torch.float32, self.device, staging_slots)
+        # Each distinct settings row on the device, written once (sampling_table.py).
+        self.rows = SamplingTable(NUM_COLUMNS, self.device, max(64, 2 * max_num_seqs), staging_slots)
         self._indices = GrowingStagedBuffer(torch.int64, self.device, slots=staging_slots)
         self._bias_values = GrowingStagedBuffer(torch.float32, self.device, slots=staging_slots)
         # (one per penalty: a staging buffer rewritten within the step would wait for the device)
@@ -95,8 +98,6 @@ class Sampler:
         spec_decode/rejection_sampler.VerifyRow): it reads its request's state plus its
         proposals."""
         B = len(requests)
-        if B * NUM_COLUMNS > self._params.np.shape[0]:
-            self._params = StagedBuffer(B * NUM_COLUMNS, torch.float32, self.device, self._slots)
         params_rows: list[tuple] = []
         # Index sets as flat (rows, ids) lists: repetition proposals, counted proposals,
         # banned ids (min_tokens, bad words), logprobs (row, its count), logit_bias ids.
@@ -155,17 +156,19 @@ class Sampler:
                 biased[0].extend([i] * len(row.bias_ids))
                 biased[1].extend(row.bias_ids)
                 bias_values += row.bias_values
-        rows = self._params.writable()[:B * NUM_COLUMNS].reshape(B, NUM_COLUMNS)
-        rows[:] = params_rows
         if not any_counted:
             slots[1] = None                     # nothing generated yet: counts are all zero
-        # One upload: the index sets, the rows' slots, the penalty state's updates.
-        flat = [s for s in slots if s is not None] + penalties.host_updates()
+        # One upload: the index sets, the rows' parameter slots (and new ones to write),
+        # the rows' penalty slots, the penalty state's updates.
+        table = self.rows
+        flat = [table.slots(params_rows), table.pending_slots()] + [s for s in slots if s is not None] + penalties.host_updates()
         uploaded, dev = self._upload_indices(index_sets, flat)
         for k in (0, 1):
             if on_device[k]:
                 device_fill(uploaded[k][1], on_device[k], self._draft_index[k])
-        slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[:len(dev) - 5], dev[-5:]
+        table.write_pending(dev[1])
+        params = table.gather(dev[0], B)
+        slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[2:len(dev) - 5], dev[-5:]
         penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
         penalty_rows: list[Optional[PenaltyRows]] = [None, None]
         for k, table in enumerate((penalties.seen, penalties.counts)):
@@ -181,7 +184,7 @@ class Sampler:
             bias = (*uploaded[4], self._bias_values.upload(np.asarray(bias_values, dtype=np.float32)))
         return SamplingBatch(
             bias=bias,
-            params=self._params.upload(B * NUM_COLUMNS).view(B, NUM_COLUMNS),
+            params=params,
             all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
             any_top_p=any_top_p, processors=processors, repetition=penalty_rows[0], counted=penalty_rows[1],
             banned=uploaded[2], seeded=seeded, logprobs=logprobs)
