@@ -4,7 +4,8 @@ loop, enforced as a token bitmask in the batched sampler and advanced with every
 - Compilation runs on COMPILE_THREADS worker threads (compile_pool.py), each sending its
   work to a child process of its own (grammar_process.py); compiled grammars are kept
   for reuse in a cache bounded in bytes (grammar_cache.py), so a repeated schema
-  compiles once. One slow compile does not hold up the grammars behind it; the
+  compiles once. One slow compile does not hold up the grammars behind it: past
+  FAST_COMPILE_S it is stopped and started again in a slow lane of its own; the
   scheduler keeps the request waiting (WAITING_FOR_GRAMMAR:
   structured_output_manager.py) until its grammar is ready, and an invalid grammar
   fails that request alone with the compiler's message.
@@ -49,9 +50,14 @@ logger = logging.getLogger(__name__)
 # Compiles past their time limit (or whose request ended) whose thread still runs: at
 # this many, new guided requests are refused until one ends.
 MAX_ABANDONED_COMPILES = 4
-# Compiles at once: more than one, so a fast grammar never queues behind a slow one; at
-# most half the cores (each compile holds one), and 4.
+# Compiles at once in the fast lane (compile_pool.py): more than one; at most half the
+# cores (each compile holds one), and 4. A compile still running after FAST_COMPILE_S
+# there starts again in the slow lane, on SLOW_COMPILE_THREADS threads of its own: so a
+# grammar waits behind others' compiles for about FAST_COMPILE_S at most, however slow
+# they are (issue 49 item 9).
 COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
+SLOW_COMPILE_THREADS = max(1, COMPILE_THREADS // 2)
+FAST_COMPILE_S = 0.08
 # Compiled grammars kept for reuse (grammar_cache.py), least recently used first out.
 GRAMMAR_CACHE_BYTES = 256 << 20
 
@@ -89,7 +95,8 @@ class StructuredOutput:
         self._fallback = None
         self._cache = GrammarCache(GRAMMAR_CACHE_BYTES)
         self._processes = GrammarProcesses(info.serialize_json())
-        self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._processes.current)
+        self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._processes.current,
+                                fast_s=FAST_COMPILE_S, slow_size=SLOW_COMPILE_THREADS)
         self._finalizer = weakref.finalize(self, _close, self.pool, self._processes)
         self._width = -(-vocab_size // 32)
         self._json_safe = _json_safe_row(info, vocab_size, self._width)
