@@ -54,10 +54,11 @@ def attacks(openai: str, http: str, key: str) -> dict[str, Callable[[], int]]:
     auth = {"authorization": f"Bearer {key}"} if key else {}
     big = "word " * (3 * MB)                                   # 15 MB of text
     return {
+        # (the top-level `reasoning` field is what a stored response keeps: the red team's
+        # 40 x 10 MB; a `reasoning` input item is dropped before anything is stored)
         "responses_10mb_reasoning": lambda: post(openai + "/v1/responses", json.dumps({
-            "model": "llm", "max_output_tokens": 2, "input": [
-                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r" * (10 * MB)}]},
-                {"role": "user", "content": "hi"}]}).encode(), auth),
+            "model": "llm", "max_output_tokens": 2, "reasoning": {"effort": "r" * (10 * MB)},
+            "input": "hi"}).encode(), auth),
         "tokenize_15mb": lambda: post(openai + "/tokenize", json.dumps({"model": "llm", "prompt": big}).encode(),
                                       auth),
         "echo_logprobs_15mb": lambda: post(openai + "/v1/completions", json.dumps({

@@ -14,7 +14,8 @@ is back within milliseconds instead of when the work would have ended.
 
 Two lanes (with `fast_s`): every job starts in the fast lane; one still running after
 `fast_s` is interrupted there and starts again in the slow lane (its own `slow_size`
-threads), where it runs to its end or its time limit. So a job never waits in the fast
+threads), where it runs to its end or its time limit (whose clock starts again there:
+`started` gets the job a second time). So a job never waits in the fast
 lane behind another for more than about `fast_s`, however many slow jobs arrive: a few
 tiny schemas that compile for minutes (issue 49 item 9) cost the fast lane `fast_s` each
 and then only hold up each other. A job that cannot be interrupted stays where it is.
@@ -141,7 +142,7 @@ class CompilePool:
             if dropped:
                 job.future.set_exception(CancelledError())
                 continue
-            if job.started is None:
+            if job.started is None or slow:     # (a moved job's time limit starts again in the slow lane)
                 job.started = time.monotonic()
                 self.started.put(job)
             _running.job = job
@@ -154,16 +155,24 @@ class CompilePool:
                 _running.job = None
             with self._lock:
                 job.running = False
-                self._fast_running.pop(job, None)
-                moved = error is not None and job.demoting and not job.abandoned
+                self._fast_running.pop(job, None)       # (_watch interrupts only jobs in here)
+                job.interrupt = None
+                moved = error is not None and job.demoting and not job.abandoned and not self._closed
                 if moved:                       # interrupted by _watch: to the slow lane
-                    job.slow, job.demoting, job.interrupt = True, False, None
+                    job.slow, job.demoting = True, False
                     self._slow_jobs.put(job)
             if not moved:
                 if error is None:
                     job.future.set_result(result)
+                elif job.demoting and not job.abandoned:
+                    job.future.set_exception(CancelledError())      # (shutting down)
                 else:
                     job.future.set_exception(error)
+            elif self._initializer is not None:
+                try:                            # its process was killed: the next one starts now, not
+                    self._initializer()         # within the next job's time in the fast lane
+                except Exception:
+                    pass
             if job.replaced:                    # a replacement took this thread's place
                 with self._lock:
                     self._abandoned -= 1
@@ -178,14 +187,11 @@ class CompilePool:
                 due = [job for job, start in self._fast_running.items()
                        if now - start >= fast_s and not job.demoting and job.interrupt is not None]
                 for job in due:
+                    # Under the lock: the job is still running its fast-lane call, so this
+                    # interrupt is that call's (a kill: milliseconds at most).
                     job.demoting = True
+                    job.interrupt()
                 if due:
-                    self._lock.release()
-                    try:
-                        for job in due:
-                            job.interrupt()
-                    finally:
-                        self._lock.acquire()
                     continue
                 # A job past fast_s whose function has not said how to stop it (yet, or at
                 # all: compiles on threads) is looked at again after another fast_s.

@@ -56,7 +56,7 @@ MAX_ABANDONED_COMPILES = 4
 # grammar waits behind others' compiles for about FAST_COMPILE_S at most, however slow
 # they are (issue 49 item 9).
 COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
-SLOW_COMPILE_THREADS = max(1, COMPILE_THREADS // 2)
+SLOW_COMPILE_THREADS = COMPILE_THREADS      # (slow compiles share cores among themselves as before)
 FAST_COMPILE_S = 0.08
 # Compiled grammars kept for reuse (grammar_cache.py), least recently used first out.
 GRAMMAR_CACHE_BYTES = 256 << 20
@@ -221,7 +221,8 @@ class AwaitingGrammar:
             self._timeouts.compact(self._awaits)
         admitted, failed = [], []
         for job in self._timeouts.pop_due(now):
-            if self._awaits(job) and not job.future.done():
+            # (a compile moved to the slow lane started again: a later limit is queued too)
+            if self._awaits(job) and not job.future.done() and now >= job.started + self.compile_timeout_s:
                 request = self.pop(structured, job.tag.request_id)
                 (field,) = request.sampling_params.guided_fields()
                 failed.append((request, InvalidRequestError(
