@@ -55,6 +55,11 @@ def current_job() -> Optional[Job]:
     return getattr(_running, "job", None)
 
 
+def in_slow_lane() -> bool:
+    """Whether the calling thread is one of a pool's slow-lane workers."""
+    return getattr(_running, "slow", False)
+
+
 class CompilePool:
     def __init__(self, size: int = 1, name: str = "grammar",
                  initializer: Optional[Callable[[], Any]] = None, fast_s: Optional[float] = None,
@@ -118,6 +123,7 @@ class CompilePool:
                          daemon=True).start()
 
     def _work(self, slow: bool) -> None:
+        _running.slow = slow
         if self._initializer is not None:
             try:
                 self._initializer()

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from backend.engine.runner.buffers import StagedBuffer
-from backend.engine.structured_output.compile_pool import CompilePool, Job, current_job
+from backend.engine.structured_output.compile_pool import CompilePool, Job, current_job, in_slow_lane
 from backend.engine.structured_output.grammar_cache import GrammarCache, cache_key
 from backend.engine.structured_output.grammar_process import CompileKilled, GrammarProcess, GrammarProcesses, compile_spec
 from backend.engine.deadlines import Deadlines
@@ -57,7 +57,8 @@ MAX_ABANDONED_COMPILES = 4
 # they are (issue 49 item 9).
 COMPILE_THREADS = min(4, max(2, (os.cpu_count() or 2) // 2))
 SLOW_COMPILE_THREADS = COMPILE_THREADS      # (slow compiles share cores among themselves as before)
-FAST_COMPILE_S = 0.08
+FAST_COMPILE_S = 0.05
+SLOW_LANE_NICE = 10
 # Compiled grammars kept for reuse (grammar_cache.py), least recently used first out.
 GRAMMAR_CACHE_BYTES = 256 << 20
 
@@ -95,7 +96,7 @@ class StructuredOutput:
         self._fallback = None
         self._cache = GrammarCache(GRAMMAR_CACHE_BYTES)
         self._processes = GrammarProcesses(info.serialize_json())
-        self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._processes.current,
+        self.pool = CompilePool(COMPILE_THREADS, "grammar", initializer=self._lane_process,
                                 fast_s=FAST_COMPILE_S, slow_size=SLOW_COMPILE_THREADS)
         self._finalizer = weakref.finalize(self, _close, self.pool, self._processes)
         self._width = -(-vocab_size // 32)
@@ -146,13 +147,18 @@ class StructuredOutput:
         (MAX_ABANDONED_COMPILES bounds those)."""
         if self._fallback is None:
             try:
-                return self._processes.current()
+                return self._lane_process()
             except CompileKilled:
                 raise                           # shutting down
             except Exception as e:
                 logger.error("grammar compile processes cannot start (%r); compiling on threads instead", e)
                 self._fallback = self.xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
         return None
+
+    def _lane_process(self) -> GrammarProcess:
+        """This thread's process: the slow lane's run at a lower CPU priority, so that the
+        compiles moved there (and the engine) yield the cores to the fast lane's."""
+        return self._processes.current(SLOW_LANE_NICE if in_slow_lane() else 0)
 
     def close(self) -> None:
         """Ends the compile threads and processes (also when the object is collected)."""

@@ -93,8 +93,11 @@ def _exit_with_parent() -> None:
     os._exit(0)
 
 
-def _serve(conn, tokenizer_info_json: str) -> None:
+def _serve(conn, tokenizer_info_json: str, nice: int = 0) -> None:
     """The child: compiles what the pipe brings until the parent closes it."""
+    if nice:
+        import os
+        os.nice(nice)
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     import xgrammar as xgr
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
@@ -119,10 +122,11 @@ class CompileKilled(RuntimeError):
 class GrammarProcess:
     """One child process and the pipe to it; used by one thread at a time."""
 
-    def __init__(self, tokenizer_info_json: str) -> None:
+    def __init__(self, tokenizer_info_json: str, nice: int = 0) -> None:
+        """nice: added to the child's niceness (a lower CPU priority)."""
         ctx = _mp_context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, tokenizer_info_json), daemon=True,
+        self._proc = ctx.Process(target=_serve, args=(child, tokenizer_info_json, nice), daemon=True,
                                  name="grammar-compile")
         try:
             _start_without_main(self._proc)
@@ -176,11 +180,12 @@ class GrammarProcesses:
         self._lock = threading.Lock()
         self._closed = False
 
-    def current(self) -> GrammarProcess:
+    def current(self, nice: int = 0) -> GrammarProcess:
+        """The calling thread's process (started, with `nice`, if it has none alive)."""
         proc: Optional[GrammarProcess] = getattr(self._local, "proc", None)
         if proc is None or not proc.alive:
             self._prune()                   # killed ones (their threads may have ended)
-            proc = GrammarProcess(self._info)
+            proc = GrammarProcess(self._info, nice)
             with self._lock:
                 if self._closed:
                     proc.close()

@@ -85,3 +85,15 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n").count("script ran") == 1 and "True" in out.stdout
+
+
+def test_a_process_can_run_at_a_lower_cpu_priority(info_json):
+    """The slow lane's processes (grammar.SLOW_LANE_NICE): the fast lane's and the engine
+    get the cores first."""
+    import os
+    proc = GrammarProcess(info_json, nice=5)
+    try:
+        assert proc.compile("guided_regex", "[01]")                 # (the child has applied it by now)
+        assert os.getpriority(os.PRIO_PROCESS, proc._proc.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    finally:
+        proc.close()
