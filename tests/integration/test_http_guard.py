@@ -89,6 +89,7 @@ def test_a_killed_openai_frontend_is_restarted_and_ready_says_so(server):
         assert time.monotonic() < deadline, body
         time.sleep(0.05)
     assert "sidecar 'openai' is " in json.loads(body)["reason"]       # down, or not ready yet
+    assert generate(server, timeout_s=30)[0] == 200           # Triton serves on meanwhile
     assert openai_frontend(server, timeout_s=120) == base       # serving again
     s = status(server)
     assert s["sidecars"]["openai"]["restarts"] >= 1 and s["sidecars"]["openai"]["pid"] != pid
