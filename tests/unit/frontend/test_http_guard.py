@@ -207,17 +207,31 @@ def test_compressed_bodies_are_checked_and_sent_on_unpacked():
 
 
 def test_bodies_past_the_limit_get_413_declared_or_chunked():
+    """Issue 49 item 12 (a 300 MB `/generate` body was accepted): refused past the limit,
+    declared or chunked, and a request sent while the chunked one trickles in is answered
+    without waiting for it."""
     async def chunks():
         for _ in range(64):
             yield b"x" * 1024
+            await asyncio.sleep(0.01)
 
     async def scenario(s, url, _):
         async with s.post(url + "/v2/models/llm/infer", data=b"x" * 70_000) as r:
             declared = r.status
-        async with s.post(url + "/v2/models/llm/infer", data=chunks()) as r:
-            return declared, r.status, (await r.json())["error"]
-    declared, chunked, message = run(scenario, max_body_bytes=60_000)
+
+        async def oversized():
+            async with s.post(url + "/v2/models/llm/infer", data=chunks()) as r:
+                return r.status, (await r.json())["error"], time.monotonic()
+
+        async def normal():
+            await asyncio.sleep(0.05)                   # (the oversized body is on its way)
+            async with s.get(url + "/v2/health/ready") as r:
+                return r.status, time.monotonic()
+        (chunked, message, refused_at), (ready, answered_at) = await asyncio.gather(oversized(), normal())
+        return declared, chunked, message, ready, answered_at < refused_at
+    declared, chunked, message, ready, answered_first = run(scenario, max_body_bytes=60_000)
     assert declared == chunked == 413 and "--max-body-bytes" in message
+    assert ready == 201 and answered_first
 
 
 def test_many_one_byte_chunks_reach_triton_as_one_body_and_others_are_served():
