@@ -153,3 +153,19 @@ def test_echo_with_logprobs_refuses_a_prompt_past_max_model_len_without_tokenizi
     assert e.value.param == "prompt" and "max_model_len" in str(e.value)
     assert Tokenizer.seen <= 4 * 16384
     assert _echo_infos(Tokenizer(), ["a b"], need_ids=True, max_model_len=1024)[0].token_ids == [5, 5]
+
+
+def test_echo_with_logprobs_refuses_a_16_mb_prompt_in_a_fraction_of_a_second(tiny_ckpt):
+    """The same with the model's own tokenizer (timing proxy, wide margin: it was 22 s)."""
+    import time
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from frontend.openai_api.completions import _echo_infos
+    from frontend.openai_api.errors import APIError
+    tok = AutoTokenizer.from_pretrained(tiny_ckpt)
+    t0 = time.perf_counter()
+    with pytest.raises(APIError):
+        _echo_infos(tok, ["word " * (3 << 20)], need_ids=True, max_model_len=1024)
+    assert time.perf_counter() - t0 < 1.0

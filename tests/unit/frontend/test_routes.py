@@ -140,3 +140,8 @@ def test_tokenize_refuses_a_prompt_past_max_model_len_without_tokenizing_it_whol
                     headers=KEY)
     assert r.status_code == 400 and "max_model_len" in r.text
     assert client.post("/tokenize", json={"model": "llm", "prompt": "word " * 100}, headers=KEY).json()["count"] > 100
+    import time
+    monkeypatch.undo()                                  # the model's own tokenizer, uncounted
+    t0 = time.perf_counter()
+    r = client.post("/tokenize", json={"model": "llm", "prompt": "word " * (3 << 20)}, headers=KEY)     # 15 MiB
+    assert r.status_code == 400 and time.perf_counter() - t0 < 3.0     # (was 22 s of CPU; a wide margin)

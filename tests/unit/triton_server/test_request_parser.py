@@ -99,6 +99,24 @@ def test_a_huge_text_beside_input_ids_is_not_tokenized_whole():
         == [7, 7]
 
 
+def test_the_red_teams_request_costs_the_execute_thread_milliseconds_with_a_real_tokenizer(tiny_ckpt):
+    """The same request with the model's own tokenizer (what model.py passes): refused in
+    a fraction of a second (it held the execute thread 55 s, so every new request waited),
+    and the request behind it is parsed at once. Timing proxies with a wide margin."""
+    import time
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_ckpt)
+    text = "word " * (3 << 20)                        # 15 MiB
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequestError, match="disagree"):
+        parse_request({"text_input": b(text), "input_ids": np.array([1], dtype=np.int32)}, tok.encode)
+    attack_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert parse_request({"text_input": b("The pass statement")}, tok.encode).prompt == "The pass statement"
+    assert attack_s < 1.0 and time.perf_counter() - t0 < 0.5, attack_s
+
+
 @pytest.mark.parametrize("inputs, match", [
     ({}, "no prompt"),
     ({"text_input": b("")}, "no prompt"),
