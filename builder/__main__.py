@@ -162,6 +162,10 @@ def main(argv=None) -> int:
         b.add_argument(flag, type=typ)
     b.add_argument("--scheduling-policy", help="fcfs (default) or priority: requests admitted and preempted by "
                    "their `priority`, lower first (engine argument)")
+    b.add_argument("--priority-aging-s", type=float, help="with --scheduling-policy priority: a request's priority "
+                   "improves by one level per this many seconds it waits (engine argument)")
+    b.add_argument("--lower-priority-prefill-tokens", type=int, help="with --scheduling-policy priority: prompt "
+                   "tokens a step gives at most to requests ranked below the best one present (engine argument)")
     b.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     b.add_argument("--no-perplexity", dest="perplexity", action="store_false", default=True,
                    help="skip the held-out perplexity of source and entry (computed by the engine for any "

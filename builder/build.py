@@ -86,6 +86,8 @@ class BuildOptions(BaseModel):
     enable_prefix_caching: bool = True
     max_queue_size: Optional[int] = Field(None, ge=0)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    priority_aging_s: Optional[float] = Field(None, gt=0)
+    lower_priority_prefill_tokens: Optional[int] = Field(None, ge=1)
     kv_offloading_size: Optional[float] = Field(None, gt=0)     # GiB of host memory for the KV tier
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
@@ -203,7 +205,9 @@ def engine_parameters(opts: BuildOptions, model_path: str, draft_path: Optional[
                   kv_cache_memory_bytes=opts.kv_cache_memory_bytes, max_num_seqs=opts.max_num_seqs,
                   max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
                   enable_prefix_caching=opts.enable_prefix_caching, max_queue_size=opts.max_queue_size,
-                  scheduling_policy=opts.scheduling_policy, kv_offloading_size=opts.kv_offloading_size,
+                  scheduling_policy=opts.scheduling_policy, priority_aging_s=opts.priority_aging_s,
+                  lower_priority_prefill_tokens=opts.lower_priority_prefill_tokens,
+                  kv_offloading_size=opts.kv_offloading_size,
                   kv_cache_dtype=opts.kv_cache, tensor_parallel_size=opts.tensor_parallel_size,
                   pipeline_parallel_size=opts.pipeline_parallel_size, nnodes=opts.nnodes)
     if opts.kv_cache == "int8":

@@ -39,6 +39,8 @@ BUILD_FLAGS = {"--max-model-len": ("max_model_len", int), "--max-num-seqs": ("ma
                "--pipeline-parallel-size": ("pipeline_parallel_size", int),
                "--kv-offloading-size": ("kv_offloading_size", float),
                "--scheduling-policy": ("scheduling_policy", str),
+               "--priority-aging-s": ("priority_aging_s", float),
+               "--lower-priority-prefill-tokens": ("lower_priority_prefill_tokens", int),
                # vLLM's flag: JSON, or the builder's shorthand ('eagle3:/ckpt/head:4')
                "--speculative-config": ("speculative", str)}
 DELEGATES = {"build": ("builder", ["build"]), "plan": ("builder", ["plan"]), "generate": ("clients.generate", []),

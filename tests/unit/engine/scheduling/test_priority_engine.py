@@ -73,8 +73,10 @@ def test_the_policy_is_an_engine_argument_of_the_model_config(ckpt_dir, tmp_path
     from backend.triton_server.serving_config import load_settings
     from builder.build import BuildOptions, engine_parameters
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
-    opts = BuildOptions.create(checkpoint=path, output=str(tmp_path / "entry"), scheduling_policy="priority")
+    opts = BuildOptions.create(checkpoint=path, output=str(tmp_path / "entry"), scheduling_policy="priority",
+                               priority_aging_s=5.0, lower_priority_prefill_tokens=128)
     params = {k: str(v) for k, v in engine_parameters(opts, path).items() if v is not None}
-    assert load_settings(params, str(tmp_path))[0].scheduling_policy == "priority"
+    args = load_settings(params, str(tmp_path))[0]
+    assert (args.scheduling_policy, args.priority_aging_s, args.lower_priority_prefill_tokens) == ("priority", 5.0, 128)
     with pytest.raises(ConfigError, match="scheduling_policy"):
         load_settings({**params, "scheduling_policy": "lifo"}, str(tmp_path))
