@@ -14,13 +14,15 @@ priority improves by one level per that many seconds since it arrived, so every 
 eventually outranks the newer work. Both queues are put in order again before each
 schedule then, and preemption compares these aged priorities too.
 
-First-token steps: while a request waits for its first token (its prompt is being
-computed, or the step that samples its first token is still in flight, async
-scheduling), prompt chunks of lower-ranked requests sit the step out; their decodes
-still run. So a high-priority request's prefill shares its step only with decodes and
-with prompts of its own rank or better, and its time to first token under load stays
-near its idle value (docs/performance.md, bench_priority) at the cost of a step's delay
-for the lower prompts each time.
+First-token steps: while a request's first token is in flight (async scheduling), and in
+a step that has scheduled a chunk of its prompt, prompt chunks of lower-ranked requests
+visited after it sit the step out; their decodes still run (FirstTokenLead). Only a
+request that really runs leads, so nothing is held back for one that cannot (no room,
+an image not yet encodable): the rule never stalls the engine. A high-priority
+request's first token is then not held up by lower prompts, at the cost of a step's
+delay for them each time (docs/performance.md, bench_priority). Lower prompts already
+scheduled before a better-ranked request is admitted in the same step stay in it; the
+allowance below bounds them.
 
 What a better-ranked arrival waits for first is the step already running. With the
 engine argument `lower_priority_prefill_tokens`, prompt chunks of requests ranked below
@@ -101,22 +103,30 @@ class PriorityQueue:
         return iter(self._items)
 
 
-def first_token_lead(running: list[Request], head: Optional[Request], ranking: Ranking,
-                     now: Optional[float]) -> Optional[int]:
-    """The best (aged) priority among requests still waiting for their first token: the
-    running ones (prefilling, or their first token in flight) and `head`, the waiting
-    request this step will admit (None: none will). None when there is none."""
-    ranks = [ranking.priority(r, now) for r in running if not r.num_output_tokens]
-    if head is not None and not head.num_output_tokens:
-        ranks.append(ranking.priority(head, now))
-    return min(ranks, default=None)
+class FirstTokenLead:
+    """One step's first-token rule: the best (aged) rank whose first token is on its way,
+    from a running request whose first token is in flight (async scheduling) or one whose
+    prompt chunk the step has scheduled so far. The running batch and then the waiting
+    queue are visited in rank order, so a better-ranked prompt is scheduled before the
+    lower ones it holds back, and only a request that really runs (or whose token really
+    comes) holds anything back: one that cannot run in this step (no room, its image not
+    yet encodable, a micro-batch in flight) leaves the others to run."""
 
+    def __init__(self, running: list[Request], ranking: Ranking, now: Optional[float]) -> None:
+        self.ranking, self.now = ranking, now
+        self.rank = min((ranking.priority(r, now) for r in running
+                         if not r.num_output_tokens and r.num_output_placeholders), default=None)
 
-def sits_out(request: Request, lead: Optional[int], ranking: Ranking, now: Optional[float]) -> bool:
-    """A prompt chunk (or a preempted request's recompute) ranked below `lead`: it waits
-    while a better-ranked request's first token is on its way."""
-    return (lead is not None and request.num_computed_tokens + 1 < request.num_tokens
-            and ranking.priority(request, now) > lead)
+    def sits_out(self, request: Request) -> bool:
+        """A prompt chunk (or a preempted request's recompute) ranked below the lead."""
+        return (self.rank is not None and request.num_computed_tokens + 1 < request.num_tokens
+                and self.ranking.priority(request, self.now) > self.rank)
+
+    def scheduled(self, request: Request) -> None:
+        """The request's share of the step was recorded: a first token on its way leads."""
+        if not request.num_output_tokens:
+            rank = self.ranking.priority(request, self.now)
+            self.rank = rank if self.rank is None else min(self.rank, rank)
 
 
 class LowerPrefillCap:
@@ -125,15 +135,18 @@ class LowerPrefillCap:
     def __init__(self, tokens: int, best: int, ranking: Ranking, now: Optional[float]) -> None:
         self.left, self.best, self.ranking, self.now = tokens, best, ranking, now
 
+    def _lower_prompt(self, request: Request) -> bool:
+        return (request.num_computed_tokens + 1 < request.num_tokens
+                and self.ranking.priority(request, self.now) > self.best)
+
     def clip(self, request: Request, num_new: int) -> int:
         """num_new, cut to what is left of the allowance if this is a lower-ranked prompt
-        chunk (0: nothing left)."""
-        if request.num_computed_tokens + 1 >= request.num_tokens or \
-                self.ranking.priority(request, self.now) <= self.best:
-            return num_new
-        num_new = min(num_new, self.left)
-        self.left -= num_new
-        return num_new
+        chunk (0: nothing left). Charged only once the chunk is recorded (charge)."""
+        return min(num_new, self.left) if self._lower_prompt(request) else num_new
+
+    def charge(self, request: Request, num_new: int) -> None:
+        if self._lower_prompt(request):
+            self.left -= num_new
 
 
 def insert_running(running: list[Request], request: Request, ranking: Ranking = Ranking()) -> None:

@@ -33,8 +33,8 @@ from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_devic
 from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.scheduling.priority import (LowerPrefillCap, PriorityQueue, Ranking, first_token_lead,
-                                                insert_running, sits_out)
+from backend.engine.scheduling.priority import (FirstTokenLead, LowerPrefillCap, PriorityQueue, Ranking,
+                                                insert_running)
 from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -183,12 +183,12 @@ class Scheduler(ProposalSlots):
         # Priority: the best rank whose first token is on its way (priority.py's
         # first-token steps); lower-ranked prompt chunks sit this step out.
         now = self.ranking.clock() if self.ranking.aging_s is not None else None
-        lead = self._first_token_lead(budget, now) if self.policy == "priority" else None
+        lead = FirstTokenLead(self.running, self.ranking, now) if self.policy == "priority" else None
         cap = self._lower_prefill_cap(now)
         idx = 0
         while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
             request = self.running[idx]
-            if request.request_id in self.in_flight or (lead is not None and sits_out(request, lead, self.ranking, now)):
+            if request.request_id in self.in_flight or (lead is not None and lead.sits_out(request)):
                 idx += 1                    # in another micro-batch still in flight, or sits out
                 continue
             if request.num_output_placeholders and (
@@ -232,6 +232,7 @@ class Scheduler(ProposalSlots):
                     break
             else:
                 self._commit_encoder(out, request, plan)
+                self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
                 self._record(out, request, num_new)
                 budget -= num_new
                 idx += 1
@@ -244,7 +245,7 @@ class Scheduler(ProposalSlots):
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < max_batch_seqs):
             request = self.waiting[0]
-            if lead is not None and sits_out(request, lead, self.ranking, now):
+            if lead is not None and lead.sits_out(request):
                 break                       # (the rest rank no better)
             if request.request_id in self.in_flight or request.request_id in made_room:
                 skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
@@ -290,6 +291,7 @@ class Scheduler(ProposalSlots):
                 loras.add(request.sampling_params.lora_name)
             out.new_requests.append(NewRequestData.of(request, resumed=request.request_id in self._runner_holds))
             self._runner_holds.add(request.request_id)
+            self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
@@ -333,13 +335,14 @@ class Scheduler(ProposalSlots):
             preempted.add(worst.request_id)
         return preempted
 
-    def _first_token_lead(self, budget: int, now: Optional[float]) -> Optional[int]:
-        """priority.first_token_lead over the running requests and the waiting head, if
-        it has room to be admitted in this step."""
-        head = self._waiting_head()
-        blocks = None if head is None else self._blocks_to_admit(head, budget)
-        fits = blocks is not None and len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks
-        return first_token_lead(self.running, head if fits else None, self.ranking, now)
+    @staticmethod
+    def _recorded(request: Request, num_new: int, lead: Optional[FirstTokenLead], cap: Optional[LowerPrefillCap]
+                  ) -> None:
+        """Priority: a scheduled share counts for the step's first-token rule and allowance."""
+        if lead is not None:
+            lead.scheduled(request)
+        if cap is not None:
+            cap.charge(request, num_new)
 
     def _lower_prefill_cap(self, now: Optional[float]) -> Optional[LowerPrefillCap]:
         """The step's allowance for prompts ranked below the best present, if capped."""

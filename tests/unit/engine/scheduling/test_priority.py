@@ -138,24 +138,27 @@ def test_room_counts_the_prefix_cache_hits():
 
 
 def test_lower_prompts_sit_out_the_steps_of_a_better_ranked_first_token():
-    """While "high" waits for its first token (its prefill, then that step still in flight
-    under async scheduling: two schedules before an update), "low"'s prompt chunk sits
-    out and "dec"'s decode runs; once the token is in, "low" goes on. FCFS does not wait."""
+    """"high" arrives while "low"'s long prompt is being computed: its admission step
+    carries "low"'s chunk cut to the allowance (lower_priority_prefill_tokens=16), the
+    next step (its first token still in flight under async scheduling: two schedules
+    before an update) none of it, "dec"'s decode in both; once the token is in, "low"
+    goes on. FCFS (no allowance) lets "low" take the step budget and "high" wait."""
     for policy in ("priority", "fcfs"):
-        kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
-        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=16, policy=policy)
+        kv = KVCacheManager(num_blocks=128, block_size=4, enable_prefix_caching=False)
+        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, policy=policy,
+                              lower_priority_prefill_tokens=16 if policy == "priority" else None)
         scheduler.add_request(request("dec", 2, 5, 0.0, max_tokens=30))
         step(scheduler)
-        scheduler.add_request(request("low", 40, 5, 1.0, max_tokens=4))
+        scheduler.add_request(request("low", 300, 5, 1.0, max_tokens=4))
         assert step(scheduler)[0] == ["dec", "low"]                 # "low"'s first chunk
         scheduler.add_request(request("high", 6, 0, 2.0, max_tokens=4))
         in_flight = [scheduler.schedule()]
         in_flight.append(scheduler.schedule())                    # its first token not back yet
-        ids = [sorted(s.request.request_id for s in out.scheduled) for out in in_flight]
+        shares = [{s.request.request_id: s.num_new_tokens for s in out.scheduled} for out in in_flight]
         if policy == "fcfs":
-            assert all("low" in step_ids for step_ids in ids)
+            assert shares == [{"dec": 1, "low": 63}, {"dec": 1, "low": 63}]
         else:
-            assert ids == [["dec", "high"], ["dec", "high"]]
+            assert shares == [{"dec": 1, "high": 6, "low": 16}, {"dec": 1, "high": 1}]
         for out in in_flight:
             scheduler.update_from_output(out, ModelRunnerOutput([[7] if s.completes_prompt else []
                                                                  for s in out.scheduled]))
@@ -208,3 +211,24 @@ def test_the_allowance_is_for_the_priority_policy():
         EngineArgs(model="x", lower_priority_prefill_tokens=128)
     assert EngineArgs(model="x", scheduling_policy="priority",
                       lower_priority_prefill_tokens=128).lower_priority_prefill_tokens == 128
+
+
+def test_a_waiting_head_whose_cached_prefix_leaves_no_room_stalls_nothing():
+    """(A review's reproduction of a stall in the first version, which counted a waiting
+    head as the lead when it seemed to fit: its evictable prefix hits made the pool look
+    roomier than it was, its allocation failed, and the lower prompt sat out every step
+    for good.) Every request completes and the pool ends free."""
+    kv = KVCacheManager(num_blocks=20, block_size=4, enable_prefix_caching=True)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=16, policy="priority")
+    shared = list(range(100, 132))                  # 8 full blocks, cached and then free
+    first = request("P", 1, 0, 0.0, max_tokens=1)
+    first.prompt_token_ids = shared + [5]
+    scheduler.add_request(first)
+    run_to_end(scheduler, kv)
+    scheduler.add_request(request("L", 64, 5, 1.0, max_tokens=4))
+    for _ in range(3):
+        step(scheduler)
+    high = request("H", 1, 0, 2.0)
+    high.prompt_token_ids = shared + list(range(300, 320))
+    scheduler.add_request(high)
+    assert set(run_to_end(scheduler, kv)) == {"L", "H"}
