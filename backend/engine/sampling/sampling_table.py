@@ -36,6 +36,7 @@ class SamplingTable:
         self._free = list(range(capacity - 1, -1, -1))
         self._call = 0
         self._pending: list[tuple[int, tuple]] = []         # (slot, params) the last call writes
+        self.written: list[int] = []                        # the slots write_pending last wrote
         self._values = GrowingStagedBuffer(torch.float32, self.device, slots=staging_slots)
 
     @property
@@ -46,7 +47,11 @@ class SamplingTable:
         """The slot of each row's params (new ones are written by write_pending). A dict
         lookup per row: this runs every step over the whole batch."""
         self._call += 1
-        self._pending = []
+        for slot, params in self._pending:      # never written (the call before failed after slots())
+            del self._slot_of[params]
+            self._params_of[slot] = None
+            self._free.append(slot)
+        self._pending, self.written = [], []
         get = self._slot_of.get
         slots = [get(params) for params in rows]
         if None in slots:
@@ -58,7 +63,8 @@ class SamplingTable:
         return slots
 
     def pending_slots(self) -> list[int]:
-        """The slots the last call writes (their ids ride in the sampler's index upload)."""
+        """The slots the last call writes (their ids ride in the sampler's index upload);
+        after write_pending, `written` holds them."""
         return [slot for slot, _ in self._pending]
 
     def write_pending(self, slots: Optional[torch.Tensor]) -> None:
@@ -69,6 +75,8 @@ class SamplingTable:
         values = np.asarray([params for _, params in self._pending], dtype=np.float32)
         rows = self._values.upload(values.reshape(-1)).view(len(self._pending), self.num_columns)
         self.table.index_copy_(0, slots, rows)
+        self.written = [slot for slot, _ in self._pending]
+        self._pending = []
 
     def gather(self, row_slots: Optional[torch.Tensor], num_rows: int) -> torch.Tensor:
         """The step's [num_rows, num_columns] parameters (row_slots: a slot per row, on

@@ -30,7 +30,7 @@ def test_random_steps_gather_each_rows_own_settings():
     for _ in range(300):
         rows = [params(rng.randrange(12)) for _ in range(rng.randint(0, 9))]
         got = step(table, rows)
-        writes += len(table.pending_slots())
+        writes += len(table.written)
         assert got.shape == (len(rows), NUM_COLUMNS)
         if rows:
             assert torch.equal(got, torch.tensor(rows, dtype=torch.float32))
@@ -40,9 +40,9 @@ def test_random_steps_gather_each_rows_own_settings():
 def test_a_row_is_written_once_and_shared():
     table = SamplingTable(NUM_COLUMNS, torch.device("cpu"), capacity=4)
     step(table, [params(1), params(1), params(2)])
-    assert len(table.pending_slots()) == 2
+    assert len(table.written) == 2
     step(table, [params(2), params(1)])
-    assert table.pending_slots() == []
+    assert table.written == []
 
 
 def test_a_slot_the_step_uses_is_never_taken_back():
@@ -54,7 +54,7 @@ def test_a_slot_the_step_uses_is_never_taken_back():
     assert table.capacity == 4
     assert torch.equal(got, torch.tensor([params(0), params(2), params(3)], dtype=torch.float32))
     step(table, [params(1)])
-    assert len(table.pending_slots()) == 1                     # (written again: it had gone)
+    assert len(table.written) == 1                             # (written again: it had gone)
 
 
 def test_the_sampler_uploads_only_settings_it_has_not_seen():
@@ -62,7 +62,14 @@ def test_the_sampler_uploads_only_settings_it_has_not_seen():
     requests = [req(SamplingParams(), prompt=(1, 2)), req(SamplingParams(temperature=0.7, top_p=0.9), prompt=(3,)),
                 req(SamplingParams(), prompt=(4,))]
     first = s.prepare(requests, 32)
-    assert len(s.rows.pending_slots()) == 2                     # two distinct settings
+    assert len(s.rows.written) == 2                             # two distinct settings
     second = s.prepare(requests[::-1], 32)
-    assert s.rows.pending_slots() == []
+    assert s.rows.written == []
     assert torch.equal(second.params, first.params.flip(0))
+
+
+def test_rows_of_a_call_that_failed_before_its_upload_are_written_again():
+    table = SamplingTable(NUM_COLUMNS, torch.device("cpu"), capacity=4)
+    table.slots([params(1)])                                   # (the step failed: nothing written)
+    got = step(table, [params(1)])
+    assert len(table.written) == 1 and torch.equal(got, torch.tensor([params(1)], dtype=torch.float32))
