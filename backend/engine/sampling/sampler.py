@@ -160,14 +160,14 @@ class Sampler:
             slots[1] = None                     # nothing generated yet: counts are all zero
         # One upload: the index sets, the rows' parameter slots (and new ones to write),
         # the rows' penalty slots, the penalty state's updates.
-        table = self.rows
-        flat = [table.slots(params_rows), table.pending_slots()] + [s for s in slots if s is not None] + penalties.host_updates()
+        flat = [self.rows.slots(params_rows), self.rows.pending_slots(), *(s for s in slots if s is not None),
+                *penalties.host_updates()]
         uploaded, dev = self._upload_indices(index_sets, flat)
         for k in (0, 1):
             if on_device[k]:
                 device_fill(uploaded[k][1], on_device[k], self._draft_index[k])
-        table.write_pending(dev[1])
-        params = table.gather(dev[0], B)
+        self.rows.write_pending(dev[1])
+        params = self.rows.gather(dev[0], B)
         slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[2:len(dev) - 5], dev[-5:]
         penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
         penalty_rows: list[Optional[PenaltyRows]] = [None, None]

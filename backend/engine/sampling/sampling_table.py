@@ -11,8 +11,9 @@ n children of one request) share a slot.
 A slot is taken back only when the table is full, the one written longest ago first
 (choosing it costs a walk over the table, on a miss with a full table only: a hit is one
 dict lookup); a slot that the current step uses is never taken, so the table grows
-(doubling) if one step has more distinct settings than it holds. Writes and reads are queued on the device in step order,
-so a later step rewriting a slot never changes what an earlier step already gathered.
+(doubling) if one step has more distinct settings than it holds. Writes and reads are
+queued on the device in step order, so a later step rewriting a slot never changes what
+an earlier step already gathered.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class SamplingTable:
         self.table = torch.zeros(capacity, num_columns, dtype=torch.float32, device=self.device)
         self._slot_of: dict[tuple, int] = {}
         self._params_of: list[Optional[tuple]] = [None] * capacity
-        self._written = [0] * capacity          # the call that wrote each slot (oldest goes first)
+        self._written_at = [0] * capacity       # the call that wrote each slot (oldest goes first)
         self._free = list(range(capacity - 1, -1, -1))
         self._call = 0
         self._pending: list[tuple[int, tuple]] = []         # (slot, params) the last call writes
@@ -89,7 +90,7 @@ class SamplingTable:
         slot = self._take_slot(in_use)
         self._slot_of[params] = slot
         self._params_of[slot] = params
-        self._written[slot] = self._call
+        self._written_at[slot] = self._call
         self._pending.append((slot, params))
         return slot
 
@@ -98,7 +99,7 @@ class SamplingTable:
             used = set(in_use)
             idle = [s for s in range(self.capacity) if s not in used]
             if idle:
-                victim = min(idle, key=self._written.__getitem__)
+                victim = min(idle, key=self._written_at.__getitem__)
                 del self._slot_of[self._params_of[victim]]
                 self._params_of[victim] = None
                 return victim
@@ -111,5 +112,5 @@ class SamplingTable:
         grown[:old].copy_(self.table)
         self.table = grown
         self._params_of += [None] * old
-        self._written += [0] * old
+        self._written_at += [0] * old
         self._free.extend(range(2 * old - 1, old - 1, -1))

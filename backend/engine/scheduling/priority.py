@@ -103,6 +103,12 @@ class PriorityQueue:
         return iter(self._items)
 
 
+def prompt_ranked_below(request: Request, rank: int, ranking: Ranking, now: Optional[float]) -> bool:
+    """A prompt chunk (its prompt, or a preempted request's recompute, not yet computed:
+    more than the last token left) of a request ranked below `rank`."""
+    return request.num_computed_tokens + 1 < request.num_tokens and ranking.priority(request, now) > rank
+
+
 class FirstTokenLead:
     """One step's first-token rule: the best (aged) rank whose first token is on its way,
     from a running request whose first token is in flight (async scheduling) or one whose
@@ -119,8 +125,7 @@ class FirstTokenLead:
 
     def sits_out(self, request: Request) -> bool:
         """A prompt chunk (or a preempted request's recompute) ranked below the lead."""
-        return (self.rank is not None and request.num_computed_tokens + 1 < request.num_tokens
-                and self.ranking.priority(request, self.now) > self.rank)
+        return self.rank is not None and prompt_ranked_below(request, self.rank, self.ranking, self.now)
 
     def scheduled(self, request: Request) -> None:
         """The request's share of the step was recorded: a first token on its way leads."""
@@ -135,17 +140,15 @@ class LowerPrefillCap:
     def __init__(self, tokens: int, best: int, ranking: Ranking, now: Optional[float]) -> None:
         self.left, self.best, self.ranking, self.now = tokens, best, ranking, now
 
-    def _lower_prompt(self, request: Request) -> bool:
-        return (request.num_computed_tokens + 1 < request.num_tokens
-                and self.ranking.priority(request, self.now) > self.best)
-
     def clip(self, request: Request, num_new: int) -> int:
         """num_new, cut to what is left of the allowance if this is a lower-ranked prompt
         chunk (0: nothing left). Charged only once the chunk is recorded (charge)."""
-        return min(num_new, self.left) if self._lower_prompt(request) else num_new
+        if prompt_ranked_below(request, self.best, self.ranking, self.now):
+            return min(num_new, self.left)
+        return num_new
 
     def charge(self, request: Request, num_new: int) -> None:
-        if self._lower_prompt(request):
+        if prompt_ranked_below(request, self.best, self.ranking, self.now):
             self.left -= num_new
 
 

@@ -316,14 +316,19 @@ class Scheduler(ProposalSlots):
         that could not be admitted in this step anyway (its adapter has no slot, or its
         prompt's blocks are being computed). Returns the ids preempted."""
         preempted: set[str] = set()
-        head = self._waiting_head()
+        head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
+                     and r.request_id not in self.in_flight), None)
         aged = self.ranking.priority
         priority = None if head is None else aged(head)
         if head is None or not self.running or aged(self.running[-1]) <= priority:
             return preempted
-        blocks = self._blocks_to_admit(head, budget)
-        if blocks is None:
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
+        if cached is None:
             return preempted
+        computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
+        chunk = min(head.num_tokens - computed, budget)
+        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
         while self.running:
             worst = self.running[-1]
             if aged(worst) <= priority or worst.request_id in self.in_flight:
@@ -350,24 +355,6 @@ class Scheduler(ProposalSlots):
             return None
         ranks = [self.ranking.priority(q[0], now) for q in (self.running, self.waiting) if q]
         return LowerPrefillCap(self.lower_priority_prefill_tokens, min(ranks), self.ranking, now)
-
-    def _waiting_head(self) -> Optional[Request]:
-        """The first waiting request ready to be admitted (not waiting for its grammar,
-        nor for a micro-batch in flight)."""
-        return next((r for r in self.waiting if r.status == RequestStatus.WAITING
-                     and r.request_id not in self.in_flight), None)
-
-    def _blocks_to_admit(self, request: Request, budget: int) -> Optional[int]:
-        """The free blocks a waiting request's next chunk needs after its prefix-cache
-        hits; None when it cannot be admitted in this step whatever the room (its
-        adapter has no slot, or its prompt's blocks are being computed)."""
-        loras = {r.sampling_params.lora_name for r in self.running} - {None}
-        cached = None if self._no_adapter_slot(request, loras) else self._prefix_hits(request)
-        if cached is None:
-            return None
-        computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
-        chunk = min(request.num_tokens - computed, budget)
-        return -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
 
     def _encoder_plan(self, request: Request, start: int, num_new: int):
         """Vision-language models: the chunk cut before an image the step cannot encode."""
