@@ -20,9 +20,11 @@ visited after it sit the step out; their decodes still run (FirstTokenLead). Onl
 request that really runs leads, so nothing is held back for one that cannot (no room,
 an image not yet encodable): the rule never stalls the engine. A high-priority
 request's first token is then not held up by lower prompts, at the cost of a step's
-delay for them each time (docs/performance.md, bench_priority). Lower prompts already
-scheduled before a better-ranked request is admitted in the same step stay in it; the
-allowance below bounds them.
+delay for them each time (docs/performance.md, bench_priority). The running batch's
+prompt chunks ranked below the best waiting request are visited after admission
+(Scheduler.schedule), so that request's admission step holds none of them when it runs,
+and they still run when it is not admitted; nothing ranked no better than them is
+admitted ahead of them.
 
 What a better-ranked arrival waits for first is the step already running. With the
 engine argument `lower_priority_prefill_tokens`, prompt chunks of requests ranked below

@@ -34,7 +34,7 @@ from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.scheduling.priority import (FirstTokenLead, LowerPrefillCap, PriorityQueue, Ranking,
-                                                insert_running)
+                                                insert_running, prompt_ranked_below)
 from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -185,60 +185,22 @@ class Scheduler(ProposalSlots):
         now = self.ranking.clock() if self.ranking.aging_s is not None else None
         lead = FirstTokenLead(self.running, self.ranking, now) if self.policy == "priority" else None
         cap = self._lower_prefill_cap(now)
-        idx = 0
-        while idx < len(self.running) and budget > 0 and len(out.scheduled) < max_batch_seqs:
-            request = self.running[idx]
-            if request.request_id in self.in_flight or (lead is not None and lead.sits_out(request)):
-                idx += 1                    # in another micro-batch still in flight, or sits out
+        # Priority: prompt chunks ranked below the best waiting request are visited after
+        # admission, so that its admission step holds none of them once it runs (the lead
+        # then makes them sit out); when it is not admitted they run all the same.
+        defer_rank = self.ranking.priority(self.waiting[0], now) if lead is not None and self.waiting else None
+        deferred: list[Request] = []
+        for request in list(self.running):          # (a copy: preemption takes from its end)
+            if budget <= 0 or len(out.scheduled) >= max_batch_seqs:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue                    # preempted in this step
+            if defer_rank is not None and prompt_ranked_below(request, defer_rank, self.ranking, now):
+                deferred.append(request)
                 continue
-            if request.num_output_placeholders and (
-                    request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
-                idx += 1                    # its step in flight brings its last token
-                continue
-            if request.num_output_placeholders and self.may_speculate is not None and self.may_speculate(request):
-                idx += 1                    # its next step needs its step in flight's result
-                continue
-            if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
-                # Its next token lies past LongRoPE's original context: like transformers,
-                # recompute the whole sequence with the long frequencies.
-                self._preempt(request, long_rope_restart=True)
-                out.preempted.append(request)
-                continue
-            self.kv_cache.free_outside_window(request)
-            num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
-                          - request.num_computed_tokens, budget)
-            if cap is not None:
-                num_new = cap.clip(request, num_new)
-                if not num_new:
-                    idx += 1                # its allowance is spent (priority.LowerPrefillCap)
-                    continue
-            plan = self._encoder_plan(request, request.num_computed_tokens, num_new)
-            if plan is not None:
-                if not plan.num_new_tokens:
-                    idx += 1                # its next image waits for the vision tower's budget
-                    continue
-                num_new = plan.num_new_tokens
-            if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
-                # Proposals are optional: never preempt anyone to verify them.
-                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-                request.spec_token_ids = []
-            while not self.kv_cache.allocate_slots(request, num_new):
-                if self._reclaim_proposal_blocks({request.request_id, *(s.request_id for s in out.scheduled)}):
-                    continue
-                victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is request:
-                    break
-            else:
-                self._commit_encoder(out, request, plan)
-                self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
-                self._record(out, request, num_new)
-                budget -= num_new
-                idx += 1
-                continue
-            break  # the request itself was preempted: nothing after it can run either
+            budget -= self._schedule_running(out, request, budget, lead, cap)
 
+        deferred_floor = min((self.ranking.priority(r, now) for r in deferred), default=None)
         can_admit = len(out.preempted) == len(made_room)    # (not when the pool ran dry for running ones)
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
         skipped: list[Request] = []
@@ -247,6 +209,8 @@ class Scheduler(ProposalSlots):
             request = self.waiting[0]
             if lead is not None and lead.sits_out(request):
                 break                       # (the rest rank no better)
+            if deferred and self.ranking.priority(request, now) >= deferred_floor:
+                break                       # no better than a deferred prompt (nor are the rest)
             if request.request_id in self.in_flight or request.request_id in made_room:
                 skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
                 continue
@@ -295,6 +259,11 @@ class Scheduler(ProposalSlots):
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        for request in deferred:
+            if budget <= 0 or len(out.scheduled) >= max_batch_seqs:
+                break
+            if request.status == RequestStatus.RUNNING:
+                budget -= self._schedule_running(out, request, budget, lead, cap)
         if self.num_lookahead_tokens:
             self.reserve_lookahead(out)
         self.kv_cache.set_block_diffs(out)          # (after every allocation of the step)
@@ -308,36 +277,98 @@ class Scheduler(ProposalSlots):
         out.preempted_req_ids = [r.request_id for r in out.preempted]
         return out
 
+    def _schedule_running(self, out: SchedulerOutput, request: Request, budget: int,
+                          lead: Optional[FirstTokenLead], cap: Optional[LowerPrefillCap]) -> int:
+        """A running request's share of the step, preempting the lowest-ranked running
+        requests not yet scheduled when the pool is short (the request itself last).
+        Returns the tokens scheduled (0: none this step)."""
+        if request.request_id in self.in_flight or (lead is not None and lead.sits_out(request)):
+            return 0                        # in another micro-batch still in flight, or sits out
+        if request.num_output_placeholders and (
+                request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
+            return 0                        # its step in flight brings its last token
+        if request.num_output_placeholders and self.may_speculate is not None and self.may_speculate(request):
+            return 0                        # its next step needs its step in flight's result
+        if self._past_long_rope_context(request, request.num_tokens + request.num_output_placeholders):
+            # Its next token lies past LongRoPE's original context: like transformers,
+            # recompute the whole sequence with the long frequencies.
+            self._preempt(request, long_rope_restart=True)
+            out.preempted.append(request)
+            return 0
+        self.kv_cache.free_outside_window(request)
+        num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
+                      - request.num_computed_tokens, budget)
+        if cap is not None:
+            num_new = cap.clip(request, num_new)
+            if not num_new:
+                return 0                    # its allowance is spent (priority.LowerPrefillCap)
+        plan = self._encoder_plan(request, request.num_computed_tokens, num_new)
+        if plan is not None:
+            if not plan.num_new_tokens:
+                return 0                    # its next image waits for the vision tower's budget
+            num_new = plan.num_new_tokens
+        if request.spec_token_ids and not self.kv_cache.allocate_slots(request, num_new):
+            # Proposals are optional: never preempt anyone to verify them.
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            request.spec_token_ids = []
+        while not self.kv_cache.allocate_slots(request, num_new):
+            scheduled = {s.request_id for s in out.scheduled}
+            if self._reclaim_proposal_blocks({request.request_id, *scheduled}):
+                continue
+            victim = self.running[-1]
+            if victim.request_id in scheduled:
+                # (Only for a deferred prompt, visited after requests that come later in
+                # the batch: it waits for a step rather than undo theirs.)
+                return 0
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return 0                    # (everything after it was preempted first)
+        self._commit_encoder(out, request, plan)
+        self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
+        self._record(out, request, num_new)
+        return num_new
+
     def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> set[str]:
-        """Priority: while the best waiting request outranks the lowest-ranked running one
-        and finds no room (max_num_seqs reached, or too few free blocks for its next
-        chunk after its prefix-cache hits), that running request is preempted (to
-        recompute later), before anything of this step is scheduled. Not for a request
-        that could not be admitted in this step anyway (its adapter has no slot, or its
-        prompt's blocks are being computed). Returns the ids preempted."""
+        """Priority: the waiting requests that outrank the lowest-ranked running one, best
+        first, while the step's budget lasts: while they find no room (max_num_seqs
+        reached, or too few free blocks for their next chunks after their prefix-cache
+        hits), that running request is preempted (to recompute later), before anything
+        of this step is scheduled. So several better-ranked arrivals are admitted in one
+        step, not one a step. Not for a request that could not be admitted in this step
+        anyway (its adapter has no slot, or its prompt's blocks are being computed).
+        Returns the ids preempted."""
         preempted: set[str] = set()
-        head = next((r for r in self.waiting if r.status == RequestStatus.WAITING
-                     and r.request_id not in self.in_flight), None)
         aged = self.ranking.priority
-        priority = None if head is None else aged(head)
-        if head is None or not self.running or aged(self.running[-1]) <= priority:
-            return preempted
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
-        cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
-        if cached is None:
-            return preempted
-        computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
-        chunk = min(head.num_tokens - computed, budget)
-        blocks = -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
-        while self.running:
-            worst = self.running[-1]
-            if aged(worst) <= priority or worst.request_id in self.in_flight:
-                break                       # never for an equal or a lower priority
-            if len(self.running) < self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
+        seqs = blocks = 0
+        for head in list(self.waiting):
+            if budget <= 0 or not self.running:
                 break
-            self._preempt(worst)
-            out.preempted.append(worst)
-            preempted.add(worst.request_id)
+            if head.status != RequestStatus.WAITING or head.request_id in self.in_flight:
+                continue
+            priority = aged(head)
+            if aged(self.running[-1]) <= priority:
+                break                       # (the rest rank no better)
+            cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
+            if cached is None:
+                continue
+            if head.sampling_params.lora_name:
+                loras.add(head.sampling_params.lora_name)
+            computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
+            chunk = min(head.num_tokens - computed, budget)
+            budget -= chunk
+            seqs += 1
+            blocks += -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
+            while self.running:
+                worst = self.running[-1]
+                if aged(worst) <= priority or worst.request_id in self.in_flight:
+                    break                   # never for an equal or a lower priority
+                if len(self.running) + seqs <= self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
+                    break
+                self._preempt(worst)
+                out.preempted.append(worst)
+                preempted.add(worst.request_id)
         return preempted
 
     @staticmethod

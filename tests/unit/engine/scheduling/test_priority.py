@@ -81,6 +81,23 @@ def test_a_waiting_request_takes_the_place_of_a_lower_priority_running_one():
     assert order.index("mid2") < order.index("low")
 
 
+def test_better_ranked_arrivals_take_their_places_in_one_step():
+    """Four low-priority requests fill max_num_seqs; two high-priority ones arrive
+    together: both are admitted in the next step, the two lowest-ranked (the latest)
+    preempted for them, not one a step."""
+    scheduler, kv = setup(max_num_seqs=4)
+    for i in range(4):
+        scheduler.add_request(request(f"low{i}", 4, 5, float(i), max_tokens=20))
+    for _ in range(3):
+        step(scheduler)
+    assert len(scheduler.running) == 4
+    scheduler.add_request(request("high0", 4, 0, 10.0, max_tokens=4))
+    scheduler.add_request(request("high1", 4, 0, 11.0, max_tokens=4))
+    scheduled, preempted, _ = step(scheduler)
+    assert preempted == ["low3", "low2"] and {"high0", "high1"} <= set(scheduled)
+    run_to_end(scheduler, kv)
+
+
 def test_the_pool_is_taken_from_the_lowest_priority_never_a_higher_one():
     # 10 blocks of 4 tokens: three 12-token prompts fill 9; growing, someone must go.
     scheduler, kv = setup(num_blocks=10, budget=64)
@@ -138,15 +155,14 @@ def test_room_counts_the_prefix_cache_hits():
 
 
 def test_lower_prompts_sit_out_the_steps_of_a_better_ranked_first_token():
-    """"high" arrives while "low"'s long prompt is being computed: its admission step
-    carries "low"'s chunk cut to the allowance (lower_priority_prefill_tokens=16), the
-    next step (its first token still in flight under async scheduling: two schedules
-    before an update) none of it, "dec"'s decode in both; once the token is in, "low"
-    goes on. FCFS (no allowance) lets "low" take the step budget and "high" wait."""
+    """"high" arrives while "low"'s long prompt is being computed: neither its admission
+    step (the running batch's lower prompts are visited after admission) nor the next
+    (its first token still in flight under async scheduling: two schedules before an
+    update) carries any of "low"'s prompt, "dec"'s decode both; once the token is in,
+    "low" goes on. FCFS lets "low" take the step budget and "high" wait."""
     for policy in ("priority", "fcfs"):
         kv = KVCacheManager(num_blocks=128, block_size=4, enable_prefix_caching=False)
-        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, policy=policy,
-                              lower_priority_prefill_tokens=16 if policy == "priority" else None)
+        scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, policy=policy)
         scheduler.add_request(request("dec", 2, 5, 0.0, max_tokens=30))
         step(scheduler)
         scheduler.add_request(request("low", 300, 5, 1.0, max_tokens=4))
@@ -158,12 +174,34 @@ def test_lower_prompts_sit_out_the_steps_of_a_better_ranked_first_token():
         if policy == "fcfs":
             assert shares == [{"dec": 1, "low": 63}, {"dec": 1, "low": 63}]
         else:
-            assert shares == [{"dec": 1, "high": 6, "low": 16}, {"dec": 1, "high": 1}]
+            assert shares == [{"dec": 1, "high": 6}, {"dec": 1, "high": 1}]
         for out in in_flight:
             scheduler.update_from_output(out, ModelRunnerOutput([[7] if s.completes_prompt else []
                                                                  for s in out.scheduled]))
         assert "low" in step(scheduler)[0]
         run_to_end(scheduler, kv)
+
+
+def test_a_deferred_prompt_runs_when_the_head_is_not_admitted():
+    """"low"'s running prompt is visited after admission for "h", which outranks it, but
+    "h"'s adapter has no slot while "a" runs: "low"'s chunk runs in the same step, and
+    "w", ranked no better than "low", is not admitted ahead of it."""
+    kv = KVCacheManager(num_blocks=128, block_size=4, enable_prefix_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, max_loras=1, policy="priority")
+    a = request("a", 2, 5, 0.0, max_tokens=30)
+    a.sampling_params = SamplingParams(max_tokens=30, priority=5, lora_name="x")
+    scheduler.add_request(a)
+    step(scheduler)
+    scheduler.add_request(request("low", 300, 5, 1.0, max_tokens=4))
+    assert step(scheduler)[0] == ["a", "low"]
+    h = request("h", 8, 0, 2.0, max_tokens=4)
+    h.sampling_params = SamplingParams(max_tokens=4, priority=0, lora_name="y")
+    scheduler.add_request(h)
+    scheduler.add_request(request("w", 8, 5, 3.0, max_tokens=4))
+    out = scheduler.schedule()
+    assert {s.request.request_id: s.num_new_tokens for s in out.scheduled} == {"a": 1, "low": 63}
+    scheduler.update_from_output(out, ModelRunnerOutput([[] for _ in out.scheduled]))
+    run_to_end(scheduler, kv)
 
 
 def test_a_waiting_head_that_cannot_run_holds_no_prompt_back():
