@@ -70,7 +70,7 @@ FLOOD_SERVER = """
 import resource, sys, time
 from supervisor import status
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-status.MAX_CONNECTIONS, status.READ_TIMEOUT_S = 16, 0.5
+status.MAX_CONNECTIONS, status.READ_TIMEOUT_S = 32, 0.5     # (MAX_PER_CLIENT: 16)
 s = status.SupervisorStatus(state=status.SERVING)
 status.StatusServer(int(sys.argv[1]), s, lambda: True).start()
 print("up", flush=True)
@@ -80,28 +80,59 @@ time.sleep(60)
 
 def test_idle_connections_past_the_descriptor_limit_leave_the_port_serving():
     """The red team's flood: a thread per idle connection, unbounded, ran the supervisor
-    out of descriptors (1,024) until it exited. Here the limit is 64 and 300 idle
-    connections come: the extra ones are closed, the idle ones time out, and it answers."""
+    out of descriptors (1,024) until it exited. Here the limit is 64 and an attacker keeps
+    300 idle connections coming: the extra ones are closed, the idle ones time out, and a
+    probe from another address (a kubelet's) is answered at once meanwhile."""
+    import collections
+    import http.client
     import socket
     import subprocess
     import sys
+    import threading
     import time
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", FLOOD_SERVER, str(port)], stdout=subprocess.PIPE)
-    socks = []
-    try:
-        assert proc.stdout.readline() == b"up\n"
-        for _ in range(300):
+    stop, opened = threading.Event(), [0]
+
+    def flood():
+        socks = collections.deque()
+        while not stop.is_set():
             try:
                 socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                opened[0] += 1
             except OSError:
                 pass
+            if len(socks) > 300:
+                socks.popleft().close()
+        for sock in socks:
+            sock.close()
+
+    def probe() -> tuple[int, float]:
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.2", 0))
+        try:
+            conn.request("GET", "/live")
+            return conn.getresponse().status, time.monotonic() - t0
+        finally:
+            conn.close()
+
+    attacker = threading.Thread(target=flood)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        attacker.start()
+        while opened[0] < 300:
+            time.sleep(0.01)
+        answers = [probe() for _ in range(5)]
+        assert all(code == 200 and seconds < 1.0 for code, seconds in answers), answers
+        stop.set()
+        attacker.join(10)
         time.sleep(1.0)                             # past the read timeout
         assert proc.poll() is None
-        assert get(port, "/live")[0] == 200
+        assert get(port, "/live")[0] == 200         # (the attacker's address too, once it stops)
     finally:
-        for s in socks:
-            s.close()
+        stop.set()
+        if attacker.is_alive():
+            attacker.join(10)
         proc.kill()
         proc.wait()
 
