@@ -240,8 +240,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
                           lora=lora, shards=shards, drafter=drafter,
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
                           encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None,
-                          tree=spec.token_tree if spec is not None else None,
-                          defer_forward=defers_forward(args, device, workers, host_tier))
+                          tree=spec.token_tree if spec is not None else None)
     bytes_per_rank = [(weight_bytes, kv_bytes(kv_layers))]
     if workers is not None:
         bytes_per_rank = workers.setup(num_kv_blocks, args.block_size, sizing.input_sizes(args, max_model_len),
@@ -305,14 +304,6 @@ def measure_memory(model, workers, cfg: ModelConfig, args: EngineArgs, dtype: to
         return profile_run.profile_memory(model, args, kv_dtype, device, cfg.vocab_size)
     dtype_bytes = torch.tensor([], dtype=dtype).element_size()
     return profile_run.estimated_profile(cfg, args, dtype_bytes, device)
-
-
-def defers_forward(args: EngineArgs, device: torch.device, workers, host_tier) -> bool:
-    """ModelRunner.defer_forward: on the CPU with async scheduling, one queue of steps,
-    one rank, and no host KV tier (whose copies of blocks run beside the steps). A
-    disaggregated decode's imports run the deferred forward first (LLMEngine.reserve_import)."""
-    return (device.type == "cpu" and args.use_async_scheduling and args.num_batches_in_flight <= 1
-            and workers is None and host_tier is None)
 
 
 def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: torch.device,

@@ -123,8 +123,6 @@ class LLMEngine(RequestIntake):
     def after_step(self) -> None:
         """Between steps, on the engine thread: adapters whose unload waited for their
         requests go, and the step's KV events are handed to their publisher."""
-        if self.lora is not None and self.lora.unloading:
-            self._run_in_flight()           # (its rows may read an adapter about to go)
         self.runtime_lora.finish_unloads()
         if self.scheduler.has_finished_unsent and not self.has_unfinished_requests():
             # Idle: no step will carry the finished ids, so an empty one hands them over
@@ -143,7 +141,6 @@ class LLMEngine(RequestIntake):
             return None
         salt = self.lora.salt(params.lora_name) if self.lora is not None else None
         ready = None
-        self._run_in_flight()               # (a block it writes may be handed to the copy)
         if self.device.type == "cuda":
             # A block freed by a step still on the device may be reserved: the copy into it
             # waits for the work queued so far (on the copying thread, not here).
@@ -167,14 +164,7 @@ class LLMEngine(RequestIntake):
     def remove_lora(self, name: str) -> bool:
         """Stop serving `name`: new requests for it are refused, and it is dropped once
         its requests finish. True when it is gone already."""
-        self._run_in_flight()
         return self.runtime_lora.remove(name)
-
-    def _run_in_flight(self) -> None:
-        """On the CPU the step in flight may not have run yet (ModelRunner.defer_forward):
-        it runs now, before a block or an adapter slot it reads is handed elsewhere."""
-        if self._in_flight is not None:
-            self.runner.run_deferred(self._in_flight)
 
     def core_step(self) -> list[EngineCoreOutput]:
         """Schedule, execute, update: the engine thread's whole job.

@@ -72,7 +72,7 @@ class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, inputs: StepInputBuilder, vocab_size: int,
                  workers=None, lora=None, shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
-                 encoder_outputs=None, tree: Optional[TokenTree] = None, defer_forward: bool = False) -> None:
+                 encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -110,11 +110,6 @@ class ModelRunner:
         # and the accepted paths' K/V moved into place after each.
         self.tree = tree
         self._tree_kv = TreeKVCompactor(device) if tree is not None else None
-        # On the CPU (a device that runs each op as it is issued), with async scheduling:
-        # a launched step's forward and draw run when the next step is launched or the
-        # step is collected, so its tokens go out before the next step's forward instead
-        # of after it (LaunchedStep.deferred).
-        self.defer_forward = defer_forward
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, verify_query_len: int) -> None:
         """Capture this runner's decode (and verify) CUDA graphs, every rank at once under
@@ -167,10 +162,7 @@ class ModelRunner:
     def launch(self, out: SchedulerOutput, prev: Optional[LaunchedStep] = None) -> LaunchedStep:
         """Builds the step's inputs and issues its forward. With async scheduling, `prev`
         is the step still in flight: the tokens it samples are this step's placeholders,
-        taken from its sampled ids on the device (no host sync). With `defer_forward`,
-        `prev`'s forward and draw run first and this step's wait (run_deferred)."""
-        if prev is not None:
-            self.run_deferred(prev)
+        taken from its sampled ids on the device (no host sync)."""
         states = self.update_states(out)
         if self.kv_connector is not None:
             self.kv_connector.start_transfers(out.kv_transfers)
@@ -193,28 +185,8 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
-        launched = LaunchedStep(out, states, None)
-        if self.defer_forward:
-            launched.deferred = (step, graph)
-        else:
-            self._forward(launched, step, graph)
-        return launched
-
-    def _forward(self, launched: LaunchedStep, step: StepInputs, graph: Optional[GraphShape]) -> None:
-        launched.logits = self.run_forward(step, graph)
-        launched.target_hidden = self._target_hidden(step, graph)
-
-    @torch.inference_mode()
-    def run_deferred(self, launched: LaunchedStep) -> None:
-        """A deferred step's forward, and its draw if `sample` was called for it: before
-        anything of the next step is built (its inputs' buffers, block tables, adapters
-        and placeholders are the next step's) and before its result is read."""
-        if launched.deferred is None:
-            return
-        (step, graph), launched.deferred = launched.deferred, None
-        self._forward(launched, step, graph)
-        if launched.draw is not None:
-            self.sample(launched, *launched.draw)
+        logits = self.run_forward(step, graph)
+        return LaunchedStep(out, states, logits, target_hidden=self._target_hidden(step, graph))
 
     def _target_hidden(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:
         """What the forward captured for an EAGLE head (CausalLM.captured_hidden), kept
@@ -241,12 +213,7 @@ class ModelRunner:
         min_tokens and bad words include its tokens), and the copy of the ids (and
         logprobs) to the host. `grammar_bitmask`: (bitmask, rows) from the scheduler,
         which applied the step before to its grammars first (Scheduler.grammar_bitmask).
-        A request that finished meanwhile is drawn as any other; its token is dropped.
-        A deferred step's draw runs with its forward (run_deferred), from the states as
-        they are now: nothing changes them before it runs."""
-        if launched.deferred is not None:
-            launched.draw = (grammar_bitmask,)
-            return
+        A request that finished meanwhile is drawn as any other; its token is dropped."""
         out, logits = launched.sched, launched.logits
         sampling = [(s, state) for s, state in zip(out.scheduled, launched.states) if s.completes_prompt]
         plan = self._prompt_logprobs.plan(out.scheduled, launched.states, self.vocab_size)
@@ -310,7 +277,6 @@ class ModelRunner:
         """The launched step's result (waits for its copy: the step's one host sync), with
         a draft model's proposals for the next step; its new tokens appended to the
         request states (after the draft, which reads the states as the step found them)."""
-        self.run_deferred(launched)
         paths: dict[int, list[int]] = {}
         result = self._read(launched, paths)
         if paths:
@@ -364,10 +330,6 @@ class LaunchedStep:
     prompt_plan: Optional[prompt_logprobs.PromptLogprobPlan] = None
     # The target's hidden states an EAGLE head drafts from (ModelRunner._target_hidden).
     target_hidden: Optional[torch.Tensor] = None
-    # ModelRunner.defer_forward: the step's inputs and graph shape until its forward runs,
-    # and the draw's arguments once `sample` was called.
-    deferred: Optional[tuple[StepInputs, Optional[GraphShape]]] = None
-    draw: Optional[tuple] = None
 
 
 def tokens_per_request(scheduled, tokens: list[int], proposals: list[float], flags: list[float],

@@ -3,8 +3,7 @@ a request gets: with it on and off, the same requests give the same tokens, text
 finish reasons and logprobs (greedy and seeded; penalties, min_tokens, stop ids, stop
 strings, max_tokens, a grammar; with chunked prefill and preemption; with n-gram and
 draft-model speculation), and a cancelled request ends the same way. Every run ends with
-the block pool free. On the CPU each step's forward runs when the next step is launched
-(ModelRunner.defer_forward); the forward issued at launch, as on CUDA, is checked too."""
+the block pool free."""
 
 import pytest
 
@@ -47,11 +46,7 @@ def _run(path: str, async_scheduling: bool, **kw):
     # A pool too small for all at once (preemption) and a budget that chunks prompts.
     dict(block_size=4, num_kv_blocks=24, max_num_seqs=8, max_num_batched_tokens=16),
 ], ids=["roomy", "preempting"])
-@pytest.mark.parametrize("deferred", [True, False], ids=["forward_deferred", "forward_at_launch"])
-def test_outputs_are_identical_with_and_without_async_scheduling(tiny_ckpt, kw, deferred, monkeypatch):
-    from backend.engine import assembly
-    if not deferred:
-        monkeypatch.setattr(assembly, "defers_forward", lambda *a: False)
+def test_outputs_are_identical_with_and_without_async_scheduling(tiny_ckpt, kw):
     on, on_stats = _run(tiny_ckpt, True, **kw)
     off, _ = _run(tiny_ckpt, False, **kw)
     assert on == off            # (logprobs to 1e-4: a step's batch may differ by a finished row)
@@ -59,34 +54,6 @@ def test_outputs_are_identical_with_and_without_async_scheduling(tiny_ckpt, kw, 
     assert "stop" in finish and "length" in finish
     if kw["num_kv_blocks"] == 24:
         assert on_stats["num_preemptions"] > 0 and on_stats["num_chunked_prefills"] > 0
-
-
-def test_a_first_token_goes_out_before_the_next_steps_forward(tiny_ckpt, monkeypatch):
-    """On the CPU (ModelRunner.defer_forward) the call that runs a prompt's forward
-    returns its first token: one forward in all, not two. Issued at launch (as on CUDA,
-    where the next step's forward only queues), the token comes after the next forward."""
-    from backend.engine import assembly
-    forwards = []
-    for deferred in (True, False):
-        if not deferred:
-            monkeypatch.setattr(assembly, "defers_forward", lambda *a: False)
-        engine = LLM(tiny_ckpt, block_size=8, num_kv_blocks=64).engine
-        assert engine.runner.defer_forward is deferred
-        run_forward = engine.runner.run_forward
-        count = [0]
-
-        def counted(*a, _run=run_forward, _count=count):
-            _count[0] += 1
-            return _run(*a)
-        engine.runner.run_forward = counted
-        r = engine.add_request("Count: one two", SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-        while not any(o.request_id == r.request_id and o.new_token_ids for o in engine.step()):
-            pass
-        forwards.append(count[0])
-        while engine.has_unfinished_requests():
-            engine.step()
-        assert_pool_free(engine)
-    assert forwards == [1, 2]
 
 
 def test_cancellation_mid_stream_is_the_same(tiny_ckpt):

@@ -227,9 +227,8 @@ def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, mon
     def generate(sampling: list) -> None:
         llm = LLM(path, device="cpu", block_size=8, num_kv_blocks=64, cpu_forward_shards=2)
         real_sample = llm.engine.runner.sample
-        llm.engine.runner.sample = lambda launched, grammar_bitmask=None: (   # (a deferred step draws later)
-            launched.deferred is None and sampling.append(torch.get_num_threads()),
-            real_sample(launched, grammar_bitmask))
+        llm.engine.runner.sample = lambda launched, grammar_bitmask=None: (
+            sampling.append(torch.get_num_threads()), real_sample(launched, grammar_bitmask))
         llm.generate(random_prompts(4, [5, 9, 3, 7], seed=0), SamplingParams(max_tokens=4, temperature=0))
         assert_pool_free(llm)
         llm.engine.shutdown()
