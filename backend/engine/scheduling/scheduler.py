@@ -179,16 +179,19 @@ class Scheduler(ProposalSlots):
         if self.policy == "priority" and self.ranking.aging_s is not None:
             self.waiting.reorder()
             self.running = sorted(self.running, key=self.ranking.key())    # (new: never seen half-sorted)
-        made_room = self._make_room_for_waiting(out, budget) if self.policy == "priority" else set()
+        now = self.ranking.clock() if self.ranking.aging_s is not None else None
+        made_room = self._make_room_for_waiting(out, budget, max_batch_seqs, now) \
+            if self.policy == "priority" else set()
         # Priority: the best rank whose first token is on its way (priority.py's
         # first-token steps); lower-ranked prompt chunks sit this step out.
-        now = self.ranking.clock() if self.ranking.aging_s is not None else None
         lead = FirstTokenLead(self.running, self.ranking, now) if self.policy == "priority" else None
         cap = self._lower_prefill_cap(now)
-        # Priority: prompt chunks ranked below the best waiting request are visited after
-        # admission, so that its admission step holds none of them once it runs (the lead
-        # then makes them sit out); when it is not admitted they run all the same.
-        defer_rank = self.ranking.priority(self.waiting[0], now) if lead is not None and self.waiting else None
+        # Priority: prompt chunks ranked below the best waiting request that can be
+        # admitted in this step are visited after admission, so that its admission step
+        # holds none of them once it runs (the lead then makes them sit out); when it is
+        # not admitted after all, they run all the same.
+        candidate = self._admission_candidate(made_room) if lead is not None else None
+        defer_rank = self.ranking.priority(candidate, now) if candidate is not None else None
         deferred: list[Request] = []
         for request in list(self.running):          # (a copy: preemption takes from its end)
             if budget <= 0 or len(out.scheduled) >= max_batch_seqs:
@@ -315,11 +318,11 @@ class Scheduler(ProposalSlots):
             scheduled = {s.request_id for s in out.scheduled}
             if self._reclaim_proposal_blocks({request.request_id, *scheduled}):
                 continue
-            victim = self.running[-1]
-            if victim.request_id in scheduled:
+            if any(r.request_id in scheduled for r in self.running[self.running.index(request) + 1:]):
                 # (Only for a deferred prompt, visited after requests that come later in
-                # the batch: it waits for a step rather than undo theirs.)
+                # the batch: it waits for a step rather than undo theirs or preempt others.)
                 return 0
+            victim = self.running[-1]
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:
@@ -329,30 +332,37 @@ class Scheduler(ProposalSlots):
         self._record(out, request, num_new)
         return num_new
 
-    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int) -> set[str]:
-        """Priority: the waiting requests that outrank the lowest-ranked running one, best
-        first, while the step's budget lasts: while they find no room (max_num_seqs
-        reached, or too few free blocks for their next chunks after their prefix-cache
-        hits), that running request is preempted (to recompute later), before anything
-        of this step is scheduled. So several better-ranked arrivals are admitted in one
-        step, not one a step. Not for a request that could not be admitted in this step
-        anyway (its adapter has no slot, or its prompt's blocks are being computed).
-        Returns the ids preempted."""
+    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int, max_batch_seqs: int,
+                               now: Optional[float]) -> set[str]:
+        """Priority: the best-ranked waiting requests (those of the best rank waiting, as
+        the first-token rule holds lower ranks back in their step), while they outrank the
+        lowest-ranked running request and the step's budget and batch last: while they
+        find no room (max_num_seqs reached, or too few free blocks for their next chunks
+        after their prefix-cache hits), that running request is preempted (to recompute
+        later), before anything of this step is scheduled. So several arrivals of one
+        rank are admitted in one step, not one a step. Not for a request that could not
+        be admitted in this step anyway (its adapter has no slot, its prompt's blocks are
+        being computed, or a better-ranked first token is in flight). Returns the ids
+        preempted."""
         preempted: set[str] = set()
         aged = self.ranking.priority
+        lead = FirstTokenLead(self.running, self.ranking, now).rank
         loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        rank = None
         seqs = blocks = 0
         for head in list(self.waiting):
-            if budget <= 0 or not self.running:
+            if budget <= 0 or seqs >= max_batch_seqs or not self.running:
                 break
             if head.status != RequestStatus.WAITING or head.request_id in self.in_flight:
                 continue
-            priority = aged(head)
-            if aged(self.running[-1]) <= priority:
+            priority = aged(head, now)
+            if (rank is not None and priority != rank) or (lead is not None and priority > lead) \
+                    or aged(self.running[-1], now) <= priority:
                 break                       # (the rest rank no better)
             cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
             if cached is None:
                 continue
+            rank = priority
             if head.sampling_params.lora_name:
                 loras.add(head.sampling_params.lora_name)
             computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
@@ -362,7 +372,7 @@ class Scheduler(ProposalSlots):
             blocks += -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
             while self.running:
                 worst = self.running[-1]
-                if aged(worst) <= priority or worst.request_id in self.in_flight:
+                if aged(worst, now) <= priority or worst.request_id in self.in_flight:
                     break                   # never for an equal or a lower priority
                 if len(self.running) + seqs <= self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
                     break
@@ -370,6 +380,18 @@ class Scheduler(ProposalSlots):
                 out.preempted.append(worst)
                 preempted.add(worst.request_id)
         return preempted
+
+    def _admission_candidate(self, made_room: set[str]) -> Optional[Request]:
+        """The best-ranked waiting request that may be admitted in this step (waiting, not
+        in flight nor just preempted, its adapter with a slot, its prompt's blocks not
+        being computed), or None."""
+        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        for request in self.waiting:
+            if (request.status == RequestStatus.WAITING and request.request_id not in self.in_flight
+                    and request.request_id not in made_room and not self._no_adapter_slot(request, loras)
+                    and self._prefix_hits(request) is not None):
+                return request
+        return None
 
     @staticmethod
     def _recorded(request: Request, num_new: int, lead: Optional[FirstTokenLead], cap: Optional[LowerPrefillCap]

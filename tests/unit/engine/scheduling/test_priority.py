@@ -98,6 +98,23 @@ def test_better_ranked_arrivals_take_their_places_in_one_step():
     run_to_end(scheduler, kv)
 
 
+def test_room_is_made_only_for_the_best_waiting_rank():
+    """(A review's case.) "mid" would sit out behind "high"'s first token in its step:
+    no running request is preempted for it there, only one for "high"."""
+    scheduler, kv = setup(max_num_seqs=3)
+    scheduler.add_request(request("p", 40, 5, 0.0, max_tokens=20))
+    scheduler.add_request(request("d1", 4, 9, 1.0, max_tokens=20))
+    scheduler.add_request(request("d2", 4, 9, 2.0, max_tokens=20))
+    for _ in range(3):
+        step(scheduler)
+    assert len(scheduler.running) == 3
+    scheduler.add_request(request("high", 4, 0, 10.0, max_tokens=4))
+    scheduler.add_request(request("mid", 4, 7, 11.0, max_tokens=4))
+    scheduled, preempted, _ = step(scheduler)
+    assert preempted == ["d2"] and "high" in scheduled and "mid" not in scheduled
+    run_to_end(scheduler, kv)
+
+
 def test_the_pool_is_taken_from_the_lowest_priority_never_a_higher_one():
     # 10 blocks of 4 tokens: three 12-token prompts fill 9; growing, someone must go.
     scheduler, kv = setup(num_blocks=10, budget=64)
