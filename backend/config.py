@@ -474,6 +474,15 @@ class EngineArgs(BaseModel):
         # other step (docs/reference/configuration.md, async_scheduling).
         return self.runner == "generate" and self.world_size == 1 and self.model_runner == "torch"
 
+    def async_scheduling_on(self, device_type: str) -> bool:
+        """Whether the engine schedules ahead on this device. Unset: as
+        use_async_scheduling, except on the CPU, where nothing runs beside the host:
+        scheduling a step ahead there overlaps nothing and only delays each arrival's
+        first token by a step (vLLM's CPU backend runs in series too)."""
+        if self.async_scheduling is None and device_type == "cpu":
+            return False
+        return self.use_async_scheduling
+
     @property
     def pooler(self) -> PoolerConfig:
         return self.pooler_config or PoolerConfig()

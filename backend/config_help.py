@@ -61,7 +61,8 @@ ENGINE_ARGS = {
     "kv_events_config": "KV cache events over ZMQ for KV-aware routers, vLLM's JSON (docs: Dynamo).",
     "async_scheduling": "vLLM's name: schedule step N+1 while the device runs step N. Unset: on wherever the "
                         "output stays exact (not with tensor or pipeline parallelism, nor the exported-graph "
-                        "runners).",
+                        "runners) and a device runs beside the host: off on the CPU, where scheduling ahead "
+                        "overlaps nothing and only delays each arrival's first token by a step.",
     "cpu_forward_shards": "On the CPU, the forward split by sequences into this many shards on their own threads. "
                           "Unset: 2 where it pays (a small model on at least 2 threads, one rank, no LoRA); 1: off.",
     "runner": "`generate`, or `pooling` for an embedding model (vLLM's names).",

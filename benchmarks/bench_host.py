@@ -16,7 +16,7 @@ stop checks, detokenization, outputs) with the forward pass and the draw replace
   ids and logprobs), each step occupies the device D ms from its launch (waited for off
   the GIL, as a CUDA event wait), and the "device" returns deterministic tokens. The
   engine runs as a server runs it (EngineLoop: engine thread and output thread), with
-  async scheduling where the engine would use it (`--no-async-scheduling`: in series).
+  async scheduling as on CUDA (`--no-async-scheduling`: in series).
   Prints `host_ms_per_step` (CPU time of the engine and output threads per step: host
   work, overlapped or not) and `step_period_ms` (wall time per step).
 - --mix: every request with repetition_penalty and frequency_penalty and two stop strings
@@ -34,7 +34,6 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
 from unittest import mock
 
 import numpy as np
@@ -207,11 +206,12 @@ def _alphabetic_tokens(tokenizer, n: int) -> list[int]:
 
 def simulated_device_run(checkpoint: str, num_seqs: int, prompt_len: int, steps: int, device_ms: float,
                          mix: bool, seed: int = 0, max_num_batched_tokens: int = 8192,
-                         async_scheduling: Optional[bool] = None) -> dict:
+                         async_scheduling: bool = True) -> dict:
     """Steps at full batch through SimulatedDeviceRunner; returns host_ms_per_step,
     step_period_ms and what the run did (tokens, proposals, finished requests). The step
     token budget of the timed steps is an engine setting, the same whatever the prompt
-    length (the step buffers' upload grows with it)."""
+    length (the step buffers' upload grows with it). The engine is told to schedule
+    ahead (as it does on CUDA by default): on the CPU it would run in series unasked."""
     from backend import LLM, SamplingParams
     per_step = 1 + (ACCEPT_MAX if mix else 0)
     max_tokens = per_step * (steps + WARMUP_STEPS + 2) + NUM_SPECULATIVE_TOKENS
@@ -417,7 +417,7 @@ def main(argv=None) -> int:
         return 0
     r = simulated_device_run(path, a.num_seqs, a.prompt_len, a.steps, a.device_ms or 0.0, a.mix,
                              max_num_batched_tokens=a.max_num_batched_tokens,
-                             async_scheduling=False if a.no_async_scheduling else None)
+                             async_scheduling=not a.no_async_scheduling)
     print(f"# {a.num_seqs} sequences, {a.prompt_len}-token prompts, {a.steps} steps, simulated device "
           f"{a.device_ms or 0:g} ms{', mix' if a.mix else ''}, async scheduling "
           f"{'on' if r['async_scheduling'] else 'off'}: {r['tokens_per_step']:.1f} tokens and "

@@ -37,6 +37,18 @@ if torch.cuda.is_available():
     _share_the_gpu(0.2)
 
 
+@pytest.fixture(autouse=True)
+def _async_scheduling_on_the_cpu_as_on_cuda(request, monkeypatch):
+    """The engine runs its steps in series on the CPU unless async_scheduling is set
+    (EngineArgs.async_scheduling_on). Engines made in this process still schedule ahead
+    there by default, as they do on CUDA, so CI runs the async path in every test that
+    leaves it unset; servers the tests start, and tests marked cpu_async_default, keep
+    the engine's own default."""
+    if "cpu_async_default" not in request.keywords:
+        from backend.config import EngineArgs
+        monkeypatch.setattr(EngineArgs, "async_scheduling_on", lambda self, device_type: self.use_async_scheduling)
+
+
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpts")

@@ -74,7 +74,7 @@ class LLMEngine(RequestIntake):
         self.num_prompt_tokens_total = 0
         # Async scheduling (EngineArgs.async_scheduling): the step on the device, whose
         # result the next core_step collects.
-        self.async_scheduling = args.use_async_scheduling
+        self.async_scheduling = args.async_scheduling_on(self.device.type)
         self._in_flight: Optional[LaunchedStep] = None
         # Pipeline parallelism: micro-batches in flight (batch_queue.py).
         self.batch_queue = (BatchQueue(args.num_batches_in_flight, self.scheduler, self.runner, self._update)

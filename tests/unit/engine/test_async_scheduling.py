@@ -137,6 +137,19 @@ def test_speculation_with_async_scheduling_is_identical_to_in_series(tiny_ckpt, 
     assert {f for _, _, f, _ in results[0]} >= {"stop", "length"}
 
 
+@pytest.mark.cpu_async_default
+def test_the_cpu_runs_steps_in_series_unless_asked(tiny_ckpt):
+    """Nothing runs beside the host on the CPU: scheduling ahead there would only delay
+    each first token by a step. Unset, the engine runs in series on the CPU (and ahead
+    elsewhere where exact); `async_scheduling: true` still schedules ahead."""
+    from backend.config import EngineArgs
+    args = EngineArgs.create(model="m")
+    assert args.use_async_scheduling and args.async_scheduling_on("cuda") and not args.async_scheduling_on("cpu")
+    assert EngineArgs.create(model="m", async_scheduling=True).async_scheduling_on("cpu")
+    assert not LLM(tiny_ckpt, block_size=8, num_kv_blocks=64).engine.async_scheduling
+    assert LLM(tiny_ckpt, block_size=8, num_kv_blocks=64, async_scheduling=True).engine.async_scheduling
+
+
 def test_async_scheduling_is_refused_where_it_would_not_be_exact():
     from backend.config import EngineArgs
     assert EngineArgs.create(model="m").use_async_scheduling
