@@ -37,16 +37,26 @@ if torch.cuda.is_available():
     _share_the_gpu(0.2)
 
 
-@pytest.fixture(autouse=True)
-def _async_scheduling_on_the_cpu_as_on_cuda(request, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _async_scheduling_on_the_cpu_as_on_cuda():
     """The engine runs its steps in series on the CPU unless async_scheduling is set
     (EngineArgs.async_scheduling_on). Engines made in this process still schedule ahead
     there by default, as they do on CUDA, so CI runs the async path in every test that
-    leaves it unset; servers the tests start, and tests marked cpu_async_default, keep
-    the engine's own default."""
-    if "cpu_async_default" not in request.keywords:
+    leaves it unset (session-wide: module fixtures' engines included). Servers the tests
+    start, and tests marked cpu_async_default, keep the engine's own default."""
+    from backend.config import EngineArgs
+    product = EngineArgs.async_scheduling_on
+    patch = pytest.MonkeyPatch()
+    patch.setattr(EngineArgs, "async_scheduling_on", lambda self, device_type: self.use_async_scheduling)
+    yield product
+    patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _cpu_async_default(request, monkeypatch, _async_scheduling_on_the_cpu_as_on_cuda):
+    if "cpu_async_default" in request.keywords:
         from backend.config import EngineArgs
-        monkeypatch.setattr(EngineArgs, "async_scheduling_on", lambda self, device_type: self.use_async_scheduling)
+        monkeypatch.setattr(EngineArgs, "async_scheduling_on", _async_scheduling_on_the_cpu_as_on_cuda)
 
 
 @pytest.fixture(scope="session")

@@ -127,14 +127,17 @@ class KVCacheManager:
         hashes.extend(hash_chain(hashes[-1] if hashes else request.cache_salt,
                                  (request.block_key(i, bs) for i in range(len(hashes), request.num_tokens // bs))))
 
-    def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None) -> Optional[list[KVBlock]]:
+    def find_cached_blocks(self, request: Request, max_tokens: Optional[int] = None,
+                           peek: bool = False) -> Optional[list[KVBlock]]:
         """Longest run of cached full blocks matching the request's leading tokens, or None
         when that run reaches a pending block (admit the request after the step that
         computes it, and it shares the block).
 
         At least one token is always left to compute, since the step must produce the
         logits of the last one; max_tokens: at most that many tokens come from the cache
-        (a request that needs the logits of the positions after them).
+        (a request that needs the logits of the positions after them). peek: a look
+        that counts no query in the prefix-cache metrics (the scheduler's look ahead
+        at requests it may admit later in the step).
         """
         if not self.enable_prefix_caching:
             return []
@@ -155,8 +158,9 @@ class KVCacheManager:
             if block.pending:
                 return None
             found.append(block)
-        self.prefix_cache_queries += len(tokens)
-        self.prefix_cache_hit_tokens += len(found) * bs
+        if not peek:
+            self.prefix_cache_queries += len(tokens)
+            self.prefix_cache_hit_tokens += len(found) * bs
         if self.connector is not None and len(found) < max_blocks:
             found += self.connector.lookup(request, len(found), max_blocks)     # (ExternalHits, after the pool's)
         return found

@@ -190,7 +190,8 @@ class Scheduler(ProposalSlots):
         # admitted in this step are visited after admission, so that its admission step
         # holds none of them once it runs (the lead then makes them sit out); when it is
         # not admitted after all, they run all the same.
-        candidate = self._admission_candidate(made_room) if lead is not None else None
+        candidate = self._admission_candidate(made_room) if lead is not None and any(
+            r.num_computed_tokens + 1 < r.num_tokens for r in self.running) else None
         defer_rank = self.ranking.priority(candidate, now) if candidate is not None else None
         deferred: list[Request] = []
         for request in list(self.running):          # (a copy: preemption takes from its end)
@@ -359,7 +360,7 @@ class Scheduler(ProposalSlots):
             if (rank is not None and priority != rank) or (lead is not None and priority > lead) \
                     or aged(self.running[-1], now) <= priority:
                 break                       # (the rest rank no better)
-            cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head)
+            cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head, peek=True)
             if cached is None:
                 continue
             rank = priority
@@ -389,7 +390,7 @@ class Scheduler(ProposalSlots):
         for request in self.waiting:
             if (request.status == RequestStatus.WAITING and request.request_id not in self.in_flight
                     and request.request_id not in made_room and not self._no_adapter_slot(request, loras)
-                    and self._prefix_hits(request) is not None):
+                    and self._prefix_hits(request, peek=True) is not None):
                 return request
         return None
 
@@ -425,16 +426,17 @@ class Scheduler(ProposalSlots):
         lora = request.sampling_params.lora_name
         return bool(lora) and lora not in loras and self.max_loras is not None and len(loras) >= self.max_loras
 
-    def _prefix_hits(self, request: Request) -> Optional[list]:
+    def _prefix_hits(self, request: Request, peek: bool = False) -> Optional[list]:
         """The cached blocks a waiting request starts from ([] when it has computed tokens
         of its own); None while its prompt's blocks are being computed in this step. A
         request with prompt logprobs computes the positions it still needs (vLLM skips
-        the prefix cache for it): hits only below them."""
+        the prefix cache for it): hits only below them. peek: for a look ahead at
+        admission (KVCacheManager.find_cached_blocks: nothing counted)."""
         if request.num_computed_tokens:
             return []
         return self.kv_cache.find_cached_blocks(
             request, max_tokens=request.num_prompt_logprob_rows
-            if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None)
+            if request.num_prompt_logprob_rows < request.prompt_logprob_rows_end else None, peek=peek)
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """The request's share of the step; its tokens count as computed from now on (the

@@ -57,6 +57,17 @@ def test_prefix_hit_shares_blocks_and_checks_tokens():
     assert kv.find_cached_blocks(c) == []
 
 
+def test_a_peek_finds_the_same_hits_and_counts_no_query():
+    """(The priority scheduler looks ahead at requests it may admit later in the step:
+    the prefix-cache metrics count each request's admission only.)"""
+    kv = KVCacheManager(16, BS, enable_prefix_caching=True)
+    assert admit(kv, make_request("a", list(range(10))))
+    b = make_request("b", list(range(8)) + [99, 98, 97])
+    counted = (kv.prefix_cache_queries, kv.prefix_cache_hit_tokens)
+    assert kv.find_cached_blocks(b, peek=True) == kv.find_cached_blocks(b)
+    assert (kv.prefix_cache_queries, kv.prefix_cache_hit_tokens) == (counted[0] + b.num_tokens, counted[1] + 2 * BS)
+
+
 def test_freed_cached_blocks_are_revived_then_evicted_lru():
     kv = KVCacheManager(6, BS, enable_prefix_caching=True)
     a = make_request("a", list(range(9)))
