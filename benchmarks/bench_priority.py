@@ -17,7 +17,9 @@ arrival to the end of the step that returns its first token. The idle TTFT: each
 high-priority request alone on a fresh engine (after a warm-up request), its p50 and p99;
 each phase runs on an engine of its own (no prefix-cache hits from another). Printed per
 policy: each class's TTFT p50/p99, how many completed, and the high class's p99 over the
-idle p99 (the issue's measure) and over the idle p50.
+idle p99 (the issue's measure) and over the idle p50. Every engine keeps its defaults
+otherwise: on the CPU its steps run in series (`async_scheduling` unset), idle and loaded
+alike.
 """
 
 from __future__ import annotations
