@@ -105,10 +105,15 @@ class PriorityQueue:
         return iter(self._items)
 
 
+def in_prompt(request: Request) -> bool:
+    """Its next share is a prompt chunk: its prompt, or a preempted request's recompute,
+    not yet computed (more than the last token left)."""
+    return request.num_computed_tokens + 1 < request.num_tokens
+
+
 def prompt_ranked_below(request: Request, rank: int, ranking: Ranking, now: Optional[float]) -> bool:
-    """A prompt chunk (its prompt, or a preempted request's recompute, not yet computed:
-    more than the last token left) of a request ranked below `rank`."""
-    return request.num_computed_tokens + 1 < request.num_tokens and ranking.priority(request, now) > rank
+    """A prompt chunk (in_prompt) of a request ranked below `rank`."""
+    return in_prompt(request) and ranking.priority(request, now) > rank
 
 
 class FirstTokenLead:

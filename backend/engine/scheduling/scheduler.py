@@ -34,7 +34,7 @@ from backend.engine.scheduling.kv_handoff import KVHandoff
 from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
 from backend.engine.scheduling.priority import (FirstTokenLead, LowerPrefillCap, PriorityQueue, Ranking,
-                                                insert_running, prompt_ranked_below)
+                                                in_prompt, insert_running, prompt_ranked_below)
 from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
 from backend.engine.scheduling.stop_checker import check_stop
@@ -191,7 +191,7 @@ class Scheduler(ProposalSlots):
         # holds none of them once it runs (the lead then makes them sit out); when it is
         # not admitted after all, they run all the same.
         candidate = self._admission_candidate(made_room) if lead is not None and any(
-            r.num_computed_tokens + 1 < r.num_tokens for r in self.running) else None
+            in_prompt(r) for r in self.running) else None
         defer_rank = self.ranking.priority(candidate, now) if candidate is not None else None
         deferred: list[Request] = []
         for request in list(self.running):          # (a copy: preemption takes from its end)
@@ -206,7 +206,7 @@ class Scheduler(ProposalSlots):
 
         deferred_floor = min((self.ranking.priority(r, now) for r in deferred), default=None)
         can_admit = len(out.preempted) == len(made_room)    # (not when the pool ran dry for running ones)
-        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        loras = self._running_loras()
         skipped: list[Request] = []
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < max_batch_seqs):
@@ -348,7 +348,7 @@ class Scheduler(ProposalSlots):
         preempted: set[str] = set()
         aged = self.ranking.priority
         lead = FirstTokenLead(self.running, self.ranking, now).rank
-        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        loras = self._running_loras()
         rank = None
         seqs = blocks = 0
         for head in list(self.waiting):
@@ -386,7 +386,7 @@ class Scheduler(ProposalSlots):
         """The best-ranked waiting request that may be admitted in this step (waiting, not
         in flight nor just preempted, its adapter with a slot, its prompt's blocks not
         being computed), or None."""
-        loras = {r.sampling_params.lora_name for r in self.running} - {None}
+        loras = self._running_loras()
         for request in self.waiting:
             if (request.status == RequestStatus.WAITING and request.request_id not in self.in_flight
                     and request.request_id not in made_room and not self._no_adapter_slot(request, loras)
@@ -420,6 +420,10 @@ class Scheduler(ProposalSlots):
         if plan is not None:
             self.encoder.commit(request, plan)
             out.encoder_inputs.extend(plan.encode)
+
+    def _running_loras(self) -> set[str]:
+        """The adapters of the running batch, by name."""
+        return {r.sampling_params.lora_name for r in self.running} - {None}
 
     def _no_adapter_slot(self, request: Request, loras: set[str]) -> bool:
         """Its adapter is not among `loras` (those of the step) and they fill max_loras."""
