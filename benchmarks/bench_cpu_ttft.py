@@ -45,6 +45,12 @@ def measure(checkpoint: str, async_scheduling: bool, prompts: list[list[int]], b
     for _ in range(3):
         engine.step()
     times = [first_token_s(engine, p) for p in prompts[:1] + prompts][1:]      # (after a warm-up)
+    for request_id in list(engine.scheduler.requests):
+        engine.abort_request(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    kv = engine.kv_cache
+    assert kv.num_free_blocks == kv.num_total_blocks, "blocks still held after every request ended"
     llm.close()
     return times
 
