@@ -12,8 +12,11 @@ the lowest-ranked request is the one preempted (priority.py).
 
 Speculative decoding adds a decoding request's proposed tokens to its step (they are
 verified in the same forward): budgeted like any token, dropped first when the budget
-or the pool is short, and rolled back after the step when rejected. The proposals' own
-share of the scheduler's state is in spec_decode/proposal_slots.py.
+or the pool is short, and rolled back after the step when rejected.
+
+The class spans three more modules, each one idea, all of it the one writer of request
+and KV state: the priority step (priority_admission.py), the write of a step's result
+(step_results.py) and the proposals' slots (spec_decode/proposal_slots.py).
 
 With LoRA, a step holds at most `max_loras` distinct adapters (the device's slots): a
 waiting request under another adapter waits, and the requests behind it may go first.
@@ -29,20 +32,20 @@ from typing import Callable, Optional, Union
 
 from backend.engine.errors import InvalidRequestError
 from backend.engine.scheduling.encoder_cache import EncoderCacheManager
-from backend.engine.scheduling.kv_cache_manager import KVCacheManager, num_device_hits
+from backend.engine.scheduling.kv_cache_manager import KVCacheManager
 from backend.engine.scheduling.kv_handoff import KVHandoff
-from backend.engine.outputs import EngineCoreOutput, ModelRunnerOutput
+from backend.engine.outputs import EngineCoreOutput
 from backend.engine.request import FinishReason, Request, RequestStatus
-from backend.engine.scheduling.priority import (FirstTokenLead, LowerPrefillCap, PriorityQueue, Ranking,
-                                                in_prompt, insert_running, prompt_ranked_below)
+from backend.engine.scheduling.priority import PriorityQueue, Ranking, insert_running
+from backend.engine.scheduling.priority_admission import PriorityAdmission, PriorityStep
 from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.spec_decode.proposal_slots import ProposalSlots
-from backend.engine.scheduling.stop_checker import check_stop
+from backend.engine.scheduling.step_results import StepResults
 from backend.engine.structured_output.structured_output_manager import StructuredOutputManager
 from backend.models.rotary import long_rope_salt
 
 
-class Scheduler(ProposalSlots):
+class Scheduler(ProposalSlots, PriorityAdmission, StepResults):
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_loras: Optional[int] = None, structured: Optional[StructuredOutputManager] = None,
                  long_rope_original: Optional[int] = None,
@@ -174,46 +177,32 @@ class Scheduler(ProposalSlots):
             self.encoder.begin_step()
         max_batch_seqs = max_batch_seqs or self.max_num_seqs
 
-        # Priority: requests preempted to make room for a higher-priority waiting one are
-        # not admitted again in this step (their step in flight is still to come back).
-        if self.policy == "priority" and self.ranking.aging_s is not None:
-            self.waiting.reorder()
-            self.running = sorted(self.running, key=self.ranking.key())    # (new: never seen half-sorted)
-        now = self.ranking.clock() if self.ranking.aging_s is not None else None
-        made_room = self._make_room_for_waiting(out, budget, max_batch_seqs, now) \
-            if self.policy == "priority" else set()
-        # Priority: the best rank whose first token is on its way (priority.py's
-        # first-token steps); lower-ranked prompt chunks sit this step out.
-        lead = FirstTokenLead(self.running, self.ranking, now) if self.policy == "priority" else None
-        cap = self._lower_prefill_cap(now)
-        # Priority: prompt chunks ranked below the best waiting request that can be
-        # admitted in this step are visited after admission, so that its admission step
-        # holds none of them once it runs (the lead then makes them sit out); when it is
-        # not admitted after all, they run all the same.
-        candidate = self._admission_candidate(made_room) if lead is not None and any(
-            in_prompt(r) for r in self.running) else None
-        defer_rank = self.ranking.priority(candidate, now) if candidate is not None else None
+        # Priority: room made for the best-ranked waiting requests, and the step's rules
+        # (priority_admission.py). Requests preempted for them are not admitted again in
+        # this step (their step in flight is still to come back).
+        rules = self._priority_step(out, budget, max_batch_seqs) if self.policy == "priority" else None
+        made_room = rules.made_room if rules is not None else set()
         deferred: list[Request] = []
         for request in list(self.running):          # (a copy: preemption takes from its end)
             if budget <= 0 or len(out.scheduled) >= max_batch_seqs:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue                    # preempted in this step
-            if defer_rank is not None and prompt_ranked_below(request, defer_rank, self.ranking, now):
+            if rules is not None and rules.defers(request):
                 deferred.append(request)
                 continue
-            budget -= self._schedule_running(out, request, budget, lead, cap)
+            budget -= self._schedule_running(out, request, budget, rules)
 
-        deferred_floor = min((self.ranking.priority(r, now) for r in deferred), default=None)
+        deferred_floor = min((rules.rank(r) for r in deferred), default=None)
         can_admit = len(out.preempted) == len(made_room)    # (not when the pool ran dry for running ones)
         loras = self._running_loras()
         skipped: list[Request] = []
         while (can_admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < max_batch_seqs):
             request = self.waiting[0]
-            if lead is not None and lead.sits_out(request):
+            if rules is not None and rules.sits_out(request):
                 break                       # (the rest rank no better)
-            if deferred and self.ranking.priority(request, now) >= deferred_floor:
+            if deferred and rules.rank(request) >= deferred_floor:
                 break                       # no better than a deferred prompt (nor are the rest)
             if request.request_id in self.in_flight or request.request_id in made_room:
                 skipped.append(self.waiting.popleft())      # preempted while in flight: after its result
@@ -234,10 +223,10 @@ class Scheduler(ProposalSlots):
                 continue
             num_computed = request.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(request.num_tokens - num_computed, budget)
-            if cap is not None:
-                num_new = cap.clip(request, num_new)
+            if rules is not None and rules.cap is not None:
+                num_new = rules.cap.clip(request, num_new)
                 if not num_new:
-                    break                   # (the rest rank no better)
+                    break                   # the allowance is spent (the rest rank no better)
             plan = self._encoder_plan(request, num_computed, num_new)
             if plan is not None:
                 if not plan.num_new_tokens:
@@ -259,7 +248,8 @@ class Scheduler(ProposalSlots):
                 loras.add(request.sampling_params.lora_name)
             out.new_requests.append(NewRequestData.of(request, resumed=request.request_id in self._runner_holds))
             self._runner_holds.add(request.request_id)
-            self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
+            if rules is not None:
+                rules.recorded(request, num_new)
             self._record(out, request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
@@ -267,7 +257,7 @@ class Scheduler(ProposalSlots):
             if budget <= 0 or len(out.scheduled) >= max_batch_seqs:
                 break
             if request.status == RequestStatus.RUNNING:
-                budget -= self._schedule_running(out, request, budget, lead, cap)
+                budget -= self._schedule_running(out, request, budget, rules)
         if self.num_lookahead_tokens:
             self.reserve_lookahead(out)
         self.kv_cache.set_block_diffs(out)          # (after every allocation of the step)
@@ -282,11 +272,11 @@ class Scheduler(ProposalSlots):
         return out
 
     def _schedule_running(self, out: SchedulerOutput, request: Request, budget: int,
-                          lead: Optional[FirstTokenLead], cap: Optional[LowerPrefillCap]) -> int:
+                          rules: Optional[PriorityStep]) -> int:
         """A running request's share of the step, preempting the lowest-ranked running
         requests not yet scheduled when the pool is short (the request itself last).
         Returns the tokens scheduled (0: none this step)."""
-        if request.request_id in self.in_flight or (lead is not None and lead.sits_out(request)):
+        if request.request_id in self.in_flight or (rules is not None and rules.sits_out(request)):
             return 0                        # in another micro-batch still in flight, or sits out
         if request.num_output_placeholders and (
                 request.num_output_tokens + request.num_output_placeholders >= request.max_tokens):
@@ -302,8 +292,8 @@ class Scheduler(ProposalSlots):
         self.kv_cache.free_outside_window(request)
         num_new = min(request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
                       - request.num_computed_tokens, budget)
-        if cap is not None:
-            num_new = cap.clip(request, num_new)
+        if rules is not None and rules.cap is not None:
+            num_new = rules.cap.clip(request, num_new)
             if not num_new:
                 return 0                    # its allowance is spent (priority.LowerPrefillCap)
         plan = self._encoder_plan(request, request.num_computed_tokens, num_new)
@@ -329,86 +319,10 @@ class Scheduler(ProposalSlots):
             if victim is request:
                 return 0                    # (everything after it was preempted first)
         self._commit_encoder(out, request, plan)
-        self._recorded(request, num_new, lead, cap)      # (before: it reads the request as it was)
+        if rules is not None:
+            rules.recorded(request, num_new)
         self._record(out, request, num_new)
         return num_new
-
-    def _make_room_for_waiting(self, out: SchedulerOutput, budget: int, max_batch_seqs: int,
-                               now: Optional[float]) -> set[str]:
-        """Priority: the best-ranked waiting requests (those of the best rank waiting, as
-        the first-token rule holds lower ranks back in their step), while they outrank the
-        lowest-ranked running request and the step's budget and batch last: while they
-        find no room (max_num_seqs reached, or too few free blocks for their next chunks
-        after their prefix-cache hits), that running request is preempted (to recompute
-        later), before anything of this step is scheduled. So several arrivals of one
-        rank are admitted in one step, not one a step. Not for a request that could not
-        be admitted in this step anyway (its adapter has no slot, its prompt's blocks are
-        being computed, or a better-ranked first token is in flight). Returns the ids
-        preempted."""
-        preempted: set[str] = set()
-        aged = self.ranking.priority
-        lead = FirstTokenLead(self.running, self.ranking, now).rank
-        loras = self._running_loras()
-        rank = None
-        seqs = blocks = 0
-        for head in list(self.waiting):
-            if budget <= 0 or seqs >= max_batch_seqs or not self.running:
-                break
-            if head.status != RequestStatus.WAITING or head.request_id in self.in_flight:
-                continue
-            priority = aged(head, now)
-            if (rank is not None and priority != rank) or (lead is not None and priority > lead) \
-                    or aged(self.running[-1], now) <= priority:
-                break                       # (the rest rank no better)
-            cached = None if self._no_adapter_slot(head, loras) else self._prefix_hits(head, peek=True)
-            if cached is None:
-                continue
-            rank = priority
-            if head.sampling_params.lora_name:
-                loras.add(head.sampling_params.lora_name)
-            computed = head.num_computed_tokens + len(cached) * self.kv_cache.block_size
-            chunk = min(head.num_tokens - computed, budget)
-            budget -= chunk
-            seqs += 1
-            blocks += -(-(computed + chunk) // self.kv_cache.block_size) - num_device_hits(cached)
-            while self.running:
-                worst = self.running[-1]
-                if aged(worst, now) <= priority or worst.request_id in self.in_flight:
-                    break                   # never for an equal or a lower priority
-                if len(self.running) + seqs <= self.max_num_seqs and self.kv_cache.num_free_blocks >= blocks:
-                    break
-                self._preempt(worst)
-                out.preempted.append(worst)
-                preempted.add(worst.request_id)
-        return preempted
-
-    def _admission_candidate(self, made_room: set[str]) -> Optional[Request]:
-        """The best-ranked waiting request that may be admitted in this step (waiting, not
-        in flight nor just preempted, its adapter with a slot, its prompt's blocks not
-        being computed), or None."""
-        loras = self._running_loras()
-        for request in self.waiting:
-            if (request.status == RequestStatus.WAITING and request.request_id not in self.in_flight
-                    and request.request_id not in made_room and not self._no_adapter_slot(request, loras)
-                    and self._prefix_hits(request, peek=True) is not None):
-                return request
-        return None
-
-    @staticmethod
-    def _recorded(request: Request, num_new: int, lead: Optional[FirstTokenLead], cap: Optional[LowerPrefillCap]
-                  ) -> None:
-        """Priority: a scheduled share counts for the step's first-token rule and allowance."""
-        if lead is not None:
-            lead.scheduled(request)
-        if cap is not None:
-            cap.charge(request, num_new)
-
-    def _lower_prefill_cap(self, now: Optional[float]) -> Optional[LowerPrefillCap]:
-        """The step's allowance for prompts ranked below the best present, if capped."""
-        if self.lower_priority_prefill_tokens is None or not (self.running or self.waiting):
-            return None
-        ranks = [self.ranking.priority(q[0], now) for q in (self.running, self.waiting) if q]
-        return LowerPrefillCap(self.lower_priority_prefill_tokens, min(ranks), self.ranking, now)
 
     def _encoder_plan(self, request: Request, start: int, num_new: int):
         """Vision-language models: the chunk cut before an image the step cannot encode."""
@@ -491,68 +405,6 @@ class Scheduler(ProposalSlots):
         """Long mode, for a request that holds no KV: its own prefix-cache chain."""
         request.long_rope, request.cache_salt = True, long_rope_salt(request.cache_salt)
         request.block_hashes = []           # the chain starts again from the new salt
-
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """The step's result applied to request and KV state, by the one writer of both:
-        the step's placeholder is settled and newly filled blocks are registered; rejected
-        proposals roll back (their K/V slots count as not computed, the next step
-        overwrites them, and blocks that held only them go back to the pool); each new
-        token is appended and checked for a stop on its id as if it came alone (EOS,
-        stop ids, the grammar's end, max_tokens, after min_tokens), the first stop ending
-        the request there and freeing its blocks. Stop strings are the output side's
-        (stop_request). A pooling request whose prompt the step completed finishes with
-        its pooled vector. Returns one EngineCoreOutput per request that got tokens or
-        finished."""
-        outputs = []
-        if self.in_flight:                  # (pipeline micro-batches only)
-            self.in_flight.difference_update(s.request_id for s in out.scheduled)
-        for index, (s, tokens) in enumerate(zip(out.scheduled, result.sampled_token_ids)):
-            request = s.request
-            s.num_rejected = s.rejected_among(tokens)   # (counted even if it ended meanwhile: the metrics)
-            if request.is_finished:
-                continue                    # finished or aborted since it was scheduled
-            if s.completes_prompt:
-                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
-            if request.status == RequestStatus.RUNNING:     # (not preempted since: async scheduling)
-                if s.num_rejected:
-                    request.num_computed_tokens -= s.num_rejected
-                    # The accepted tokens plus the one sampled after them (no K/V yet).
-                    self.kv_cache.trim(request, request.num_computed_tokens + 1)
-                self.kv_cache.cache_computed_blocks(request)
-            if request.pooling:
-                pooled = result.pooler_output.get(index)
-                if pooled is not None:          # its prompt is computed: done, its blocks free
-                    self.finish_request(request, FinishReason.STOP)
-                    outputs.append(EngineCoreOutput(request.request_id, [], finish_reason="stop",
-                                                    num_cached_tokens=request.num_cached_tokens,
-                                                    pooling_output=pooled))
-                continue
-            prompt_entries = result.prompt_logprobs.get(index)
-            if not tokens:
-                if prompt_entries:          # a prompt chunk's logprobs
-                    outputs.append(EngineCoreOutput(request.request_id, [], new_prompt_logprobs=prompt_entries,
-                                                    num_cached_tokens=request.num_cached_tokens))
-                continue
-            new_tokens, reason = [], None
-            for token in tokens:
-                request.output_token_ids.append(token)
-                new_tokens.append(token)
-                reason = check_stop(request, token)
-                if reason is not None:
-                    break
-            self.num_generation_tokens_total += len(new_tokens)
-            if len(tokens) > 1 and request.status == RequestStatus.RUNNING:
-                self.kv_cache.cache_computed_blocks(request)    # accepted proposals fill blocks too
-            entry = result.logprobs.get(index)
-            if reason is not None:
-                self.finish_request(request, reason)
-            outputs.append(EngineCoreOutput(
-                request.request_id, new_tokens, [entry] if entry is not None else None,
-                prompt_entries, reason.value if reason is not None else None, request.num_cached_tokens,
-                kv_transfer_params=request.kv_transfer_params))
-        if result.proposals is not None:    # a draft model's, made inside the step
-            self.set_proposals(result.proposals)
-        return outputs
 
     def grammar_bitmask(self, out: SchedulerOutput):
         """The step's grammar bitmask for the runner's draw (structured output): a row per

@@ -1,7 +1,8 @@
 """One writer (issue 28 part 1): while an engine serves with every feature on, request
-state is written only from the scheduler's side: the scheduler and the helpers it owns
-(its speculation share, the stop checks, the structured-output manager, the KV cache
-manager). Every attribute write and every change to a request's lists is recorded with
+state is written only from the scheduler's side: the scheduler (scheduler.py and the
+modules its class spans: its priority step, its write of a step's result, its
+speculation share) and the helpers it owns (the stop checks, the structured-output
+manager, the KV cache manager). Every attribute write and every change to a request's lists is recorded with
 the file that made it; the runner, the proposers, the sampler, the output side and the
 engine's intake (past construction) must not appear."""
 
@@ -13,8 +14,8 @@ from backend import LLM, SamplingParams
 from backend.engine.request import Request
 from tests.conftest import assert_pool_free, random_prompts
 
-SCHEDULER_SIDE = {"scheduler.py", "proposal_slots.py", "stop_checker.py", "grammar.py",
-                  "structured_output_manager.py", "kv_cache_manager.py"}
+SCHEDULER_SIDE = {"scheduler.py", "priority_admission.py", "step_results.py", "proposal_slots.py", "stop_checker.py",
+                  "grammar.py", "structured_output_manager.py", "kv_cache_manager.py"}
 
 
 def _caller(depth: int) -> str:
