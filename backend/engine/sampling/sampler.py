@@ -1,19 +1,20 @@
 """Turn one step's logits into next tokens: one batched pass over [B, V].
 
-Order of operations (as in vLLM): logit bias, penalties, min_tokens and bad words masking,
-then greedy argmax or temperature -> top-k -> top-p -> the logits processors
-(backend/engine/logits_processors: min-p, ...) -> draw. Per-row parameters travel as one
-[B, NUM_COLUMNS] tensor gathered on the device from rows written once per distinct
-settings (sampling_table.py): a step uploads a slot id per row, in the same one
-host-to-device copy as its index sets; features no row uses cost nothing.
-Greedy rows ride in the same pass and take the argmax of the penalized logits.
+Order of operations (as in vLLM): the token processors (logit bias, penalties, min_tokens
+and bad words: backend/engine/sampling/logits_processors/), then greedy argmax or
+temperature -> top-k -> top-p -> the distribution processors (min-p, typical-p) -> draw.
+Per-row parameters travel as one [B, NUM_COLUMNS] tensor gathered on the device from rows
+written once per distinct settings (sampling_table.py): a step uploads a slot id per row,
+in the same one host-to-device copy as the token processors' index sets; features no
+row uses cost nothing. Greedy rows ride in the same pass and take the argmax of the
+processed logits.
 
 Every tensor made here lives on the logits' device, and nothing here reads a device
 value on the host: the caller does the step's one device-to-host copy of the ids.
 
 Penalties read per-request token state kept on the device across steps
-(backend/engine/sampling/penalty_state.py): preparing a step costs O(batch + new tokens), never
-a walk over a request's prompt or output.
+(backend/engine/sampling/penalty_state.py): preparing a step costs O(batch + new tokens),
+never a walk over a request's prompt or output.
 
 Draws use the exponential race, argmax(p / E) with E ~ Exp(1), which draws from p. The
 noise comes from the sampler's own generator, except for rows whose request has a seed:
@@ -24,37 +25,25 @@ the same tokens whatever shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Optional, Sequence
 
 import numpy as np
 import torch
 
 from backend.engine.runner.buffers import GrowingStagedBuffer
-from backend.engine.sampling.logits_processors import PROCESSORS
+from backend.engine.sampling.columns import FIRST_PROCESSOR_COLUMN, TEMPERATURE, TOP_K, TOP_P
+from backend.engine.sampling.logits_processors import PROCESSORS, TOKEN_PROCESSORS, TokenLogitsProcessor
+from backend.engine.sampling.logits_processors.penalties import Penalties
 from backend.engine.sampling.logprobs import LogprobRows
 from backend.engine.sampling.penalty_state import PenaltyState
 from backend.engine.sampling.sampling_row import SamplingRow
 from backend.engine.sampling.sampling_table import SamplingTable
-from backend.engine.spec_decode.draft_tokens import device_fill, extend_staged
 from backend.ops.cpu_argmax import argmax_rows
 
 if TYPE_CHECKING:
     from backend.engine.runner.request_state import RequestState
 
-# Columns of the per-row parameter tensor; logits processor k reads column
-# FIRST_PROCESSOR_COLUMN + k.
-TEMPERATURE, TOP_K, TOP_P, REPETITION, PRESENCE, FREQUENCY = range(6)
-FIRST_PROCESSOR_COLUMN = 6
 NUM_COLUMNS = FIRST_PROCESSOR_COLUMN + len(PROCESSORS)
-
-
-class PenaltyRows(NamedTuple):
-    """A penalty's per-row token state: row i reads table[slots[i]] (slot 0: all
-    zeros), plus `extra` (rows, token ids): the proposals a verification row counts as
-    output on top of its request's state."""
-    slots: torch.Tensor                         # int64 [B]
-    table: torch.Tensor                         # [slots, V]: PenaltyState.seen or .counts
-    extra: Optional[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -66,12 +55,14 @@ class SamplingBatch:
     max_top_k: int                              # 0: no row uses top-k
     any_top_p: bool
     processors: int                             # bit k: some sampled row turns PROCESSORS[k] on
-    repetition: Optional[PenaltyRows]           # prompt and output tokens seen
-    counted: Optional[PenaltyRows]              # output tokens generated, counted
-    banned: Optional[tuple[torch.Tensor, torch.Tensor]]       # min_tokens, bad words: (rows, token ids)
+    # The token processors some row uses, in TOKEN_PROCESSORS' order, with their step's data.
+    token_processors: list[tuple[TokenLogitsProcessor, Any]]
     seeded: list[tuple[int, torch.Generator]]
     logprobs: Optional[LogprobRows] = None                    # rows whose request wants logprobs
-    bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # logit_bias: rows, ids, values
+
+    def token_data(self, name: str) -> Any:
+        """The step's data of the token processor called `name` (None: no row uses it)."""
+        return next((data for proc, data in self.token_processors if proc.name == name), None)
 
 
 class Sampler:
@@ -84,10 +75,16 @@ class Sampler:
         # Each distinct settings row on the device, written once (sampling_table.py).
         self.rows = SamplingTable(NUM_COLUMNS, self.device, max(64, 2 * max_num_seqs), staging_slots)
         self._indices = GrowingStagedBuffer(torch.int64, self.device, slots=staging_slots)
-        self._bias_values = GrowingStagedBuffer(torch.float32, self.device, slots=staging_slots)
-        # (one per penalty: a staging buffer rewritten within the step would wait for the device)
-        self._draft_index = tuple(GrowingStagedBuffer(torch.int64, self.device) for _ in range(2))
-        self.penalties = PenaltyState(self.device, max_slots=max_num_seqs)
+        self.token_processors = [cls(self.device, max_num_seqs, staging_slots) for cls in TOKEN_PROCESSORS]
+
+    @property
+    def penalties(self) -> PenaltyState:
+        """The penalties' per-request token state (logits_processors/penalties.py)."""
+        return next(p for p in self.token_processors if isinstance(p, Penalties)).state
+
+    @penalties.setter
+    def penalties(self, state: PenaltyState) -> None:
+        next(p for p in self.token_processors if isinstance(p, Penalties)).state = state
 
     # ------------------------------------------------------------------ host side
     def prepare(self, requests: Sequence["RequestState"], vocab_size: int) -> SamplingBatch:
@@ -95,25 +92,19 @@ class Sampler:
         (runner/request_state.py; a Request reads the same): host work only, O(batch)
         plus each row's new tokens (a request's first sampled step: its prompt and output,
         once). A row may be a verification row (`verified_request`, `proposed`: see
-        spec_decode/rejection_sampler.VerifyRow): it reads its request's state plus its
-        proposals."""
+        spec_decode/rejection_sampler.VerifyRow): the token processors read its request's
+        state plus its proposals."""
         B = len(requests)
         params_rows: list[tuple] = []
-        # Index sets as flat (rows, ids) lists: repetition proposals, counted proposals,
-        # banned ids (min_tokens, bad words), logprobs (row, its count), logit_bias ids.
-        index_sets: list[tuple[list[int], list[int]]] = [([], []) for _ in range(5)]
-        rep_extra, cnt_extra, banned, want_logprobs, biased = index_sets
-        # A draft model's proposals stay on the device: (place in the set's ids, tokens).
-        on_device: tuple[list, list] = ([], [])
-        bias_values: list[float] = []
+        logprob_rows: list[int] = []
+        logprob_counts: list[int] = []
         seeded: list[tuple[int, torch.Generator]] = []
         n_greedy = max_top_k = 0
         any_top_p = False
         processors = 0
-        penalties = self.penalties
-        penalties.begin(vocab_size)
-        slots: list[Optional[list[int]]] = [None, None]       # per row: repetition, counted
-        any_counted = False
+        token_processors = self.token_processors
+        for proc in token_processors:
+            proc.begin(vocab_size, B)
         for i, r in enumerate(requests):
             row = r.sampling_row            # (worked out at intake: sampling_row.py)
             if row is None or row.vocab_size != vocab_size:
@@ -128,90 +119,50 @@ class Sampler:
                 processors |= row.processors
                 if r.generator is not None:
                     seeded.append((i, r.generator))
-            repetition, counted = row.repetition, row.counted
-            if repetition or counted:
-                request = getattr(r, "verified_request", None)
-                proposed = r.proposed if request is not None else ()
-                slot = penalties.slot(request if request is not None else r, repetition, counted)
-                for k, used in enumerate((repetition, counted)):
-                    if used:
-                        if slots[k] is None:
-                            slots[k] = [0] * B
-                        slots[k][i] = slot
-                        if proposed:
-                            index_sets[k][0].extend([i] * len(proposed))
-                            extend_staged(index_sets[k][1], proposed, on_device[k])
-                any_counted |= counted and r.num_output_tokens > 0
-            if r.bad_words is not None:         # the words' own tokens, never the context
-                ids = r.bad_words.banned(r)
-                banned[0].extend([i] * len(ids))
-                banned[1].extend(ids)
-            if row.min_tokens and r.num_output_tokens < row.min_tokens:
-                banned[0].extend([i] * len(row.min_tokens_banned))
-                banned[1].extend(row.min_tokens_banned)
+            for k in row.token_processors:
+                token_processors[k].add_row(i, r, row)
             if row.logprobs is not None:
-                want_logprobs[0].append(i)
-                want_logprobs[1].append(row.logprobs)
-            if row.bias_ids:
-                biased[0].extend([i] * len(row.bias_ids))
-                biased[1].extend(row.bias_ids)
-                bias_values += row.bias_values
-        if not any_counted:
-            slots[1] = None                     # nothing generated yet: counts are all zero
-        # One upload: the index sets, the rows' parameter slots (and new ones to write),
-        # the rows' penalty slots, the penalty state's updates.
-        flat = [self.rows.slots(params_rows), self.rows.pending_slots(), *(s for s in slots if s is not None),
-                *penalties.host_updates()]
-        uploaded, dev = self._upload_indices(index_sets, flat)
-        for k in (0, 1):
-            if on_device[k]:
-                device_fill(uploaded[k][1], on_device[k], self._draft_index[k])
-        self.rows.write_pending(dev[1])
-        params = self.rows.gather(dev[0], B)
-        slot_views, (clear, seen_slots, seen_ids, count_slots, count_ids) = dev[2:len(dev) - 5], dev[-5:]
-        penalties.apply(clear, (seen_slots, seen_ids), (count_slots, count_ids))
-        penalty_rows: list[Optional[PenaltyRows]] = [None, None]
-        for k, table in enumerate((penalties.seen, penalties.counts)):
-            if slots[k] is not None:
-                penalty_rows[k] = PenaltyRows(slot_views.pop(0), table, uploaded[k])
+                logprob_rows.append(i)
+                logprob_counts.append(row.logprobs)
+        # One upload: the rows' parameter slots (and new ones to write), the logprob rows,
+        # and each token processor's lists.
+        parts = [proc.host_parts() for proc in token_processors]
+        flat = [self.rows.slots(params_rows), self.rows.pending_slots(), logprob_rows]
+        for lists in parts:
+            flat += lists
+        views = self._upload(flat)
+        self.rows.write_pending(views[1])
+        params = self.rows.gather(views[0], B)
         logprobs = None
-        if uploaded[3] is not None:
-            counts = want_logprobs[1]
-            logprobs = LogprobRows(rows=uploaded[3][0], counts=counts, row_ids=want_logprobs[0],
-                                   max_count=min(max(counts), vocab_size))
-        bias = None
-        if uploaded[4] is not None:
-            bias = (*uploaded[4], self._bias_values.upload(np.asarray(bias_values, dtype=np.float32)))
+        if logprob_rows:
+            logprobs = LogprobRows(rows=views[2], counts=logprob_counts, row_ids=logprob_rows,
+                                   max_count=min(max(logprob_counts), vocab_size))
+        used: list[tuple[TokenLogitsProcessor, Any]] = []
+        offset = 3
+        for proc, lists in zip(token_processors, parts):
+            data = proc.take(views[offset:offset + len(lists)])
+            offset += len(lists)
+            if data is not None:
+                used.append((proc, data))
         return SamplingBatch(
-            bias=bias,
-            params=params,
-            all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
-            any_top_p=any_top_p, processors=processors, repetition=penalty_rows[0], counted=penalty_rows[1],
-            banned=uploaded[2], seeded=seeded, logprobs=logprobs)
+            params=params, all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
+            any_top_p=any_top_p, processors=processors, token_processors=used, seeded=seeded,
+            logprobs=logprobs)
 
-    def _upload_indices(self, index_sets: list[tuple[list[int], list[int]]], flat: list[list[int]]
-                        ) -> tuple[list[Optional[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]:
-        """Each index set as device (rows, ids), None for an empty one, and each of `flat`
-        as a device view: all in one host-to-device copy."""
+    def _upload(self, flat: list[list[int]]) -> list[Optional[torch.Tensor]]:
+        """Each of `flat` as a device view, all in one host-to-device copy (no copy, and
+        None views, when every list is empty)."""
         values: list[int] = []
-        for rows, ids in index_sets:
-            values += rows
-            values += ids
         for part in flat:
             values += part
         if not values:
-            return [None] * len(index_sets), [None] * len(flat)     # nothing to send: no copy
+            return [None] * len(flat)
         dev = self._indices.upload(np.array(values, dtype=np.int64))
-        out, off = [], 0
-        for rows, _ in index_sets:
-            n = len(rows)
-            out.append((dev[off:off + n], dev[off + n:off + 2 * n]) if n else None)
-            off += 2 * n
-        views = []
+        views, off = [], 0
         for part in flat:
             views.append(dev[off:off + len(part)])
             off += len(part)
-        return out, views
+        return views
 
     # ---------------------------------------------------------------- device side
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -238,14 +189,10 @@ class Sampler:
         are computed at temperature 1 and mean nothing."""
         logits = logits.float()
         params = batch.params
-        penalized = batch.repetition is not None or batch.counted is not None or batch.banned is not None
-        if batch.bias is not None or penalized:
+        if batch.token_processors:
             logits = logits.clone()             # the caller's logits also give the logprobs
-            if batch.bias is not None:
-                rows, ids, values = batch.bias
-                logits.index_put_((rows, ids), values, accumulate=True)
-            if penalized:
-                logits = apply_penalties(logits, batch)
+            for proc, data in batch.token_processors:
+                logits = proc.apply(logits, data, params)
         if batch.all_greedy:
             return logits, None
         temperature = params[:, TEMPERATURE:TEMPERATURE + 1]
@@ -279,31 +226,6 @@ class Sampler:
     def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """One token per row from `probs` (unnormalised is fine): the exponential race."""
         return argmax_rows(probs / self.noise(probs, batch))
-
-
-def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """In place on a private copy: repetition (Hugging Face / CTRL convention, over prompt
-    and output tokens), frequency and presence (OpenAI convention, over generated tokens),
-    then the banned ids: min_tokens' stop ids and EOS, bad words (backend/engine/sampling/bad_words.py)."""
-    params = batch.params
-    if batch.repetition is not None:
-        slots, table, extra = batch.repetition
-        seen = table.index_select(0, slots)
-        if extra is not None:
-            seen.index_put_(extra, torch.ones((), dtype=torch.bool, device=logits.device))
-        rep = params[:, REPETITION:REPETITION + 1]
-        penalized = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalized, logits)
-    if batch.counted is not None:
-        slots, table, extra = batch.counted
-        counts = table.index_select(0, slots)
-        if extra is not None:
-            counts.index_put_(extra, torch.ones((), device=logits.device), accumulate=True)
-        logits -= (params[:, FREQUENCY:FREQUENCY + 1] * counts
-                   + params[:, PRESENCE:PRESENCE + 1] * (counts > 0).float())
-    if batch.banned is not None:
-        logits.index_put_(batch.banned, torch.full((), float("-inf"), device=logits.device))
-    return logits
 
 
 def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:

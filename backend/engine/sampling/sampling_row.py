@@ -2,10 +2,10 @@
 
 Settings never change over a request's life, so its row of the per-step parameter table
 (backend/engine/sampling/sampler.py) and which index sets it joins (top-k, top-p, the logits
-processors, penalties, logprobs, logit bias, the ids min_tokens bans) are computed at
-intake. The
-sampler's per-row loop then reads one object instead of a dozen attributes and
-comparisons: at 256 rows a step that loop is host time on the engine thread.
+processors, the token processors: logit bias, penalties, min_tokens, bad words; logprobs)
+are computed at intake. The sampler's per-row loop then reads one object instead of a
+dozen attributes and comparisons: at 256 rows a step that loop is host time on the
+engine thread.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Iterable, Optional
 
-from backend.engine.sampling.logits_processors import PROCESSORS
+from backend.engine.sampling.logits_processors import PROCESSORS, TOKEN_PROCESSORS
 from backend.sampling_params import SamplingParams
 
 # Each processor's parameter and its off value, read per request (at intake, and by the
@@ -45,6 +45,7 @@ class SamplingRow:
     bias_values: tuple[float, ...]
     min_tokens: int
     min_tokens_banned: tuple[int, ...]  # stop ids and EOS (unless ignore_eos), below min_tokens
+    token_processors: tuple[int, ...]   # the TOKEN_PROCESSORS this request uses, by index
 
     @classmethod
     def of(cls, p: SamplingParams, eos_token_ids: Iterable[int], vocab_size: int) -> "SamplingRow":
@@ -65,4 +66,5 @@ class SamplingRow:
             counted=p.presence_penalty != 0.0 or p.frequency_penalty != 0.0,
             logprobs=p.logprobs, bias_ids=bias_ids, bias_values=tuple(p.logit_bias[t] for t in bias_ids),
             min_tokens=p.min_tokens,
-            min_tokens_banned=tuple(sorted(t for t in stop if 0 <= t < vocab_size)) if p.min_tokens else ())
+            min_tokens_banned=tuple(sorted(t for t in stop if 0 <= t < vocab_size)) if p.min_tokens else (),
+            token_processors=tuple(k for k, proc in enumerate(TOKEN_PROCESSORS) if proc.is_on(p, vocab_size)))

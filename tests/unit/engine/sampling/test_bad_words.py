@@ -21,8 +21,10 @@ ENGINE = dict(block_size=8, num_kv_blocks=128, max_num_seqs=8, max_num_batched_t
 
 
 def req(sequences, out=(), prompt=(1,), temperature=0.0) -> RequestState:
-    r = RequestState(request_id="r", prompt_token_ids=list(prompt),
-                     sampling_params=SamplingParams(temperature=temperature), max_tokens=100,
+    """A runner state with the banned sequences, as intake resolves them from the
+    request's bad_words_token_ids."""
+    params = SamplingParams(temperature=temperature, bad_words_token_ids=[list(s) for s in sequences] or None)
+    r = RequestState(request_id="r", prompt_token_ids=list(prompt), sampling_params=params, max_tokens=100,
                      bad_words=BadWords.from_sequences(sequences) if sequences else None)
     r.output_token_ids = list(out)
     return r

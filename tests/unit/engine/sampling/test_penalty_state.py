@@ -155,7 +155,7 @@ def test_state_lives_on_the_sampler_device(device):
         repetition_penalty=1.2, presence_penalty=0.1), max_tokens=4)
     r.output_token_ids = [3]
     batch = sampler.prepare([r], V)
-    for rows in (batch.repetition, batch.counted):
+    for rows in batch.token_data("penalties"):
         assert rows.slots.device.type == device and rows.table.device.type == device
 
 

@@ -181,9 +181,11 @@ def test_one_upload_of_parameters_and_ids_stay_on_the_logits_device():
     s = Sampler(0)
     batch = s.prepare(requests, 12)
     assert batch.params.shape == (len(requests), NUM_COLUMNS) and batch.params.device == s.device
-    for idx in (batch.repetition, batch.counted, batch.banned):
+    repetition, counted = batch.token_data("penalties")
+    banned = batch.token_data("min_tokens")
+    for idx in (repetition, counted, banned):
         assert idx is not None and idx[0].device == s.device
-    # The three index sets share one upload.
-    assert batch.repetition[0].untyped_storage().data_ptr() == batch.banned[1].untyped_storage().data_ptr()
+    # The token processors' index sets share one upload.
+    assert repetition[0].untyped_storage().data_ptr() == banned[1].untyped_storage().data_ptr()
     tokens = s.sample(torch.randn(len(requests), 12), batch)
     assert tokens.dtype == torch.int64 and tokens.device == s.device
