@@ -155,7 +155,9 @@ class _BoundedServer(ThreadingHTTPServer):
     """A thread a connection, at most MAX_CONNECTIONS: one more is closed at once, so
     idle connections hold neither threads nor file descriptors past the bound."""
     daemon_threads = True
-    request_queue_size = 64
+    # A deep listen backlog: one client's flood of connections (each closed at once past
+    # its share) must not fill it, or a probe's SYN is dropped and retried a second later.
+    request_queue_size = 1024
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
