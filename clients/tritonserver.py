@@ -349,6 +349,9 @@ def sidecars(args: argparse.Namespace, triton_args: list[str], admin: AdminAcces
                                       "--port", str(args.openai_port),
                                       "--triton-url", f"{local_address(args.host)}:{args.grpc_port}",
                                       "--model-repository", args.model_repository, *tls,
+                                      # (fail fast while the backend cannot serve: backend_health.py)
+                                      "--backend-health-url",
+                                      f"http://{local_address(args.host)}:{args.supervisor_port}/ready?scope=backend",
                                       *frontend_tls_args(triton_args),
                                       *(["--enable-log-requests"] if args.enable_log_requests else []),
                                       *(["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else []),

@@ -97,7 +97,7 @@ class Supervisor:
             signal.signal(sig, lambda *_: self._stop.set())
         raise_fd_limit()
         http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host,
-                            not_ready=self.not_ready).start()
+                            not_ready=self.not_ready, backend_not_ready=self.backend_not_ready).start()
         self.sidecars.start()
         self.status.set_sidecars(self.sidecars.snapshot())
         try:
@@ -132,12 +132,16 @@ class Supervisor:
     def not_ready(self) -> str:
         """Why the server should not take requests though tritonserver says ready, in
         words ("" when nothing stops it): a stub whose heartbeat is late, or a sidecar."""
+        return self.backend_not_ready() or self.sidecars.not_ready()
+
+    def backend_not_ready(self) -> str:
+        """A stub whose heartbeat is late, in words ("" when none is)."""
         for r in read_reports(self.o.health_dir).values():
             late = time.time() - r.time
             if r.state == SERVING and r.pid not in self._handled and late > min(NOT_READY_AFTER_S,
                                                                                r.stale_after_s / 2):
                 return f"the backend process of '{r.instance}' (pid {r.pid}) has sent no heartbeat for {late:.0f}s"
-        return self.sidecars.not_ready()
+        return ""
 
     def check(self) -> Optional[Failure]:
         exited = self.proc is None or self.proc.poll() is not None

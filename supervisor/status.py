@@ -9,7 +9,10 @@ the backend cannot serve:
  - `GET /ready`: 200 only while serving, tritonserver reports itself ready, every
    backend process has sent a heartbeat within 5 s (core.NOT_READY_AFTER_S: a hung one
    makes requests fail long before the supervisor kills it), and every sidecar (the
-   OpenAI API, the HTTP guard) runs and serves; else 503 with the reason.
+   OpenAI API, the HTTP guard) runs and serves; else 503 with the reason. Its
+   `backend_ready` and `backend_reason` leave the sidecars out; `GET /ready?scope=backend`
+   answers for the backend alone (the OpenAI frontend asks it every 0.5 s to fail fast
+   while the backend cannot serve).
  - `GET /status`: the state, the last failure and its cause, counts, time to recover,
    and each sidecar's state and restarts.
  - `GET /metrics`: the same as Prometheus counters and gauges.
@@ -221,9 +224,11 @@ class StatusServer:
     """The endpoints above on a background thread. `server_ready` asks tritonserver."""
 
     def __init__(self, port: int, status: SupervisorStatus, server_ready: Callable[[], bool],
-                 host: str = "127.0.0.1", not_ready: Callable[[], str] = lambda: "") -> None:
+                 host: str = "127.0.0.1", not_ready: Callable[[], str] = lambda: "",
+                 backend_not_ready: Callable[[], str] = lambda: "") -> None:
         """`not_ready`: why the server should not take requests though tritonserver says
-        it is ready (a hung stub, a sidecar not serving yet); "" when nothing stops it."""
+        it is ready (a hung stub, a sidecar not serving yet); "" when nothing stops it.
+        `backend_not_ready`: the same for the backend processes alone (a hung stub)."""
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):
@@ -236,14 +241,25 @@ class StatusServer:
                     ok = s["state"] != FAILED
                     self._json(200 if ok else 503, {"live": ok, "state": s["state"], "reason": s["reason"]})
                 elif path == "/ready":
-                    down = status_ref.sidecars_down()
-                    ok = s["state"] == SERVING and not down and server_ready()
+                    serving = s["state"] == SERVING
+                    server_ok = serving and server_ready()
                     # In the most specific words: a stub's late heartbeat also explains a
                     # tritonserver that has turned not ready (it pings its stubs too).
-                    waiting = not_ready() if s["state"] == SERVING and not down else ""
-                    ok = ok and not waiting
+                    late = backend_not_ready() if serving else ""
+                    backend = s["reason"] or late or ("" if server_ok else "tritonserver is not ready")
+                    # backend_*: the backend alone, sidecars left out: what the OpenAI
+                    # frontend (a sidecar itself) reads to fail fast (backend_health.py),
+                    # asking `?scope=backend`, which skips asking the sidecars' health.
+                    fields = {"backend_ready": not backend, "backend_reason": backend}
+                    if "scope=backend" in self.path:
+                        self._json(200 if not backend else 503,
+                                   {"ready": not backend, "state": s["state"], "reason": backend, **fields})
+                        return
+                    down = status_ref.sidecars_down()
+                    waiting = (late or not_ready()) if serving and not down else ""
+                    ok = server_ok and not down and not waiting
                     reason = s["reason"] or down or waiting or ("" if ok else "tritonserver is not ready")
-                    self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason})
+                    self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason, **fields})
                 elif path == "/status":
                     self._json(200, s)
                 elif path == "/metrics":

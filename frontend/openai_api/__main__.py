@@ -49,6 +49,9 @@ def main(argv=None) -> None:
     ap.add_argument("--allowed-media-domains", default=os.environ.get("ALLOWED_MEDIA_DOMAINS"),
                     help="hosts whose http(s) image URLs the frontend fetches (comma-separated; vLLM's flag); "
                     "without it only inline data: URLs are taken")
+    ap.add_argument("--backend-health-url", default=os.environ.get("BACKEND_HEALTH_URL"),
+                    help="the supervisor's /ready: while it says the backend cannot serve, requests get a "
+                         "503 at once and those waiting end with it (python -m clients.tritonserver sets it)")
     ap.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn's)")
     ap.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = ap.parse_args(argv)
@@ -103,7 +106,7 @@ def main(argv=None) -> None:
                      reasoning_parser=args.reasoning_parser, responses_store_size=args.responses_store_size,
                      allowed_media_domains=domains_value(args.allowed_media_domains),
                      responses_store_bytes=DEFAULT_RESPONSES_STORE_BYTES if args.responses_store_bytes is None
-                     else args.responses_store_bytes)
+                     else args.responses_store_bytes, backend_health_url=args.backend_health_url)
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

@@ -36,6 +36,7 @@ from frontend.openai_api.request_body import read_request
 from frontend.openai_api.reasoning import REASONING_PARSERS, reasoning_sampling
 from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES, register_responses
 from frontend.openai_api.schemas import openapi
+from frontend.openai_api.backend_health import BackendHealth
 from frontend.openai_api.startup import preload_tokenizers
 from frontend.openai_api.tools.choice import ToolConfig, plan
 from frontend.openai_api.triton_client import (ClientDisconnected, Delta, Generation, TritonLLM, TritonTLS,
@@ -54,20 +55,28 @@ def create_app(triton_url: str, model_repository: Optional[str] = None, chat_tem
                tool_config: ToolConfig = ToolConfig(), reasoning_parser: Optional[str] = None,
                responses_store_size: int = 1024,
                responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES,
-               allowed_media_domains: tuple[str, ...] = ()) -> FastAPI:
+               allowed_media_domains: tuple[str, ...] = (), backend_health_url: Optional[str] = None) -> FastAPI:
     """admin_headers: the gRPC headers of Triton's restricted model-repository and
     model-config groups, which listing the served models reads. request_log: off unless
     given enabled (prompts and outputs are the users' data). responses_store_size and
-    responses_store_bytes bound the /v1/responses store (entries, and bytes in all)."""
+    responses_store_bytes bound the /v1/responses store (entries, and bytes in all).
+    backend_health_url: the supervisor's /ready, read to fail fast while the backend
+    cannot serve (backend_health.py)."""
     keys = api_keys or APIKeys()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # The gRPC channel belongs to the server's event loop: made here, not at import.
-        app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers, tls=triton_tls)
+        health = BackendHealth(backend_health_url) if backend_health_url else None
+        app.state.llm = TritonLLM(triton_url, model_repository, admin_headers=admin_headers, tls=triton_tls,
+                                  health=health)
+        if health is not None:
+            health.start()
         preload = asyncio.create_task(preload_tokenizers(app.state.llm, app.state.chat))
         yield
         preload.cancel()
+        if health is not None:
+            await health.close()
         await app.state.llm.close()
         await app.state.media.close()
 

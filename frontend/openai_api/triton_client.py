@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional, Union
+from typing import TYPE_CHECKING, AsyncIterator, Optional, Union
 
 import grpc
 import numpy as np
@@ -29,6 +29,9 @@ from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
 from frontend.openai_api.lora_adapters import listed_adapters
 from frontend.openai_api.triton_channel import channel_args, unavailable
+
+if TYPE_CHECKING:
+    from frontend.openai_api.backend_health import BackendHealth
 
 BACKENDS = ("paged_llm",)
 OUTPUTS = ("text_output", "output_ids", "finish_reason", "num_input_tokens", "logprobs")
@@ -91,7 +94,8 @@ class TritonTLS:
 
 class TritonLLM:
     def __init__(self, url: str, model_repository: Optional[str] = None, cache_s: float = 5.0,
-                 admin_headers: Optional[dict[str, str]] = None, tls: Optional[TritonTLS] = None) -> None:
+                 admin_headers: Optional[dict[str, str]] = None, tls: Optional[TritonTLS] = None,
+                 health: Optional["BackendHealth"] = None) -> None:
         self.client = grpcaio.InferenceServerClient(url, channel_args=channel_args(tls.target_name if tls else None),
                                                     **(tls.client_options() if tls else {}))
         self._admin = admin_headers or None     # the repository index and configs are restricted
@@ -99,6 +103,7 @@ class TritonLLM:
         self._models: dict[str, ServedModel] = {}
         self._listed_at = 0.0
         self._cache_s = cache_s
+        self.health = health            # under the supervisor: fail fast (backend_health.py)
 
     async def close(self) -> None:
         await self.client.close()
@@ -201,11 +206,17 @@ class TritonLLM:
 
     def generate(self, model: str, prompt: Union[str, list[int]], sampling: dict, stream: bool,
                  logprobs: bool, images: Optional[list[str]] = None) -> "Generation":
-        """images: data: URLs, sent as the vLLM backend's `image` input."""
+        """images: data: URLs, sent as the vLLM backend's `image` input. A 503 at once while
+        the supervisor says the backend cannot serve (backend_health.py)."""
+        if self.health is not None:
+            self.health.check()
         served = self._models.get(model)
         if served is not None and served.lora_name:
             model, sampling = served.triton_model, {**sampling, "lora_name": served.lora_name}
-        return Generation(self.client, model, prompt, sampling, stream, logprobs, images)
+        generation = Generation(self.client, model, prompt, sampling, stream, logprobs, images)
+        if self.health is not None:
+            self.health.watch(generation)
+        return generation
 
 
 class ClientDisconnected(Exception):
@@ -254,6 +265,7 @@ class Generation:
         self._client = client
         self._call = None
         self._cancelled = False
+        self._failure: Optional[APIError] = None     # fail(): ended by us, with this error
         self._finished = [False] * self.n
 
     async def _requests(self):
@@ -264,7 +276,16 @@ class Generation:
         if self._call is not None:
             self._call.cancel()
 
+    def fail(self, error: APIError) -> None:
+        """Ends the request with `error` (its iteration raises it): the backend cannot
+        serve it (backend_health.py)."""
+        if self._failure is None and not all(self._finished):
+            self._failure = error
+            self.cancel()
+
     async def __aiter__(self) -> AsyncIterator[Delta]:
+        if self._failure is not None:
+            raise self._failure             # failed before it was sent
         self._call = self._client.stream_infer(self._requests())
         failure: Optional[APIError] = None
         try:
@@ -291,6 +312,8 @@ class Generation:
             # this task (shutdown) stays one.
             task = asyncio.current_task()
             if self._cancelled and not (task and task.cancelling()):
+                if self._failure is not None:
+                    raise self._failure from None
                 raise ClientDisconnected(self.request_id) from None
             raise
         except (InferenceServerException, grpc.RpcError) as e:

@@ -12,9 +12,12 @@ from builder.build import BuildOptions, build
 HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_model", "model.py")
 
 
-def build_fault_repo(root: str, checkpoint: str, name: str = "llm", params: dict | None = None, **opts) -> str:
+def build_fault_repo(root: str, checkpoint: str, name: str = "llm", params: dict | None = None,
+                     hooked: bool = True, **opts) -> str:
     """A repository with one model `name`: our backend, run by Triton's python backend
-    from the hooked model.py. Returns the repository path."""
+    from the hooked model.py (hooked=False: as users run it, backend "paged_llm", which
+    the OpenAI frontend serves; faults then come from outside: signals). Returns the
+    repository path."""
     repo = os.path.join(root, "repo")
     model_dir = os.path.join(repo, name)
     base = dict(checkpoint=checkpoint, output=model_dir, name=name, link=True, block_size=16,
@@ -22,12 +25,15 @@ def build_fault_repo(root: str, checkpoint: str, name: str = "llm", params: dict
     build(BuildOptions.create(**{**base, **opts}), log=lambda *_: None)
     config = os.path.join(model_dir, "config.pbtxt")
     with open(config) as f:
-        text = re.sub(r'backend:\s*"paged_llm"', 'backend: "python"', f.read())
+        text = f.read()
+    if hooked:
+        text = re.sub(r'backend:\s*"paged_llm"', 'backend: "python"', text)
     for key, value in (params or {}).items():
         text += f'\nparameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
     with open(config, "w") as f:
         f.write(text)
-    shutil.copy(HOOK, os.path.join(model_dir, "1", "model.py"))
+    if hooked:
+        shutil.copy(HOOK, os.path.join(model_dir, "1", "model.py"))
     return repo
 
 

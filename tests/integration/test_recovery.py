@@ -4,6 +4,7 @@ is detected, every stream ends with an error, readiness says so, and the model s
 the same greedy tokens again, with a clean KV pool and metrics."""
 
 import contextlib
+import http.client
 import json
 import os
 import queue
@@ -11,6 +12,8 @@ import re
 import signal
 import threading
 import time
+
+from typing import Optional
 
 import pytest
 
@@ -74,9 +77,11 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05, seen=lambda: "
     return time.monotonic() - t0
 
 
-def started(tmp_path, tiny_ckpt, extra_args=None, **params):
-    repo = build_fault_repo(str(tmp_path), tiny_ckpt, params=params or None)
-    srv = TritonServer(repo, log_path=str(tmp_path / "server.log"), supervised=True, extra_args=extra_args)
+def started(tmp_path, tiny_ckpt, extra_args=None, openai=False, **params):
+    """openai: also the OpenAI frontend, over the model as users run it (no fault hook)."""
+    repo = build_fault_repo(str(tmp_path), tiny_ckpt, params=params or None, hooked=not openai)
+    srv = TritonServer(repo, log_path=str(tmp_path / "server.log"), supervised=True, extra_args=extra_args,
+                       openai=openai)
     t0 = time.monotonic()
     srv.start()
     return repo, srv, time.monotonic() - t0
@@ -370,18 +375,55 @@ def test_recovery_that_keeps_failing_gives_up_and_says_why(tmp_path, tiny_ckpt):
         assert status["recovery_attempts"] == 2 and status["recoveries"] == 0
 
 
+def openai_stream(srv, prompt: str, max_tokens: int, timeout_s: float, out: Optional[dict] = None) -> dict:
+    """A streamed /v1/completions through the OpenAI frontend (all max_tokens, EOS
+    ignored): its HTTP status, the tokens' chunks, the error event if any, and when it
+    ended (time.monotonic()), in `out` as it goes."""
+    out = {} if out is None else out
+    conn = http.client.HTTPConnection("127.0.0.1", srv.openai_port, timeout=timeout_s)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+         "ignore_eos": True}), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    out.update(status=response.status, chunks=0, error=None)
+    if response.status != 200:
+        out["error"] = json.loads(response.read())["error"]
+    else:
+        for line in response:
+            if line.startswith(b"data: {"):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    out["error"] = event["error"]
+                else:
+                    out["chunks"] += 1
+    conn.close()
+    out["ended"] = time.monotonic()
+    out["seconds"] = out["ended"] - t0
+    return out
+
+
 def test_a_hung_backend_turns_ready_503_and_requests_fail_retryably(tmp_path, tiny_ckpt):
     """Issue 49 item 10: a stub hung (SIGSTOP) for 20 s made requests fail while /ready
-    stayed 200. Its heartbeat late past 5 s turns /ready 503, naming it, long before its
-    stall timeout (60 s here); a request meanwhile fails with Triton's "Stub process ...
-    is not healthy" (the OpenAI API's 503: tests/unit/frontend/test_protocol_and_errors.py),
-    and then Triton 24.10 aborts (upstream): the supervisor restarts it. A server of its
-    own (no OpenAI API: /ready's 503 here is the heartbeat's alone), so that the crash
-    touches no other test."""
-    repo, srv, load_time = started(tmp_path, tiny_ckpt)
+    stayed 200, and OpenAI streams in flight stalled 24 s before their 503. Its heartbeat
+    late past 5 s turns /ready 503, naming it, long before its stall timeout (60 s here);
+    the OpenAI frontend reads that (backend_health.py): a stream in flight on the hung stub
+    ends with a 503 event within seconds of it, and a new request gets a 503 at once.
+    A gRPC request meanwhile fails with Triton's "Stub process ... is not healthy" (the
+    OpenAI API's 503: tests/unit/frontend/test_protocol_and_errors.py), and then Triton
+    24.10 aborts (upstream): the supervisor restarts it. A server of its own, so that the
+    crash touches no other test."""
+    repo, srv, load_time = started(tmp_path, tiny_ckpt, openai=True)
     with running(srv):
+        wait_until(lambda: supervisor_json(srv, "/ready")[0] == 200, 60, seen=lambda: supervisor_json(srv, "/ready"))
         pid = backend_pid(repo)
-        os.kill(pid, signal.SIGSTOP)
+        stream: dict = {}
+        sender = threading.Thread(target=openai_stream, args=(srv, "The pass statement", 1000, 60, stream),
+                                  daemon=True)
+        sender.start()
+        wait_until(lambda: stream.get("chunks", 0) >= 2, 30, step_s=0.001, seen=lambda: stream)
+        os.kill(pid, signal.SIGSTOP)        # the stream is in flight, its stub hung
+        t_stop = time.monotonic()
         try:
             # (Triton may turn not ready first, its own ping of the stub unanswered: the
             # reason names the heartbeat once it is late, whichever saw it first.)
@@ -390,10 +432,22 @@ def test_a_hung_backend_turns_ready_503_and_requests_fail_retryably(tmp_path, ti
             code, ready = supervisor_json(srv, "/ready")
             reason = ready["reason"]
             assert code == 503 and "no heartbeat" in reason and str(pid) in reason, (code, reason)
+            assert ready["backend_ready"] is False and str(pid) in ready["backend_reason"], ready
+            sender.join(timeout=15)
+            assert "ended" in stream, f"the stream in flight on the hung backend did not end: {stream}"
+            stalled = stream["ended"] - t_stop
+            assert stream["error"] and stream["error"]["code"] == 503, stream
+            assert "no heartbeat" in stream["error"]["message"] and stream["chunks"] < 1000, stream
+            assert stalled < 10, stream         # (24 s before: Triton's own timeout)
+            fresh = openai_stream(srv, "A list comprehension", 8, 10)
+            assert fresh["status"] == 503 and fresh["seconds"] < 1 and "no heartbeat" in fresh["error"]["message"], \
+                fresh
             meanwhile = StreamingRequest(srv.grpc_url).run("The pass statement", GREEDY, timeout_s=20)
         finally:
             os.kill(pid, signal.SIGCONT)
-        print(f"hung stub: /ready 503 after {late:.1f}s ({reason}); a request meanwhile: {meanwhile.error}")
+        print(f"hung stub: /ready 503 after {late:.1f}s ({reason}); the OpenAI stream in flight ended with "
+              f"{stream['error']['code']} {stalled:.1f}s after the hang, after {stream['chunks']} chunks; a new "
+              f"request's 503 in {fresh['seconds']:.2f}s; a gRPC request meanwhile: {meanwhile.error}")
         assert meanwhile.error and "not healthy" in meanwhile.error, meanwhile.error
         # Served again: at once if Triton took the stub back, else after the supervisor's
         # restart (the abort can come a moment after /ready has turned 200 again).

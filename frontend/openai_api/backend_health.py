@@ -1,0 +1,91 @@
+"""Fail fast while the model's backend cannot serve (issue 49 item 10).
+
+A backend process hung (SIGSTOP, a native call holding the GIL) keeps tritonserver's
+model ready. Triton queues each new request to it and answers "Stub process is not
+healthy" only after its own checks time out: a stream stalled 24 s before its 503. The
+supervisor sees the hang sooner, from the process's heartbeat (late past 5 s: its
+`/ready?scope=backend` turns 503, supervisor/status.py). Under the supervisor
+(`--backend-health-url`, which `python -m clients.tritonserver` passes), this watch
+reads that answer every `interval_s`; while the backend is not ready:
+- a new request gets a 503 at once, naming the cause (retryable: the supervisor is
+  recovering the backend);
+- requests waiting on Triton end with the same 503 (a stream: its error event) and
+  their Triton requests are cancelled, instead of waiting for Triton's own timeout.
+
+A supervisor that cannot be reached changes nothing: the frontend then serves as it does
+without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from typing import Optional
+from urllib.parse import urlsplit
+
+from frontend.openai_api.errors import APIError
+
+log = logging.getLogger("frontend")
+
+
+class BackendHealth:
+    def __init__(self, url: str, interval_s: float = 0.5, timeout_s: float = 1.0) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.path = (parts.path or "/ready") + (f"?{parts.query}" if parts.query else "")
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.reason = ""                # why the backend cannot serve ("": it can, or unknown)
+        self._live: "weakref.WeakSet" = weakref.WeakSet()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def error(self) -> APIError:
+        return APIError(503, f"the model's backend cannot serve now (being recovered); retry: {self.reason}")
+
+    def check(self) -> None:
+        """Raises the 503 while the backend cannot serve."""
+        if self.reason:
+            raise self.error()
+
+    def watch(self, generation) -> None:
+        """A request sent to Triton: failed with the 503 if the backend stops serving."""
+        self._live.add(generation)
+
+    async def _run(self) -> None:
+        while True:
+            reason = await self._read()
+            if reason and not self.reason:
+                log.warning("the backend cannot serve: %s; failing its %d waiting requests", reason, len(self._live))
+                self.reason = reason
+                for generation in list(self._live):
+                    generation.fail(self.error())
+            elif not reason and self.reason:
+                log.info("the backend serves again")
+            self.reason = reason
+            await asyncio.sleep(self.interval_s)
+
+    async def _read(self) -> str:
+        """The supervisor's word: the cause while `backend_ready` is false, else ""."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            return ""
+        try:
+            writer.write(f"GET {self.path} HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
+            raw = await asyncio.wait_for(reader.read(), self.timeout_s)      # (HTTP/1.0: to the close)
+            body = json.loads(raw.partition(b"\r\n\r\n")[2] or b"{}")
+        except (OSError, asyncio.TimeoutError, ValueError):
+            return ""
+        finally:
+            writer.close()
+        if body.get("backend_ready") is False:
+            return str(body.get("backend_reason") or "not ready")
+        return ""
