@@ -242,14 +242,15 @@ class StatusServer:
                     self._json(200 if ok else 503, {"live": ok, "state": s["state"], "reason": s["reason"]})
                 elif path == "/ready":
                     serving = s["state"] == SERVING
-                    server_ok = serving and server_ready()
                     # In the most specific words: a stub's late heartbeat also explains a
                     # tritonserver that has turned not ready (it pings its stubs too).
                     late = backend_not_ready() if serving else ""
-                    backend = s["reason"] or late or ("" if server_ok else "tritonserver is not ready")
-                    # backend_*: the backend alone, sidecars left out: what the OpenAI
-                    # frontend (a sidecar itself) reads to fail fast (backend_health.py),
-                    # asking `?scope=backend`, which skips asking the sidecars' health.
+                    # backend_*: what the OpenAI frontend (a sidecar itself) reads to fail
+                    # fast (backend_health.py), asking `?scope=backend` (no sidecar is
+                    # asked then): a backend process hung, or the backend being recovered.
+                    # Not starting or stopping (a drain lets requests finish), nor Triton's
+                    # own readiness (false while any model loads).
+                    backend = late or (s["reason"] if s["state"] in (RECOVERING, FAILED) else "")
                     fields = {"backend_ready": not backend, "backend_reason": backend}
                     if "scope=backend" in self.path:
                         self._json(200 if not backend else 503,
@@ -257,7 +258,7 @@ class StatusServer:
                         return
                     down = status_ref.sidecars_down()
                     waiting = (late or not_ready()) if serving and not down else ""
-                    ok = server_ok and not down and not waiting
+                    ok = serving and not down and not waiting and server_ready()
                     reason = s["reason"] or down or waiting or ("" if ok else "tritonserver is not ready")
                     self._json(200 if ok else 503, {"ready": ok, "state": s["state"], "reason": reason, **fields})
                 elif path == "/status":

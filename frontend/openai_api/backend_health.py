@@ -1,16 +1,19 @@
 """Fail fast while the model's backend cannot serve (issue 49 item 10).
 
 A backend process hung (SIGSTOP, a native call holding the GIL) keeps tritonserver's
-model ready. Triton queues each new request to it and answers "Stub process is not
-healthy" only after its own checks time out: a stream stalled 24 s before its 503. The
-supervisor sees the hang sooner, from the process's heartbeat (late past 5 s: its
-`/ready?scope=backend` turns 503, supervisor/status.py). Under the supervisor
+model ready, and Triton puts no bound of its own on the requests in its hands: the red
+team's streams stalled 24 s before a 503, and here one had not ended 45 s later. The
+supervisor sees the hang from the process's heartbeat (late past 5 s) and its recoveries:
+its `/ready?scope=backend` then turns 503 (supervisor/status.py; not while the server
+starts or drains, nor while a model loads). Under the supervisor
 (`--backend-health-url`, which `python -m clients.tritonserver` passes), this watch
 reads that answer every `interval_s`; while the backend is not ready:
 - a new request gets a 503 at once, naming the cause (retryable: the supervisor is
   recovering the backend);
-- requests waiting on Triton end with the same 503 (a stream: its error event) and
-  their Triton requests are cancelled, instead of waiting for Triton's own timeout.
+- generation requests waiting on Triton end with the same 503 (a stream: its error
+  event) and their Triton requests are cancelled; not one whose end Triton has already
+  sent (backend errors keep their own words), nor embeddings already sent (a prompt's
+  forward) or the admin routes (LoRA, sleep).
 
 A supervisor that cannot be reached changes nothing: the frontend then serves as it does
 without one.
@@ -61,16 +64,21 @@ class BackendHealth:
 
     async def _run(self) -> None:
         while True:
-            reason = await self._read()
-            if reason and not self.reason:
-                log.warning("the backend cannot serve: %s; failing its %d waiting requests", reason, len(self._live))
-                self.reason = reason
-                for generation in list(self._live):
-                    generation.fail(self.error())
-            elif not reason and self.reason:
-                log.info("the backend serves again")
-            self.reason = reason
+            try:
+                self._update(await self._read())
+            except Exception:               # never stop watching (a bug here: logged once a poll)
+                log.exception("backend health watch")
             await asyncio.sleep(self.interval_s)
+
+    def _update(self, reason: str) -> None:
+        if reason and not self.reason:
+            log.warning("the backend cannot serve: %s; failing its %d waiting requests", reason, len(self._live))
+            self.reason = reason
+            for generation in list(self._live):
+                generation.fail(self.error())
+        elif not reason and self.reason:
+            log.info("the backend serves again")
+        self.reason = reason
 
     async def _read(self) -> str:
         """The supervisor's word: the cause while `backend_ready` is false, else ""."""
@@ -86,6 +94,6 @@ class BackendHealth:
             return ""
         finally:
             writer.close()
-        if body.get("backend_ready") is False:
+        if isinstance(body, dict) and body.get("backend_ready") is False:
             return str(body.get("backend_reason") or "not ready")
         return ""

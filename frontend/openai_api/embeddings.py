@@ -148,6 +148,8 @@ def register(app: FastAPI) -> None:
             raise APIError(400, f"model '{req.model}' is not an embedding model (it generates text: use "
                                 "/v1/completions or /v1/chat/completions); /v1/embeddings needs a model built "
                                 "with --runner pooling", "model")
+        if app.state.llm.health is not None:
+            app.state.llm.health.check()            # 503 at once while the backend cannot serve
         client = app.state.llm.client
         # Concurrent, so the engine batches them; the first failure cancels the others
         # (gather, not asyncio.TaskGroup: the project runs on Python 3.10 too).

@@ -266,6 +266,7 @@ class Generation:
         self._call = None
         self._cancelled = False
         self._failure: Optional[APIError] = None     # fail(): ended by us, with this error
+        self._answered = False          # Triton sent an error or the final response: fail() leaves it
         self._finished = [False] * self.n
 
     async def _requests(self):
@@ -278,8 +279,9 @@ class Generation:
 
     def fail(self, error: APIError) -> None:
         """Ends the request with `error` (its iteration raises it): the backend cannot
-        serve it (backend_health.py)."""
-        if self._failure is None and not all(self._finished):
+        serve it (backend_health.py). Not once Triton has answered its end (an error, or
+        the final response): it is reading on to the end, which a cancel would overtake."""
+        if self._failure is None and not self._answered and not all(self._finished):
             self._failure = error
             self.cancel()
 
@@ -294,6 +296,7 @@ class Generation:
                     # The backend sends FINAL after an error: read on to it. Cancelling the
                     # stream in between leaves the request behind in Triton 24.10, which
                     # then never unloads the model.
+                    self._answered = True
                     failure = failure or from_triton(str(error.message() if hasattr(error, "message") else error))
                     continue
                 param = result.get_response().parameters.get("triton_final_response")
@@ -303,6 +306,7 @@ class Generation:
                             self._finished[delta.index] = True
                         yield delta
                 if param is not None and param.bool_param:
+                    self._answered = True
                     await self._stream_end()
                     break
             if failure is not None:

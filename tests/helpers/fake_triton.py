@@ -7,6 +7,7 @@ from frontend.openai_api.errors import APIError
 class FakeTriton:
     # The gRPC client the routes hand each request (its calls are faked where a test needs them).
     client = None
+    health = None                       # no supervisor's backend watch (backend_health.py)
 
     def __init__(self, models):
         self._models = models

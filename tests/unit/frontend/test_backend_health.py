@@ -115,3 +115,38 @@ def test_an_unreachable_supervisor_changes_nothing():
         assert health.reason == ""
         await health.close()
     asyncio.run(main())
+
+
+class ErrorThenHang(HangingCall):
+    """Triton has sent the request's error and its FINAL is still to come."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = False
+
+    async def __anext__(self):
+        if not self.sent:
+            self.sent = True
+            return None, type("Error", (), {"message": lambda self: "UNAVAILABLE: queue full"})()
+        return await super().__anext__()
+
+
+def test_a_request_whose_end_triton_sent_is_left_to_read_on():
+    """A cancel before Triton's final response left the request behind in Triton 24.10:
+    a request that got its error reads on to FINAL, whatever the backend's health."""
+    async def main():
+        client = FakeClient()
+        client.stream_infer = lambda requests: client.calls.append(ErrorThenHang()) or client.calls[-1]
+        generation = Generation(client, "llm", [1], {"max_tokens": 4}, True, False)
+        health = BackendHealth("http://127.0.0.1:1/ready")
+        health.watch(generation)
+
+        async def consume():
+            async for _ in generation:
+                pass
+        task = asyncio.create_task(consume())
+        await wait_for(lambda: client.calls and client.calls[0].sent)
+        await asyncio.sleep(0.05)
+        health._update(LATE)
+        assert health.reason == LATE and not client.calls[0].cancelled.is_set()
+        task.cancel()
+    asyncio.run(main())

@@ -1,7 +1,7 @@
 import json
 
 from clients.tritonserver import free_port
-from supervisor.status import FAILED, SERVING, Failure, StatusServer, SupervisorStatus
+from supervisor.status import FAILED, SERVING, STOPPING, Failure, StatusServer, SupervisorStatus
 from supervisor.triton_api import http_request
 
 
@@ -68,33 +68,42 @@ def test_a_late_heartbeat_is_the_reason_even_when_tritonserver_turned_not_ready_
 
 def test_backend_ready_leaves_the_sidecars_out():
     """Issue 49 item 10: the OpenAI frontend (a sidecar) fails fast on `backend_ready`,
-    which a sidecar down must not turn false (nor its own readiness), while a late
-    heartbeat, tritonserver not ready or a recovery does."""
-    s, late, triton_ready = SupervisorStatus(state=SERVING), [""], [True]
+    which only a hung backend process (a late heartbeat) or a recovery turns false: not
+    a sidecar down (nor the frontend's own readiness), not tritonserver's readiness (false
+    while any model loads), not starting or stopping (a drain lets requests finish)."""
+    s, late, triton_ready = SupervisorStatus(), [""], [False]
     port = free_port()
     srv = StatusServer(port, s, lambda: triton_ready[0], host="127.0.0.1",
                        not_ready=lambda: late[0], backend_not_ready=lambda: late[0]).start()
+
+    def backend():
+        code, body = get(port, "/ready?scope=backend")
+        body = json.loads(body)
+        assert (code == 200) == body["ready"] == body["backend_ready"], (code, body)
+        return body["backend_ready"], body["backend_reason"]
     try:
+        assert get(port, "/ready")[0] == 503 and backend() == (True, "")      # starting
+        s.set_state(SERVING)
+        assert get(port, "/ready")[0] == 503 and backend() == (True, "")      # a model loading
+        triton_ready[0] = True
         body = json.loads(get(port, "/ready")[1])
         assert body["ready"] and body["backend_ready"] and body["backend_reason"] == ""
         s.set_sidecars({"openai": {"state": "down", "pid": None, "restarts": 1, "last_exit": 1}})
         code, body = get(port, "/ready")
         body = json.loads(body)
         assert code == 503 and "openai" in body["reason"] and body["backend_ready"], body
-        assert get(port, "/ready?scope=backend")[0] == 200
+        assert backend() == (True, "")
         s.set_sidecars({})
         late[0] = "the backend process of 'llm_0_0' (pid 7) has sent no heartbeat for 6s"
         body = json.loads(get(port, "/ready")[1])
         assert not body["backend_ready"] and body["backend_reason"] == late[0]
-        code, body = get(port, "/ready?scope=backend")
-        assert code == 503 and json.loads(body)["reason"] == late[0]
-        late[0], triton_ready[0] = "", False
-        body = json.loads(get(port, "/ready")[1])
-        assert not body["backend_ready"] and body["backend_reason"] == "tritonserver is not ready"
-        triton_ready[0] = True
+        assert backend() == (False, late[0])
+        late[0] = ""
         s.on_failure(Failure("backend_died", "pid 7 exited", "llm"))
-        body = json.loads(get(port, "/ready")[1])
-        assert not body["backend_ready"] and "backend_died" in body["backend_reason"]
+        ready, reason = backend()
+        assert not ready and "backend_died" in reason
+        s.set_state(STOPPING)
+        assert backend() == (True, "")
     finally:
         srv.stop()
 
