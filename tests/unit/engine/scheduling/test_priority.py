@@ -1,5 +1,5 @@
-"""Priority scheduling (backend/engine/scheduling/priority.py), the scheduler alone
-against a fake runner: admission by (priority, arrival), a waiting request taking the
+"""Priority scheduling (backend/engine/scheduling/priority.py and the scheduler's priority
+step, priority_admission.py), the scheduler alone against a fake runner: admission by (priority, arrival), a waiting request taking the
 place of a lower-priority running one (never of an equal or higher one), the pool's
 last blocks taken from the lowest priority, and every request done with the pool free.
 Through the engine, with greedy tokens equal to FCFS's: test_priority_engine.py."""

@@ -1,4 +1,5 @@
-"""The scheduler alone, against a fake runner's output (no model): the step's token budget
+"""The scheduler alone (scheduler.py, and step_results.py: its write of a step's result),
+against a fake runner's output (no model): the step's token budget
 and max_num_seqs, chunked prefill, preemption when the KV pool runs out (the newest
 request goes back to the front of the queue and recomputes), stops on max_tokens and
 EOS, aborts, and on random workloads the invariants of every step, with the pool free at
