@@ -136,6 +136,8 @@ class GrammarProcess:
         finally:
             child.close()
         self._killed = False
+        self._closed = False
+        self._close_lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
@@ -164,6 +166,14 @@ class GrammarProcess:
             pass
 
     def close(self) -> None:
+        """Once, whichever thread comes first: a dead process is closed both by its own
+        thread (GrammarProcesses.discard) and by another's prune, and a second close of
+        the pipe closed whatever file had taken its descriptor number meanwhile (another
+        process's pipe: that compile failed as killed)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.kill()
         self._proc.join(timeout=5)
         self._conn.close()

@@ -66,6 +66,29 @@ def test_each_thread_has_its_process_and_close_ends_them(info_json):
         procs.current()                              # closed: no new process
 
 
+def test_a_dead_process_is_closed_once_when_two_threads_close_it(info_json):
+    """A killed process is closed by its own thread (discard) and by another thread's
+    prune at the same moment. Both closed its pipe: the second close hit whatever file had
+    taken the descriptor number meanwhile, another process's new pipe, and that compile
+    failed as killed (CI run 60, a normal grammar in bench_grammar_lockout's test)."""
+    proc = GrammarProcess(info_json)
+    real, calls = proc._conn, []
+
+    class SlowClose:                    # widens the window between the check and the close
+        def close(self):
+            calls.append(threading.get_ident())
+            time.sleep(0.05)
+            real.close()
+    proc._conn = SlowClose()
+    proc.kill()
+    threads = [threading.Thread(target=proc.close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+
+
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
     """multiprocessing would run the parent's main script again in each child: a user's
     script without `if __name__ == "__main__":` would run in every compile process."""
