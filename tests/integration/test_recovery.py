@@ -247,7 +247,13 @@ def test_shutdown_right_after_a_kill_does_not_wait_out_the_exit_timeout(shared_s
         srv.stop()
     streams.join(10)
     assert len(streams.ended) == 2 and all(r.error for r in streams.results.values())
-    assert code == 0 and elapsed < 10, (code, elapsed)  # Triton's exit timeout is 30 s
+    assert elapsed < 10, (code, elapsed)                # Triton's exit timeout is 30 s
+    # 0, or Triton 24.10's python backend aborting its server on the stub killed mid-call
+    # (boost's lock_exception: upstream, docs/reliability.md; the supervisor passes the
+    # server's exit on, SIGABRT as 250). Seen once in CI run 60.
+    with open(srv.log_path, errors="replace") as f:
+        upstream_abort = code == 256 - signal.SIGABRT and "boost::interprocess::lock_exception" in f.read()
+    assert code == 0 or upstream_abort, (code, elapsed)
     # No shared memory is left of any stub this server had: the ones killed here and in
     # the tests before (which shared it), and the one that served.
     assert had and not (had & shm_regions()), had & shm_regions()
