@@ -49,8 +49,8 @@ class PriorityStep:
         return self.ranking.priority(request, self.now)
 
     def recorded(self, request: Request, num_new: int) -> None:
-        """A share was recorded: it counts for the first-token rule and the allowance.
-        Called before the record, which it reads the request as it was."""
+        """A share about to be recorded counts for the first-token rule and the
+        allowance. Called before Scheduler._record, as it reads the request as it was."""
         self.lead.scheduled(request)
         if self.cap is not None:
             self.cap.charge(request, num_new)
