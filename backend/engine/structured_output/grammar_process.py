@@ -102,6 +102,7 @@ def _serve(conn, tokenizer_info_json: str, nice: int = 0) -> None:
     import xgrammar as xgr
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # the parent caches
+    conn.send(("ready", None))          # (about 0.1 s for a 150k vocabulary: not a compile's time)
     while True:
         try:
             field, value = conn.recv()
@@ -136,6 +137,7 @@ class GrammarProcess:
         finally:
             child.close()
         self._killed = False
+        self._ready = False
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -143,8 +145,22 @@ class GrammarProcess:
     def alive(self) -> bool:
         return not self._killed and self._proc.is_alive()
 
+    def wait_ready(self) -> None:
+        """Until the child has read the tokenizer and made its compiler (a compile thread
+        waits for this before it takes a job: a new process's start is not charged to the
+        compile that needs it). Raises CompileKilled if the child died."""
+        if self._ready:
+            return
+        try:
+            status, _ = self._conn.recv()
+        except (EOFError, OSError):
+            self._killed = True
+            raise CompileKilled("the grammar compile process ended before it was ready") from None
+        self._ready = status == "ready"
+
     def compile(self, field: str, value: Any) -> str:
         """The serialized compiled grammar. Raises InvalidRequestError, or CompileKilled."""
+        self.wait_ready()
         try:
             self._conn.send((field, value))
             status, payload = self._conn.recv()
@@ -191,7 +207,8 @@ class GrammarProcesses:
         self._closed = False
 
     def current(self, nice: int = 0) -> GrammarProcess:
-        """The calling thread's process (started, with `nice`, if it has none alive)."""
+        """The calling thread's process (started, with `nice`, if it has none alive),
+        ready to compile (GrammarProcess.wait_ready)."""
         proc: Optional[GrammarProcess] = getattr(self._local, "proc", None)
         if proc is None or not proc.alive:
             self._prune()                   # killed ones (their threads may have ended)
@@ -202,6 +219,7 @@ class GrammarProcesses:
                     raise CompileKilled("structured output is shutting down")
                 self._all.add(proc)
             self._local.proc = proc
+        proc.wait_ready()
         return proc
 
     def discard(self, proc: GrammarProcess) -> None:

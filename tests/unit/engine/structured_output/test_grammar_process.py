@@ -89,6 +89,23 @@ def test_a_dead_process_is_closed_once_when_two_threads_close_it(info_json):
     assert len(calls) == 1
 
 
+def test_a_threads_process_is_ready_before_it_compiles(info_json):
+    """A new process reads the tokenizer and makes its compiler first (about 0.1 s for a
+    150k vocabulary): a compile thread waits for that when it starts, or after its process
+    was killed, before it takes a job, so the start is not charged to the next compile's
+    fast-lane time."""
+    procs = GrammarProcesses(info_json)
+    try:
+        proc = procs.current()
+        assert proc._ready                  # the child said so
+        proc.kill()
+        fresh = procs.current()             # a new one, ready too
+        assert fresh is not proc and fresh._ready
+        assert fresh.compile("guided_regex", "[01]")
+    finally:
+        procs.close()
+
+
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
     """multiprocessing would run the parent's main script again in each child: a user's
     script without `if __name__ == "__main__":` would run in every compile process."""
