@@ -174,15 +174,15 @@ class CompilePool:
                     job.future.set_exception(CancelledError())      # (shutting down)
                 else:
                     job.future.set_exception(error)
-            elif self._initializer is not None:
-                try:                            # its process was killed: the next one starts now, not
-                    self._initializer()         # within the next job's time in the fast lane
-                except Exception:
-                    pass
             if job.replaced:                    # a replacement took this thread's place
                 with self._lock:
                     self._abandoned -= 1
                 return
+            if self._initializer is not None:
+                try:                            # its process killed (by the watch, maybe just after
+                    self._initializer()         # the compile returned): the next one starts now, not
+                except Exception:               # within the next job's time in the fast lane
+                    pass
 
     def _watch(self) -> None:
         """Interrupts fast-lane jobs past fast_s (each then moves to the slow lane)."""

@@ -149,7 +149,7 @@ class StructuredOutput:
             try:
                 return self._lane_process()
             except CompileKilled:
-                raise                           # shutting down
+                raise                           # shutting down, or a process not ready (killed)
             except Exception as e:
                 logger.error("grammar compile processes cannot start (%r); compiling on threads instead", e)
                 self._fallback = self.xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)

@@ -116,6 +116,11 @@ def _serve(conn, tokenizer_info_json: str, nice: int = 0) -> None:
             conn.send(("error", repr(e)))
 
 
+# A new process reads the tokenizer and makes its compiler within this (0.1 s for a 150k
+# vocabulary; the fork server's first start, about 2 s): past it, it is taken as hung.
+READY_TIMEOUT_S = 60.0
+
+
 class CompileKilled(RuntimeError):
     """The compile's process was killed (the compile was given up on)."""
 
@@ -145,18 +150,21 @@ class GrammarProcess:
     def alive(self) -> bool:
         return not self._killed and self._proc.is_alive()
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until the child has read the tokenizer and made its compiler (a compile thread
         waits for this before it takes a job: a new process's start is not charged to the
-        compile that needs it). Raises CompileKilled if the child died."""
+        compile that needs it). A child that dies, says anything else, or is not ready
+        within timeout_s is killed: CompileKilled."""
         if self._ready:
             return
         try:
-            status, _ = self._conn.recv()
+            status = self._conn.recv()[0] if self._conn.poll(timeout_s) else None
         except (EOFError, OSError):
-            self._killed = True
-            raise CompileKilled("the grammar compile process ended before it was ready") from None
-        self._ready = status == "ready"
+            status = None
+        if status != "ready":
+            self.kill()
+            raise CompileKilled(f"the grammar compile process was not ready ({status or 'no answer'})")
+        self._ready = True
 
     def compile(self, field: str, value: Any) -> str:
         """The serialized compiled grammar. Raises InvalidRequestError, or CompileKilled."""

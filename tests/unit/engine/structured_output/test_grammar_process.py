@@ -106,6 +106,20 @@ def test_a_threads_process_is_ready_before_it_compiles(info_json):
         procs.close()
 
 
+def test_a_process_not_ready_is_killed_not_waited_on_for_ever(info_json):
+    """A child that dies while it starts (here: tokenizer info it cannot read), or is
+    not ready in time, is killed and the wait ends: no compile thread hangs on it."""
+    broken = GrammarProcess("not the tokenizer's json")
+    with pytest.raises(CompileKilled, match="not ready"):
+        broken.wait_ready()
+    broken.close()
+    slow = GrammarProcess(info_json)
+    with pytest.raises(CompileKilled, match="no answer"):
+        slow.wait_ready(timeout_s=0.0001)
+    assert not slow.alive
+    slow.close()
+
+
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
     """multiprocessing would run the parent's main script again in each child: a user's
     script without `if __name__ == "__main__":` would run in every compile process."""
