@@ -10,7 +10,7 @@ engine thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Iterable, Optional
 
@@ -57,7 +57,7 @@ class SamplingRow:
         for k, (value, neutral) in enumerate(zip(values, _NEUTRAL)):
             if value != neutral:
                 processors |= 1 << k
-        return cls(
+        row = cls(
             vocab_size=vocab_size,
             params=(p.temperature, top_k, p.top_p if p.top_p < 1.0 else NO_TOP_P,
                     p.repetition_penalty, p.presence_penalty, p.frequency_penalty, *values),
@@ -67,4 +67,7 @@ class SamplingRow:
             logprobs=p.logprobs, bias_ids=bias_ids, bias_values=tuple(p.logit_bias[t] for t in bias_ids),
             min_tokens=p.min_tokens,
             min_tokens_banned=tuple(sorted(t for t in stop if 0 <= t < vocab_size)) if p.min_tokens else (),
-            token_processors=tuple(k for k, proc in enumerate(TOKEN_PROCESSORS) if proc.is_on(p, vocab_size)))
+            token_processors=())
+        # (the processors read the row's own fields: one rule for what turns each on)
+        return replace(row, token_processors=tuple(k for k, proc in enumerate(TOKEN_PROCESSORS)
+                                                   if proc.is_on(row, p)))

@@ -13,7 +13,7 @@ class BadWordsBan(BannedTokens):
     name = "bad_words"
 
     @classmethod
-    def is_on(cls, params, vocab_size: int) -> bool:
+    def is_on(cls, row, params) -> bool:
         return bool(params.bad_words or params.bad_words_token_ids)
 
     def add_row(self, i: int, state, row) -> None:

@@ -68,8 +68,9 @@ class TokenLogitsProcessor(ABC):
 
     @classmethod
     @abstractmethod
-    def is_on(cls, params: "SamplingParams", vocab_size: int) -> bool:
-        """Whether a request with these settings uses it (once, at intake)."""
+    def is_on(cls, row: "SamplingRow", params: "SamplingParams") -> bool:
+        """Whether a request with these settings uses it (once, at intake): from its
+        SamplingRow's fields where they say it, else from its params."""
 
     @abstractmethod
     def begin(self, vocab_size: int, num_rows: int) -> None:

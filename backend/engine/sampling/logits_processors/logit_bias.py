@@ -20,8 +20,8 @@ class LogitBias(TokenLogitsProcessor):
         self._values = GrowingStagedBuffer(torch.float32, device, slots=staging_slots)
 
     @classmethod
-    def is_on(cls, params, vocab_size: int) -> bool:
-        return bool(params.logit_bias) and any(0 <= t < vocab_size for t in params.logit_bias)
+    def is_on(cls, row, params) -> bool:
+        return bool(row.bias_ids)
 
     def begin(self, vocab_size: int, num_rows: int) -> None:
         self.rows: list[int] = []

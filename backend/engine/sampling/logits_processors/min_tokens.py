@@ -36,8 +36,8 @@ class MinTokens(BannedTokens):
     name = "min_tokens"
 
     @classmethod
-    def is_on(cls, params, vocab_size: int) -> bool:
-        return params.min_tokens > 0
+    def is_on(cls, row, params) -> bool:
+        return row.min_tokens > 0
 
     def add_row(self, i: int, state, row) -> None:
         if state.num_output_tokens < row.min_tokens:

@@ -39,9 +39,8 @@ class Penalties(TokenLogitsProcessor):
         self._draft_index = tuple(GrowingStagedBuffer(torch.int64, device) for _ in range(2))
 
     @classmethod
-    def is_on(cls, params, vocab_size: int) -> bool:
-        return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                or params.frequency_penalty != 0.0)
+    def is_on(cls, row, params) -> bool:
+        return row.repetition or row.counted
 
     def begin(self, vocab_size: int, num_rows: int) -> None:
         self.state.begin(vocab_size)
