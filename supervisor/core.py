@@ -97,7 +97,7 @@ class Supervisor:
             signal.signal(sig, lambda *_: self._stop.set())
         raise_fd_limit()
         http = StatusServer(self.o.port, self.status, self.api.server_ready, self.o.host,
-                            not_ready=self.not_ready, backend_not_ready=self.backend_not_ready).start()
+                            not_ready=self.sidecars.not_ready, backend_not_ready=self.backend_not_ready).start()
         self.sidecars.start()
         self.status.set_sidecars(self.sidecars.snapshot())
         try:
@@ -129,13 +129,10 @@ class Supervisor:
         if failure is not None:
             self.recover(failure)
 
-    def not_ready(self) -> str:
-        """Why the server should not take requests though tritonserver says ready, in
-        words ("" when nothing stops it): a stub whose heartbeat is late, or a sidecar."""
-        return self.backend_not_ready() or self.sidecars.not_ready()
-
     def backend_not_ready(self) -> str:
-        """A stub whose heartbeat is late, in words ("" when none is)."""
+        """Why the backend should not take requests though tritonserver says ready: a stub
+        whose heartbeat is late, in words ("" when none is). `/ready` also asks the
+        sidecars (Sidecars.not_ready)."""
         for r in read_reports(self.o.health_dir).values():
             late = time.time() - r.time
             if r.state == SERVING and r.pid not in self._handled and late > min(NOT_READY_AFTER_S,

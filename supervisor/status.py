@@ -226,9 +226,9 @@ class StatusServer:
     def __init__(self, port: int, status: SupervisorStatus, server_ready: Callable[[], bool],
                  host: str = "127.0.0.1", not_ready: Callable[[], str] = lambda: "",
                  backend_not_ready: Callable[[], str] = lambda: "") -> None:
-        """`not_ready`: why the server should not take requests though tritonserver says
-        it is ready (a hung stub, a sidecar not serving yet); "" when nothing stops it.
-        `backend_not_ready`: the same for the backend processes alone (a hung stub)."""
+        """Why the server should not take requests though tritonserver says it is ready
+        ("" when nothing stops it): `backend_not_ready` for the backend processes (a hung
+        stub), `not_ready` for the rest (a sidecar not serving yet)."""
         status_ref = status
 
         class Handler(BaseHTTPRequestHandler):

@@ -26,18 +26,16 @@ import json
 import logging
 import weakref
 from typing import Optional
-from urllib.parse import urlsplit
 
 from frontend.openai_api.errors import APIError
+from supervisor.triton_api import http_request
 
 log = logging.getLogger("frontend")
 
 
 class BackendHealth:
     def __init__(self, url: str, interval_s: float = 0.5, timeout_s: float = 1.0) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = (parts.path or "/ready") + (f"?{parts.query}" if parts.query else "")
+        self.url = url
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.reason = ""                # why the backend cannot serve ("": it can, or unknown)
         self._live: "weakref.WeakSet" = weakref.WeakSet()
@@ -71,29 +69,22 @@ class BackendHealth:
             await asyncio.sleep(self.interval_s)
 
     def _update(self, reason: str) -> None:
-        if reason and not self.reason:
+        was, self.reason = self.reason, reason
+        if reason and not was:
             log.warning("the backend cannot serve: %s; failing its %d waiting requests", reason, len(self._live))
-            self.reason = reason
             for generation in list(self._live):
                 generation.fail(self.error())
-        elif not reason and self.reason:
+        elif was and not reason:
             log.info("the backend serves again")
-        self.reason = reason
 
     async def _read(self) -> str:
-        """The supervisor's word: the cause while `backend_ready` is false, else ""."""
+        """The supervisor's word: the cause while `backend_ready` is false, else "" (also
+        when it cannot be reached or read). On a thread: off the event loop."""
+        status, text = await asyncio.to_thread(http_request, self.url, timeout_s=self.timeout_s)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.timeout_s)
-        except (OSError, asyncio.TimeoutError):
+            body = json.loads(text) if status is not None else {}
+        except ValueError:
             return ""
-        try:
-            writer.write(f"GET {self.path} HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
-            raw = await asyncio.wait_for(reader.read(), self.timeout_s)      # (HTTP/1.0: to the close)
-            body = json.loads(raw.partition(b"\r\n\r\n")[2] or b"{}")
-        except (OSError, asyncio.TimeoutError, ValueError):
-            return ""
-        finally:
-            writer.close()
         if isinstance(body, dict) and body.get("backend_ready") is False:
             return str(body.get("backend_reason") or "not ready")
         return ""

@@ -213,11 +213,11 @@ def test_a_late_heartbeat_makes_the_server_not_ready_before_it_is_killed(sup):
     stub = child("llm_0_0")
     try:
         report(sup, stub.pid, stale_after_s=60.0)
-        assert sup.not_ready() == ""
+        assert sup.backend_not_ready() == ""
         report(sup, stub.pid, age_s=NOT_READY_AFTER_S + 2, stale_after_s=60.0)
-        assert "llm_0_0" in sup.not_ready() and "no heartbeat" in sup.not_ready()
+        assert "llm_0_0" in sup.backend_not_ready() and "no heartbeat" in sup.backend_not_ready()
         assert sup.check() is None and stub.poll() is None      # not killed yet
         report(sup, stub.pid, stale_after_s=60.0)                # it beats again
-        assert sup.not_ready() == ""
+        assert sup.backend_not_ready() == ""
     finally:
         stub.kill()

@@ -55,7 +55,7 @@ def test_a_late_heartbeat_is_the_reason_even_when_tritonserver_turned_not_ready_
     heartbeat is late enough to count. /ready then names the heartbeat once it is."""
     s, late = SupervisorStatus(state=SERVING), [""]
     port = free_port()
-    srv = StatusServer(port, s, lambda: False, host="127.0.0.1", not_ready=lambda: late[0]).start()
+    srv = StatusServer(port, s, lambda: False, host="127.0.0.1", backend_not_ready=lambda: late[0]).start()
     try:
         code, body = get(port, "/ready")
         assert code == 503 and json.loads(body)["reason"] == "tritonserver is not ready"
@@ -74,7 +74,7 @@ def test_backend_ready_leaves_the_sidecars_out():
     s, late, triton_ready = SupervisorStatus(), [""], [False]
     port = free_port()
     srv = StatusServer(port, s, lambda: triton_ready[0], host="127.0.0.1",
-                       not_ready=lambda: late[0], backend_not_ready=lambda: late[0]).start()
+                       backend_not_ready=lambda: late[0]).start()
 
     def backend():
         code, body = get(port, "/ready?scope=backend")
