@@ -56,30 +56,35 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
-    def _new_text(self, token_ids: list[int]) -> Optional[str]:
-        """The text `token_ids` (the ids so far, plus new ones) add after the read offset;
-        None while it is empty or ends in an incomplete UTF-8 sequence."""
+    def _new_text(self, window: list[int]) -> Optional[str]:
+        """The text `window` (the ids from the prefix offset on, plus new ones) adds
+        after the read offset; None while it is empty or ends in an incomplete UTF-8
+        sequence."""
         prefix_text = self._prefix_text
         if prefix_text is None:
-            prefix_text = self._prefix_text = self._decode(token_ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(token_ids[self.prefix_offset:])
+            prefix_text = self._prefix_text = self._decode(window[:self.read_offset - self.prefix_offset])
+        full_text = self._decode(window)
         if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
             return None
         return full_text[len(prefix_text):]
 
     def peek(self, token_id: int) -> str:
         """The text add_token(token_id) would add now, without adding it: vLLM's
-        `decoded_token` of a logprob, so that the rank-1 tokens spell the output."""
+        `decoded_token` of a logprob, so that the rank-1 tokens spell the output. (Only
+        the window is copied: a copy of every id so far, for each candidate of each
+        token, grew with the output.)"""
         if self.tokenizer is None:
             return ""
-        return self._new_text(self.token_ids + [token_id]) or ""
+        window = self.token_ids[self.prefix_offset:]
+        window.append(token_id)
+        return self._new_text(window) or ""
 
     def add_token(self, token_id: int, check_stop: bool = True) -> Optional[str]:
         """Append a token. Returns the stop string matched, if any (output_text is then cut)."""
         self.token_ids.append(token_id)
         if self.tokenizer is None:
             return None
-        new_text = self._new_text(self.token_ids)
+        new_text = self._new_text(self.token_ids[self.prefix_offset:])
         if new_text is None:
             return None
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)

@@ -47,12 +47,16 @@ class PersistentBlockTables:
         if r is None:
             r = self.rows[request_id] = _TableRow(self._allocate())
         serials = getattr(table, "serials", None)
+        n = len(table)
+        if (r.table is table and serials is not None and r.length == n
+                and (not n or r.serials[n - 1] == serials[n - 1])):
+            r.used = self._build                # unchanged (most decode steps): nothing to send
+            return r.slot
         start = 0
         if r.table is table and serials is not None:
             start = min(r.length, len(table))
             while start and r.serials[start - 1] != serials[start - 1]:
                 start -= 1                      # entries trimmed and replaced since
-        n = len(table)
         if n > self.M:
             raise ValueError(f"a block table of {n} blocks exceeds max_blocks_per_seq ({self.M})")
         if start < n:

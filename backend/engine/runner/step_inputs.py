@@ -233,13 +233,20 @@ class StepInputBuilder:
         index: list[int] = []
         values: list[int] = []
         self.tables.begin()
+        # One Python pass per request, over Python ints (numpy scalars and a slice
+        # assignment per request cost more than the work); the arrays filled once after.
+        ids: list[int] = []
+        slots_of_rows: list[int] = []
+        row = self.tables.row
         widest = 1
-        for i, request_id in enumerate(request_ids):
-            a, b = int(start[i]), int(start[i] + n_new[i])
-            input_ids[qsl[i]:qsl[i + 1]] = tokens(i, a, b)
-            table = block_tables[i]
-            row_slots[i] = self.tables.row(request_id, table, index, values)
-            widest = max(widest, len(table))
+        for i, (request_id, a, n, table) in enumerate(zip(request_ids, start.tolist(), n_new.tolist(),
+                                                          block_tables)):
+            ids += tokens(i, a, a + n)
+            slots_of_rows.append(row(request_id, table, index, values))
+            if len(table) > widest:
+                widest = len(table)
+        input_ids[:T] = ids
+        row_slots[:B] = slots_of_rows
         row_slots[B:] = 0
         input_ids[T:] = 0
         slots = self._host("slot_mapping", Tp)
