@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from backend.engine.runner.step_inputs import GraphShape, StepInputBuilder
+from backend.engine.runner.step_inputs import GraphShape
 
 
 class _IntFields:
@@ -57,32 +57,27 @@ class StageTimesMessage(_IntFields):
 
 
 @dataclasses.dataclass(frozen=True)
-class StepMessage:
-    """Run one step. The uploaded buffer prefix follows (plan[0] elements), then, with
-    LoRA, each scheduled request's adapter index."""
-    plan: tuple[int, ...]           # StepInputBuilder.plan(step)
-    graph: Optional[GraphShape]     # the CUDA graph rank 0 replays; None: eager
-    with_lora: bool = False
-
-    WIDTH = StepInputBuilder.PLAN_LEN + 3
-
-    def __post_init__(self) -> None:
-        assert len(self.plan) == StepInputBuilder.PLAN_LEN, self.plan
-
-    def values(self) -> list[int]:
-        g = self.graph or GraphShape(0, 0)
-        return [*self.plan, g.num_seqs, g.query_len, int(self.with_lora)]
+class StepMessage(_IntFields):
+    """Run one step: its payload (step_payload.py, `payload_len` bytes: the typed steps
+    since the last one and the step's adapters) follows; each rank builds the step's
+    inputs from it, then runs the forward, as `graph` (the CUDA graph rank 0 replays) or
+    eagerly (graph 0 x 0)."""
+    payload_len: int
+    graph_num_seqs: int = 0
+    graph_query_len: int = 0
 
     @classmethod
-    def from_values(cls, values: list[int]) -> "StepMessage":
-        n = StepInputBuilder.PLAN_LEN
-        graph = GraphShape(values[n], values[n + 1]) if values[n] else None
-        return cls(tuple(values[:n]), graph, bool(values[n + 2]))
+    def of(cls, payload_len: int, graph: Optional[GraphShape]) -> "StepMessage":
+        return cls(payload_len, *(graph or (0, 0)))
+
+    @property
+    def graph(self) -> Optional[GraphShape]:
+        return GraphShape(self.graph_num_seqs, self.graph_query_len) if self.graph_num_seqs else None
 
 
 Message = Union[StopMessage, SetupMessage, CaptureMessage, StepMessage, StageTimesMessage]
 _KINDS: tuple[type, ...] = (StopMessage, SetupMessage, StepMessage, CaptureMessage, StageTimesMessage)
-HEADER_LEN = 1 + max(StepMessage.WIDTH, *(len(dataclasses.fields(k)) for k in _KINDS if k is not StepMessage))
+HEADER_LEN = 1 + max(len(dataclasses.fields(k)) for k in _KINDS)
 
 
 def encode(message: Message) -> torch.Tensor:

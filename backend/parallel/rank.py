@@ -1,6 +1,9 @@
 """A rank other than 0 (a process the engine, or a worker node's agent, starts): builds
 its shard (its tensor-parallel slice of its pipeline stage's layers) and KV cache, then
-runs each step rank 0 plans, until told to stop or rank 0 goes away."""
+runs each step rank 0 sends, until told to stop or rank 0 goes away: it replays the
+step's journal (the typed steps and sampled tokens since the last one) into request
+states of its own, builds the step's inputs from them as rank 0 does, and runs the
+forward."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import torch.distributed as dist
 from backend.engine.runner.cuda_graphs import capture_decode_graphs
 from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.runner.step_inputs import StepInputBuilder
+from backend.models.rotary import long_rope
+from backend.parallel import step_payload
 from backend.parallel.group import control_group, destroy_group, init_group
 from backend.parallel.pipeline import PipelineStage, stage_kv_config
 from backend.parallel.messages import (HEADER_LEN, CaptureMessage, SetupMessage, StageTimesMessage, StepMessage,
@@ -68,10 +73,12 @@ def worker_main(spec: WorkerSpec) -> None:
             scales = load_kv_cache_scales(spec.kv_cache_scales, cfg,
                                           kv_head_range(cfg, spec.rank % spec.tp_size, spec.tp_size))
             set_kv_cache_scales(kv_caches, scales[stage.start_layer:stage.end_layer] if stage else scales)
+        original = long_rope(cfg.rope_scaling)
         inputs = StepInputBuilder(setup.max_tokens, setup.max_seqs, setup.max_blocks_per_seq, setup.block_size,
-                                  device)
+                                  device, long_rope=(original, spec.max_position) if original is not None else None)
         # The runner rank 0 runs, for its forward path (graph replay or eager); this rank
-        # never samples, so it has no sampler and no block tables of its own.
+        # never samples, so it has no sampler. Its request states and block tables are
+        # its own, kept from rank 0's journal (step_payload.py).
         runner = ModelRunner(model, kv_caches, setup.block_size, device, None, inputs, cfg.vocab_size,
                              lora=lora)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
@@ -102,13 +109,13 @@ def worker_main(spec: WorkerSpec) -> None:
                     continue
                 if not isinstance(message, StepMessage):
                     return
-                inputs.buffer.writable()
-                dist.broadcast(inputs.host_prefix(message.plan[0]), 0, group=ctrl)
-                step = inputs.rebuild(list(message.plan))
-                if message.with_lora:
-                    ids = torch.empty(step.num_seqs, dtype=torch.int64)
-                    dist.broadcast(ids, 0, group=ctrl)
-                    lora.prepare(lora.names_of(ids.tolist()), step.meta.query_lens_cpu[:step.num_seqs],
+                payload = torch.empty(message.payload_len, dtype=torch.uint8)
+                dist.broadcast(payload, 0, group=ctrl)
+                rank_step = step_payload.decode(payload)
+                out, states = runner.states.replay(rank_step.journal)
+                step = inputs.build(out, states, pad_to=message.graph)
+                if rank_step.lora_ids is not None:
+                    lora.prepare(lora.names_of(rank_step.lora_ids), [s.num_new_tokens for s in out.scheduled],
                                  message.graph.num_seqs if message.graph is not None else None)
                 runner.run_forward(step, message.graph)
     except Exception:

@@ -3,10 +3,13 @@ node's agent starts (backend/parallel/node.py), each holding its shard of the we
 and of every KV block, running the forward pass rank 0 plans (backend/parallel/rank.py).
 
 Rank 0 is the engine's own process: scheduler, KV cache manager, sampler. Each step it
-sends the others a short plan and the integer inputs it uploaded (one gloo broadcast
-each, on a control group), then every rank runs the same forward over the same block
-ids; the layers' all-reduces and the logits gather are the only other traffic. The
-workers never decide anything, so they cannot drift from rank 0.
+sends the others the typed step (vLLM's SchedulerOutput idea): a short header, then the
+runner's journal since the last step (step_payload.py: the typed steps applied and the
+tokens sampled), one gloo broadcast each on a control group. Every rank keeps request
+states of its own from it (runner/request_state.py), builds the step's inputs from them
+as rank 0 does, and runs its shard of the same forward over the same block ids; the
+layers' all-reduces and the logits gather are the only other traffic. The workers never
+decide anything (no scheduling, no sampling), so they cannot drift from rank 0.
 
 The ranks meet through a torch.distributed TCP store that rank 0 serves (on loopback,
 on a port the OS picks, when every rank is on this machine; at master_addr:master_port
@@ -37,8 +40,10 @@ from backend.engine.runner.step_inputs import GraphShape
 from backend.parallel.group import TensorParallel, control_group, destroy_group, init_group
 from backend.parallel.messages import (CaptureMessage, Message, SetupMessage, StageTimesMessage, StepMessage,
                                        StopMessage, encode)
+from backend.parallel import step_payload
 from backend.parallel.pending import PendingWorks
 from backend.parallel.pipeline import PipelineStage
+from backend.parallel.step_payload import RankStep
 from backend.parallel.rank_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
                                         kv_bytes, model_bytes)
 
@@ -135,16 +140,17 @@ class TensorParallelWorkers:
         dist.gather(mine, parts, dst=0, group=self.ctrl)
         return [(int(p[0]), int(p[1])) for p in parts]
 
-    def send_step(self, plan: list[int], host_prefix: Callable[[int], torch.Tensor],
-                  graph: Optional[GraphShape] = None, lora_ids: Optional[list[int]] = None) -> None:
-        """graph: the CUDA graph rank 0 replays for this step, None for eager.
-        lora_ids (with LoRA): each scheduled request's adapter, as an index into
-        lora_modules (-1: base); the ranks make the same slot choices from them."""
+    def send_step(self, journal: list, graph: Optional[GraphShape] = None,
+                  lora_ids: Optional[list[int]] = None) -> None:
+        """The step as each rank builds it (step_payload.py): the runner's journal since
+        the last step (RequestStates.take_journal), ending with the step. graph: the CUDA
+        graph rank 0 replays for this step, None for eager. lora_ids (with LoRA): each
+        scheduled request's adapter, as an index into lora_modules (-1: base); the ranks
+        make the same slot choices from them."""
         self.check_health()
-        self._send(StepMessage(tuple(plan), graph, lora_ids is not None))
-        self._broadcast(host_prefix(plan[0]))
-        if lora_ids is not None:
-            self._broadcast(torch.tensor(lora_ids, dtype=torch.int64))
+        payload = step_payload.encode(RankStep(journal, lora_ids))
+        self._send(StepMessage.of(int(payload.shape[0]), graph))
+        self._broadcast(payload)
 
     def stage_times(self, model, reset: bool = False) -> list[tuple[float, float]]:
         """Pipeline parallelism: every rank's (seconds spent waiting on other ranks,
@@ -178,7 +184,7 @@ class TensorParallelWorkers:
         if not self.nonblocking:
             dist.broadcast(tensor, 0, group=self.ctrl)
             return
-        tensor = tensor.clone()         # (the step buffer it views is rebuilt by the next step)
+        # (each tensor sent is made for its message; the pending list keeps it until sent)
         self._pending.add(dist.broadcast(tensor, 0, group=self.ctrl, async_op=True), tensor)
 
     def _dead(self) -> str:

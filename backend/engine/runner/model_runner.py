@@ -84,12 +84,13 @@ class ModelRunner:
         self.graphs = None
         # On CPU: the forward split by sequences over threads (cpu_shards.py).
         self.shards = shards
-        # Tensor parallelism: the other ranks (backend/parallel/workers.py), sent each
-        # step's plan before this rank runs its shard of the same forward.
+        # Tensor and pipeline parallelism: the other ranks (backend/parallel/workers.py),
+        # sent each step's changes to the request states before this rank runs its
+        # shard of the same forward.
         self.workers = workers
         # The requests this runner holds (request_state.py), changed by the typed steps
-        # and by the tokens it samples.
-        self.states = RequestStates(device)
+        # and by the tokens it samples; journaled for the other ranks.
+        self.states = RequestStates(device, journal=workers is not None)
         self.rejection_sampler = RejectionSampler(device)
         # Multi-LoRA (backend/lora/manager.py): makes each step's adapters resident and
         # tells the wrapped projections which rows run under which.
@@ -182,8 +183,8 @@ class ModelRunner:
         if self.lora is not None:       # (LoRA engines capture decode graphs only)
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],
                               graph.num_seqs if graph is not None else None)
-        if self.workers is not None:
-            self.workers.send_step(self.inputs.plan(step), self.inputs.host_prefix, graph,
+        if self.workers is not None:        # (they build the same inputs from the same typed steps)
+            self.workers.send_step(self.states.take_journal(), graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
         logits = self.run_forward(step, graph)
         return LaunchedStep(out, states, logits, target_hidden=self._target_hidden(step, graph))
@@ -285,7 +286,7 @@ class ModelRunner:
         if self.drafter is not None:
             result.proposals = self.drafter.propose(launched.sched, launched.states, result.sampled_token_ids,
                                                     launched.target_hidden, paths)
-        RequestStates.append(launched.states, result.sampled_token_ids)
+        self.states.append(launched.states, result.sampled_token_ids)
         return result
 
     def _read(self, launched: LaunchedStep, paths: Optional[dict[int, list[int]]] = None) -> ModelRunnerOutput:

@@ -55,7 +55,8 @@ class RequestState(TokenSequence):
 
     @classmethod
     def of(cls, new: "NewRequestData", device: torch.device) -> "RequestState":
-        seed = new.sampling_params.seed
+        # (a rank that never samples gets no sampling params: NewRequestData.for_ranks)
+        seed = new.sampling_params.seed if new.sampling_params is not None else None
         return cls(new.request_id, new.prompt_token_ids, new.sampling_params, new.max_tokens, new.eos_token_ids,
                    list(new.output_token_ids), new.sampling_row, new.bad_words, new.mm_inputs, new.long_rope,
                    new.pooling, torch.Generator(device=device).manual_seed(seed) if seed is not None else None,
@@ -63,11 +64,19 @@ class RequestState(TokenSequence):
 
 
 class RequestStates:
-    """Every request the runner holds, by id; applied from each step before it is built."""
+    """Every request the runner holds, by id; applied from each step before it is built.
 
-    def __init__(self, device: torch.device) -> None:
+    With `journal`, each change is also logged, in order, for ranks that keep copies of
+    their own (tensor and pipeline parallel: backend/parallel/rank.py): every typed step
+    applied (as `SchedulerOutput.for_ranks` gives it: RankStepData) and the sampled
+    tokens appended to
+    states still held. A rank that replays the log (`replay`) holds the same states, so
+    it builds the same step inputs."""
+
+    def __init__(self, device: torch.device, journal: bool = False) -> None:
         self.device = device
         self._states: dict[str, RequestState] = {}
+        self._journal: Optional[list] = [] if journal else None
 
     def __len__(self) -> int:
         return len(self._states)
@@ -81,6 +90,8 @@ class RequestStates:
     def apply(self, out: "SchedulerOutput") -> list[RequestState]:
         """The step's changes (finished ids dropped, preempted ones paused, admitted ones
         made or resumed); the states of its scheduled requests, in order."""
+        if self._journal is not None and not out.changes_nothing:
+            self._journal.append(out.for_ranks())
         states = self._states
         for request_id in out.finished_req_ids:
             state = states.pop(request_id, None)
@@ -112,9 +123,34 @@ class RequestStates:
                 state.block_ids.apply_diff(start, block_ids)
         return scheduled
 
-    @staticmethod
-    def append(states: Sequence[RequestState], sampled_token_ids: Sequence[list[int]]) -> None:
+    def append(self, states: Sequence[RequestState], sampled_token_ids: Sequence[list[int]]) -> None:
         """A collected step's new tokens, each to the state it was sampled for."""
         for state, tokens in zip(states, sampled_token_ids):
             if tokens:
                 state.output_token_ids.extend(tokens)
+        if self._journal is not None:
+            # (only states still held: a finished request's id may come back as another's)
+            appended = [(state.request_id, tokens) for state, tokens in zip(states, sampled_token_ids)
+                        if tokens and self._states.get(state.request_id) is state]
+            if appended:
+                self._journal.append(appended)
+
+    def take_journal(self) -> list:
+        """The changes logged since the last call, oldest first (the journal empties)."""
+        journal, self._journal = self._journal, []
+        return journal
+
+    def replay(self, journal: list) -> tuple["SchedulerOutput", list[RequestState]]:
+        """Another rank's journal (take_journal), whose last change is the step to build:
+        that step, and the states of its scheduled requests."""
+        if not journal or isinstance(journal[-1], list):
+            raise RuntimeError("a rank's journal must end with the step it builds")
+        scheduled: list[RequestState] = []
+        for change in journal:
+            if isinstance(change, list):
+                for request_id, tokens in change:
+                    self._states[request_id].output_token_ids.extend(tokens)
+            else:
+                step = change.step()
+                scheduled = self.apply(step)
+        return step, scheduled

@@ -102,13 +102,14 @@ class StepInputBuilder:
             pos += n
         self.offsets = off
         self.buffer = StagedBuffer(pos, torch.int32, device, staging_slots)
-        # Every rank keeps the device table (each applies the same updates); rank 0 also
-        # the host side.
+        # The device table and its host side (each rank keeps its own: built from its
+        # own request states, backend/parallel/rank.py).
         self.tables = PersistentBlockTables(self.B, self.M)
         self.table_device = torch.zeros(self.B + 1, self.M, dtype=torch.int32, device=device)
         # The step's block tables, gathered from the table: fixed address.
         self.step_tables = torch.zeros(self.B, self.M, dtype=torch.int32, device=device)
         self._gathered: Optional[np.ndarray] = None    # the row slots step_tables holds
+        self.num_table_updates = 0
         # LongRoPE (backend/models/rotary.py): (original_max_position_embeddings, offset of
         # the long rows in the rotary table), or None.
         self.long_rope = long_rope
@@ -261,6 +262,7 @@ class StepInputBuilder:
         if mrope_deltas is not None:
             mrope.shift(pos, seq_of_token, mrope_deltas)     # (after the slots too)
         n_updates = len(index)
+        self.num_table_updates = n_updates      # (block-table entries this step sends)
         updates = self._host("table_updates", 2 * n_updates)
         updates[:n_updates] = index
         updates[n_updates:] = values
@@ -277,8 +279,7 @@ class StepInputBuilder:
         logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
         all_rows = num_logits == Tp and extra is None
 
-        self._uploaded = self.offsets["table_updates"] + 2 * n_updates
-        self.buffer.upload(self._uploaded)
+        self.buffer.upload(self.offsets["table_updates"] + 2 * n_updates)
         if n_updates or self._gathered is None or not np.array_equal(self._gathered, row_slots):
             self._apply_tables(n_updates, Bp)
             self._gathered = row_slots.copy()
@@ -310,36 +311,6 @@ class StepInputBuilder:
             logits_indices=self.device_view("logits_indices", max(num_logits, 1)), num_logits=num_logits,
             all_rows_sampled=all_rows, num_tokens=T, num_seqs=B,
             logits_indices_cpu=self.buffer.np[self.offsets["logits_indices"]:][:num_logits].copy())
-
-    # Tensor parallelism: rank 0 builds each step; the other ranks receive the buffer
-    # prefix it uploaded and rebuild the same views from it (backend/parallel/workers.py).
-    PLAN_LEN = 8
-
-    def plan(self, step: StepInputs) -> list[int]:
-        """What another rank needs, beside a copy of the uploaded prefix, to rebuild `step`.
-        The prefix ends with the step's block-table updates; every rank applies them to
-        its own table, so the tables stay equal as long as each step reaches every rank."""
-        Bp = int(step.meta.seq_lens.shape[0])
-        return [self._uploaded, int(step.input_ids.shape[0]), Bp, step.num_tokens,
-                step.num_seqs, int(step.meta.block_tables.shape[1]), step.num_logits, int(step.all_rows_sampled)]
-
-    def rebuild(self, plan: list[int]) -> StepInputs:
-        """The step `plan` describes, once its prefix has been written into the host
-        buffer (`host_prefix`): uploads it, applies its block-table updates and returns
-        the views."""
-        n, Tp, Bp, T, B, widest, num_logits, all_rows = plan
-        host, off = self.buffer.np, self.offsets
-        query_lens = np.diff(host[off["query_start_loc"]:off["query_start_loc"] + Bp + 1]).tolist()
-        seq_lens = host[off["seq_lens"]:off["seq_lens"] + Bp].tolist()
-        self.buffer.upload(n)
-        self._apply_tables((n - off["table_updates"]) // 2, Bp)
-        return self._views(Tp, Bp, T, B, widest, num_logits, bool(all_rows), query_lens, seq_lens)
-
-    def host_prefix(self, n: int) -> torch.Tensor:
-        """The first n staged elements as a host tensor, what a plan's prefix is sent from
-        and received into (a receiver calls `buffer.writable()` first)."""
-        return self.buffer.host[:n]
-
 
 def static_decode_inputs(builder: StepInputBuilder, shape: GraphShape, num_splits: int) -> StepInputs:
     """The views a graph of `shape` reads (num_seqs rows of query_len tokens): the

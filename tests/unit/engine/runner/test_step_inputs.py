@@ -3,8 +3,9 @@ allocated, proposals' blocks trimmed and others allocated in their place, reques
 freed, preempted and re-admitted with prefix hits, rows in any order, padded steps),
 the runner's copies of the tables, kept by the typed steps' diffs alone, and every
 step's block tables and slot mapping on the device are what the KV cache manager holds;
-a step sends only the entries that changed; and a second rank that applies the same
-uploads (tensor parallelism) holds the same tables."""
+a step sends only the entries that changed; and a second rank that replays the runner's
+journal of typed steps (tensor parallelism: backend/parallel/rank.py) builds the same
+tables."""
 
 import random
 
@@ -63,7 +64,8 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
     rank1 = StepInputBuilder(256, B, M, BS, torch.device("cpu"))
     live: list[Request] = []
     waiting: list[Request] = []
-    held = RequestStates(torch.device("cpu"))
+    held = RequestStates(torch.device("cpu"), journal=True)
+    held1 = RequestStates(torch.device("cpu"))         # rank 1's, from rank 0's journal
     finished: list[str] = []
     preempted: list[str] = []
     n = 0
@@ -106,13 +108,10 @@ def test_tables_follow_the_kv_cache_manager_over_random_steps():
         _check_step(rank0, step, sched, kv, states)
         for r in live:          # the requests outside the step too (a trim while not scheduled)
             assert held.get(r.request_id).block_ids == kv.block_table(r.request_id)
-        plan = rank0.plan(step)
-        sent = (plan[0] - rank0.offsets["table_updates"]) // 2
-        sent_total += sent
-        rank1.buffer.writable()
-        rank1.host_prefix(plan[0]).copy_(rank0.host_prefix(plan[0]))
-        other = rank1.rebuild(plan)
+        sent_total += rank0.num_table_updates
+        other = rank1.build(*held1.replay(held.take_journal()), pad_to=GraphShape(pad) if pad else None)
         assert torch.equal(other.meta.block_tables, step.meta.block_tables)
+        assert torch.equal(other.meta.slot_mapping, step.meta.slot_mapping)
         assert torch.equal(rank1.table_device, rank0.table_device)
         for s in sched:
             s.request.num_computed_tokens += s.num_new_tokens
@@ -155,7 +154,7 @@ def test_a_decode_step_sends_only_new_block_ids():
         out, states = _step(held, kv, sched)
         step = builder.build(out, states)
         _check_step(builder, step, sched, kv, states)
-        sent.append((builder.plan(step)[0] - builder.offsets["table_updates"]) // 2)
+        sent.append(builder.num_table_updates)
         diffs.append(sum(len(s.new_block_ids or []) for s in sched))
         for r in requests:
             r.num_computed_tokens += 1
@@ -189,6 +188,6 @@ def test_a_trimmed_table_is_rewritten_from_the_first_changed_entry():
     table = kv.block_table("a")
     assert (sched[0].block_ids_start, sched[0].new_block_ids) == (2, table[2:])     # (whatever its id)
     step = builder.build(out, states)
-    assert (builder.plan(step)[0] - builder.offsets["table_updates"]) // 2 == 1     # one entry sent
+    assert builder.num_table_updates == 1             # one entry sent
     _check_step(builder, step, sched, kv, states)
     assert step.meta.slot_mapping.tolist() == [table[1] * BS + 2]
