@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from backend.sampling_params import SamplingParams
 
 _CONTEXT_TOKENS = 5
+_UNSET = object()
 
 
 def fast_decoder(tokenizer) -> Optional[Callable[[list[int], bool], str]]:
@@ -46,6 +47,9 @@ class IncrementalDetokenizer:
         # The decoded window before the read offset, kept while the offsets stand: each
         # step's logprob candidates (peek) and its token share it.
         self._prefix_text: Optional[str] = None
+        # What peek found for each candidate since the last token: the token then added
+        # is one of them (a logprob entry lists the sampled token), so its text is known.
+        self._peeks: Optional[dict[int, Optional[str]]] = None
         # Characters already handed out; stop strings may cut the text back only past it.
         self._num_sent = 0
         self._hold = max((len(s) for s in params.stop), default=1) - 1
@@ -75,16 +79,24 @@ class IncrementalDetokenizer:
         token, grew with the output.)"""
         if self.tokenizer is None:
             return ""
-        window = self.token_ids[self.prefix_offset:]
-        window.append(token_id)
-        return self._new_text(window) or ""
+        if self._peeks is None:
+            self._peeks = {}
+        new_text = self._peeks.get(token_id, _UNSET)
+        if new_text is _UNSET:
+            window = self.token_ids[self.prefix_offset:]
+            window.append(token_id)
+            new_text = self._peeks[token_id] = self._new_text(window)
+        return new_text or ""
 
     def add_token(self, token_id: int, check_stop: bool = True) -> Optional[str]:
         """Append a token. Returns the stop string matched, if any (output_text is then cut)."""
         self.token_ids.append(token_id)
         if self.tokenizer is None:
             return None
-        new_text = self._new_text(self.token_ids[self.prefix_offset:])
+        peeks, self._peeks = self._peeks, None
+        new_text = peeks.get(token_id, _UNSET) if peeks else _UNSET
+        if new_text is _UNSET:
+            new_text = self._new_text(self.token_ids[self.prefix_offset:])
         if new_text is None:
             return None
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)

@@ -89,3 +89,26 @@ def test_fast_decoder_gives_the_wrappers_text(tokenizer, skip_special):
 def test_no_fast_decoder_without_a_fast_tokenizer():
     from backend.engine.detokenizer import fast_decoder
     assert fast_decoder(None) is None
+
+
+@pytest.mark.parametrize("text", ["Hello world, streamed with candidates.", "ünïcödé 你好 🙂 byte tokens"])
+def test_peeked_candidates_give_each_tokens_text_once(tokenizer, text):
+    """A token's logprob candidates are peeked before it is added (the sampled token among
+    them): the text and the stream are those without peeks, and adding a peeked token
+    decodes nothing more; a candidate peeked before an earlier token was added is not
+    reused after it (the window moved)."""
+    ids = tokenizer.encode(text)
+    plain = IncrementalDetokenizer(tokenizer, ids[:3], SamplingParams())
+    calls = []
+    peeking = IncrementalDetokenizer(tokenizer, ids[:3], SamplingParams(),
+                                     decode=lambda w, skip: calls.append(len(w)) or tokenizer.decode(
+                                         w, skip_special_tokens=skip, clean_up_tokenization_spaces=False))
+    for t in ids[3:]:
+        plain.add_token(t)
+        texts = [peeking.peek(c) for c in (t, t + 1, 7)]
+        assert texts[0] == peeking.peek(t)              # (asked again: the same)
+        before = len(calls)
+        peeking.add_token(t)
+        assert len(calls) == before                     # its text came from the peek
+        assert peeking.output_text == plain.output_text
+    assert peeking.take_delta(finished=True) == plain.take_delta(finished=True)
