@@ -74,7 +74,7 @@ def init_group(rank: int, size: int, store: dist.Store, device: torch.device, ti
 
 
 def control_group():
-    """A gloo group for the step plans rank 0 sends (host buffers), beside the data
+    """A gloo group for the control messages and steps rank 0 sends, beside the data
     group (NCCL on GPUs). It has no useful timeout: a worker waits in it for the next
     step for as long as the server is idle. A rank that dies closes its connections, and
     the others' waits fail at once."""

@@ -60,15 +60,17 @@ class StageTimesMessage(_IntFields):
 class StepMessage(_IntFields):
     """Run one step: its payload (step_payload.py, `payload_len` bytes: the typed steps
     since the last one and the step's adapters) follows; each rank builds the step's
-    inputs from it, then runs the forward, as `graph` (the CUDA graph rank 0 replays) or
-    eagerly (graph 0 x 0)."""
+    inputs from it, checks them against rank 0's (`inputs_digest`:
+    StepInputBuilder.digest), then runs the forward, as `graph` (the CUDA graph rank 0
+    replays) or eagerly (graph 0 x 0)."""
     payload_len: int
+    inputs_digest: int = 0
     graph_num_seqs: int = 0
     graph_query_len: int = 0
 
     @classmethod
-    def of(cls, payload_len: int, graph: Optional[GraphShape]) -> "StepMessage":
-        return cls(payload_len, *(graph or (0, 0)))
+    def of(cls, payload_len: int, inputs_digest: int, graph: Optional[GraphShape]) -> "StepMessage":
+        return cls(payload_len, inputs_digest, *(graph or (0, 0)))
 
     @property
     def graph(self) -> Optional[GraphShape]:

@@ -6,7 +6,7 @@ embeddings: its own copy of the embedding, read from the checkpoint as the head)
 split is vLLM's `get_pp_indices`: P near-equal parts, the extra layers going to the
 stages before the last (which also runs the head). World rank = stage * T + tp_rank.
 
-Every rank runs the same step (the plan rank 0 broadcasts: backend/parallel/workers.py)
+Every rank runs the same step (the typed step rank 0 broadcasts: backend/parallel/workers.py)
 over the same block ids, decided by the one scheduler; a stage's KV cache has its own
 layers only. Between stages the hidden state and the residual stream (vLLM's
 IntermediateTensors) move by point-to-point send/recv from each rank to its peer (same

@@ -83,7 +83,7 @@ def worker_main(spec: WorkerSpec) -> None:
                              lora=lora)
         dist.gather(torch.tensor([model_bytes(model), kv_bytes(kv_caches)], dtype=torch.int64), None,
                     dst=0, group=ctrl)
-        # Pipeline bubble timers (StageTimesMessage): time spent waiting for the next plan
+        # Pipeline bubble timers (StageTimesMessage): time spent waiting for the next step
         # (idle) and, in the stage's forward, for the previous stage's hidden state.
         idle_s, since = 0.0, time.perf_counter()
         with torch.inference_mode():
@@ -114,6 +114,9 @@ def worker_main(spec: WorkerSpec) -> None:
                 rank_step = step_payload.decode(payload)
                 out, states = runner.states.replay(rank_step.journal)
                 step = inputs.build(out, states, pad_to=message.graph)
+                if inputs.digest() != message.inputs_digest:
+                    raise RuntimeError(f"rank {spec.rank} built other step inputs than rank 0 "
+                                       f"({len(out.scheduled)} requests): the ranks' request states drifted")
                 if rank_step.lora_ids is not None:
                     lora.prepare(lora.names_of(rank_step.lora_ids), [s.num_new_tokens for s in out.scheduled],
                                  message.graph.num_seqs if message.graph is not None else None)

@@ -1,6 +1,6 @@
 """Ranks 1..N-1 (tensor and pipeline parallel): processes the engine starts, or a worker
 node's agent starts (backend/parallel/node.py), each holding its shard of the weights
-and of every KV block, running the forward pass rank 0 plans (backend/parallel/rank.py).
+and of every KV block, running each step rank 0 sends (backend/parallel/rank.py).
 
 Rank 0 is the engine's own process: scheduler, KV cache manager, sampler. Each step it
 sends the others the typed step (vLLM's SchedulerOutput idea): a short header, then the
@@ -9,7 +9,9 @@ tokens sampled), one gloo broadcast each on a control group. Every rank keeps re
 states of its own from it (runner/request_state.py), builds the step's inputs from them
 as rank 0 does, and runs its shard of the same forward over the same block ids; the
 layers' all-reduces and the logits gather are the only other traffic. The workers never
-decide anything (no scheduling, no sampling), so they cannot drift from rank 0.
+decide anything (no scheduling, no sampling); each checks that it built the inputs rank
+0 built (a digest in the step's header), so a rank that drifted fails at once instead of
+adding its shard of other tokens.
 
 The ranks meet through a torch.distributed TCP store that rank 0 serves (on loopback,
 on a port the OS picks, when every rank is on this machine; at master_addr:master_port
@@ -87,7 +89,7 @@ class TensorParallelWorkers:
         self.ctrl = control_group()
         # Micro-batches in flight (backend/engine/scheduling/batch_queue.py): the step messages go
         # out asynchronously, so rank 0 never waits for a stage still busy with an
-        # earlier batch to take the next plan (gloo's broadcast root waits for every
+        # earlier batch to take the next step (gloo's broadcast root waits for every
         # receiver). The ranks receive them in issue order, as if sent one by one.
         self.nonblocking = False
         self._pending = PendingWorks()
@@ -140,16 +142,17 @@ class TensorParallelWorkers:
         dist.gather(mine, parts, dst=0, group=self.ctrl)
         return [(int(p[0]), int(p[1])) for p in parts]
 
-    def send_step(self, journal: list, graph: Optional[GraphShape] = None,
+    def send_step(self, journal: list, inputs_digest: int, graph: Optional[GraphShape] = None,
                   lora_ids: Optional[list[int]] = None) -> None:
         """The step as each rank builds it (step_payload.py): the runner's journal since
-        the last step (RequestStates.take_journal), ending with the step. graph: the CUDA
+        the last step (RequestStates.take_journal), ending with the step, and the digest
+        of the inputs rank 0 built from it (StepInputBuilder.digest). graph: the CUDA
         graph rank 0 replays for this step, None for eager. lora_ids (with LoRA): each
         scheduled request's adapter, as an index into lora_modules (-1: base); the ranks
         make the same slot choices from them."""
         self.check_health()
         payload = step_payload.encode(RankStep(journal, lora_ids))
-        self._send(StepMessage.of(int(payload.shape[0]), graph))
+        self._send(StepMessage.of(int(payload.shape[0]), inputs_digest, graph))
         self._broadcast(payload)
 
     def stage_times(self, model, reset: bool = False) -> list[tuple[float, float]]:

@@ -184,7 +184,7 @@ class ModelRunner:
             self.lora.prepare(lora_names, [s.num_new_tokens for s in out.scheduled],
                               graph.num_seqs if graph is not None else None)
         if self.workers is not None:        # (they build the same inputs from the same typed steps)
-            self.workers.send_step(self.states.take_journal(), graph,
+            self.workers.send_step(self.states.take_journal(), self.inputs.digest(), graph,
                                    self.lora.index_of(lora_names) if self.lora is not None else None)
         logits = self.run_forward(step, graph)
         return LaunchedStep(out, states, logits, target_hidden=self._target_hidden(step, graph))

@@ -24,7 +24,7 @@ class _TableRow:
 
 
 class PersistentBlockTables:
-    """Rank 0's host side of the persistent block table: which slot each request holds,
+    """A rank's host side of the persistent block table: which slot each request holds,
     what its row holds, and a host mirror of the rows (the slot mapping is computed from
     it). Rows are keyed by request id; a row is rewritten from the first entry that
     changed, found in O(changed) from the BlockTable serials (backend/engine/block_table.py),

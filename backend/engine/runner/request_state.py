@@ -137,7 +137,10 @@ class RequestStates:
 
     def take_journal(self) -> list:
         """The changes logged since the last call, oldest first (the journal empties)."""
-        journal, self._journal = self._journal, []
+        journal = self._journal
+        if journal is None:
+            return []
+        self._journal = []
         return journal
 
     def replay(self, journal: list) -> tuple["SchedulerOutput", list[RequestState]]:

@@ -15,7 +15,7 @@ batch gives back (a request preempted or aborted while in flight) and a later ba
 reuses is written by the later batch last. Each batch takes about 1/M of the requests
 that could run (M = max_concurrent_batches), so M batches share them.
 
-Nothing here blocks on a stage busy with an earlier batch: the step plans go to the
+Nothing here blocks on a stage busy with an earlier batch: the steps go to the
 workers asynchronously (TensorParallelWorkers.nonblocking; gloo's broadcast root would
 wait for every receiver), the hidden states by `isend`, and rank 0's logits receives
 are posted at launch and waited in order (PipelineStageModel.defer_logits).

@@ -61,7 +61,9 @@ class NewRequestData:
 
     def for_ranks(self) -> "NewRequestData":
         """What a rank that never samples keeps (backend/parallel/rank.py): the tokens and
-        where they start, without the sampling settings, words or images."""
+        where they start, without the sampling settings, words or images. (A resumed
+        request's tokens go again, though the rank kept its own: rank 0's runner makes a
+        state from them where it kept none.)"""
         return dataclasses.replace(self, sampling_params=None, sampling_row=None, bad_words=None, mm_inputs=None)
 
     @classmethod

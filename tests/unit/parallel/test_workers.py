@@ -20,9 +20,9 @@ from backend.parallel.step_payload import RankStep
     SetupMessage(num_kv_blocks=300, block_size=16, max_tokens=520, max_seqs=8, max_blocks_per_seq=64),
     CaptureMessage(max_num_seqs=8, max_model_len=1024),
     CaptureMessage(max_num_seqs=8, max_model_len=1024, verify_query_len=4),
-    StepMessage.of(1234, graph=None),
-    StepMessage.of(77, graph=GraphShape(4)),
-    StepMessage.of(5, graph=GraphShape(8, 3)),
+    StepMessage.of(1234, 0xFFFFFFFF, graph=None),
+    StepMessage.of(77, 0, graph=GraphShape(4)),
+    StepMessage.of(5, 12345, graph=GraphShape(8, 3)),
 ])
 def test_messages_round_trip_through_the_header(message):
     header = encode(message)
@@ -55,3 +55,13 @@ def test_a_payload_naming_another_class_is_refused():
     payload = torch.frombuffer(bytearray(pickle.dumps(([Evil()], None))), dtype=torch.uint8)
     with pytest.raises(pickle.UnpicklingError, match="may not hold"):
         step_payload.decode(payload)
+
+
+def test_every_field_of_a_scheduled_request_reaches_the_ranks_or_is_named_rank_0s():
+    """A new ScheduledRequest field is either sent to the other ranks (_RANK_FIELDS) or
+    named here as rank 0's own bookkeeping: it cannot silently take its default there."""
+    import dataclasses
+    from backend.engine.scheduling import sched_output
+    rank_0_only = {"request", "draft_probs", "num_rejected"}
+    fields = {f.name for f in dataclasses.fields(ScheduledRequest)}
+    assert fields == set(sched_output._RANK_FIELDS) | rank_0_only

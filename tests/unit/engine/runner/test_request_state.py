@@ -16,7 +16,7 @@ from backend.engine.runner.request_state import RequestStates
 from backend.engine.runner.step_inputs import StepInputBuilder
 from backend.engine.sampling.sampler import Sampler
 from backend.engine.scheduling.kv_cache_manager import KVCacheManager
-from backend.engine.scheduling.sched_output import SchedulerOutput
+from backend.engine.scheduling.sched_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from backend.engine.scheduling.scheduler import Scheduler
 from backend.engine.spec_decode.proposals import Proposals
 from backend.parallel import step_payload
@@ -37,12 +37,14 @@ class OtherRank:
         self.inputs = StepInputBuilder(64, 8, 16, BLOCK, CPU)
         self.built: list[dict] = []
         self.payload_bytes: list[int] = []
+        self.same_digest: list[bool] = []
 
-    def send_step(self, journal, graph=None, lora_ids=None) -> None:
+    def send_step(self, journal, inputs_digest, graph=None, lora_ids=None) -> None:
         payload = step_payload.encode(RankStep(journal, lora_ids))
         self.payload_bytes.append(int(payload.shape[0]))
         out, states = self.states.replay(step_payload.decode(payload).journal)
         self.built.append(inputs_of(self.inputs.build(out, states)))
+        self.same_digest.append(self.inputs.digest() == inputs_digest)
 
 
 def inputs_of(step) -> dict:
@@ -93,7 +95,7 @@ def test_a_rank_replaying_the_journal_builds_rank_0s_inputs_every_step():
         scheduler.update_from_output(out, runner.execute(out))
     assert not scheduler.num_unfinished and reused
     assert scheduler.num_preemptions > 0
-    assert len(rank.built) == len(mine) > 10
+    assert len(rank.built) == len(mine) > 10 and all(rank.same_digest)
     for i, (got, want) in enumerate(zip(rank.built, mine)):
         for name in want:
             assert np.array_equal(got[name], want[name]), f"step {i}: {name} differs"
@@ -110,3 +112,27 @@ def test_a_journal_that_does_not_end_with_a_step_is_refused():
     states = RequestStates(CPU)
     with pytest.raises(RuntimeError, match="must end with the step"):
         states.replay([])
+
+
+def test_a_rank_whose_states_drifted_has_another_digest():
+    """What rank.py checks each step: a rank that missed a sampled token builds other
+    input ids, and its digest of them differs from rank 0's."""
+    rank0 = RequestStates(CPU, journal=True)
+    builders = [StepInputBuilder(64, 8, 16, BLOCK, CPU) for _ in range(3)]
+    ranks = [RequestStates(CPU), RequestStates(CPU)]            # one in step, one that drifts
+    first = SchedulerOutput([ScheduledRequest(None, 3, request_id="a", block_ids_start=0, new_block_ids=[5])],
+                            [NewRequestData("a", [1, 2, 3], [], None, 8, frozenset(), None, None, None, False, False, 0)])
+    states = rank0.apply(first)
+    builders[0].build(first, states)
+    journal = rank0.take_journal()
+    for rank, builder in zip(ranks, builders[1:]):
+        builder.build(*rank.replay(journal))
+        assert builder.digest() == builders[0].digest()
+    rank0.append(states, [[9]])                                 # the first step sampled 9
+    second = SchedulerOutput([ScheduledRequest(None, 1, request_id="a", num_computed_tokens=3)])
+    builders[0].build(second, rank0.apply(second))
+    journal = rank0.take_journal()
+    assert journal[0] == [("a", [9])]
+    builders[1].build(*ranks[0].replay(journal))
+    builders[2].build(*ranks[1].replay(journal[1:]))            # the token never arrived
+    assert builders[1].digest() == builders[0].digest() != builders[2].digest()
