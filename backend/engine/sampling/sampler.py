@@ -24,7 +24,8 @@ the same tokens whatever shares its batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import is_
 from typing import TYPE_CHECKING, Any, Collection, Optional, Sequence
 
 import numpy as np
@@ -65,6 +66,24 @@ class SamplingBatch:
         return next((data for proc, data in self.token_processors if proc.name == name), None)
 
 
+@dataclass
+class _BatchRows:
+    """The part of a step's sampling inputs that depends only on its rows (which request
+    each is, in order), kept while the next steps have the same rows (Sampler.prepare)."""
+    key: tuple                                  # the rows' objects, in order
+    vocab_size: int
+    params_rows: list[tuple] = field(default_factory=list)
+    params: Optional[torch.Tensor] = None       # [B, NUM_COLUMNS], gathered once (read only after)
+    n_greedy: int = 0
+    max_top_k: int = 0
+    any_top_p: bool = False
+    processors: int = 0
+    seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)
+    token_rows: list[tuple[int, SamplingRow]] = field(default_factory=list)   # rows using a token processor
+    logprob_rows: list[int] = field(default_factory=list)
+    logprob_counts: list[int] = field(default_factory=list)
+
+
 class Sampler:
     def __init__(self, seed: int = 0, device: torch.device = torch.device("cpu"), max_num_seqs: int = 256,
                  staging_slots: int = 1) -> None:
@@ -76,6 +95,7 @@ class Sampler:
         self.rows = SamplingTable(NUM_COLUMNS, self.device, max(64, 2 * max_num_seqs), staging_slots)
         self._indices = GrowingStagedBuffer(torch.int64, self.device, slots=staging_slots)
         self.token_processors = [cls(self.device, max_num_seqs, staging_slots) for cls in TOKEN_PROCESSORS]
+        self._rows: Optional[_BatchRows] = None
 
     @property
     def penalties(self) -> PenaltyState:
@@ -89,54 +109,42 @@ class Sampler:
     # ------------------------------------------------------------------ host side
     def prepare(self, requests: Sequence["RequestState"], vocab_size: int) -> SamplingBatch:
         """Per-row parameters and index sets from the runner's request states
-        (runner/request_state.py; a Request reads the same): host work only, O(batch)
-        plus each row's new tokens (a request's first sampled step: its prompt and output,
-        once). A row may be a verification row (`verified_request`, `proposed`: see
-        spec_decode/rejection_sampler.VerifyRow): the token processors read its request's
-        state plus its proposals."""
-        B = len(requests)
-        params_rows: list[tuple] = []
-        logprob_rows: list[int] = []
-        logprob_counts: list[int] = []
-        seeded: list[tuple[int, torch.Generator]] = []
-        n_greedy = max_top_k = 0
-        any_top_p = False
-        processors = 0
+        (runner/request_state.py; a Request reads the same): host work only. What
+        depends only on which requests the rows are, in which order (the parameters, the
+        greedy, top-k, top-p and logits-processor summaries, seeded and logprob rows), is
+        kept from the step before while the rows are the same (vLLM's persistent batch:
+        rebuilt only when the batch changes): O(batch) on a change, O(rows using a token
+        processor) otherwise, plus each such row's new tokens (a request's first sampled
+        step: its prompt and output, once). A row may be a verification row
+        (`verified_request`, `proposed`: see spec_decode/rejection_sampler.VerifyRow):
+        the token processors read its request's state plus its proposals."""
+        rows = self._rows
+        if (rows is None or rows.vocab_size != vocab_size or len(rows.key) != len(requests)
+                or not all(map(is_, rows.key, requests))):         # (by identity: the same objects)
+            rows = self._rows = self._batch_rows(requests, vocab_size)
+            flat = [self.rows.slots(rows.params_rows), self.rows.pending_slots(), rows.logprob_rows]
+        else:
+            flat = [[], [], rows.logprob_rows]
         token_processors = self.token_processors
         for proc in token_processors:
-            proc.begin(vocab_size, B)
-        for i, r in enumerate(requests):
-            row = r.sampling_row            # (worked out at intake: sampling_row.py)
-            if row is None or row.vocab_size != vocab_size:
-                row = SamplingRow.of(r.sampling_params, r.eos_token_ids, vocab_size)
-            params_rows.append(row.params)
-            if row.greedy:
-                n_greedy += 1
-            else:
-                if row.top_k > max_top_k:
-                    max_top_k = row.top_k
-                any_top_p |= row.any_top_p
-                processors |= row.processors
-                if r.generator is not None:
-                    seeded.append((i, r.generator))
+            proc.begin(vocab_size, len(requests))
+        for i, row in rows.token_rows:
+            r = requests[i]
             for k in row.token_processors:
                 token_processors[k].add_row(i, r, row)
-            if row.logprobs is not None:
-                logprob_rows.append(i)
-                logprob_counts.append(row.logprobs)
-        # One upload: the rows' parameter slots (and new ones to write), the logprob rows,
-        # and each token processor's lists.
+        # One upload: the rows' parameter slots (and new ones to write) on a change, the
+        # logprob rows, and each token processor's lists.
         parts = [proc.host_parts() for proc in token_processors]
-        flat = [self.rows.slots(params_rows), self.rows.pending_slots(), logprob_rows]
         for lists in parts:
             flat += lists
         views = self._upload(flat)
-        self.rows.write_pending(views[1])
-        params = self.rows.gather(views[0], B)
+        if rows.params is None:
+            self.rows.write_pending(views[1])
+            rows.params = self.rows.gather(views[0], len(requests))
         logprobs = None
-        if logprob_rows:
-            logprobs = LogprobRows(rows=views[2], counts=logprob_counts, row_ids=logprob_rows,
-                                   max_count=min(max(logprob_counts), vocab_size))
+        if rows.logprob_rows:
+            logprobs = LogprobRows(rows=views[2], counts=rows.logprob_counts, row_ids=rows.logprob_rows,
+                                   max_count=min(max(rows.logprob_counts), vocab_size))
         used: list[tuple[TokenLogitsProcessor, Any]] = []
         offset = 3
         for proc, lists in zip(token_processors, parts):
@@ -145,9 +153,34 @@ class Sampler:
             if data is not None:
                 used.append((proc, data))
         return SamplingBatch(
-            params=params, all_greedy=n_greedy == B, any_greedy=n_greedy > 0, max_top_k=max_top_k,
-            any_top_p=any_top_p, processors=processors, token_processors=used, seeded=seeded,
-            logprobs=logprobs)
+            params=rows.params, all_greedy=rows.n_greedy == len(requests), any_greedy=rows.n_greedy > 0,
+            max_top_k=rows.max_top_k, any_top_p=rows.any_top_p, processors=rows.processors, token_processors=used,
+            seeded=rows.seeded, logprobs=logprobs)
+
+    @staticmethod
+    def _batch_rows(requests: Sequence["RequestState"], vocab_size: int) -> "_BatchRows":
+        """What the rows' settings give, walked once per batch (prepare)."""
+        rows = _BatchRows(tuple(requests), vocab_size)
+        for i, r in enumerate(requests):
+            row = r.sampling_row            # (worked out at intake: sampling_row.py)
+            if row is None or row.vocab_size != vocab_size:
+                row = SamplingRow.of(r.sampling_params, r.eos_token_ids, vocab_size)
+            rows.params_rows.append(row.params)
+            if row.greedy:
+                rows.n_greedy += 1
+            else:
+                if row.top_k > rows.max_top_k:
+                    rows.max_top_k = row.top_k
+                rows.any_top_p |= row.any_top_p
+                rows.processors |= row.processors
+                if r.generator is not None:
+                    rows.seeded.append((i, r.generator))
+            if row.token_processors:
+                rows.token_rows.append((i, row))
+            if row.logprobs is not None:
+                rows.logprob_rows.append(i)
+                rows.logprob_counts.append(row.logprobs)
+        return rows
 
     def _upload(self, flat: list[list[int]]) -> list[Optional[torch.Tensor]]:
         """Each of `flat` as a device view, all in one host-to-device copy (no copy, and

@@ -189,3 +189,34 @@ def test_one_upload_of_parameters_and_ids_stay_on_the_logits_device():
     assert repetition[0].untyped_storage().data_ptr() == banned[1].untyped_storage().data_ptr()
     tokens = s.sample(torch.randn(len(requests), 12), batch)
     assert tokens.dtype == torch.int64 and tokens.device == s.device
+
+
+def test_the_rows_settings_are_kept_while_the_batch_is_the_same():
+    """The rows' part of a step (parameters, summaries, seeded and logprob rows) is worked
+    out again only when the rows change (other objects, another order, another count);
+    between, each step still takes the token processors' new tokens. Over steps whose
+    outputs grow, with a change of batch midway, every step's processed logits and draws
+    equal a sampler that works everything out every step."""
+    V = 12
+    requests = mixed_requests(2) + [req(SamplingParams(temperature=0.7, seed=5, logprobs=2), out=[3])]
+    kept, fresh = Sampler(3), Sampler(3)
+    g = torch.Generator().manual_seed(4)
+    first = None
+    for step in range(8):
+        if step == 5:
+            requests = requests[1:] + requests[:1]          # the batch changes
+        logits = torch.randn(len(requests), V, generator=g) * 3
+        fresh._rows = None
+        a, b = kept.prepare(requests, V), fresh.prepare(requests, V)
+        if step == 0:
+            first = a.params
+        assert (a.params is first) == (step < 5)            # kept, then worked out again
+        assert torch.equal(a.params, b.params) and a.seeded == b.seeded
+        assert a.logprobs.row_ids == b.logprobs.row_ids and torch.equal(a.logprobs.rows, b.logprobs.rows)
+        la, pa = kept.distributions(logits, a)
+        lb, pb = fresh.distributions(logits, b)
+        assert torch.equal(la, lb) and torch.equal(pa, pb)
+        unseeded = [i for i in range(len(requests)) if i not in dict(a.seeded)]     # (a seeded row's generator
+        assert torch.equal(kept.sample(logits, a)[unseeded], fresh.sample(logits, b)[unseeded])     # is shared)
+        for r in requests:
+            r.output_token_ids.append(step % V)             # penalties and min_tokens move on
