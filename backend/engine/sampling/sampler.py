@@ -119,8 +119,8 @@ class Sampler:
         (`verified_request`, `proposed`: see spec_decode/rejection_sampler.VerifyRow):
         the token processors read its request's state plus its proposals."""
         rows = self._rows
-        if (rows is None or rows.vocab_size != vocab_size or len(rows.key) != len(requests)
-                or not all(map(is_, rows.key, requests))):         # (by identity: the same objects)
+        if (rows is None or rows.params is None or rows.vocab_size != vocab_size  # (None: its call failed)
+                or len(rows.key) != len(requests) or not all(map(is_, rows.key, requests))):    # (by identity)
             rows = self._rows = self._batch_rows(requests, vocab_size)
             flat = [self.rows.slots(rows.params_rows), self.rows.pending_slots(), rows.logprob_rows]
         else:
