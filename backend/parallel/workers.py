@@ -46,8 +46,7 @@ from backend.parallel import step_payload
 from backend.parallel.pending import PendingWorks
 from backend.parallel.pipeline import PipelineStage
 from backend.parallel.step_payload import RankStep
-from backend.parallel.rank_spec import (COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share,
-                                        kv_bytes, model_bytes)
+from backend.parallel.rank_spec import COLLECTIVE_TIMEOUT_S, WorkerSpec, agree, arrived_key, cpu_share
 
 logger = logging.getLogger(__name__)
 
