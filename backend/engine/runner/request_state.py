@@ -69,8 +69,7 @@ class RequestStates:
     With `journal`, each change is also logged, in order, for ranks that keep copies of
     their own (tensor and pipeline parallel: backend/parallel/rank.py): every typed step
     applied (as `SchedulerOutput.for_ranks` gives it: RankStepData) and the sampled
-    tokens appended to
-    states still held. A rank that replays the log (`replay`) holds the same states, so
+    tokens appended to states still held. A rank that replays the log (`replay`) holds the same states, so
     it builds the same step inputs."""
 
     def __init__(self, device: torch.device, journal: bool = False) -> None:

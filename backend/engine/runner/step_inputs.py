@@ -111,7 +111,7 @@ class StepInputBuilder:
         self.step_tables = torch.zeros(self.B, self.M, dtype=torch.int32, device=device)
         self._gathered: Optional[np.ndarray] = None    # the row slots step_tables holds
         self.num_table_updates = 0
-        self._built = (0, 0, 0)                     # the last build's tokens, rows and logits rows
+        self._built = (0, 0, 0, 1)                  # the last build's tokens, rows, logits rows, table width
         # LongRoPE (backend/models/rotary.py): (original_max_position_embeddings, offset of
         # the long rows in the rotary table), or None.
         self.long_rope = long_rope
@@ -280,7 +280,7 @@ class StepInputBuilder:
             logits_idx[num_sampled:num_logits] = extra
         logits_idx[num_logits:] = 0             # graphs read at least row 0; dropped
         all_rows = num_logits == Tp and extra is None
-        self._built = (Tp, Bp, num_logits)
+        self._built = (Tp, Bp, num_logits, widest)
 
         self.buffer.upload(self.offsets["table_updates"] + 2 * n_updates)
         if n_updates or self._gathered is None or not np.array_equal(self._gathered, row_slots):
@@ -317,16 +317,17 @@ class StepInputBuilder:
 
     def digest(self) -> int:
         """A CRC of what the last build's forward reads (tokens, positions, slots, logits
-        rows, query and sequence lengths, and the rows' block tables by content): the
-        tensor- and pipeline-parallel ranks check theirs against rank 0's."""
-        Tp, Bp, num_logits = self._built
+        rows, query and sequence lengths, and the rows' block tables by content, as wide
+        as the step reads them: never max_blocks_per_seq wide, which can be thousands of
+        columns): the tensor- and pipeline-parallel ranks check theirs against rank 0's."""
+        Tp, Bp, num_logits, widest = self._built
         host, off = self.buffer.np, self.offsets
         crc = 0
         for name, n in (("input_ids", Tp), ("positions", Tp), ("slot_mapping", Tp), ("logits_indices", num_logits),
                         ("query_start_loc", Bp + 1), ("seq_lens", Bp)):
             crc = zlib.crc32(host[off[name]:off[name] + n], crc)
         rows = host[off["row_slots"]:off["row_slots"] + Bp]
-        return zlib.crc32(self.tables.host[rows], crc)
+        return zlib.crc32(self.tables.host[rows, :widest], crc)
 
 
 def static_decode_inputs(builder: StepInputBuilder, shape: GraphShape, num_splits: int) -> StepInputs:
