@@ -153,8 +153,14 @@ def frontend_tls_args(triton_args: list[str]) -> list[str]:
 
 
 def local_address(host: str) -> str:
-    """Where a process on this machine reaches a server bound to `host`."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    """Where a process on this machine reaches a server bound to `host`, written as a URL's
+    or a gRPC target's host: an IPv6 literal in brackets (`http://[::1]:8000`). A server
+    bound to every IPv6 address is reached on ::1 (it may not take IPv4: bindv6only)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        host = "::1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def exposure_warnings(host: str, no_supervisor: bool, wants_guard: bool) -> list[str]:

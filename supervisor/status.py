@@ -162,8 +162,11 @@ class _BoundedServer(ThreadingHTTPServer):
     # its share) must not fill it, or a probe's SYN is dropped and retried a second later.
     request_queue_size = 1024
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, server_address: tuple[str, int], *args, **kwargs) -> None:
+        # The class's AF_INET cannot bind an IPv6 literal such as `--host ::1`.
+        if ":" in server_address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(server_address, *args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._per_client: dict[str, int] = {}
         self._lock = threading.Lock()

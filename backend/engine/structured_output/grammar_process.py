@@ -145,6 +145,7 @@ class GrammarProcess:
         self._ready = False
         self._closed = False
         self._close_lock = threading.Lock()
+        self.owner = threading.current_thread()     # the one thread that reads its pipe
 
     @property
     def alive(self) -> bool:
@@ -237,8 +238,14 @@ class GrammarProcesses:
         proc.close()
 
     def _prune(self) -> None:
+        """Closes dead processes that no other thread may still be reading: the caller's own,
+        and those whose thread has ended. A killed process's owner may still be in recv();
+        closing its pipe under it would free the descriptor number for the next Pipe() (this
+        very call's new process), and the owner's read would take that process's messages.
+        A live owner closes its own (GrammarProcesses.discard)."""
+        me = threading.current_thread()
         with self._lock:
-            dead = [p for p in self._all if not p.alive]
+            dead = [p for p in self._all if not p.alive and (p.owner is me or not p.owner.is_alive())]
             self._all.difference_update(dead)
         for proc in dead:
             proc.close()

@@ -17,6 +17,9 @@ def test_frontend_trusts_the_server_certificate_or_the_root(monkeypatch):
 
 def test_local_address():
     assert local_address("0.0.0.0") == "127.0.0.1" and local_address("10.1.2.3") == "10.1.2.3"
+    # IPv6 literals go in brackets, or `http://::1:8000` and the gRPC target `::1:8001` break.
+    assert local_address("::1") == "[::1]" and local_address("::") == "[::1]"
+    assert local_address("fd00::5") == "[fd00::5]" and local_address("[::1]") == "[::1]"
 
 
 def test_off_loopback_serve_warns_that_tritons_inference_apis_take_no_key():

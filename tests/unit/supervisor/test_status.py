@@ -23,6 +23,26 @@ def test_prometheus_text_counts_failures_and_recoveries():
     assert 'cause="pid 7 \\"gone\\"\\nbadly"' in text  # label values escaped
 
 
+def test_listens_on_an_ipv6_host():
+    """`serve --host ::1` starts the supervisor's server on ::1 (the stdlib's server class
+    is IPv4-only), and its URL, as `local_address` writes it, reaches it."""
+    from clients.tritonserver import local_address
+    import socket
+
+    import pytest
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback: {e}")
+    s, port = SupervisorStatus(), free_port()
+    srv = StatusServer(port, s, lambda: True, host="::1").start()
+    try:
+        assert http_request(f"http://{local_address('::1')}:{port}/live")[0] == 200
+    finally:
+        srv.stop()
+
+
 def test_endpoints_follow_the_state():
     s, triton_ready = SupervisorStatus(), [True]
     port = free_port()

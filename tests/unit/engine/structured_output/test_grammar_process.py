@@ -89,6 +89,36 @@ def test_a_dead_process_is_closed_once_when_two_threads_close_it(info_json):
     assert len(calls) == 1
 
 
+def test_a_killed_process_is_left_to_its_own_thread_while_that_thread_lives(info_json):
+    """Another thread's prune closed a killed process's pipe while its own thread could
+    still be in recv(): the freed descriptor number went to the prune's next Pipe(), and
+    the owner's read could take that new process's messages. Now the owner closes its
+    own (discard), and a prune only those of threads that have ended."""
+    procs = GrammarProcesses(info_json)
+    owned, release = [], threading.Event()
+
+    def owner():
+        owned.append(procs.current())
+        release.wait(10)
+
+    a = threading.Thread(target=owner)
+    a.start()
+    while not owned:
+        time.sleep(0.01)
+    try:
+        owned[0].kill()
+        mine = procs.current()              # prunes, and starts this thread's process
+        assert not owned[0]._closed         # its thread lives: left to it
+        release.set()
+        a.join()
+        mine.kill()
+        procs.current()                     # its thread has ended: closed now
+        assert owned[0]._closed and mine._closed
+    finally:
+        release.set()
+        procs.close()
+
+
 def test_a_threads_process_is_ready_before_it_compiles(info_json):
     """A new process reads the tokenizer and makes its compiler first (about 0.1 s for a
     150k vocabulary): a compile thread waits for that when it starts, or after its process
