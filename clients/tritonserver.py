@@ -125,7 +125,8 @@ def server_command(model_repository: str, http_port: int, grpc_port: int, metric
     """`http_host`: where Triton's HTTP port listens, when not `host` (behind the guard)."""
     return [binary or server_binary(), "--model-repository", os.path.abspath(model_repository),
             "--backend-directory", backend_directory or BACKENDS,
-            "--http-address", http_host or host, "--grpc-address", host, "--metrics-address", host,
+            "--http-address", _evhtp_address(http_host or host), "--grpc-address", _grpc_address(host),
+            "--metrics-address", _evhtp_address(host),
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--allow-metrics", "true", "--allow-gpu-metrics", "false",
             # Explicit control, everything loaded at start: lets an unhealthy model unload
@@ -133,6 +134,21 @@ def server_command(model_repository: str, http_port: int, grpc_port: int, metric
             # load with files) takes the admin key.
             "--model-control-mode", "explicit", "--load-model", "*", *admin.server_args(),
             *(extra or [])]
+
+
+def _is_ipv6(host: str) -> bool:
+    return ":" in host
+
+
+def _evhtp_address(host: str) -> str:
+    """Triton's HTTP and metrics servers (libevhtp) read an IPv6 address as `ipv6:ADDR`;
+    a bare `::1` is taken for IPv4 and the bind fails."""
+    return f"ipv6:{host.strip('[]')}" if _is_ipv6(host) else host
+
+
+def _grpc_address(host: str) -> str:
+    """Triton's gRPC server listens on `ADDRESS:PORT`: an IPv6 address goes in brackets."""
+    return f"[{host.strip('[]')}]" if _is_ipv6(host) else host
 
 
 def frontend_tls_args(triton_args: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""What `serve` tells the OpenAI frontend about Triton's gRPC TLS (clients/tritonserver.py)."""
+"""What `serve` tells tritonserver and the processes beside it: addresses, and Triton's gRPC
+TLS for the OpenAI frontend (clients/tritonserver.py)."""
 
 from clients.tritonserver import frontend_tls_args, local_address
 
@@ -20,6 +21,22 @@ def test_local_address():
     # IPv6 literals go in brackets, or `http://::1:8000` and the gRPC target `::1:8001` break.
     assert local_address("::1") == "[::1]" and local_address("::") == "[::1]"
     assert local_address("fd00::5") == "[fd00::5]" and local_address("[::1]") == "[::1]"
+
+
+def test_tritonserver_is_told_an_ipv6_host_in_each_servers_own_form():
+    """Checked against a real tritonserver 24.10 (`make serve HOST=::1`, 2026-11-30): its
+    HTTP and metrics servers (libevhtp) bind `ipv6:::1` and take a bare `::1` for IPv4; its
+    gRPC server listens on `[::1]:PORT` and fails to start on `::1:PORT`."""
+    from clients.tritonserver import server_command
+    from supervisor.admin_access import AdminAccess
+
+    def addresses(host, http_host=None):
+        cmd = server_command("repo", 1, 2, 3, AdminAccess("k"), binary="tritonserver", backend_directory="b",
+                             host=host, http_host=http_host)
+        return [cmd[cmd.index(flag) + 1] for flag in ("--http-address", "--grpc-address", "--metrics-address")]
+    assert addresses("::1") == ["ipv6:::1", "[::1]", "ipv6:::1"]
+    assert addresses("::", http_host="127.0.0.1") == ["127.0.0.1", "[::]", "ipv6:::"]     # behind the guard
+    assert addresses("0.0.0.0") == ["0.0.0.0", "0.0.0.0", "0.0.0.0"]
 
 
 def test_off_loopback_serve_warns_that_tritons_inference_apis_take_no_key():
