@@ -268,6 +268,9 @@ class Supervisor:
         self._cleanup_stubs()
 
     def _cleanup_stubs(self) -> None:
+        if self.proc is not None:       # (and those started, or left behind, since the last scan)
+            self._next_scan = 0.0
+            self._scan_stubs()
         for stub in self._stubs.values():
             if processes.alive(stub.pid, stub.instance):
                 processes.kill(stub.pid)  # a stub outliving its server holds memory (and the GPU)

@@ -47,18 +47,35 @@ def alive(pid: int, instance: str = "") -> bool:
 
 def stubs_of(server_pid: Optional[int] = None) -> list[Stub]:
     """Python-backend stub processes: the server's, or every one with no pid. Their argv is
-    stub, model.py, shm region, shm sizes..., parent pid, backend dir, ipc handle, instance name, ..."""
+    stub, model.py, shm region, shm sizes..., parent pid, backend dir, ipc handle, instance name, ...
+
+    A server's stubs include those it left behind when it died: reparented, they still
+    name it in their argv. One whose thread was inside a call to the server when the
+    server died waits for the answer for ever, holding the GIL, so it never exits (seen
+    with a server that failed to bind a port after loading its models)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
-        if server_pid is not None and _stat(pid)[1] != server_pid:
+        child = server_pid is None or _stat(pid)[1] == server_pid
+        if not child and _comm(pid) != STUB_BINARY[:15]:
             continue
         argv = _cmdline(pid)
-        if argv and argv[0].endswith(STUB_BINARY) and len(argv) > 8:
+        if not (argv and argv[0].endswith(STUB_BINARY) and len(argv) > 8):
+            continue
+        if child or argv[5] == str(server_pid):
             found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2], model_path=argv[1]))
     return found
+
+
+def _comm(pid: int) -> str:
+    """The kernel's name of the process (15 characters at most): cheaper than its argv."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def kill(pid: int) -> None:

@@ -36,6 +36,26 @@ def test_stubs_of_reads_the_stub_argv():
         p.wait()
 
 
+def test_stubs_of_a_dead_server_include_those_it_left_behind(tmp_path):
+    """A server that dies leaves its stubs reparented; one stuck in a call to the server
+    holds the GIL for ever and never exits (a real tritonserver 24.10 that failed to bind
+    its gRPC port after loading `llm`, 2026-11-30). Its argv still names the server, so the
+    supervisor's cleanup finds and kills it."""
+    stub = tmp_path / processes.STUB_BINARY          # (the kernel names a process after the file it ran)
+    stub.symlink_to(sys.executable)
+    code = "import time; time.sleep(60)"
+    server = subprocess.Popen(["bash", "-c", f'{stub} -c "{code}" 1 1 "$$" dir handle llm_0_0 > /dev/null 2>&1 & '
+                               "echo $!"], stdout=subprocess.PIPE, text=True)
+    orphan = int(server.stdout.readline())
+    server.wait()                                    # the server is gone, its stub lives on
+    try:
+        assert processes.alive(orphan) and processes._stat(orphan)[1] != server.pid
+        assert [s.pid for s in processes.stubs_of(server.pid)] == [orphan]
+        assert processes.stubs_of(server.pid + 100000) == []
+    finally:
+        processes.kill(orphan)
+
+
 def test_remove_shm_stays_in_dev_shm(tmp_path):
     victim = tmp_path / "file"
     victim.write_text("x")
