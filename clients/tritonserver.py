@@ -168,6 +168,13 @@ def frontend_tls_args(triton_args: list[str]) -> list[str]:
     return ["--triton-ssl-root-cert", root] if root else []
 
 
+def server_http_env() -> str:
+    """The variable that tells our backend where tritonserver's HTTP port is (imported
+    here only when needed: the `backend` package loads torch)."""
+    from backend.triton_server.readiness import SERVER_HTTP_ENV
+    return SERVER_HTTP_ENV
+
+
 def local_address(host: str) -> str:
     """Where a process on this machine reaches a server bound to `host`, written as a URL's
     or a gRPC target's host: an IPv6 literal in brackets (`http://[::1]:8000`). A server
@@ -285,6 +292,8 @@ class TritonServer:
         env = {k: v for k, v in server_env().items()
                if k not in (KEY_FILE_ENV, UNRESTRICTED_ENV, "API_KEY", "API_KEY_FILE")}
         env.update(self.admin.env())
+        if not self.supervised:             # (`serve` sets its own)
+            env[server_http_env()] = f"127.0.0.1:{self.http_port}"
         if self.api_keys:
             env["API_KEY"] = ",".join(self.api_keys)
         self.proc = subprocess.Popen(self.command(), env=env, cwd=ROOT, stdout=self._log,
@@ -447,6 +456,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                          binary=args.tritonserver, backend_directory=args.backend_directory, host=args.host,
                          http_host="127.0.0.1" if guarded else None)
     env = server_env() if args.tritonserver is None else dict(os.environ)
+    # Where our backend asks whether its model is still ready (backend/triton_server/readiness.py).
+    env[server_http_env()] = f"{'127.0.0.1' if guarded else local_address(args.host)}:{triton_http_port}"
     for name in ("API_KEY", "API_KEY_FILE", KEY_ENV, KEY_FILE_ENV):   # the frontend's, and ours
         env.pop(name, None)
     # The model's stub checks runtime LoRA changes against it (backend/triton_server/engine_control.py).

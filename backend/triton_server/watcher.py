@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from backend.engine.engine_loop import error_output
 from backend.engine.errors import EngineDeadError
 from backend.triton_server.health_report import ENGINE_FAILED, ENGINE_STALLED
+from backend.triton_server.readiness import readiness_probe
 
 
 def log_local(message: str) -> None:
@@ -28,6 +29,7 @@ def log_local(message: str) -> None:
 
 
 class Watcher:
+    _readiness = None       # the readiness probe (readiness.py), made on first use
     def _watch_loop(self) -> None:
         next_metrics = 0.0
         while not self._stopping.wait(0.1):
@@ -52,12 +54,16 @@ class Watcher:
         comes only after every stream has ended. Shutdown is therefore detected here:
         once the model has been ready, readiness turning false, or the readiness call
         failing or hanging three times in a row (what it does while the server stops),
-        means the server is stopping."""
+        means the server is stopping. Asked over HTTP where the launcher gave the
+        server's address (readiness.py: the IPC call can crash the stub at SIGTERM)."""
         result: list = []
+        if self._readiness is None:
+            self._readiness = readiness_probe(self.model_name, pb_utils.is_model_ready)
+        probe_ready = self._readiness
 
         def ask() -> None:
             try:
-                result.append(bool(pb_utils.is_model_ready(self.model_name)))
+                result.append(probe_ready())
             except Exception as e:
                 result.append(e)
 

@@ -216,12 +216,12 @@ def test_graceful_shutdown(tmp_path, tiny_ckpt):
     grace period, requests after the stop began are refused or served, the model unloads
     and the server exits 0 in time.
 
-    Known upstream issue (docs/reliability.md): sometimes, more often on a loaded or slow
-    machine, the python backend's stub process segfaults inside Triton's own code right
-    at SIGTERM (IPCMessage::LoadFromSharedMemory in its message loop), before any of our
-    code runs again; the server then waits out its exit timeout. Such an attempt is
-    recognised (the backend never logs 'stopping') and retried with a fresh server, up to
-    ATTEMPTS times; a broken drain fails every attempt."""
+    The python backend's stub used to segfault right at SIGTERM in about half of the
+    attempts, inside Triton's code for `pb_utils.is_model_ready` (docs/reliability.md);
+    the watcher now asks over the server's HTTP port (readiness.py), and this server is
+    told that port. An attempt in which the backend never reacts (no 'stopping' line) is
+    still recognised and retried with a fresh server, up to ATTEMPTS times; a broken
+    drain fails every attempt."""
     crashed = 0
     for attempt in range(ATTEMPTS):
         outcome = _shutdown_attempt(tmp_path / f"a{attempt}", tiny_ckpt)
