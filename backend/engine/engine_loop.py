@@ -27,6 +27,7 @@ from typing import Callable, Optional, Union
 from backend.engine.early_aborts import EarlyAborts
 from backend.engine.errors import EngineDeadError, EngineSleepingError
 from backend.engine.gc_policy import freeze_heap
+from backend.engine.host_malloc import IdleTrim
 from backend.engine.llm_engine import LLMEngine, Prompt
 # (RequestCancelled, RequestStopped, RequestStream, error_output: importable from here too)
 from backend.engine.loop_messages import (OutputCallback, RequestCancelled, RequestStopped,  # noqa: F401
@@ -49,6 +50,7 @@ class EngineLoop:
         self._num_in_flight = 0
         self._count_lock = threading.Lock()
         self._idle_wait_s = idle_wait_s
+        self._idle_trim = IdleTrim()        # free heap back to the system after a quiet spell
         self._stop = threading.Event()
         self._accepting = True
         # Set (under the lock) once the engine thread has drained its inbox for good.
@@ -157,9 +159,12 @@ class EngineLoop:
                 self.engine.check_health()      # a dead tensor-parallel rank fails the loop, idle or not
                 self.last_heartbeat = time.monotonic()
                 if self.engine.has_unfinished_requests():
+                    self._idle_trim.busy()
                     outputs = self.engine.core_step()
                     if outputs:
                         self._outbox.put(outputs)
+                else:
+                    self._idle_trim.idle()
                 self.engine.after_step()    # (also after an abort or a change, with no step)
         except BaseException as e:  # the loop must never die silently
             logger.exception("engine loop failed")

@@ -15,7 +15,10 @@ So a CPU engine sets, once per process:
 - M_TRIM_THRESHOLD = 1 GiB: the top of the heap is given back to the system only when more
   than that lies free there (a closed engine's KV pool, say), not after every step.
 The process's resident memory then stays near its peak: what a step freed waits for
-the next step instead of going back to the system.
+the next step instead of going back to the system. Once a serving engine has been idle
+for IDLE_TRIM_S (no request), `malloc_trim` gives the heaps' free memory back (IdleTrim):
+a burst of large requests (a 15 MB prompt through Triton's `/generate`) leaves the
+process where it was before it, and the next busy period faults its pages in once.
 
 Threads other than the main one (the serving loop's, the forward's shard threads)
 allocate from arenas of their own, whose heaps hold at most 64 MiB: a larger block there
@@ -35,6 +38,8 @@ import ctypes
 import logging
 import os
 import platform
+import time
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +78,44 @@ def keep_large_blocks() -> bool:
     if not _applied:
         logger.info("glibc's mallopt refused the host-memory policy: large blocks stay mapped per allocation")
     return _applied
+
+
+IDLE_TRIM_S = 5.0
+
+
+def release_free_memory() -> bool:
+    """glibc's malloc_trim(0): every arena's free pages back to the system (the middle of
+    a heap too, by madvise). False where the C library is not glibc."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
+
+
+class IdleTrim:
+    """Calls `trim` every `after_s` while the engine stays idle, the first time `after_s`
+    after its last work: `idle()` on every idle turn of the loop, `busy()` whenever it
+    has work. (Idle, not only after engine work: a request refused before it reached the
+    engine, a 15 MB prompt over the length limit, grew the process too.)"""
+
+    def __init__(self, after_s: float = IDLE_TRIM_S, trim: Callable[[], bool] = release_free_memory,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.after_s, self._trim, self._clock = after_s, trim, clock
+        self._next: Optional[float] = None      # when idle() trims next
+
+    def busy(self) -> None:
+        self._next = None
+
+    def idle(self) -> None:
+        now = self._clock()
+        if self._next is None:
+            self._next = now + self.after_s
+        elif now >= self._next:
+            self._next = now + self.after_s
+            self._trim()
