@@ -168,11 +168,9 @@ def frontend_tls_args(triton_args: list[str]) -> list[str]:
     return ["--triton-ssl-root-cert", root] if root else []
 
 
-def server_http_env() -> str:
-    """The variable that tells our backend where tritonserver's HTTP port is (imported
-    here only when needed: the `backend` package loads torch)."""
-    from backend.triton_server.readiness import SERVER_HTTP_ENV
-    return SERVER_HTTP_ENV
+# The variable that tells our backend where tritonserver's HTTP port is: readiness.py's
+# SERVER_HTTP_ENV, written out (importing `backend` would load torch before an exec).
+SERVER_HTTP_ENV = "PAGED_LLM_SERVER_HTTP"
 
 
 def local_address(host: str) -> str:
@@ -293,7 +291,7 @@ class TritonServer:
                if k not in (KEY_FILE_ENV, UNRESTRICTED_ENV, "API_KEY", "API_KEY_FILE")}
         env.update(self.admin.env())
         if not self.supervised:             # (`serve` sets its own)
-            env[server_http_env()] = f"127.0.0.1:{self.http_port}"
+            env[SERVER_HTTP_ENV] = f"127.0.0.1:{self.http_port}"
         if self.api_keys:
             env["API_KEY"] = ",".join(self.api_keys)
         self.proc = subprocess.Popen(self.command(), env=env, cwd=ROOT, stdout=self._log,
@@ -438,6 +436,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="a tritonserver binary to use instead of the unpacked wheel's (e.g. in NVIDIA's image)")
     s.add_argument("--backend-directory", default=os.environ.get("TRITON_BACKEND_DIRECTORY"))
     args, extra = ap.parse_known_args(argv)
+    if getattr(args, "host", None):
+        args.host = args.host.strip("[]")     # (`--host [::1]`: the address itself from here on)
     if args.cmd == "install":
         install(force=args.force)
         print(f"tritonserver: {server_binary()}\nbackends:     {BACKENDS}")
@@ -457,7 +457,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                          http_host="127.0.0.1" if guarded else None)
     env = server_env() if args.tritonserver is None else dict(os.environ)
     # Where our backend asks whether its model is still ready (backend/triton_server/readiness.py).
-    env[server_http_env()] = f"{'127.0.0.1' if guarded else local_address(args.host)}:{triton_http_port}"
+    env[SERVER_HTTP_ENV] = f"{'127.0.0.1' if guarded else local_address(args.host)}:{triton_http_port}"
     for name in ("API_KEY", "API_KEY_FILE", KEY_ENV, KEY_FILE_ENV):   # the frontend's, and ours
         env.pop(name, None)
     # The model's stub checks runtime LoRA changes against it (backend/triton_server/engine_control.py).

@@ -88,6 +88,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._handled: set[int] = set()       # stub pids whose failure was dealt with
         self._stubs: dict[int, processes.Stub] = {}  # seen for this server process, for cleanup
+        self._server_lifetime: tuple[int, Optional[int]] = (0, None)    # (start, end) in boot clock ticks
         self._next_scan = 0.0
         self.sidecars = Sidecars(options.sidecars)
 
@@ -218,6 +219,8 @@ class Supervisor:
             os.remove(os.path.join(self.o.health_dir, name))
         env = {**self.o.env, HEALTH_DIR_ENV: self.o.health_dir}
         self.proc = subprocess.Popen(self.o.command, env=env)
+        # Its lifetime bounds which stubs are its (a pid is reused once it is gone).
+        self._server_lifetime = (processes.start_ticks(self.proc.pid), None)
         self.status.on_server_start()
         self._stubs.clear()
         deadline = time.monotonic() + self.o.startup_timeout_s
@@ -238,7 +241,10 @@ class Supervisor:
         if self.proc is None or time.monotonic() < self._next_scan:
             return
         self._next_scan = time.monotonic() + 2.0
-        for stub in processes.stubs_of(self.proc.pid):
+        start, end = self._server_lifetime
+        if end is None and self.proc.poll() is not None:
+            self._server_lifetime = (start, end := processes.now_ticks())
+        for stub in processes.stubs_of(self.proc.pid, (start, end)):
             self._stubs[stub.pid] = stub
 
     def _live_stubs(self) -> list[int]:

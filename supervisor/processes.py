@@ -45,15 +45,44 @@ def alive(pid: int, instance: str = "") -> bool:
     return not instance or instance in _cmdline(pid)
 
 
-def stubs_of(server_pid: Optional[int] = None) -> list[Stub]:
+def start_ticks(pid: int) -> int:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22); 0
+    when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def now_ticks() -> int:
+    """Clock ticks since boot now, on the scale of start_ticks."""
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def _pid_namespace(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def stubs_of(server_pid: Optional[int] = None, lifetime: Optional[tuple[int, Optional[int]]] = None) -> list[Stub]:
     """Python-backend stub processes: the server's, or every one with no pid. Their argv is
     stub, model.py, shm region, shm sizes..., parent pid, backend dir, ipc handle, instance name, ...
 
     A server's stubs include those it left behind when it died: reparented, they still
     name it in their argv. One whose thread was inside a call to the server when the
     server died waits for the answer for ever, holding the GIL, so it never exits (seen
-    with a server that failed to bind a port after loading its models)."""
+    with a server that failed to bind a port after loading its models).
+
+    `lifetime`: the server's (start, end or None while it lives), in clock ticks since
+    boot (start_ticks, now_ticks): a stub started outside it belongs to another process
+    that got the same pid later. Stubs in another pid namespace (a container's, whose
+    argv names a pid of its own namespace) are never a server's here."""
     found = []
+    own_namespace = _pid_namespace("self") if server_pid is not None else ""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -64,8 +93,16 @@ def stubs_of(server_pid: Optional[int] = None) -> list[Stub]:
         argv = _cmdline(pid)
         if not (argv and argv[0].endswith(STUB_BINARY) and len(argv) > 8):
             continue
-        if child or argv[5] == str(server_pid):
-            found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2], model_path=argv[1]))
+        if not (child or argv[5] == str(server_pid)):
+            continue
+        if server_pid is not None:
+            if own_namespace and _pid_namespace(entry) not in ("", own_namespace):
+                continue
+            if lifetime is not None:
+                started = start_ticks(pid)
+                if started < lifetime[0] or (lifetime[1] is not None and started > lifetime[1]):
+                    continue
+        found.append(Stub(pid=pid, instance=argv[8], shm_region=argv[2], model_path=argv[1]))
     return found
 
 

@@ -180,7 +180,13 @@ def _shutdown_attempt(tmp_path, tiny_ckpt):
         endless.start()
         assert streaming.wait(30), "the stream never started"
         # This server's backend regions (other servers may run beside it: make test's workers).
-        own_regions = {stub.shm_region for stub in stubs_of() if stub.model_path.startswith(str(tmp_path))}
+        own = [stub for stub in stubs_of() if stub.model_path.startswith(str(tmp_path))]
+        own_regions = {stub.shm_region for stub in own}
+        # The backend asks the server's HTTP port whether it is stopping (readiness.py):
+        # without that address it falls back to the IPC call that crashes the stub.
+        for stub in own:
+            with open(f"/proc/{stub.pid}/environ", "rb") as f:
+                assert b"PAGED_LLM_SERVER_HTTP=127.0.0.1:" in f.read()
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         short.start()

@@ -1,6 +1,8 @@
 """What `serve` tells tritonserver and the processes beside it: addresses, and Triton's gRPC
 TLS for the OpenAI frontend (clients/tritonserver.py)."""
 
+import pytest
+
 from clients.tritonserver import frontend_tls_args, local_address
 
 
@@ -50,3 +52,24 @@ def test_off_loopback_serve_warns_that_tritons_inference_apis_take_no_key():
     assert "Triton's inference APIs" in exposed and "take no key" in exposed
     exposed, unguarded = exposure_warnings("0.0.0.0", True, guard_enabled("auto", "0.0.0.0"))
     assert "no HTTP guard" in unguarded and "CVE-2025-23310" in unguarded
+
+
+def test_serve_tells_the_backend_where_tritons_http_port_is(monkeypatch, tmp_path):
+    """The backend asks that port whether its model is still ready (readiness.py): the IPC
+    call it would use otherwise crashes Triton 24.10's stub at SIGTERM about half the time."""
+    import clients.tritonserver as launcher
+    from backend.triton_server.readiness import SERVER_HTTP_ENV
+    assert launcher.SERVER_HTTP_ENV == SERVER_HTTP_ENV
+    seen = {}
+
+    def execve(path, cmd, env):
+        seen["env"], seen["cmd"] = env, cmd
+        raise SystemExit(0)
+    monkeypatch.setattr(launcher.os, "execve", execve)
+    monkeypatch.setenv("TRITON_ADMIN_KEY", "k" * 32)
+    for host, want in (("127.0.0.1", "127.0.0.1:18000"), ("0.0.0.0", "127.0.0.1:18000"),
+                       ("::1", "[::1]:18000"), ("[::1]", "[::1]:18000")):
+        with pytest.raises(SystemExit):
+            launcher.main(["serve", "--no-supervisor", "--tritonserver", "/bin/true", "--host", host,
+                           "--http-port", "18000", "--model-repository", str(tmp_path)])
+        assert seen["env"][SERVER_HTTP_ENV] == want, host

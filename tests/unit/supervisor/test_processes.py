@@ -49,9 +49,18 @@ def test_stubs_of_a_dead_server_include_those_it_left_behind(tmp_path):
     orphan = int(server.stdout.readline())
     server.wait()                                    # the server is gone, its stub lives on
     try:
+        for _ in range(100):                         # (until the child has exec'd the "stub")
+            if processes._cmdline(orphan)[:1] == [str(stub)]:
+                break
+            time.sleep(0.02)
         assert processes.alive(orphan) and processes._stat(orphan)[1] != server.pid
         assert [s.pid for s in processes.stubs_of(server.pid)] == [orphan]
         assert processes.stubs_of(server.pid + 100000) == []
+        # A lifetime that ended before the stub started is another process's with that pid.
+        started = processes.start_ticks(orphan)
+        assert [s.pid for s in processes.stubs_of(server.pid, (started, None))] == [orphan]
+        assert processes.stubs_of(server.pid, (started - 100, started - 1)) == []
+        assert processes.stubs_of(server.pid, (started + 1, None)) == []
     finally:
         processes.kill(orphan)
 
