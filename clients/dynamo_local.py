@@ -179,7 +179,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--api-key", action="append", default=[], help="keys for /v1/* (repeatable; also API_KEY)")
     args = p.parse_args(argv)
     keys = args.api_key + [k for k in os.environ.get("API_KEY", "").split(",") if k]
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
+    if ":" in args.host:
+        # (Dynamo's frontend is started on 127.0.0.1, and the guard is waited for there.)
+        p.error(f"--host {args.host}: clients.dynamo_local listens on IPv4 only; use 127.0.0.1, or 0.0.0.0 "
+                "with --api-key")
+    if args.host not in ("127.0.0.1", "localhost") and not keys:
         p.error(f"--host {args.host} exposes the API: give it --api-key (or API_KEY)")
     root = tempfile.mkdtemp(prefix="dynamo-local-")
     stack = start_services(root)
