@@ -4,8 +4,9 @@ large-input attacks of issue 49 (items 7, 11, 12), against a running `make serve
     python -m benchmarks.memory_after_attacks --openai http://127.0.0.1:9000 --http http://127.0.0.1:8000 \
         --api-key KEY --repeat 10
 
-Each attack is sent `--repeat` times; then the resident memory (VmRSS) of the frontend
-process and of the `llm` stub is read right after, and again after `--settle-s`.
+After one normal-sized request of each kind (the baseline is the server after normal
+use), each attack is sent `--repeat` times; then the resident memory (VmRSS) of the
+frontend process and of the `llm` stub is read right after, and again after `--settle-s`.
 Talks only to the given loopback addresses; reads /proc for the processes.
 """
 
@@ -50,14 +51,15 @@ def post(url: str, body: bytes, headers: dict) -> int:
         return 0
 
 
-def attacks(openai: str, http: str, key: str) -> dict[str, Callable[[], int]]:
+def attacks(openai: str, http: str, key: str, scale: int = MB) -> dict[str, Callable[[], int]]:
+    """Each attack; `scale` 1 gives the same requests at a normal size (the warm-up)."""
     auth = {"authorization": f"Bearer {key}"} if key else {}
-    big = "word " * (3 * MB)                                   # 15 MB of text
+    big = "word " * (3 * scale)                                # 15 MB of text
     return {
         # (the top-level `reasoning` field is what a stored response keeps: the red team's
         # 40 x 10 MB; a `reasoning` input item is dropped before anything is stored)
         "responses_10mb_reasoning": lambda: post(openai + "/v1/responses", json.dumps({
-            "model": "llm", "max_output_tokens": 2, "reasoning": {"effort": "r" * (10 * MB)},
+            "model": "llm", "max_output_tokens": 2, "reasoning": {"effort": "r" * (10 * scale)},
             "input": "hi"}).encode(), auth),
         "tokenize_15mb": lambda: post(openai + "/tokenize", json.dumps({"model": "llm", "prompt": big}).encode(),
                                       auth),
@@ -75,8 +77,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--api-key", default=os.environ.get("API_KEY", ""))
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--settle-s", type=float, default=10.0)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="take the baseline right away, not after one normal-sized request of each kind")
     args = ap.parse_args(argv)
     frontend, stub = "frontend.openai_api", "/llm/1/model.py"
+    print(json.dumps({"at_start": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
+    if not args.no_warm_up:
+        # The baseline is the server after normal use: what each route loads or builds on
+        # its first request (code, schemas, caches) is not the attack's.
+        warm = [attack() for attack in attacks(args.openai, args.http, args.api_key, scale=1).values()]
+        time.sleep(args.settle_s)
+        print(json.dumps({"warm_up_statuses": warm}), flush=True)
     print(json.dumps({"baseline": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
     for name, attack in attacks(args.openai, args.http, args.api_key).items():
         statuses = [attack() for _ in range(args.repeat)]
