@@ -34,6 +34,7 @@ import urllib.request
 import zipfile
 from typing import Optional
 
+from supervisor import processes
 from supervisor.admin_access import HEADER, KEY_ENV, KEY_FILE_ENV, UNRESTRICTED_ENV, AdminAccess, AdminKeyError, resolve
 from supervisor.triton_api import TritonAPI, http_request
 
@@ -296,6 +297,7 @@ class TritonServer:
             env["API_KEY"] = ",".join(self.api_keys)
         self.proc = subprocess.Popen(self.command(), env=env, cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT)
+        self._started_ticks = processes.start_ticks(self.proc.pid)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -347,6 +349,12 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.supervised:
+            # A killed server leaves its stubs behind, some for good (one blocked in a call
+            # to it holds the GIL: supervisor/processes.py); the supervisor cleans its own.
+            for stub in processes.stubs_of(self.proc.pid, (self._started_ticks, processes.now_ticks())):
+                processes.kill(stub.pid)
+                processes.remove_shm(stub.shm_region)
         self._log.close()
         return self.proc.returncode
 
