@@ -182,7 +182,7 @@ def local_address(host: str) -> str:
         return "127.0.0.1"
     if host == "::":
         host = "::1"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"[{host}]" if _is_ipv6(host) and not host.startswith("[") else host
 
 
 def exposure_warnings(host: str, no_supervisor: bool, wants_guard: bool) -> list[str]:
@@ -353,8 +353,7 @@ class TritonServer:
             # A killed server leaves its stubs behind, some for good (one blocked in a call
             # to it holds the GIL: supervisor/processes.py); the supervisor cleans its own.
             for stub in processes.stubs_of(self.proc.pid, (self._started_ticks, processes.now_ticks())):
-                processes.kill(stub.pid)
-                processes.remove_shm(stub.shm_region)
+                processes.end_stub(stub)
         self._log.close()
         return self.proc.returncode
 

@@ -278,9 +278,7 @@ class Supervisor:
             self._next_scan = 0.0
             self._scan_stubs()
         for stub in self._stubs.values():
-            if processes.alive(stub.pid, stub.instance):
-                processes.kill(stub.pid)  # a stub outliving its server holds memory (and the GPU)
-            processes.remove_shm(stub.shm_region)
+            processes.end_stub(stub)
         self._stubs.clear()
 
     # ------------------------------------------------------------ shutdown

@@ -122,6 +122,14 @@ def kill(pid: int) -> None:
         pass
 
 
+def end_stub(stub: Stub) -> None:
+    """A stub that outlived its server: killed if it still runs (it holds memory, and the
+    GPU), and its shared-memory region, which nobody else will unlink, removed."""
+    if alive(stub.pid, stub.instance):
+        kill(stub.pid)
+    remove_shm(stub.shm_region)
+
+
 def remove_shm(region: str) -> None:
     """A killed server cannot unlink its stubs' regions (1 MiB and more each)."""
     if "/" in region or not region:
