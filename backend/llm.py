@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Optional, Sequence, Union
 
 from backend.config import EngineArgs
-from backend.engine.runner.cpu_shards import restore_caller_threads
+from backend.engine.runner.cpu_threads import restore_caller_threads
 from backend.engine.llm_engine import LLMEngine, Prompt
 from backend.engine.outputs import RequestOutput
 from backend.engine.parallel_sampling import child_requests
@@ -74,7 +74,7 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
         finally:
-            restore_caller_threads()        # (a split forward lowered this thread's: cpu_shards.py)
+            restore_caller_threads()        # (the engine set this thread's per step: cpu_threads.py)
         outputs = []
         for parent_id, child_ids in fanned:
             if len(child_ids) == 1 and child_ids[0] == parent_id:

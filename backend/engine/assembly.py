@@ -22,7 +22,8 @@ from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
 from backend.engine.runner import profile_run
-from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
+from backend.engine.runner.cpu_shards import MIN_SHARD_WORK, ShardedForward, last_level_cache_bytes, sharded_forward
+from backend.engine.runner.cpu_threads import StepThreads, intra_op_threads, step_threads
 from backend.engine.runner.cuda_graphs import verify_query_len
 from backend.engine.host_malloc import keep_large_blocks
 from backend.engine.kv_events.collector import KVEventCollector
@@ -238,6 +239,7 @@ def _assemble(args: EngineArgs, started: list) -> EngineParts:
     runner = _make_runner(args, cfg, model, kv_layers, device, max_model_len, max_position,
                           long_rope_original, vision is not None and vision.processor.whole_images, workers=workers,
                           lora=lora, shards=shards, drafter=drafter,
+                          threads=_step_threads(args, cfg, device, attention_backend, workers, shards, weight_bytes),
                           kv_connector=HostKVCache(kv_layers, host_tier.index.num_slots) if host_tier else None,
                           encoder_outputs=EncoderOutputs(model, device, dtype) if vision is not None else None,
                           tree=spec.token_tree if spec is not None else None)
@@ -332,6 +334,19 @@ def _make_runner(args: EngineArgs, cfg: ModelConfig, model, kv_layers, device: t
         raise ConfigError(f"invalid engine argument 'model_runner': '{args.model_runner}' needs a package "
                           f"that is not installed ({e})") from None
     return GraphModelRunner(graph, *common)
+
+
+def _step_threads(args: EngineArgs, cfg: ModelConfig, device: torch.device, attention_backend: str, workers,
+                  shards: Optional[ShardedForward], weight_bytes: int) -> Optional[StepThreads]:
+    """The engine thread's intra-op threads per step (cpu_threads.py): the torch model on
+    CPU on one rank, its weights in the last-level cache; a step worth less than two
+    shards runs with one thread, the rest with one shard's share (when the forward is
+    split) or all."""
+    eligible = (args.model_runner == "torch" and device.type == "cpu" and attention_backend == "torch"
+                and workers is None)
+    busy = shards.threads_per_shard if shards is not None else intra_op_threads()
+    return step_threads(eligible, busy, cfg.hidden_size, cfg.num_layers, weight_bytes <= last_level_cache_bytes(),
+                        2 * MIN_SHARD_WORK)
 
 
 def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attention_backend: str, workers, lora,

@@ -19,10 +19,10 @@ Where a step runs (by its work, a flop proxy):
   but is one sequence (a long prompt alone);
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
   dispatch, and handing it to another thread only adds latency.
-The calling thread (the engine's) is set to one shard's share of intra-op threads at its
-first split step (the offline API restores it when `generate` returns), so that its own
-ops (the sampler, small steps) do not oversubscribe the cores the shards use. With
-libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that loads torch before
+The calling thread (the engine's) runs with one shard's share of intra-op threads, or
+one for a small step (cpu_threads.StepThreads, which the engine sets before each step),
+so that its own ops (the sampler, small steps) do not oversubscribe the cores the shards
+use. With libgomp spinning (OMP_WAIT_POLICY=ACTIVE, or a script that loads torch before
 `backend`) this matters: its OpenMP worker held a core for ~3 ms after
 each of the caller's ops, and the second shard started 3.3 ms after the first (median;
 0.3 ms with one share). Under the default PASSIVE policy the gain was within noise.
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import glob
 import itertools
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Optional
@@ -41,14 +40,8 @@ import numpy as np
 import torch
 
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
+from backend.engine.runner.cpu_threads import intra_op_threads, sequence_costs, set_caller_threads
 
-# A sequence costs its new tokens (the projections) and, per new token, the keys it
-# attends to. Per layer a token costs ~32 h^2 flops in the projections and a key ~4 h in
-# attention (h: hidden size), so a key weighs ~1 / (8 h) of a token by flops; the
-# attention's gather and small batched ops make it far dearer than that. Measured on the
-# default model (bench_vllm_peer, 2 interleaved runs each): 4 / h 2,729 tok/s, 16 / h
-# 2,823, 64 / h 2,835; the shards' imbalance changed little from 64 / h to 1024 / h.
-KEY_WEIGHT = 32.0         # x 1 / hidden_size
 # Work (the cost above x h^2 x layers, a flop proxy) each shard must have. Below it the
 # ops are so small that Python's dispatch dominates and two threads mostly contend for the
 # GIL. Default model (h 256, 4 layers), decode rows of 64 tokens, split / whole per step:
@@ -70,11 +63,6 @@ PROBE_EVERY = 50
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
 _cpu_time = time.thread_time
 
-# Per thread: the intra-op threads it had before this module lowered them, so that an
-# engine built later on the same thread (tests build many) decides as the first did.
-# (Thread-local, not keyed by thread id: a new thread may reuse a dead one's id.)
-_threads_before = threading.local()
-
 
 def _set_thread_count(n: int) -> None:
     """A pool thread's intra-op threads. ATen sets a thread's count lazily, at its first
@@ -82,27 +70,6 @@ def _set_thread_count(n: int) -> None:
     now, so a later set_num_threads on another thread cannot change this one's."""
     torch.get_num_threads()
     torch.set_num_threads(n)
-
-
-def restore_caller_threads() -> None:
-    """This thread's intra-op threads back to what they were before a split step lowered
-    them. The offline API calls it when `generate` returns: there the engine's thread is
-    the user's."""
-    count = getattr(_threads_before, "count", None)
-    if count is not None:
-        torch.set_num_threads(count)
-        _threads_before.count = None
-
-
-def intra_op_threads() -> int:
-    """This thread's intra-op threads as they were before any sharded forward ran on it."""
-    return getattr(_threads_before, "count", None) or torch.get_num_threads()
-
-
-def sequence_costs(query_lens: list[int], seq_lens: list[int], hidden_size: int) -> list[float]:
-    """Each sequence's estimated work in the step, in tokens' worth."""
-    key_weight = KEY_WEIGHT / hidden_size
-    return [q * (1.0 + key_weight * s) for q, s in zip(query_lens, seq_lens)]
 
 
 def shard_bounds(cost: list[float], num_shards: int) -> list[int]:
@@ -177,10 +144,10 @@ class ShardedForward:
         splittable = worth >= 2 and len(cost) >= 2
         if splittable and self.whole_steps_left > 0:     # a core is taken
             self.whole_steps_left -= 1
-            self._lower_caller_threads()
+            set_caller_threads(self.threads_per_shard)
             parts = [run(0, len(cost))]
         elif splittable:
-            self._lower_caller_threads()
+            set_caller_threads(self.threads_per_shard)
             bounds = shard_bounds(cost, worth)
             futures = [self._pool.submit(timed, a, b) for a, b in zip(bounds, bounds[1:])]
             # Every shard done before anything is raised: a shard still writing K/V must
@@ -211,13 +178,6 @@ class ShardedForward:
             (1 - _EFFICIENCY_WEIGHT) * self.efficiency + _EFFICIENCY_WEIGHT * efficiency)
         if self.efficiency < CONTENDED_EFFICIENCY and self.threads_per_shard == 1:
             self.whole_steps_left = PROBE_EVERY
-
-    def _lower_caller_threads(self) -> None:
-        """The calling thread to one shard's share of intra-op threads, before its first
-        split step (see the module's docstring); once per thread."""
-        if getattr(_threads_before, "count", None) is None:
-            _threads_before.count = torch.get_num_threads()
-            torch.set_num_threads(self.threads_per_shard)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

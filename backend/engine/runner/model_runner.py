@@ -16,6 +16,7 @@ from backend.engine.sampling import logprobs
 from backend.engine.sampling import prompt_logprobs
 from backend.engine.runner.buffers import GrowingStagedBuffer
 from backend.engine.runner.cpu_shards import ShardedForward
+from backend.engine.runner.cpu_threads import StepThreads
 from backend.engine.runner.cuda_graphs import capture_decode_graphs, sampled_logits
 from backend.engine.sampling.logprobs import TokenLogprobs
 from backend.engine.outputs import ModelRunnerOutput
@@ -72,7 +73,7 @@ class ModelRunner:
     def __init__(self, model: Optional[CausalLM], kv_caches: list[KVCacheLayer], block_size: int,
                  device: torch.device, sampler: Sampler, inputs: StepInputBuilder, vocab_size: int,
                  workers=None, lora=None, shards: Optional[ShardedForward] = None, drafter=None, kv_connector=None,
-                 encoder_outputs=None, tree: Optional[TokenTree] = None) -> None:
+                 encoder_outputs=None, tree: Optional[TokenTree] = None, threads: Optional[StepThreads] = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -84,6 +85,8 @@ class ModelRunner:
         self.graphs = None
         # On CPU: the forward split by sequences over threads (cpu_shards.py).
         self.shards = shards
+        # On CPU: one intra-op thread for a small step, more for the rest (cpu_threads.py).
+        self.threads = threads
         # Tensor and pipeline parallelism: the other ranks (backend/parallel/workers.py),
         # sent each step's changes to the request states before this rank runs its
         # shard of the same forward.
@@ -121,6 +124,8 @@ class ModelRunner:
             capture, max_num_seqs, max_model_len, verify_query_len)
 
     def forward(self, step: StepInputs) -> Optional[torch.Tensor]:
+        if self.threads is not None:
+            self.threads.apply(step.meta)
         return run_model(self.model, self.kv_caches, step, self.shards)
 
     def run_forward(self, step: StepInputs, graph: Optional[GraphShape]) -> Optional[torch.Tensor]:

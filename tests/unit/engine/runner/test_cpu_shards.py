@@ -218,9 +218,9 @@ def test_last_level_cache_size_is_read_or_defaults():
 
 
 def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, monkeypatch):
-    """From its first split step on, the engine's thread runs its own ops (the sampler,
-    small steps) with one shard's share of intra-op threads; `generate` gives the user's
-    thread its count back when it returns."""
+    """The engine's thread runs its own ops (the sampler, small steps) with one shard's
+    share of intra-op threads, a step too small to share with one (cpu_threads.py);
+    `generate` gives the user's thread its count back when it returns."""
     path = make_checkpoint(str(ckpt_dir / "llama"), "llama")
     seen = {}
 
@@ -236,7 +236,7 @@ def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, mon
     def engine_thread():
         torch.set_num_threads(2)
         small, split = [], []
-        generate(small)                                 # too little work to split: untouched
+        generate(small)                                 # too little work to split: one thread
         monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
         generate(split)
         seen.update(small_steps=set(small), split_steps=set(split), after=torch.get_num_threads(),
@@ -245,7 +245,7 @@ def test_the_calling_thread_runs_its_share_and_gets_its_count_back(ckpt_dir, mon
     t = threading.Thread(target=engine_thread)
     t.start()
     t.join()
-    assert seen == {"small_steps": {2}, "split_steps": {1}, "after": 2, "before": 2}
+    assert seen == {"small_steps": {1}, "split_steps": {1}, "after": 2, "before": 2}
 
 
 def test_shard_threads_keep_their_count_whatever_another_thread_sets_later():
