@@ -33,6 +33,7 @@ tick instead of ending the supervisor and orphaning tritonserver.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import resource
@@ -75,12 +76,17 @@ class SupervisorOptions:
     startup_timeout_s: float = 900.0
     drain_timeout_s: float = 30.0       # other models' drain before a restart kills the server
     kill_after_stubs_exit_s: float = 3.0
-    health_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="paged_llm_health_"))
+    # Where the backend's stubs write their health reports. Empty: a temporary folder
+    # made when the Supervisor is built (not when the options are: a test or a config
+    # check builds options it never runs, and each left a folder behind).
+    health_dir: str = ""
     sidecars: list[Sidecar] = field(default_factory=list)
 
 
 class Supervisor:
     def __init__(self, options: SupervisorOptions) -> None:
+        if not options.health_dir:
+            options = dataclasses.replace(options, health_dir=tempfile.mkdtemp(prefix="paged_llm_health_"))
         self.o = options
         self.api = TritonAPI(f"{options.triton_host}:{options.http_port}", options.admin_headers)
         self.status = SupervisorStatus()

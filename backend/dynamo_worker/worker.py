@@ -12,8 +12,10 @@ Dynamo's KvEventPublisher relays them to its event plane, as Dynamo's vLLM worke
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -56,7 +58,9 @@ def with_kv_events(args: EngineArgs) -> EngineArgs:
     events = args.kv_events_config
     if events is not None and events.enable_kv_cache_events and events.publisher == "zmq":
         return args
-    path = os.path.join(tempfile.mkdtemp(prefix="paged-llm-kv-"), "events")
+    folder = tempfile.mkdtemp(prefix="paged-llm-kv-")
+    atexit.register(shutil.rmtree, folder, True)        # (each run left its socket's folder behind)
+    path = os.path.join(folder, "events")
     return validated(EngineArgs, ConfigError, "argument", **{
         **args.model_dump(exclude_unset=True),
         "kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{path}"}})

@@ -84,3 +84,16 @@ def test_kv_events_are_switched_on_unless_the_entry_configures_them(tiny_ckpt):
     assert with_kv_events(own) is own
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
         with_kv_events(EngineArgs(model=tiny_ckpt, enable_prefix_caching=False))
+
+
+def test_the_events_socket_folder_goes_when_the_worker_exits(tiny_ckpt):
+    """Each worker run left its private socket's folder in /tmp."""
+    import os
+    import subprocess
+    import sys
+    code = ("from backend.config import EngineArgs; from backend.dynamo_worker.worker import with_kv_events; "
+            f"print(with_kv_events(EngineArgs(model={tiny_ckpt!r})).kv_events_config.endpoint)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    folder = os.path.dirname(out.stdout.strip().removeprefix("ipc://"))
+    assert folder.startswith(os.path.join(os.path.dirname(folder), "paged-llm-kv-"))
+    assert not os.path.exists(folder)

@@ -24,6 +24,21 @@ def sup(tmp_path):
     s.proc.wait()
 
 
+def test_options_make_no_folder_and_the_supervisor_its_own():
+    """A temporary health folder is made when a Supervisor is built, not when its options
+    are (each unused SupervisorOptions left one in /tmp)."""
+    import glob
+    import shutil
+    import tempfile
+    pattern = os.path.join(tempfile.gettempdir(), "paged_llm_health_*")
+    before = set(glob.glob(pattern))
+    options = SupervisorOptions(command=[], env={}, http_port=0)
+    assert options.health_dir == "" and set(glob.glob(pattern)) == before
+    s = Supervisor(options)
+    assert os.path.isdir(s.o.health_dir) and s.o.health_dir not in before and options.health_dir == ""
+    shutil.rmtree(s.o.health_dir)
+
+
 def report(sup, pid, state="serving", age_s=0.0, instance="llm_0_0", model="llm", **kw):
     r = HealthReport(instance=instance, model=model, pid=pid, state=state, **kw)
     write_report(sup.o.health_dir, r)
