@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,23 +87,39 @@ class Stack:
         raise RuntimeError(f"{what}: not ready in {timeout_s:.0f} s")
 
 
-def start_services(root: str) -> Stack:
+def start_services(root: str, attempts: int = 3) -> Stack:
     """NATS (with JetStream) and etcd on loopback ports, and the environment Dynamo reads
-    them from (NATS_SERVER, ETCD_ENDPOINTS)."""
+    them from (NATS_SERVER, ETCD_ENDPOINTS). A free port can be taken by another process
+    before the service binds it (CI's two lanes start servers side by side): then again
+    on fresh ports, up to `attempts` times."""
+    for attempt in range(attempts):
+        stack = _start_services(root)
+        try:
+            stack.wait_for(lambda: "Server is ready" in stack.children[0].log(), "nats-server")
+            stack.wait_for(lambda: http_ok(f"http://127.0.0.1:{stack.children[1].port}/health"), "etcd")
+            return stack
+        except RuntimeError as e:
+            stack.stop_all()
+            if "address already in use" not in str(e) or attempt + 1 == attempts:
+                raise
+            for folder in ("jetstream", "etcd"):
+                shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _start_services(root: str) -> Stack:
     nats_port, etcd_port, peer_port = free_port(), free_port(), free_port()
     env = {**os.environ, "NATS_SERVER": f"nats://127.0.0.1:{nats_port}",
            "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd_port}", "PYTHONUNBUFFERED": "1"}
     stack = Stack(root, env)
-    nats = stack.start("nats", ["nats-server", "-a", "127.0.0.1", "-p", str(nats_port), "-js",
-                                "-sd", os.path.join(root, "jetstream")], nats_port)
+    stack.start("nats", ["nats-server", "-a", "127.0.0.1", "-p", str(nats_port), "-js",
+                         "-sd", os.path.join(root, "jetstream")], nats_port)
     stack.start("etcd", ["etcd", "--name", "local", "--data-dir", os.path.join(root, "etcd"),
                          "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
                          "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
                          "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
                          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
                          "--initial-cluster", f"local=http://127.0.0.1:{peer_port}"], etcd_port)
-    stack.wait_for(lambda: "Server is ready" in nats.log(), "nats-server")
-    stack.wait_for(lambda: http_ok(f"http://127.0.0.1:{etcd_port}/health"), "etcd")
     return stack
 
 
