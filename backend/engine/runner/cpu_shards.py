@@ -42,7 +42,7 @@ import torch
 from backend.attention.metadata import AttentionMetadata, KVCacheLayer
 from backend.engine.runner.cpu_threads import intra_op_threads, sequence_costs, set_caller_threads
 
-# Work (the cost above x h^2 x layers, a flop proxy) each shard must have. Below it the
+# Work (cpu_threads.sequence_costs x h^2 x layers, a flop proxy) each shard must have. Below it the
 # ops are so small that Python's dispatch dominates and two threads mostly contend for the
 # GIL. Default model (h 256, 4 layers), decode rows of 64 tokens, split / whole per step:
 # with libgomp spinning 8 rows 0.63x, 16 rows (38e6 in all) 0.84x, 32 rows (75e6) 1.10x;
