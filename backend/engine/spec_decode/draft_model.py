@@ -50,6 +50,7 @@ from backend.engine.runner.cuda_graphs import DecodeGraphs, capture_decode_graph
 from backend.engine.runner.model_runner import run_model
 from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
+from backend.ops.cpu_argmax import argmax_rows
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.proposals import Proposals
@@ -237,6 +238,10 @@ def draw_proposals(sampler: Sampler, logits: torch.Tensor, requests: list[Verify
     """Proposals from a drafter's logits under each request's sampling settings, and the
     distributions they came from (None when every request is greedy)."""
     V = vocab_size
+    if all(plain_greedy(r, V) for r in requests):
+        # What the sampler would draw (no processor changes these rows' logits), without
+        # its per-row preparation: a fresh set of rows every forward, so never kept.
+        return argmax_rows(logits[:, :V] if logits.shape[-1] > V else logits), None
     if logits.shape[-1] < V:
         logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
     logits = logits[:, :V]
@@ -245,6 +250,13 @@ def draw_proposals(sampler: Sampler, logits: torch.Tensor, requests: list[Verify
         return tokens, None
     # q as the rejection sampler reads it: normalised (top-p and min-p leave gaps).
     return tokens, probs / probs.sum(dim=-1, keepdim=True)
+
+
+def plain_greedy(request: VerifyRow, vocab_size: int) -> bool:
+    """A greedy request whose logits no token processor changes (no penalties, bad words,
+    bias or min_tokens): its draw is the logits' argmax."""
+    row = request.sampling_row
+    return row is not None and row.vocab_size == vocab_size and row.greedy and not row.token_processors
 
 
 def _layout(proposing: list["_Row"], num_forwards: int) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:

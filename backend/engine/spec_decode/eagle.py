@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from backend.engine.runner.buffers import GrowingStagedBuffer
-from backend.engine.spec_decode.draft_model import DraftModelProposer, _Row
+from backend.engine.spec_decode.draft_model import DraftModelProposer, _Row, plain_greedy
 from backend.engine.spec_decode.proposals import Proposals
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.token_tree import TokenTree
+from backend.ops.cpu_argmax import argmax_rows
 from backend.engine.spec_decode.tree_drafting import hand_over, level_plan, top_candidates
 
 
@@ -121,6 +122,8 @@ class EagleProposer(DraftModelProposer):
         return logits
 
     def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]):
+        if self._to_target is not None and all(plain_greedy(r, self.vocab_size) for r in requests):
+            return self._to_target[argmax_rows(logits)], None      # (no scatter into the target's vocabulary)
         if self._to_target is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             full[:, self._to_target] = logits
