@@ -96,7 +96,10 @@ def start_services(root: str, attempts: int = 3) -> Stack:
         stack = _start_services(root)
         try:
             stack.wait_for(lambda: "Server is ready" in stack.children[0].log(), "nats-server")
-            stack.wait_for(lambda: http_ok(f"http://127.0.0.1:{stack.children[1].port}/health"), "etcd")
+            # (ours alive: the port's answer could be another etcd's, ours having failed to bind)
+            etcd = stack.children[1]
+            stack.wait_for(lambda: etcd.process.poll() is None and http_ok(f"http://127.0.0.1:{etcd.port}/health"),
+                           "etcd")
             return stack
         except RuntimeError as e:
             stack.stop_all()

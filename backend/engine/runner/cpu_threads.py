@@ -59,7 +59,8 @@ def set_caller_threads(n: int) -> None:
 def restore_caller_threads() -> None:
     """This thread's intra-op threads back to what they were before this module changed
     them. The offline API calls it when `generate` returns: there the engine's thread is
-    the user's."""
+    the user's. Code that steps an LLMEngine itself on its own thread calls it too, or keeps
+    the last step's count (torch also takes it as the default of threads started later)."""
     count = getattr(_threads_before, "count", None)
     if count is not None:
         torch.set_num_threads(count)

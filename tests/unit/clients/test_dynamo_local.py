@@ -1,5 +1,7 @@
 """clients/dynamo_local.py's argument checks (the stack itself: tests/integration/test_dynamo_serving.py)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from clients import dynamo_local
@@ -22,6 +24,7 @@ class _FakeStack:
 
     def __init__(self, error):
         self.error, self.stopped = error, False
+        self.children = [None, SimpleNamespace(process=SimpleNamespace(poll=lambda: None), port=1)]     # nats, etcd
 
     def wait_for(self, ready, what):
         if self.error:

@@ -24,19 +24,17 @@ def sup(tmp_path):
     s.proc.wait()
 
 
-def test_options_make_no_folder_and_the_supervisor_its_own():
+def test_options_make_no_folder_and_the_supervisor_its_own(tmp_path, monkeypatch):
     """A temporary health folder is made when a Supervisor is built, not when its options
-    are (each unused SupervisorOptions left one in /tmp)."""
-    import glob
-    import shutil
+    are (each unused SupervisorOptions left one in /tmp). Temporary folders go to the
+    test's own folder here: the other CI lane's supervisors make theirs in /tmp."""
     import tempfile
-    pattern = os.path.join(tempfile.gettempdir(), "paged_llm_health_*")
-    before = set(glob.glob(pattern))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     options = SupervisorOptions(command=[], env={}, http_port=0)
-    assert options.health_dir == "" and set(glob.glob(pattern)) == before
+    assert options.health_dir == "" and os.listdir(tmp_path) == []
     s = Supervisor(options)
-    assert os.path.isdir(s.o.health_dir) and s.o.health_dir not in before and options.health_dir == ""
-    shutil.rmtree(s.o.health_dir)
+    assert os.listdir(tmp_path) == [os.path.basename(s.o.health_dir)] and options.health_dir == ""
+    assert os.path.basename(s.o.health_dir).startswith("paged_llm_health_")
 
 
 def report(sup, pid, state="serving", age_s=0.0, instance="llm_0_0", model="llm", **kw):
