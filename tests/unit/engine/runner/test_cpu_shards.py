@@ -19,6 +19,7 @@ from backend.engine.runner import cpu_shards
 from backend.engine.runner.cpu_shards import ShardedForward, sequence_costs, shard_bounds
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
+from tests.helpers.threads import on_fresh_thread
 
 
 def test_shard_bounds_cut_contiguous_runs_of_equal_work():
@@ -78,7 +79,7 @@ def test_where_a_step_runs_and_its_rows_come_back_in_order(case, where):
     rows = [t - 1 for t in last] + [0, 1] if case != "32 decode rows" else [t - 1 for t in last] + [0, 30]
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
     model = _RowIds()
-    out = threading_result(lambda: shards(model, [], _step(q, s, rows)))
+    out = on_fresh_thread(lambda: shards(model, [], _step(q, s, rows)))
     shards.close()
     assert {name.split("_")[0] for name, _ in model.calls} == where
     assert len(model.calls) == (2 if where == {"cpu-shard"} else 1)
@@ -104,7 +105,7 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
         seen = []
         for _ in range(n):
             model.calls.clear()
-            out = threading_result(lambda: shards(model, [], _step(q, s, rows)))
+            out = on_fresh_thread(lambda: shards(model, [], _step(q, s, rows)))
             assert out[:, 0].tolist() == rows
             seen.append({name.split("_")[0] for name, _ in model.calls})
         return seen
@@ -129,19 +130,9 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
     wide = ShardedForward(2, 2, hidden_size=256, num_layers=4)
     monkeypatch.setattr(cpu_shards, "_cpu_time", lambda: 0.0)
     for _ in range(3):
-        threading_result(lambda: wide(model, [], _step(q, s, rows)))
+        on_fresh_thread(lambda: wide(model, [], _step(q, s, rows)))
     assert wide.efficiency < cpu_shards.CONTENDED_EFFICIENCY and wide.whole_steps_left == 0
     wide.close()
-
-
-def threading_result(fn):
-    """fn() on a fresh thread (named as the inline path's check expects): a split step
-    lowers its caller's intra-op threads, which must not touch the test process's."""
-    box = {}
-    t = threading.Thread(target=lambda: box.update(out=fn()), name="MainThread")
-    t.start()
-    t.join()
-    return box["out"]
 
 
 @pytest.fixture
@@ -177,7 +168,7 @@ def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
         llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=80, max_num_seqs=8, max_num_batched_tokens=40,
                   cpu_forward_shards=shards)
         assert (llm.engine.runner.shards is not None) == (shards == 2)
-        results[shards] = threading_result(lambda: llm.generate(prompts, params))
+        results[shards] = on_fresh_thread(lambda: llm.generate(prompts, params))
         stats = llm.stats()
         assert stats["num_preemptions"] > 0 and stats["num_chunked_prefills"] > 0
         assert_pool_free(llm)
@@ -259,7 +250,7 @@ def test_shard_threads_keep_their_count_whatever_another_thread_sets_later():
         count = shards._pool.submit(torch.get_num_threads).result()
         shards.close()
         return count
-    assert threading_result(probe) == 1
+    assert on_fresh_thread(probe) == 1
 
 
 def test_a_failing_shard_waits_for_the_others_before_raising():
@@ -276,7 +267,7 @@ def test_a_failing_shard_waits_for_the_others_before_raising():
 
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
     q = [1] * 32
-    err = threading_result(lambda: _raised(lambda: shards(Failing(), [], _step(q, [64] * 32, list(range(32))))))
+    err = on_fresh_thread(lambda: _raised(lambda: shards(Failing(), [], _step(q, [64] * 32, list(range(32))))))
     shards.close()
     assert "shard 0 failed" in str(err) and done == [True]
 

@@ -2,7 +2,6 @@
 one for a small step, `busy` for the rest, where the policy applies; the user's count
 back after `generate`."""
 
-import threading
 from types import SimpleNamespace
 
 import torch
@@ -12,24 +11,7 @@ from backend.engine.runner import cpu_shards
 from backend.engine.runner.cpu_threads import StepThreads, restore_caller_threads, sequence_costs, step_threads
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
-
-
-def _in_thread(fn):
-    """fn's result on a fresh thread (intra-op counts are per thread; named as the
-    engine's inline path expects of the offline API's thread), or what it raised."""
-    out = {}
-
-    def target():
-        try:
-            out["result"] = fn()
-        except BaseException as e:      # (re-raised on the test's thread)
-            out["error"] = e
-    t = threading.Thread(target=target, name="MainThread")
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
+from tests.helpers.threads import on_fresh_thread
 
 
 def _meta(query_lens, seq_lens):
@@ -49,7 +31,7 @@ def test_a_small_step_runs_with_one_thread_and_a_larger_one_with_busy():
         restore_caller_threads()
         return counts, torch.get_num_threads()
     # 9, 144, 72 and 40 x 6 = 240 tokens' worth against 100
-    assert _in_thread(run) == ([1, 2, 1, 2], 2)
+    assert on_fresh_thread(run) == ([1, 2, 1, 2], 2)
 
 
 def test_the_policy_applies_only_where_it_changes_something():
@@ -65,7 +47,7 @@ def test_the_policy_applies_only_where_it_changes_something():
         made.append(build())                    # one thread: nothing to lower
         torch.set_num_threads(2)
         return made
-    policy, not_eligible, beyond_cache, one_thread = _in_thread(run)
+    policy, not_eligible, beyond_cache, one_thread = on_fresh_thread(run)
     assert policy.min_cost == 64e6 / (256 ** 2 * 4) and policy.busy == 2
     assert not_eligible is None and beyond_cache is None and one_thread is None
 
@@ -92,7 +74,7 @@ def test_the_engine_runs_small_steps_on_one_thread_with_the_same_tokens(ckpt_dir
         assert_pool_free(llm)
         llm.engine.shutdown()
         return [o.token_ids for o in outs], seen, torch.get_num_threads()
-    tokens, seen, after = _in_thread(run)
+    tokens, seen, after = on_fresh_thread(run)
     assert tokens == hf_greedy(path, prompts, 6)
     assert after == 2
     assert {n for tokens_in_step, n in seen if tokens_in_step <= 3} == {1}
