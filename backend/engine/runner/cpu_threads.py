@@ -41,6 +41,7 @@ def sequence_costs(query_lens: list[int], seq_lens: list[int], hidden_size: int)
     key_weight = KEY_WEIGHT / hidden_size
     return [q * (1.0 + key_weight * s) for q, s in zip(query_lens, seq_lens)]
 
+
 # Per thread: the intra-op threads it had before this module changed them, so that the
 # offline API can give the user's thread its count back, and an engine built later on
 # the same thread (tests build many) decides as the first did. (Thread-local, not keyed

@@ -50,11 +50,11 @@ from backend.engine.runner.cuda_graphs import DecodeGraphs, capture_decode_graph
 from backend.engine.runner.model_runner import run_model
 from backend.engine.runner.request_state import RequestState
 from backend.engine.sampling.sampler import Sampler
-from backend.ops.cpu_argmax import argmax_rows
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.draft_tokens import DraftTokens
 from backend.engine.spec_decode.proposals import Proposals
 from backend.engine.runner.step_inputs import StepInputBuilder
+from backend.ops.cpu_argmax import argmax_rows
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int) -> None:
@@ -241,7 +241,7 @@ def draw_proposals(sampler: Sampler, logits: torch.Tensor, requests: list[Verify
     if all(plain_greedy(r, V) for r in requests):
         # What the sampler would draw (no processor changes these rows' logits), without
         # its per-row preparation: a fresh set of rows every forward, so never kept.
-        return argmax_rows(logits[:, :V] if logits.shape[-1] > V else logits), None
+        return argmax_rows(logits[:, :V]), None
     if logits.shape[-1] < V:
         logits = F.pad(logits.float(), (0, V - logits.shape[-1]), value=float("-inf"))
     logits = logits[:, :V]

@@ -40,8 +40,8 @@ from backend.engine.spec_decode.draft_model import DraftModelProposer, _Row, pla
 from backend.engine.spec_decode.proposals import Proposals
 from backend.engine.spec_decode.rejection_sampler import VerifyRow
 from backend.engine.spec_decode.token_tree import TokenTree
-from backend.ops.cpu_argmax import argmax_rows
 from backend.engine.spec_decode.tree_drafting import hand_over, level_plan, top_candidates
+from backend.ops.cpu_argmax import argmax_rows
 
 
 class EagleProposer(DraftModelProposer):
@@ -122,9 +122,9 @@ class EagleProposer(DraftModelProposer):
         return logits
 
     def _draw(self, logits: torch.Tensor, requests: list[VerifyRow]):
-        if self._to_target is not None and all(plain_greedy(r, self.vocab_size) for r in requests):
-            return self._to_target[argmax_rows(logits)], None      # (no scatter into the target's vocabulary)
         if self._to_target is not None:
+            if all(plain_greedy(r, self.vocab_size) for r in requests):
+                return self._to_target[argmax_rows(logits)], None      # (no scatter into the target's vocabulary)
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             full[:, self._to_target] = logits
             logits = full
