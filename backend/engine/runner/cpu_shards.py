@@ -16,7 +16,8 @@ Where a step runs (by its work, a flop proxy):
   each) and has two sequences, unless another process holds a core (then whole on the
   calling thread, with a split step now and then to look again: CONTENDED_EFFICIENCY);
 - whole, on a thread with every shard's intra-op threads, when it is worth two shards
-  but is one sequence (a long prompt alone);
+  but is one sequence (a long prompt alone), or its split would leave one shard most
+  of the work (MAX_SHARD_SHARE: a prompt beside decode rows);
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
   dispatch, and handing it to another thread only adds latency.
 The calling thread (the engine's) runs with one shard's share of intra-op threads, or
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Optional
@@ -52,16 +54,45 @@ MIN_SHARD_WORK = 32e6
 # A core taken by another process: the shard threads then share the two cores with it,
 # each step waits for the shard that got less, and one thread running the step whole
 # does better (docs/archive/benchmarks.md section 16: 4,441 against 3,971 tok/s with a core
-# taken). Seen as the slower shard's CPU time over its wall time: 0.89-0.97 (deciles)
-# on a quiet 2-core machine, 0.49-0.60 for most steps with one core taken. Below
-# CONTENDED_EFFICIENCY (averaged over steps) the next PROBE_EVERY splittable steps run
-# whole on the calling thread, then one split step measures again. Only with one
-# intra-op thread per shard (as measured): with more, a shard's own thread sleeps at
-# OpenMP barriers while its workers compute, which this measure would read as a taken core.
+# taken). Seen as the slower shard's share of its wall time not spent waiting for a core
+# (_core_clock). Below CONTENDED_EFFICIENCY (averaged over steps) the next PROBE_EVERY
+# splittable steps run whole on the calling thread, then one split step measures again.
+# Measured on the CPU's priority workload (bench_priority's, 2 cores, 2026-11-30), deciles
+# over split steps: on a quiet machine 0.99-1.0, with a busy loop holding a core 0.50-0.59
+# for most steps. The shards' CPU time over wall time (the measure before) read 0.75-0.83
+# on the quiet machine, the waits for the GIL counted as lost, so the rule sent whole
+# runs of 50 steps to one thread there. Only with one intra-op thread per shard (as
+# measured).
 CONTENDED_EFFICIENCY = 0.75
 PROBE_EVERY = 50
+# A split whose largest shard holds more than this share of the step's work runs whole
+# instead, on all the shards' intra-op threads: a prompt beside decode rows (a
+# newcomer's first step in a busy batch) would otherwise run on one thread while the
+# other shard's few rows finish early. Default model, one prompt beside 15 decode rows,
+# whole against split (median step): 96 tokens (share 0.72) 12.1 against 11.8 ms, 112
+# (0.78) 12.9 against 13.5, 128 (0.82) 12.0 against 14.2, 256 (0.95) 18.0 against 25.1.
+MAX_SHARD_SHARE = 0.75
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
-_cpu_time = time.thread_time
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _core_clock() -> float:
+    """This thread's clock for the contention measure, in seconds: wall time less the
+    time it spent runnable but waiting for a core (Linux's schedstat, its second field),
+    so that a wait for the GIL or at an OpenMP barrier (asleep, not runnable) does not
+    read as a taken core. Its CPU time where the kernel does not say."""
+    global _SCHEDSTAT
+    if _SCHEDSTAT:
+        wall = time.perf_counter()
+        try:
+            fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+            try:
+                return wall - int(os.pread(fd, 64, 0).split()[1]) * 1e-9
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, IndexError):
+            _SCHEDSTAT = ""             # (not Linux, or a kernel without schedstats)
+    return time.thread_time()
 
 
 def _set_thread_count(n: int) -> None:
@@ -84,6 +115,11 @@ def shard_bounds(cost: list[float], num_shards: int) -> list[int]:
         acc += c
     bounds.append(len(cost))
     return bounds
+
+
+def _balanced(cost: list[float], bounds: list[int]) -> bool:
+    """No shard holds more than MAX_SHARD_SHARE of the step's work."""
+    return max(sum(cost[a:b]) for a, b in zip(bounds, bounds[1:])) <= MAX_SHARD_SHARE * sum(cost)
 
 
 def shard_meta(meta: AttentionMetadata, a: int, b: int, t0: int, t1: int) -> AttentionMetadata:
@@ -137,18 +173,19 @@ class ShardedForward:
                 return mine, model.compute_logits(hidden.index_select(0, torch.from_numpy(rows[mine] - t0)))
 
         def timed(a: int, b: int):
-            wall, cpu = time.perf_counter(), _cpu_time()
+            wall, clock = time.perf_counter(), _core_clock()
             part = run(a, b)
-            return part, (_cpu_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+            return part, (_core_clock() - clock) / max(time.perf_counter() - wall, 1e-9)
 
         splittable = worth >= 2 and len(cost) >= 2
         if splittable and self.whole_steps_left > 0:     # a core is taken
             self.whole_steps_left -= 1
             set_caller_threads(self.threads_per_shard)
             parts = [run(0, len(cost))]
+        elif splittable and not _balanced(cost, bounds := shard_bounds(cost, worth)):
+            parts = [self._whole.submit(run, 0, len(cost)).result()]
         elif splittable:
             set_caller_threads(self.threads_per_shard)
-            bounds = shard_bounds(cost, worth)
             futures = [self._pool.submit(timed, a, b) for a, b in zip(bounds, bounds[1:])]
             # Every shard done before anything is raised: a shard still writing K/V must
             # not outlive the step (the next one could be built meanwhile).

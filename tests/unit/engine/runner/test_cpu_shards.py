@@ -3,7 +3,10 @@ cut, the tokens (transformers' greedy, and the same logprobs and prompt logprobs
 forward), and where it is refused."""
 
 import itertools
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -69,14 +72,17 @@ def _step(query_lens, seq_lens, rows):
     ("8 decode rows", {"MainThread"}),          # too little work for two shards: inline
     ("32 decode rows", {"cpu-shard"}),          # split
     ("one long prompt", {"cpu-whole"}),         # worth two shards, one sequence: whole
+    ("a prompt beside decode rows", {"cpu-whole"}),     # one shard would hold most of it: whole
+    ("a chunk beside as much decode work", {"cpu-shard"}),
 ])
 def test_where_a_step_runs_and_its_rows_come_back_in_order(case, where):
     """Default model's shape (hidden 256, 4 layers). Rows of every case come back in the
     step's logits order, prompt-logprob rows (after the sampled ones) included."""
     q, s = {"8 decode rows": ([1] * 8, [64] * 8), "32 decode rows": ([1] * 32, [64] * 32),
-            "one long prompt": ([200], [200])}[case]
+            "one long prompt": ([200], [200]), "a prompt beside decode rows": ([200] + [1] * 15, [200] + [250] * 15),
+            "a chunk beside as much decode work": ([60] + [1] * 60, [60] + [64] * 60)}[case]
     last = list(itertools.accumulate(q))
-    rows = [t - 1 for t in last] + [0, 1] if case != "32 decode rows" else [t - 1 for t in last] + [0, 30]
+    rows = [t - 1 for t in last] + ([0, 30] if case == "32 decode rows" else [0, 1])
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
     model = _RowIds()
     out = on_fresh_thread(lambda: shards(model, [], _step(q, s, rows)))
@@ -109,26 +115,25 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
             assert out[:, 0].tolist() == rows
             seen.append({name.split("_")[0] for name, _ in model.calls})
         return seen
-    # One shard thread gets its whole wall time on a CPU, the other none: the step
-    # waits for the slower, which decides.
+    # One shard thread is never kept from a core, the other always: the step waits for
+    # the slower, which decides.
     taken = {}
 
-    def cpu_time():
+    def core_clock():
         me = threading.current_thread().name
         return time.perf_counter() if taken.setdefault("free", me) == me else 0.0
-    monkeypatch.setattr(cpu_shards, "_cpu_time", cpu_time)
+    monkeypatch.setattr(cpu_shards, "_core_clock", core_clock)
     # (an average over steps: the second such step tips it)
     assert where(6) == [{"cpu-shard"}] * 2 + [{"MainThread"}] * 3 + [{"cpu-shard"}]
     assert shards.whole_steps_left == 3                                # the probe found it still taken
     assert model.threads == [1] * len(model.threads)                   # whole steps: the caller's one thread
-    monkeypatch.setattr(cpu_shards, "_cpu_time", time.perf_counter)   # all CPU time: free
+    monkeypatch.setattr(cpu_shards, "_core_clock", time.perf_counter)   # never kept waiting: free
     assert where(6) == [{"MainThread"}] * 3 + [{"cpu-shard"}] * 3
     assert shards.efficiency > cpu_shards.CONTENDED_EFFICIENCY
     shards.close()
-    # Two intra-op threads per shard: the measure would read their barriers as a taken
-    # core, so the rule stays off.
+    # Two intra-op threads per shard: not measured, so the rule stays off.
     wide = ShardedForward(2, 2, hidden_size=256, num_layers=4)
-    monkeypatch.setattr(cpu_shards, "_cpu_time", lambda: 0.0)
+    monkeypatch.setattr(cpu_shards, "_core_clock", lambda: 0.0)
     for _ in range(3):
         on_fresh_thread(lambda: wide(model, [], _step(q, s, rows)))
     assert wide.efficiency < cpu_shards.CONTENDED_EFFICIENCY and wide.whole_steps_left == 0
@@ -138,9 +143,10 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
 @pytest.fixture
 def counted(monkeypatch):
     """Every step worth two shards (the test models are far below the default's minimum
-    work) and split whatever the shards' CPU share (steps this small spend much of their
-    time handing the GIL over); counts the steps that ran split."""
+    work) and split whatever the shards' CPU share and balance; counts the steps that ran
+    split."""
     monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 0.0)
+    monkeypatch.setattr(cpu_shards, "MAX_SHARD_SHARE", 1.0)
     monkeypatch.setattr(cpu_shards, "CONTENDED_EFFICIENCY", 0.0)
     calls = {"split": 0}
     real = cpu_shards.shard_bounds
@@ -185,6 +191,36 @@ def test_split_forward_matches_transformers_and_one_forward(ckpt_dir, counted):
             for a, b in zip(split.prompt_logprobs[1:], whole.prompt_logprobs[1:]):
                 assert a.keys() == b.keys()
                 assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstats")
+def test_the_contention_clock_counts_a_wait_for_a_core_not_a_sleep():
+    """The shards' contention measure (_core_clock over wall time): about 1 for a thread
+    that sleeps (as one waiting for the GIL does), about a half for a busy thread that
+    shares its one core with a busy process."""
+    def ratio(work):
+        wall, clock = time.perf_counter(), cpu_shards._core_clock()
+        work()
+        return (cpu_shards._core_clock() - clock) / (time.perf_counter() - wall)
+
+    def spin(seconds=0.4):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    core = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)                 # (the hog pinned and running)
+
+        def pinned():
+            os.sched_setaffinity(0, {core})          # (this thread only)
+            return ratio(lambda: time.sleep(0.2)), ratio(spin)
+        slept, spun = on_fresh_thread(pinned)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert slept > 0.9
+    assert spun < 0.75
 
 
 def test_default_is_two_shards_on_cpu_with_two_threads_and_weights_in_cache(ckpt_dir, monkeypatch):
