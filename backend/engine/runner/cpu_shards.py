@@ -46,11 +46,17 @@ from backend.engine.runner.cpu_threads import intra_op_threads, sequence_costs, 
 
 # Work (cpu_threads.sequence_costs x h^2 x layers, a flop proxy) each shard must have. Below it the
 # ops are so small that Python's dispatch dominates and two threads mostly contend for the
-# GIL. Default model (h 256, 4 layers), decode rows of 64 tokens, split / whole per step:
-# with libgomp spinning 8 rows 0.63x, 16 rows (38e6 in all) 0.84x, 32 rows (75e6) 1.10x;
-# under PASSIVE 0.8-1.25x at 2-16 rows, within the runs' noise. So steps of a few rows stay
-# whole, where splitting showed no clear gain.
-MIN_SHARD_WORK = 32e6
+# GIL, and the step runs whole on the calling thread with one intra-op thread (which
+# cpu_threads.StepThreads gives a step under two shards' worth). Default model (h 256, 4
+# layers), decode-only steps, split against whole on one thread (median step, 2026-11-30,
+# with the run-queue clock below): 16 rows of 300 tokens (160e6 in all) 11.9 against 9.8
+# ms, 32 of 64 (75e6) 11.9 against 8.9, 32 of 300 (320e6) 14.1 against 12.7, 64 of 64
+# (150e6) 14.6 against 12.7, but 64 of 300 (650e6) 19.3 against 24.0. (At 32e6 a shard,
+# the value before, the first four split; one thread whole had not been measured against
+# it, as whole steps then ran with every intra-op thread.) vLLM's 128-sequence workload
+# (bench_vllm_peer, two runs each): 3,951 tok/s and 2,523 tok/CPU-s against 3,963 and
+# 2,408 at 32e6.
+MIN_SHARD_WORK = 256e6
 # A core taken by another process: the shard threads then share the two cores with it,
 # each step waits for the shard that got less, and one thread running the step whole
 # does better (docs/archive/benchmarks.md section 16: 4,441 against 3,971 tok/s with a core

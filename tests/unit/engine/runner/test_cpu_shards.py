@@ -69,8 +69,8 @@ def _step(query_lens, seq_lens, rows):
 
 
 @pytest.mark.parametrize("case, where", [
-    ("8 decode rows", {"MainThread"}),          # too little work for two shards: inline
-    ("32 decode rows", {"cpu-shard"}),          # split
+    ("32 decode rows", {"MainThread"}),         # too little work for two shards: inline
+    ("128 decode rows", {"cpu-shard"}),         # split
     ("one long prompt", {"cpu-whole"}),         # worth two shards, one sequence: whole
     ("a prompt beside decode rows", {"cpu-whole"}),     # one shard would hold most of it: whole
     ("a chunk beside as much decode work", {"cpu-shard"}),
@@ -78,11 +78,11 @@ def _step(query_lens, seq_lens, rows):
 def test_where_a_step_runs_and_its_rows_come_back_in_order(case, where):
     """Default model's shape (hidden 256, 4 layers). Rows of every case come back in the
     step's logits order, prompt-logprob rows (after the sampled ones) included."""
-    q, s = {"8 decode rows": ([1] * 8, [64] * 8), "32 decode rows": ([1] * 32, [64] * 32),
+    q, s = {"32 decode rows": ([1] * 32, [64] * 32), "128 decode rows": ([1] * 128, [256] * 128),
             "one long prompt": ([200], [200]), "a prompt beside decode rows": ([200] + [1] * 15, [200] + [250] * 15),
-            "a chunk beside as much decode work": ([60] + [1] * 60, [60] + [64] * 60)}[case]
+            "a chunk beside as much decode work": ([120] + [1] * 120, [120] + [120] * 120)}[case]
     last = list(itertools.accumulate(q))
-    rows = [t - 1 for t in last] + ([0, 30] if case == "32 decode rows" else [0, 1])
+    rows = [t - 1 for t in last] + ([0, 30] if case == "128 decode rows" else [0, 1])
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
     model = _RowIds()
     out = on_fresh_thread(lambda: shards(model, [], _step(q, s, rows)))
@@ -105,7 +105,7 @@ def test_a_taken_core_runs_steps_whole_until_a_probe_finds_it_free(monkeypatch):
             time.sleep(0.005)
             return super().__call__(*args)
     model = Slow()
-    q, s, rows = [1] * 32, [64] * 32, list(range(32))
+    q, s, rows = [1] * 128, [256] * 128, list(range(128))
 
     def where(n):
         seen = []
@@ -302,8 +302,8 @@ def test_a_failing_shard_waits_for_the_others_before_raising():
             return super().__call__(input_ids, positions, kv_caches, meta)
 
     shards = ShardedForward(2, 1, hidden_size=256, num_layers=4)
-    q = [1] * 32
-    err = on_fresh_thread(lambda: _raised(lambda: shards(Failing(), [], _step(q, [64] * 32, list(range(32))))))
+    q = [1] * 128
+    err = on_fresh_thread(lambda: _raised(lambda: shards(Failing(), [], _step(q, [256] * 128, list(range(128))))))
     shards.close()
     assert "shard 0 failed" in str(err) and done == [True]
 
