@@ -17,7 +17,7 @@ Where a step runs (by its work, a flop proxy):
   calling thread, with a split step now and then to look again: CONTENDED_EFFICIENCY);
 - whole, on a thread with every shard's intra-op threads, when it is worth two shards
   but is one sequence (a long prompt alone), or its split would leave one shard most
-  of the work (MAX_SHARD_SHARE: a prompt beside decode rows);
+  of the work (MAX_SHARD_SHARE: a long prompt beside decode rows);
 - whole, on the calling thread, when it is small: its ops are dominated by Python's
   dispatch, and handing it to another thread only adds latency.
 The calling thread (the engine's) runs with one shard's share of intra-op threads, or
@@ -48,14 +48,14 @@ from backend.engine.runner.cpu_threads import intra_op_threads, sequence_costs, 
 # ops are so small that Python's dispatch dominates and two threads mostly contend for the
 # GIL, and the step runs whole on the calling thread with one intra-op thread (which
 # cpu_threads.StepThreads gives a step under two shards' worth). Default model (h 256, 4
-# layers), decode-only steps, split against whole on one thread (median step, 2026-11-30,
-# with the run-queue clock below): 16 rows of 300 tokens (160e6 in all) 11.9 against 9.8
-# ms, 32 of 64 (75e6) 11.9 against 8.9, 32 of 300 (320e6) 14.1 against 12.7, 64 of 64
-# (150e6) 14.6 against 12.7, but 64 of 300 (650e6) 19.3 against 24.0. (At 32e6 a shard,
-# the value before, the first four split; one thread whole had not been measured against
-# it, as whole steps then ran with every intra-op thread.) vLLM's 128-sequence workload
-# (bench_vllm_peer, two runs each): 3,951 tok/s and 2,523 tok/CPU-s against 3,963 and
-# 2,408 at 32e6.
+# layers), decode-only steps, split against whole on one thread, median step
+# (benchmarks/bench_cpu_placement.py, 2026-12-01): 16 rows of 64 tokens (40e6 in all) 7.6
+# against 4.9 ms, 16 of 300 (160e6) 8.3 against 6.3, 32 of 64 (75e6) 8.7 against 6.9, 32
+# of 300 (320e6) 10.2 against 10.2, 64 of 64 (150e6) 11.2 against 10.8, but 64 of 300
+# (650e6) 14.9 against 18.6. (At 32e6 a shard, the value before, all of these split; one
+# thread whole had not been measured against it, as whole steps then ran with every
+# intra-op thread.) vLLM's 128-sequence workload (bench_vllm_peer, alternating with the
+# commit before): the same tok/s within noise, 5% fewer CPU-seconds.
 MIN_SHARD_WORK = 256e6
 # A core taken by another process: the shard threads then share the two cores with it,
 # each step waits for the shard that got less, and one thread running the step whole
@@ -72,11 +72,14 @@ MIN_SHARD_WORK = 256e6
 CONTENDED_EFFICIENCY = 0.75
 PROBE_EVERY = 50
 # A split whose largest shard holds more than this share of the step's work runs whole
-# instead, on all the shards' intra-op threads: a prompt beside decode rows (a
+# instead, on all the shards' intra-op threads: a long prompt beside decode rows (a
 # newcomer's first step in a busy batch) would otherwise run on one thread while the
 # other shard's few rows finish early. Default model, one prompt beside 15 decode rows,
-# whole against split (median step): 96 tokens (share 0.72) 12.1 against 11.8 ms, 112
-# (0.78) 12.9 against 13.5, 128 (0.82) 12.0 against 14.2, 256 (0.95) 18.0 against 25.1.
+# whole against split, median step (benchmarks/bench_cpu_placement.py, 2026-12-01): 512
+# tokens (share 0.99) 39.4 against 55.8 ms, 256 (0.95) 21.3 against 24.6, 128 (0.82)
+# 13.1 against 14.1; earlier runs (docs/archive/benchmarks.md section 35): 112 tokens
+# (0.78) 12.9 against 13.5, 96 (0.72) 12.1 against 11.8. The runs' noise is about as
+# large near the threshold.
 MAX_SHARD_SHARE = 0.75
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
 _SCHEDSTAT = "/proc/thread-self/schedstat"
