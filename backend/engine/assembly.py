@@ -22,7 +22,7 @@ from backend.attention import make_attention_factory, resolve_attention_backend
 from backend.config import ConfigError, EngineArgs
 from backend.engine import sizing
 from backend.engine.runner import profile_run
-from backend.engine.runner import cpu_shards
+from backend.engine.runner import cpu_shards, cpu_threads
 from backend.engine.runner.cpu_shards import ShardedForward, sharded_forward
 from backend.engine.runner.cpu_threads import StepThreads, intra_op_threads, step_threads
 from backend.engine.runner.cuda_graphs import verify_query_len
@@ -346,9 +346,9 @@ def _step_threads(args: EngineArgs, cfg: ModelConfig, device: torch.device, atte
     eligible = (args.model_runner == "torch" and device.type == "cpu" and attention_backend == "torch"
                 and workers is None)
     busy = shards.threads_per_shard if shards is not None else intra_op_threads()
-    # (read through the module: the split forward's tests set its minimum there)
+    # (read through the module: tests set the minimum there)
     return step_threads(eligible, busy, cfg.hidden_size, cfg.num_layers,
-                        weight_bytes <= cpu_shards.last_level_cache_bytes(), 2 * cpu_shards.MIN_SHARD_WORK)
+                        weight_bytes <= cpu_shards.last_level_cache_bytes(), cpu_threads.MIN_SHARED_STEP_WORK)
 
 
 def _cpu_shards(args: EngineArgs, cfg: ModelConfig, device: torch.device, attention_backend: str, workers, lora,

@@ -52,7 +52,7 @@ from backend.engine.runner.cpu_threads import intra_op_threads, sequence_costs, 
 # (benchmarks/bench_cpu_placement.py, 2026-12-01): 16 rows of 64 tokens (40e6 in all) 7.6
 # against 4.9 ms, 16 of 300 (160e6) 8.3 against 6.3, 32 of 64 (75e6) 8.7 against 6.9, 32
 # of 300 (320e6) 10.2 against 10.2, 64 of 64 (150e6) 11.2 against 10.8, but 64 of 300
-# (650e6) 14.9 against 18.6. (At 32e6 a shard, the value before, all of these split; one
+# (650e6) 14.9 against 18.6. (At 32e6 a shard, the value before, all but the first split; one
 # thread whole had not been measured against it, as whole steps then ran with every
 # intra-op thread.) vLLM's 128-sequence workload (bench_vllm_peer, alternating with the
 # commit before): the same tok/s within noise, 5% fewer CPU-seconds.
@@ -79,29 +79,40 @@ PROBE_EVERY = 50
 # tokens (share 0.99) 39.4 against 55.8 ms, 256 (0.95) 21.3 against 24.6, 128 (0.82)
 # 13.1 against 14.1; earlier runs (docs/archive/benchmarks.md section 35): 112 tokens
 # (0.78) 12.9 against 13.5, 96 (0.72) 12.1 against 11.8. The runs' noise is about as
-# large near the threshold.
+# large near the threshold. Tuned with two shards.
 MAX_SHARD_SHARE = 0.75
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
-_SCHEDSTAT = "/proc/thread-self/schedstat"
+def _runqueue_wait_s() -> Optional[float]:
+    """Seconds this thread has spent runnable but waiting for a core (Linux's schedstat,
+    its second field); None where it cannot be read, or reads zeros (a kernel without
+    scheduler statistics: its run time, the first field, stays 0)."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fields = os.pread(fd, 64, 0).split()
+        return int(fields[1]) * 1e-9 if len(fields) >= 2 and int(fields[0]) > 0 else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
-def _core_clock() -> float:
+# Decided once (the importing thread has run by now, so a working kernel shows run time).
+_SCHEDSTAT = _runqueue_wait_s() is not None
+
+
+def _core_clock() -> Optional[float]:
     """This thread's clock for the contention measure, in seconds: wall time less the
-    time it spent runnable but waiting for a core (Linux's schedstat, its second field),
-    so that a wait for the GIL or at an OpenMP barrier (asleep, not runnable) does not
-    read as a taken core. Its CPU time where the kernel does not say."""
-    global _SCHEDSTAT
-    if _SCHEDSTAT:
-        wall = time.perf_counter()
-        try:
-            fd = os.open(_SCHEDSTAT, os.O_RDONLY)
-            try:
-                return wall - int(os.pread(fd, 64, 0).split()[1]) * 1e-9
-            finally:
-                os.close(fd)
-        except (OSError, ValueError, IndexError):
-            _SCHEDSTAT = ""             # (not Linux, or a kernel without schedstats)
-    return time.thread_time()
+    time it spent runnable but waiting for a core (schedstat), so that a wait for the GIL
+    or at an OpenMP barrier (asleep, not runnable) does not read as a taken core. Where
+    the kernel does not give it (decided at import), the thread's CPU time, which does
+    count those waits. None when a reading fails (the step is then not measured)."""
+    if not _SCHEDSTAT:
+        return time.thread_time()
+    waited = _runqueue_wait_s()
+    return None if waited is None else time.perf_counter() - waited
 
 
 def _set_thread_count(n: int) -> None:
@@ -151,8 +162,9 @@ class ShardedForward:
         self.hidden_size = hidden_size
         work = MIN_SHARD_WORK if min_shard_work is None else min_shard_work
         self.min_cost = work / (hidden_size ** 2 * num_layers)             # in sequence_costs' units
-        # The slower shard's CPU / wall time, averaged over split steps; splittable steps
-        # left to run whole before the next probe (see CONTENDED_EFFICIENCY).
+        # The slower shard's core-clock time over its wall time (_core_clock), averaged
+        # over split steps; splittable steps left to run whole before the next probe (see
+        # CONTENDED_EFFICIENCY).
         self.efficiency = 1.0
         self.whole_steps_left = 0
         self._pool = ThreadPoolExecutor(num_shards, thread_name_prefix="cpu-shard",
@@ -184,7 +196,10 @@ class ShardedForward:
         def timed(a: int, b: int):
             wall, clock = time.perf_counter(), _core_clock()
             part = run(a, b)
-            return part, (_core_clock() - clock) / max(time.perf_counter() - wall, 1e-9)
+            end = _core_clock()
+            if clock is None or end is None:
+                return part, None
+            return part, (end - clock) / max(time.perf_counter() - wall, 1e-9)
 
         splittable = worth >= 2 and len(cost) >= 2
         if splittable and self.whole_steps_left > 0:     # a core is taken
@@ -201,7 +216,9 @@ class ShardedForward:
             wait(futures)
             results = [f.result() for f in futures]
             parts = [part for part, _ in results]
-            self._note_efficiency(min(efficiency for _, efficiency in results))
+            measured = [efficiency for _, efficiency in results if efficiency is not None]
+            if measured:
+                self._note_efficiency(min(measured))
         elif worth >= 2:                        # one long prompt alone
             parts = [self._whole.submit(run, 0, 1).result()]
         else:
@@ -217,7 +234,7 @@ class ShardedForward:
         return out
 
     def _note_efficiency(self, efficiency: float) -> None:
-        """A split step's slower shard's CPU / wall time into the running average (a probe
+        """A split step's slower shard's core-clock / wall time into the running average (a probe
         after whole steps starts it afresh); below CONTENDED_EFFICIENCY, whole steps."""
         probe = self.efficiency < CONTENDED_EFFICIENCY
         self.efficiency = efficiency if probe else (

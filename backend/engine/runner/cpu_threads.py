@@ -42,6 +42,15 @@ def sequence_costs(query_lens: list[int], seq_lens: list[int], hidden_size: int)
     return [q * (1.0 + key_weight * s) for q, s in zip(query_lens, seq_lens)]
 
 
+# The work (sequence_costs x h^2 x layers, a flop proxy) from which an unsplit step runs
+# with every intra-op thread; below it, one (StepThreads). Twice the split forward's
+# minimum shard work as it was when this was measured (docs/archive/benchmarks.md section
+# 34: a 128-token prompt alone 9.5-9.8 ms with two threads against 10.7-11.0 with one, a
+# 16-token one 4.1 with one against 5.3-5.6 with two). Kept apart from cpu_shards'
+# MIN_SHARD_WORK, which section 35 raised for splitting, a different choice.
+MIN_SHARED_STEP_WORK = 64e6
+
+
 # Per thread: the intra-op threads it had before this module changed them, so that the
 # offline API can give the user's thread its count back, and an engine built later on
 # the same thread (tests build many) decides as the first did. (Thread-local, not keyed

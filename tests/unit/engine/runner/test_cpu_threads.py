@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.runner import cpu_shards
+from backend.engine.runner import cpu_threads
 from backend.engine.runner.cpu_threads import StepThreads, restore_caller_threads, sequence_costs, step_threads
 from tests.conftest import assert_pool_free, random_prompts
 from tests.helpers.checkpoints import hf_greedy, make_checkpoint
@@ -59,7 +59,7 @@ def test_the_engine_runs_small_steps_on_one_thread_with_the_same_tokens(ckpt_dir
     prompts = random_prompts(3, [5, 9, 30], seed=1)
     # The threshold lowered to 100 tokens' worth (hidden 64, 2 layers), so that the
     # prompts' step (44 tokens) is past it and decode steps (3 rows) are not.
-    monkeypatch.setattr(cpu_shards, "MIN_SHARD_WORK", 50 * 64 ** 2 * 2)
+    monkeypatch.setattr(cpu_threads, "MIN_SHARED_STEP_WORK", 100 * 64 ** 2 * 2)
 
     def run():
         torch.set_num_threads(2)
