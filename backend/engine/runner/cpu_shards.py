@@ -82,6 +82,8 @@ PROBE_EVERY = 50
 # large near the threshold. Tuned with two shards.
 MAX_SHARD_SHARE = 0.75
 _EFFICIENCY_WEIGHT = 0.25   # of each split step in the running average
+
+
 def _runqueue_wait_s() -> Optional[float]:
     """Seconds this thread has spent runnable but waiting for a core (Linux's schedstat,
     its second field); None where it cannot be read, or reads zeros (a kernel without
@@ -206,9 +208,7 @@ class ShardedForward:
             self.whole_steps_left -= 1
             set_caller_threads(self.threads_per_shard)
             parts = [run(0, len(cost))]
-        elif splittable and not _balanced(cost, bounds := shard_bounds(cost, worth)):
-            parts = [self._whole.submit(run, 0, len(cost)).result()]
-        elif splittable:
+        elif splittable and _balanced(cost, bounds := shard_bounds(cost, worth)):
             set_caller_threads(self.threads_per_shard)
             futures = [self._pool.submit(timed, a, b) for a, b in zip(bounds, bounds[1:])]
             # Every shard done before anything is raised: a shard still writing K/V must
@@ -219,8 +219,8 @@ class ShardedForward:
             measured = [efficiency for _, efficiency in results if efficiency is not None]
             if measured:
                 self._note_efficiency(min(measured))
-        elif worth >= 2:                        # one long prompt alone
-            parts = [self._whole.submit(run, 0, 1).result()]
+        elif worth >= 2:        # one long prompt alone, or one shard would hold most of the work
+            parts = [self._whole.submit(run, 0, len(cost)).result()]
         else:
             parts = [run(0, len(cost))]
         if step.num_logits == 0:
