@@ -26,11 +26,22 @@ if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from backend.config import ConfigError, EngineArgs  # noqa: E402
-from backend.engine.errors import DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError  # noqa: E402
-from backend.engine.outputs import RequestOutput  # noqa: E402
-from backend.llm import LLM  # noqa: E402
-from backend.sampling_params import SamplingParams, SamplingParamsError  # noqa: E402
+# The names below load on first use (PEP 562): a process that needs one small module of
+# the package (the frontend's, the HTTP guard's) does not import torch with it.
+_EXPORTS = {
+    "ConfigError": "backend.config", "EngineArgs": "backend.config",
+    "DeadlineExceededError": "backend.engine.errors", "EngineDeadError": "backend.engine.errors",
+    "InvalidRequestError": "backend.engine.errors", "QueueFullError": "backend.engine.errors",
+    "RequestOutput": "backend.engine.outputs", "LLM": "backend.llm",
+    "SamplingParams": "backend.sampling_params", "SamplingParamsError": "backend.sampling_params",
+}
+__all__ = list(_EXPORTS)
 
-__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "ConfigError", "SamplingParamsError",
-           "InvalidRequestError", "QueueFullError", "EngineDeadError", "DeadlineExceededError"]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'backend' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -45,6 +45,7 @@ from typing import Optional
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from multidict import CIMultiDict
 
+from backend.engine.host_malloc import map_large_blocks
 from frontend.openai_api.auth import APIKeys, protected
 from frontend.openai_api.json_depth import MAX_JSON_DEPTH, nests_too_deep
 
@@ -218,6 +219,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     host, _, port = args.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [http-guard] %(levelname)s %(message)s")
     keys = APIKeys.from_sources(args.api_key)
+    map_large_blocks()          # a body's memory goes back to the system when its request ends (host_malloc.py)
     web.run_app(make_app(args.upstream, args.max_body_bytes, keys, args.openai_only), host=host.strip("[]") or "0.0.0.0", port=int(port),
                 access_log=None, print=None, shutdown_timeout=5.0)
 

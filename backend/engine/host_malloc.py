@@ -1,4 +1,4 @@
-"""Large host blocks kept for reuse on the CPU: glibc's malloc told not to map and unmap them.
+"""glibc malloc's large blocks: kept for reuse by a CPU engine, given back at once by the frontend.
 
 glibc serves an allocation above its mmap threshold (128 KiB, rising with use to at most
 32 MiB) with a fresh mapping, and unmaps it when freed. torch's CPU allocator keeps
@@ -27,6 +27,17 @@ own freed memory. One arena for all threads (M_ARENA_MAX 1) would cover those bl
 but the shard threads then queue on its lock for every allocation: the default model ran
 3% slower (docs/archive/benchmarks.md §16). A preloaded tcmalloc has neither limit.
 
+A process that holds little between requests (the OpenAI frontend) wants the opposite,
+large blocks given back as soon as they are freed (map_large_blocks). glibc's default
+does not quite do that: once the process frees a mapped block, glibc raises its mmap
+threshold to that block's size (and the trim threshold to twice it), so a later, smaller
+large block comes from the heap of the allocating thread's arena. Freed, it stays at the
+top of that heap: free() trims only past the raised threshold, and malloc_trim gives
+back the top of the main arena's heap alone. Ten 10 MB Responses requests left a worker
+thread's arena of the frontend 20 MB larger, all of it free and still resident after
+malloc_trim (2026-12-01). A threshold set with mallopt is fixed (glibc stops adjusting
+both), so blocks from MAP_THRESHOLD_BYTES up are always mapped and unmapped.
+
 Only where the C library is glibc, and not where the user chose otherwise: any
 `MALLOC_*` setting or `glibc.malloc.` tunable in the environment, a preloaded allocator
 (tcmalloc, jemalloc, mimalloc in `LD_PRELOAD`), or `PAGED_LLM_HOST_MALLOC=0`.
@@ -46,8 +57,12 @@ logger = logging.getLogger(__name__)
 ENV_SWITCH = "PAGED_LLM_HOST_MALLOC"
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 TRIM_THRESHOLD_BYTES = 1 << 30
+# map_large_blocks: a request's body, its JSON and the strings made from it are larger;
+# the small objects of ordinary requests stay on the heaps, as before.
+MAP_THRESHOLD_BYTES = 1 << 20
 
 _applied = False
 
@@ -60,20 +75,36 @@ def user_chose_allocator(environ=os.environ) -> bool:
             or any(k.startswith("MALLOC_") for k in environ))
 
 
+def _mallopt() -> Optional[Callable[[int, int], int]]:
+    """glibc's mallopt, or None where the user chose the allocator or the C library is not glibc."""
+    if user_chose_allocator() or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt
+
+
+def map_large_blocks() -> bool:
+    """The frontend's policy above: blocks of MAP_THRESHOLD_BYTES and more mapped per
+    allocation, whatever the process freed before. True when it is in force. (Not for an
+    engine's process: keep_large_blocks is its policy.)"""
+    mallopt = _mallopt()
+    # (mallopt returns 1 on success)
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, MAP_THRESHOLD_BYTES) == 1
+
+
 def keep_large_blocks() -> bool:
     """Applies the policy above (once per process); True when it is in force."""
     global _applied
     if _applied:
         return True
-    if user_chose_allocator() or platform.libc_ver()[0] != "glibc":
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    # (mallopt returns 1 on success)
     _applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     if not _applied:
         logger.info("glibc's mallopt refused the host-memory policy: large blocks stay mapped per allocation")

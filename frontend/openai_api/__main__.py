@@ -62,6 +62,7 @@ def main(argv=None) -> None:
     if args.max_request_body_bytes is not None and args.max_request_body_bytes < 1:
         ap.error("--max-request-body-bytes must be at least 1")
     import uvicorn
+    from backend.engine.host_malloc import map_large_blocks
     from frontend.openai_api.app import DEFAULT_MAX_REQUEST_BODY_BYTES, create_app
     from frontend.openai_api.auth import APIKeys
     from frontend.openai_api.chat import load_template
@@ -107,6 +108,8 @@ def main(argv=None) -> None:
                      allowed_media_domains=domains_value(args.allowed_media_domains),
                      responses_store_bytes=DEFAULT_RESPONSES_STORE_BYTES if args.responses_store_bytes is None
                      else args.responses_store_bytes, backend_health_url=args.backend_health_url)
+    # A large body's memory goes back to the system when its request ends (host_malloc.py).
+    map_large_blocks()
     # uvicorn's access log names method, path and status: never a prompt or an output.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ssl_certfile=args.ssl_certfile,
                 ssl_keyfile=args.ssl_keyfile)

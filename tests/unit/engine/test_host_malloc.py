@@ -127,3 +127,44 @@ def test_release_gives_the_free_heap_back():
     held, after = map(int, subprocess.check_output([sys.executable, "-c", TRIM.format(root=root)],
                                                    text=True).split()[-2:])
     assert held - after > 300, (held, after)
+
+
+# In a fresh process: a worker thread frees a 20 MiB block (mapped: glibc then raises its
+# thresholds to 20 MiB and 40 MiB), then allocates and frees 15 MiB, which the raised
+# threshold puts on the thread's own arena's heap. The anonymous resident memory before
+# and after, malloc_trim done.
+ARENA_TOP = r"""
+import sys, threading
+sys.path.insert(0, {root!r})
+from backend.engine.host_malloc import map_large_blocks, release_free_memory
+applied = map_large_blocks() if {apply} else False
+def anon_mib():
+    return int(open("/proc/self/status").read().split("RssAnon:")[1].split()[0]) // 1024
+def request():
+    body = bytearray(20 << 20); del body
+    body = bytearray(15 << 20); del body
+before = anon_mib()
+t = threading.Thread(target=request)
+t.start(); t.join()
+release_free_memory()
+print(applied, anon_mib() - before)
+"""
+
+
+def _arena_top(apply: bool) -> tuple[bool, int]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    applied, grown = subprocess.run([sys.executable, "-c", ARENA_TOP.format(root=root, apply=apply)], env=clean,
+                                    capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    return applied == "True", int(grown)
+
+
+@pytest.mark.skipif(not GLIBC, reason="the policy is glibc's mallopt")
+def test_the_frontends_policy_gives_a_threads_large_blocks_back():
+    """What a worker thread of the frontend freed goes back to the system at once, even after
+    the process freed a larger block (glibc's raised threshold would keep it resident,
+    malloc_trim or not: the case this fixes)."""
+    applied, grown = _arena_top(True)
+    assert applied and grown < 4, grown
+    applied, grown = _arena_top(False)
+    assert not applied and grown >= 10, grown          # glibc's default keeps it

@@ -132,8 +132,10 @@ def test_the_store_bound_is_a_setting(monkeypatch):
     from frontend.openai_api.responses import DEFAULT_RESPONSES_STORE_BYTES
     assert create_app("127.0.0.1:1", responses_store_bytes=5000).state.responses_store.max_bytes == 5000
     assert create_app("127.0.0.1:1").state.responses_store.max_bytes == DEFAULT_RESPONSES_STORE_BYTES
-    served = []
+    served, policies = [], []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    # (the frontend's malloc policy: test_host_malloc.py; not applied to the test's process)
+    monkeypatch.setattr("backend.engine.host_malloc.map_large_blocks", lambda: policies.append(1) or True)
     for name in ("TRITON_ADMIN_KEY", "TRITON_ADMIN_KEY_FILE", "API_KEY", "API_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)
     for name in ("frontend", "frontend.requests"):     # main() sets up the frontend's logging
@@ -143,4 +145,5 @@ def test_the_store_bound_is_a_setting(monkeypatch):
     main(["--responses-store-bytes", "1234", "--responses-store-size", "7"])
     main([])
     assert (served[0].state.responses_store.max_bytes, served[0].state.responses_store.size) == (1234, 7)
+    assert policies == [1, 1]
     assert served[1].state.responses_store.max_bytes == DEFAULT_RESPONSES_STORE_BYTES
