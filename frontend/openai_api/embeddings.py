@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.triton_inputs import make_inputs
 from frontend.openai_api.errors import APIError, from_triton
+from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.protocol import TokenId
 from frontend.openai_api.request_body import read_request
 from frontend.openai_api.triton_client import ServedModel
@@ -41,7 +42,9 @@ _INPUT = {"anyOf": [{"type": "string", "minLength": 1},
                     _TOKEN_IDS, {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_INPUTS}]}
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(NullMeansDefault):
+    """(A null `encoding_format` is "float", as OpenAI's: openai-python sends an argument
+    passed as None as null.)"""
     model_config = ConfigDict(extra="ignore")
     model: str
     input: Union[str, list[str], list[TokenId], list[list[TokenId]]] = Field(json_schema_extra=_INPUT)

@@ -53,3 +53,19 @@ def test_all_inputs_answer_in_order(client, monkeypatch):
     assert r.status_code == 200
     assert [d["embedding"] for d in r.json()["data"]] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     assert r.json()["usage"]["prompt_tokens"] == 6
+
+
+def test_the_official_client_may_pass_none_for_every_optional_argument(client, monkeypatch):
+    """openai-python sends an argument passed as None as an explicit null; a null
+    `encoding_format` was a 400 (issue 49's real clients)."""
+    import openai
+
+    async def embed_one(_client, _model, prompt):
+        return np.full(2, 0.5, dtype=np.float32), 1
+    monkeypatch.setattr(embeddings, "_embed_one", embed_one)
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="key-1", http_client=client, max_retries=0)
+    reply = oai.embeddings.create(model="emb", input="hi", encoding_format=None, dimensions=None, user=None)
+    assert reply.data[0].embedding == [0.5, 0.5]
+    r = client.post("/v1/embeddings", json={"model": "emb", "input": "hi", "encoding_format": None,
+                                             "dimensions": None, "user": None}, headers=KEY)
+    assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [0.5, 0.5]
