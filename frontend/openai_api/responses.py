@@ -30,7 +30,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.request_body import read_request
+from frontend.openai_api.request_body import decode_stored, read_request
 from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
@@ -46,11 +46,16 @@ def _id(prefix: str) -> str:
 DEFAULT_RESPONSES_STORE_BYTES = 64 * 1024 * 1024
 
 
+def encoded(response: dict, conversation: list[dict]) -> bytes:
+    """A stored entry as the store keeps it: the UTF-8 JSON of [conversation, response].
+    Its length is what the entry counts against `max_bytes` and, within a few dozen bytes,
+    the memory it holds: kept as Python objects, a conversation of many small items took
+    up to about 7x its JSON's length. A request that reads it gets objects of its own."""
+    return json.dumps([conversation, response], ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
+
+
 def entry_bytes(response: dict, conversation: list[dict]) -> int:
-    """A stored entry's size, estimated (linear in it): the length of its JSON, as UTF-8
-    would be at least (a character counts one byte; Python holds 1 to 4 a character)."""
-    return len(json.dumps(response, ensure_ascii=False, default=str)) + \
-        len(json.dumps(conversation, ensure_ascii=False, default=str))
+    return len(encoded(response, conversation))
 
 
 class ResponseStore:
@@ -59,8 +64,8 @@ class ResponseStore:
 
     def __init__(self, size: int, max_bytes: int = DEFAULT_RESPONSES_STORE_BYTES) -> None:
         self.size, self.max_bytes = size, max_bytes
-        self.bytes = 0                  # the stored entries' entry_bytes, summed
-        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+        self.bytes = 0                  # the stored entries' lengths, summed
+        self._items: OrderedDict[str, bytes] = OrderedDict()
 
     @property
     def off(self) -> bool:
@@ -70,31 +75,33 @@ class ResponseStore:
         if self.off:
             return
         self._drop(response["id"])
-        cost = entry_bytes(response, conversation)
-        if cost > self.max_bytes:
+        blob = encoded(response, conversation)
+        if len(blob) > self.max_bytes:
             log.info("response %s is not stored: %d bytes is more than responses_store_bytes (%d)",
-                     response["id"], cost, self.max_bytes)
+                     response["id"], len(blob), self.max_bytes)
             return
-        self._items[response["id"]] = (conversation, response, cost)
-        self.bytes += cost
+        self._items[response["id"]] = blob
+        self.bytes += len(blob)
         while len(self._items) > self.size or self.bytes > self.max_bytes:
             self._drop(next(iter(self._items)))
 
     def _drop(self, response_id: str) -> None:
-        entry = self._items.pop(response_id, None)
-        if entry is not None:
-            self.bytes -= entry[2]
+        blob = self._items.pop(response_id, None)
+        if blob is not None:
+            self.bytes -= len(blob)
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, response_id: str, param: str) -> tuple[list[dict], dict]:
+    async def get(self, response_id: str, param: str) -> tuple[list[dict], dict]:
+        """(the conversation, the response), decoded for this caller (request_body.py: a
+        large one in a thread, letting the event loop in)."""
         if self.off:
             raise APIError(400, "this server keeps no responses (started with --responses-store-size 0 or "
                                 "--responses-store-bytes 0)", param)
         if response_id not in self._items:
             raise APIError(404, f"no stored response with id '{response_id}'", param)
-        conversation, response, _ = self._items[response_id]
+        conversation, response = await decode_stored(self._items[response_id])
         return conversation, response
 
 
@@ -231,7 +238,7 @@ def register_responses(app: FastAPI) -> None:
         check_generates(served)
         conversation: list[dict] = []
         if req.previous_response_id is not None:
-            conversation = list(store.get(req.previous_response_id, "previous_response_id")[0])
+            conversation = (await store.get(req.previous_response_id, "previous_response_id"))[0]
         conversation += input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         sampling = req.sampling_parameters()
@@ -269,7 +276,7 @@ def register_responses(app: FastAPI) -> None:
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> dict:
-        return store.get(response_id, "response_id")[1]
+        return (await store.get(response_id, "response_id"))[1]
 
 
 async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: ResponseBuilder, stored):
