@@ -1,8 +1,8 @@
 """Memory of the frontend and of the `llm` backend process before, during and after the
-large-input attacks of issue 49 (items 7, 11, 12), against a running `make serve`.
+large-input attacks of issue 49 (items 4, 7, 11, 12), against a running `make serve`.
 
     python -m benchmarks.memory_after_attacks --openai http://127.0.0.1:9000 --http http://127.0.0.1:8000 \
-        --api-key KEY --repeat 10
+        --grpc 127.0.0.1:8001 --api-key KEY --repeat 10
 
 After one normal-sized request of each kind (the baseline is the server after normal
 use), each attack is sent `--repeat` times; then the resident memory (VmRSS) of the
@@ -51,7 +51,31 @@ def post(url: str, body: bytes, headers: dict) -> int:
         return 0
 
 
-def attacks(openai: str, http: str, key: str, scale: int = MB) -> dict[str, Callable[[], int]]:
+def grpc_text_input(url: str, text: str) -> int:
+    """Item 4: `text_input` beside `input_ids=[1]` on Triton's gRPC port (a decoupled model:
+    one stream). 400 when the model refused it with an error, 200 when it answered."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url)
+    errors: "queue.Queue" = queue.Queue()
+    try:
+        client.start_stream(callback=lambda result, error: errors.put(error))
+        inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("input_ids", [1], "INT32")]
+        inputs[0].set_data_from_numpy(np.array([text.encode()], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([1], dtype=np.int32))
+        client.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+        return 400 if errors.get(timeout=120) is not None else 200
+    except Exception:                       # (the server gone, a timeout)
+        return 0
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def attacks(openai: str, http: str, key: str, scale: int = MB,
+            grpc: Optional[str] = None) -> dict[str, Callable[[], int]]:
     """Each attack; `scale` 1 gives the same requests at a normal size (the warm-up)."""
     auth = {"authorization": f"Bearer {key}"} if key else {}
     big = "word " * (3 * scale)                                # 15 MB of text
@@ -67,6 +91,7 @@ def attacks(openai: str, http: str, key: str, scale: int = MB) -> dict[str, Call
             "model": "llm", "prompt": big, "echo": True, "logprobs": 1, "max_tokens": 0}).encode(), auth),
         "generate_15mb": lambda: post(http + "/v2/models/llm/generate", json.dumps({
             "text_input": big, "max_tokens": 2}).encode(), {}),
+        **({"grpc_text_input_15mb": lambda: grpc_text_input(grpc, big)} if grpc else {}),
     }
 
 
@@ -74,6 +99,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--openai", default="http://127.0.0.1:9000")
     ap.add_argument("--http", default="http://127.0.0.1:8000")
+    ap.add_argument("--grpc", default="127.0.0.1:8001", help="Triton's gRPC address ('' leaves that attack out)")
     ap.add_argument("--api-key", default=os.environ.get("API_KEY", ""))
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--settle-s", type=float, default=10.0)
@@ -85,11 +111,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not args.no_warm_up:
         # The baseline is the server after normal use: what each route loads or builds on
         # its first request (code, schemas, caches) is not the attack's.
-        warm = [attack() for attack in attacks(args.openai, args.http, args.api_key, scale=1).values()]
+        warm = [attack() for attack in attacks(args.openai, args.http, args.api_key, scale=1,
+                                grpc=args.grpc).values()]
         time.sleep(args.settle_s)
         print(json.dumps({"warm_up_statuses": warm}), flush=True)
     print(json.dumps({"baseline": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
-    for name, attack in attacks(args.openai, args.http, args.api_key).items():
+    for name, attack in attacks(args.openai, args.http, args.api_key, grpc=args.grpc).items():
         statuses = [attack() for _ in range(args.repeat)]
         right_after = {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}
         time.sleep(args.settle_s)
