@@ -2,34 +2,21 @@
 come from runs against `make serve`: docs/archive/benchmarks.md section 36)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from benchmarks import memory_after_attacks
+from tests.helpers.stand_in_http import stand_in_server
 
 
 def test_sends_each_attack_and_reads_the_memory_of_the_named_processes(capsys):
     seen = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            seen.append((self.path, self.headers.get("authorization"), body))
-            self.send_response(400 if self.path == "/tokenize" else 200)
-            self.send_header("content-length", "0")
-            self.end_headers()
+    def answer(path, headers, body):
+        seen.append((path, headers.get("authorization"), body))
+        return 400 if path == "/tokenize" else 200
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with stand_in_server(answer) as url:
         memory_after_attacks.main(["--openai", url, "--http", url, "--grpc", "", "--api-key", "k", "--repeat", "1",
                                    "--settle-s", "0"])
-    finally:
-        server.shutdown()
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines[1] == {"warm_up_statuses": [200, 400, 200, 200]}
     attacks = {line["attack"]: line for line in lines if "attack" in line}
