@@ -7,7 +7,7 @@ import asyncio
 import json
 import json.scanner
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
@@ -97,16 +97,8 @@ async def _decoded(body: bytes, fn: Callable[[bytes, bool], Any]) -> Any:
         return await asyncio.to_thread(fn, body, True)
 
 
-async def decode_stored(blob: bytes) -> Any:
-    """JSON this server wrote itself (a stored response: responses.py), decoded as a request
-    body is (from 1 MiB in a thread, with the yielding scanner) but without a body's checks:
-    it may hold what json.dumps writes for a float such as -inf."""
-    return await _decoded(blob, lambda b, large: _yielding_loads(b, None) if large else
-                          json.loads(b.decode("utf-8", "surrogatepass")))
-
-
-def _yielding_loads(body: bytes, parse_constant: Optional[Callable[[str], Any]] = _not_json) -> Any:
-    decoder = json.JSONDecoder(parse_constant=parse_constant)
+def _yielding_loads(body: bytes) -> Any:
+    decoder = json.JSONDecoder(parse_constant=_not_json)
     decoder.scan_once = json.scanner.py_make_scanner(decoder)
     return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 

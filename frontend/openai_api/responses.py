@@ -6,10 +6,10 @@ items (reasoning, message, function_call), or streamed as the API's typed events
 With `store` (the default), a reply and its conversation are kept, up to the server's
 `responses_store_size` entries and `responses_store_bytes` in all (oldest dropped first;
 0 keeps none), so that a later request can continue it with `previous_response_id`. An
-entry is counted at the length of its JSON (the response and the whole conversation
-through it, though a continued conversation shares its earlier messages with the entry it
-continues: an upper bound); one larger than the whole budget is not kept (a later
-request naming it gets the usual 404).
+entry is counted at the memory of its objects (entry_bytes: the response and the whole
+conversation through it, though a continued conversation shares its earlier messages with
+the entry it continues: an upper bound); one larger than the whole budget is not kept (a
+later request naming it gets the usual 404).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -30,7 +31,7 @@ from frontend.openai_api.chat_output import ChoiceOutput
 from frontend.openai_api.closing_stream import ClosingStreamingResponse, first_delta
 from frontend.openai_api.embeddings import check_generates
 from frontend.openai_api.errors import APIError, error_body
-from frontend.openai_api.request_body import decode_stored, read_request
+from frontend.openai_api.request_body import read_request
 from frontend.openai_api.reasoning import reasoning_sampling
 from frontend.openai_api.responses_protocol import ResponsesRequest, for_template, input_messages
 from frontend.openai_api.tools.choice import plan
@@ -46,16 +47,20 @@ def _id(prefix: str) -> str:
 DEFAULT_RESPONSES_STORE_BYTES = 64 * 1024 * 1024
 
 
-def encoded(response: dict, conversation: list[dict]) -> bytes:
-    """A stored entry as the store keeps it: the UTF-8 JSON of [conversation, response].
-    Its length is what the entry counts against `max_bytes` and, within a few dozen bytes,
-    the memory it holds: kept as Python objects, a conversation of many small items took
-    up to about 7x its JSON's length. A request that reads it gets objects of its own."""
-    return json.dumps([conversation, response], ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
-
-
 def entry_bytes(response: dict, conversation: list[dict]) -> int:
-    return len(encoded(response, conversation))
+    """A stored entry's memory: every dict, list and value in it at sys.getsizeof (linear
+    in it). The length of its JSON, counted before, missed the objects themselves: a
+    conversation of many small items took about 7x it. Dict keys are left out: field
+    names, shared among the dicts that a request's JSON was decoded into."""
+    total, stack = 0, [response, conversation]
+    while stack:
+        value = stack.pop()
+        total += sys.getsizeof(value)
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total
 
 
 class ResponseStore:
@@ -64,8 +69,8 @@ class ResponseStore:
 
     def __init__(self, size: int, max_bytes: int = DEFAULT_RESPONSES_STORE_BYTES) -> None:
         self.size, self.max_bytes = size, max_bytes
-        self.bytes = 0                  # the stored entries' lengths, summed
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self.bytes = 0                  # the stored entries' entry_bytes, summed
+        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
 
     @property
     def off(self) -> bool:
@@ -75,33 +80,31 @@ class ResponseStore:
         if self.off:
             return
         self._drop(response["id"])
-        blob = encoded(response, conversation)
-        if len(blob) > self.max_bytes:
+        cost = entry_bytes(response, conversation)
+        if cost > self.max_bytes:
             log.info("response %s is not stored: %d bytes is more than responses_store_bytes (%d)",
-                     response["id"], len(blob), self.max_bytes)
+                     response["id"], cost, self.max_bytes)
             return
-        self._items[response["id"]] = blob
-        self.bytes += len(blob)
+        self._items[response["id"]] = (conversation, response, cost)
+        self.bytes += cost
         while len(self._items) > self.size or self.bytes > self.max_bytes:
             self._drop(next(iter(self._items)))
 
     def _drop(self, response_id: str) -> None:
-        blob = self._items.pop(response_id, None)
-        if blob is not None:
-            self.bytes -= len(blob)
+        entry = self._items.pop(response_id, None)
+        if entry is not None:
+            self.bytes -= entry[2]
 
     def __len__(self) -> int:
         return len(self._items)
 
-    async def get(self, response_id: str, param: str) -> tuple[list[dict], dict]:
-        """(the conversation, the response), decoded for this caller (request_body.py: a
-        large one in a thread, letting the event loop in)."""
+    def get(self, response_id: str, param: str) -> tuple[list[dict], dict]:
         if self.off:
             raise APIError(400, "this server keeps no responses (started with --responses-store-size 0 or "
                                 "--responses-store-bytes 0)", param)
         if response_id not in self._items:
             raise APIError(404, f"no stored response with id '{response_id}'", param)
-        conversation, response = await decode_stored(self._items[response_id])
+        conversation, response, _ = self._items[response_id]
         return conversation, response
 
 
@@ -238,7 +241,7 @@ def register_responses(app: FastAPI) -> None:
         check_generates(served)
         conversation: list[dict] = []
         if req.previous_response_id is not None:
-            conversation = (await store.get(req.previous_response_id, "previous_response_id"))[0]
+            conversation = list(store.get(req.previous_response_id, "previous_response_id")[0])
         conversation += input_messages(req.input)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         sampling = req.sampling_parameters()
@@ -276,7 +279,7 @@ def register_responses(app: FastAPI) -> None:
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> dict:
-        return (await store.get(response_id, "response_id"))[1]
+        return store.get(response_id, "response_id")[1]
 
 
 async def _whole(request: Request, gen, deltas, output: ChoiceOutput, builder: ResponseBuilder, stored):
