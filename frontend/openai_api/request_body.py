@@ -24,6 +24,21 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON")
 
 
+def _finite(number: str) -> float:
+    """A JSON number past a float's range (1e999) would be inf, which no JSON reply can
+    carry: a Responses `metadata` echoing one was stored, then answered 500."""
+    value = float(number)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {number[:32]} is out of range")
+    return value
+
+
+def _text(body: bytes) -> str:
+    """The body as text, strictly: json.loads of bytes lets raw UTF-8 surrogate bytes
+    (ED A0 80) through as a lone surrogate."""
+    return body.decode(json.detect_encoding(body))
+
+
 async def read_json(request, limit: int) -> Any:
     """The request's body as JSON: 413 past `limit` bytes (before reading any of it when
     the length is declared), 400 when it is not JSON, 503 when MAX_LARGE_BODIES large
@@ -98,9 +113,9 @@ async def _decoded(body: bytes, fn: Callable[[bytes, bool], Any]) -> Any:
 
 
 def _yielding_loads(body: bytes) -> Any:
-    decoder = json.JSONDecoder(parse_constant=_not_json)
+    decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
     decoder.scan_once = json.scanner.py_make_scanner(decoder)
-    return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    return decoder.decode(_text(body))
 
 
 async def _read_body(request, limit: int, slot: _LargeBodySlot) -> bytes:
@@ -127,7 +142,8 @@ def _decode(body: bytes, large: bool = False) -> Any:
     if too_deep(body):                  # before json.loads, which recurses
         raise APIError(400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     try:
-        value = _yielding_loads(body) if large else json.loads(body, parse_constant=_not_json)
+        value = _yielding_loads(body) if large else json.loads(_text(body), parse_constant=_not_json,
+                                                               parse_float=_finite)
     except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, a constant
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if _SURROGATE.search(body):

@@ -19,7 +19,9 @@ def test_the_yielding_scanner_reads_what_json_loads_reads(value):
     assert _decode(body, large=True) == _decode(body) == json.loads(body)
 
 
-@pytest.mark.parametrize("body", [b'{"a": NaN}', b'{"a": 1', b'{"a": "\x01"}', b"\xff\xfe"])
+@pytest.mark.parametrize("body", [b'{"a": NaN}', b'{"a": 1', b'{"a": "\x01"}', b"\xff\xfe",
+                                  # a raw UTF-8 surrogate (json.loads of bytes took it), numbers past a float
+                                  b'{"a": "\xed\xa0\x80"}', b'{"a": 1e999}', b'{"a": -1' + b"0" * 400 + b'.5}'])
 def test_the_yielding_scanner_refuses_what_json_loads_refuses(body):
     for large in (False, True):
         with pytest.raises(APIError) as e:

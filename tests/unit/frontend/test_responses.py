@@ -11,7 +11,6 @@ from frontend.openai_api.reasoning import REASONING_PARSERS
 from frontend.openai_api.responses import ResponseBuilder, ResponseStore
 from frontend.openai_api.responses_protocol import ResponsesRequest, input_messages
 from frontend.openai_api.tools.choice import ToolConfig, plan
-from frontend.openai_api.tools.parsers import PARSERS
 
 
 def test_input_items_become_chat_messages():
