@@ -27,7 +27,7 @@ if "torch" not in _sys.modules:
     _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 # The names below load on first use (PEP 562): a process that needs one small module of
-# the package (the frontend's, the HTTP guard's) does not import torch with it.
+# the package (the HTTP guard, the launcher) does not import torch and pydantic with it.
 _EXPORTS = {
     "ConfigError": "backend.config", "EngineArgs": "backend.config",
     "DeadlineExceededError": "backend.engine.errors", "EngineDeadError": "backend.engine.errors",

@@ -34,6 +34,8 @@ import urllib.request
 import zipfile
 from typing import Optional
 
+# (the variable that tells our backend where tritonserver's HTTP port is)
+from backend.triton_server.readiness import SERVER_HTTP_ENV
 from supervisor import processes
 from supervisor.admin_access import HEADER, KEY_ENV, KEY_FILE_ENV, UNRESTRICTED_ENV, AdminAccess, AdminKeyError, resolve
 from supervisor.triton_api import TritonAPI, http_request
@@ -167,11 +169,6 @@ def frontend_tls_args(triton_args: list[str]) -> list[str]:
         return []
     root = given.get("--grpc-root-cert") or given.get("--grpc-server-cert")
     return ["--triton-ssl-root-cert", root] if root else []
-
-
-# The variable that tells our backend where tritonserver's HTTP port is: readiness.py's
-# SERVER_HTTP_ENV, written out (importing `backend` would load torch before an exec).
-SERVER_HTTP_ENV = "PAGED_LLM_SERVER_HTTP"
 
 
 def local_address(host: str) -> str:

@@ -90,11 +90,18 @@ def _mallopt() -> Optional[Callable[[int, int], int]]:
 
 def map_large_blocks() -> bool:
     """The frontend's policy above: blocks of MAP_THRESHOLD_BYTES and more mapped per
-    allocation, whatever the process freed before. True when it is in force. (Not for an
-    engine's process: keep_large_blocks is its policy.)"""
+    allocation, and a heap's free top given back past 2 x that, both fixed whatever the
+    process freed before (the trim threshold too: glibc may have raised it during start).
+    True when it is in force. (Not for an engine's process: keep_large_blocks is its.)"""
     mallopt = _mallopt()
+    if mallopt is None:
+        return False
     # (mallopt returns 1 on success)
-    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, MAP_THRESHOLD_BYTES) == 1
+    applied = mallopt(M_MMAP_THRESHOLD, MAP_THRESHOLD_BYTES) == 1 and \
+        mallopt(M_TRIM_THRESHOLD, 2 * MAP_THRESHOLD_BYTES) == 1
+    if not applied:
+        logger.info("glibc's mallopt refused the frontend's memory policy: large blocks may stay resident")
+    return applied
 
 
 def keep_large_blocks() -> bool:

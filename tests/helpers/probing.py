@@ -9,7 +9,7 @@ import time
 
 def post_while_probing(client, route: str, body: bytes, headers: dict) -> tuple:
     """(the response, its seconds, the seconds of each normal request sent meanwhile: a
-    GET /v1/models at a time, one right after another, while the post runs). The first
+    GET /v1/models at a time, every 10 ms, while the post runs). The first
     probe starts before the post is sent, so there is always at least one."""
     result, sent = {}, threading.Event()
 
@@ -27,5 +27,6 @@ def post_while_probing(client, route: str, body: bytes, headers: dict) -> tuple:
         sent.set()
         assert client.get("/v1/models", headers=headers).status_code == 200
         waits.append(time.perf_counter() - t0)
+        time.sleep(0.01)            # (a client's pace: back to back, the probes would take the GIL from the post)
     sender.join()
     return result["r"], result["elapsed"], waits

@@ -20,4 +20,5 @@ def test_times_plain_chat_alone_during_and_after_the_slow_schemas(capsys):
     out = capsys.readouterr().out
     for phase in ("alone", "during", "after"):
         assert re.search(rf"plain {phase} *n=\d+ p50=\d+ ms max=\d+ ms codes=\[200\]", out), out
-    assert "slow schemas [400] [0.3, 0.3]" in out
+    slow = re.search(r"slow schemas \[400\] \[([\d.]+), ([\d.]+)\]", out)
+    assert slow and all(float(t) >= 0.3 for t in slow.groups()), out
