@@ -5,9 +5,11 @@ large-input attacks of issue 49 (items 4, 7, 11, 12), against a running `make se
         --grpc 127.0.0.1:8001 --api-key KEY --repeat 10
 
 After one normal-sized request of each kind (the baseline is the server after normal
-use), each attack is sent `--repeat` times; then the resident memory (VmRSS) of the
-frontend process and of the `llm` stub is read right after, and again after `--settle-s`.
-Talks only to the given loopback addresses; reads /proc for the processes.
+use), each attack is sent `--repeat` times (with the mean seconds a request took); then
+the resident memory (VmRSS) of the frontend process, of the HTTP guard (0 where none
+runs: `make serve` starts it off loopback, `HOST=0.0.0.0 API_KEY=...`) and of the `llm`
+stub is read right after, and again after `--settle-s`. Talks only to the given
+addresses; reads /proc for the processes.
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--no-warm-up", action="store_true",
                     help="take the baseline right away, not after one normal-sized request of each kind")
     args = ap.parse_args(argv)
-    frontend, stub = "frontend.openai_api", "/llm/1/model.py"
-    print(json.dumps({"at_start": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
+    def memory() -> dict:
+        return {"frontend_mb": rss_mb("frontend.openai_api"), "guard_mb": rss_mb("frontend.http_guard"),
+                "llm_stub_mb": rss_mb("/llm/1/model.py")}
+    print(json.dumps({"at_start": memory()}), flush=True)
     if not args.no_warm_up:
         # The baseline is the server after normal use: what each route loads or builds on
         # its first request (code, schemas, caches) is not the attack's.
@@ -115,14 +119,15 @@ def main(argv: Optional[list[str]] = None) -> None:
                                 grpc=args.grpc).values()]
         time.sleep(args.settle_s)
         print(json.dumps({"warm_up_statuses": warm}), flush=True)
-    print(json.dumps({"baseline": {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}}), flush=True)
+    print(json.dumps({"baseline": memory()}), flush=True)
     for name, attack in attacks(args.openai, args.http, args.api_key, grpc=args.grpc).items():
+        t0 = time.perf_counter()
         statuses = [attack() for _ in range(args.repeat)]
-        right_after = {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}
+        seconds_each = round((time.perf_counter() - t0) / args.repeat, 3)
+        right_after = memory()
         time.sleep(args.settle_s)
-        settled = {"frontend_mb": rss_mb(frontend), "llm_stub_mb": rss_mb(stub)}
-        print(json.dumps({"attack": name, "statuses": sorted(set(statuses)), "right_after": right_after,
-                          f"after_{args.settle_s:g}s": settled}), flush=True)
+        print(json.dumps({"attack": name, "statuses": sorted(set(statuses)), "seconds_each": seconds_each,
+                          "right_after": right_after, f"after_{args.settle_s:g}s": memory()}), flush=True)
 
 
 if __name__ == "__main__":
