@@ -19,6 +19,13 @@ def test_the_yielding_scanner_reads_what_json_loads_reads(value):
     assert _decode(body, large=True) == _decode(body) == json.loads(body)
 
 
+@pytest.mark.parametrize("body", [json.dumps({"a": "😀 é"}).encode(), json.dumps({"a": "😀 é"}, ensure_ascii=False).encode(),
+                                  json.dumps({"a": 1.5e300, "b": 2**70}).encode(), '{"a": "😀"}'.encode("utf-16")])
+def test_strict_decoding_still_reads_every_valid_body(body):
+    """A surrogate pair (escaped, or as UTF-8), a large but finite number, UTF-16."""
+    assert _decode(body) == _decode(body, large=True) == json.loads(body)
+
+
 @pytest.mark.parametrize("body", [b'{"a": NaN}', b'{"a": 1', b'{"a": "\x01"}', b"\xff\xfe",
                                   # a raw UTF-8 surrogate (json.loads of bytes took it), numbers past a float
                                   b'{"a": "\xed\xa0\x80"}', b'{"a": 1e999}', b'{"a": -1' + b"0" * 400 + b'.5}'])
