@@ -5,7 +5,9 @@ tritonserver's own HTTP server on a loopback port behind it.
 
 The red team's crash payloads for Triton 24.10's HTTP server (CVE-2025-23310/23311) go
 through the guard: the server survives them, answers a request sent meanwhile, and keeps
-serving. The supervisor restarts a killed OpenAI frontend and says so in `/ready`."""
+serving. The supervisor restarts a killed OpenAI frontend and says so in `/ready`. And
+why the guard is there: a bare tritonserver 24.10 of its own (no model, no guard) dies on
+the `[` body."""
 
 import http.client
 import json
@@ -110,3 +112,41 @@ def test_a_killed_openai_frontend_is_restarted_and_ready_says_so(server):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert 'llm_sidecar_restarts_total{name="openai"} 1' in server.supervisor("/metrics")[1]
+
+
+def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
+    """CVE-2025-23311 in the Triton this project runs locally (the pytriton wheel's 24.10):
+    1 MiB of `[` to an HTTP route that parses JSON, no key and no model needed, and the
+    server dies of SIGSEGV. (Should a newer server survive it, the guard stays harmless
+    and this test says the docs need updating.)"""
+    import subprocess
+
+    from clients.tritonserver import free_port, server_binary
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log = open(tmp_path / "tritonserver.log", "w")
+    proc = subprocess.Popen([server_binary(), "--model-repository", str(tmp_path), "--model-control-mode", "explicit",
+                             "--http-address", "127.0.0.1", "--http-port", str(http_port),
+                             "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+                             "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the bare server did not start"
+            time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as s:
+            s.sendall(f"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 20}\r\n\r\n".encode())
+            s.sendall(b"[" * (1 << 20))
+            s.recv(1)                       # (the connection ends with the process)
+        assert proc.wait(timeout=30) == -signal.SIGSEGV
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
