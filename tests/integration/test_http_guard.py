@@ -143,7 +143,10 @@ def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
         with socket.create_connection(("127.0.0.1", http_port), timeout=30) as s:
             s.sendall(f"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 20}\r\n\r\n".encode())
             s.sendall(b"[" * (1 << 20))
-            s.recv(1)                       # (the connection ends with the process)
+            try:
+                s.recv(1)                   # (the connection ends with the process)
+            except OSError:                 # (reset by it)
+                pass
         assert proc.wait(timeout=30) == -signal.SIGSEGV
     finally:
         if proc.poll() is None:
