@@ -119,6 +119,7 @@ def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
     1 MiB of `[` to an HTTP route that parses JSON, no key and no model needed, and the
     server dies of SIGSEGV. (Should a newer server survive it, the guard stays harmless
     and this test says the docs need updating.)"""
+    import resource
     import subprocess
 
     from clients.tritonserver import free_port, server_binary
@@ -128,7 +129,8 @@ def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
                              "--http-address", "127.0.0.1", "--http-port", str(http_port),
                              "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
                              "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,      # (no core file anywhere else)
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     try:
         deadline = time.monotonic() + 60
         while True:
