@@ -17,23 +17,35 @@ import asyncio
 import json
 import os
 import time
-import urllib.error
-import urllib.request
-from typing import Optional
+from typing import Awaitable, Optional, TypeVar
+
+from benchmarks.memory_after_attacks import post
+
+T = TypeVar("T")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CHECKPOINT = os.path.join(ROOT, "model_repository", "llm", "checkpoint")
 
 
-def post(url: str, raw: bytes) -> int:
-    request = urllib.request.Request(url, data=raw, headers={"content-type": "application/json"})
+async def longest_wait(work: Awaitable[T]) -> tuple[T, float]:
+    """`work`'s result, and the longest the running event loop waited meanwhile between
+    turns of a 1 ms ticker (seconds)."""
+    gaps, done = [], asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)           # (the ticker under way)
     try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        e.read()
-        return e.code
+        return await work, max(gaps)
+    finally:
+        done.set()
+        await ticker
 
 
 async def measure(checkpoint: str, mib: int, trials: int, max_model_len: int) -> list[tuple[str, int, float, float]]:
@@ -69,27 +81,14 @@ async def measure(checkpoint: str, mib: int, trials: int, max_model_len: int) ->
     bodies = {"/tokenize": {"model": "llm", "prompt": prompt},
               "/v1/completions": {"model": "llm", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}}
     await loop.run_in_executor(None, post, f"http://127.0.0.1:{port}/tokenize",
-                               json.dumps({"model": "llm", "prompt": "hi"}).encode())     # (warm)
+                               json.dumps({"model": "llm", "prompt": "hi"}).encode(), {})     # (warm)
     results = []
     for route, body in bodies.items():
         raw = json.dumps(body).encode()
         for _ in range(trials):
-            gaps, done = [], asyncio.Event()
-
-            async def tick() -> None:
-                last = time.perf_counter()
-                while not done.is_set():
-                    await asyncio.sleep(0.001)
-                    now = time.perf_counter()
-                    gaps.append(now - last)
-                    last = now
-            ticker = asyncio.create_task(tick())
             t0 = time.perf_counter()
-            status = await loop.run_in_executor(None, post, f"http://127.0.0.1:{port}{route}", raw)
-            seconds = time.perf_counter() - t0
-            done.set()
-            await ticker
-            results.append((route, status, seconds, max(gaps)))
+            status, gap = await longest_wait(loop.run_in_executor(None, post, f"http://127.0.0.1:{port}{route}", raw, {}))
+            results.append((route, status, time.perf_counter() - t0, gap))
     server.should_exit = True
     await serving
     return results

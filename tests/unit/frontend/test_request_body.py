@@ -3,10 +3,10 @@ to it, with the same result and the same refusals as json.loads."""
 
 import asyncio
 import json
-import time
 
 import pytest
 
+from benchmarks.event_loop_stall import longest_wait
 from frontend.openai_api.errors import APIError
 from frontend.openai_api.json_depth import THREAD_BYTES
 from frontend.openai_api.request_body import _decode, _decoded
@@ -43,25 +43,7 @@ def test_a_large_body_of_small_values_leaves_the_event_loop_running():
     body = json.dumps({"messages": [{"role": "user", "content": "x"}] * 400_000}).encode()
     assert len(body) >= THREAD_BYTES
 
-    async def measure():
-        gaps, done = [], asyncio.Event()
-
-        async def tick():
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.001)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        await asyncio.sleep(0.01)
-        value = await _decoded(body, _decode)
-        done.set()
-        await ticker
-        return value, max(gaps)
-
-    value, gap = asyncio.run(measure())
+    value, gap = asyncio.run(longest_wait(_decoded(body, _decode)))
     assert len(value["messages"]) == 400_000
     assert gap < 0.1, f"the event loop waited {gap * 1000:.0f} ms"
 
