@@ -40,12 +40,19 @@ print(applied, main["mapped"], main["kept"], other["mapped"], other["kept"])
 """
 
 
-def _probe(apply: bool, **env) -> list[str]:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _in_fresh_process(script: str, **env) -> list[str]:
+    """The words `script` prints, run by a new interpreter (glibc's malloc state as at
+    start) without the user's malloc settings (MALLOC_*, LD_PRELOAD), with `env` added."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, apply=apply)], env={**clean, **env},
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    return out.split()
+    return subprocess.run([sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=120, check=True).stdout.split()
+
+
+def _probe(apply: bool, **env) -> list[str]:
+    return _in_fresh_process(PROBE.format(root=ROOT, apply=apply), **env)
 
 
 @pytest.mark.skipif(not GLIBC, reason="the policy is glibc's mallopt")
@@ -123,9 +130,7 @@ print(held, rss())
 def test_release_gives_the_free_heap_back():
     """Under the engine's policy a freed 400 MB stays resident (kept for the next step);
     malloc_trim gives it back."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    held, after = map(int, subprocess.check_output([sys.executable, "-c", TRIM.format(root=root)],
-                                                   text=True).split()[-2:])
+    held, after = map(int, _in_fresh_process(TRIM.format(root=ROOT))[-2:])
     assert held - after > 300, (held, after)
 
 
@@ -152,10 +157,7 @@ print(applied, anon_mib() - before)
 
 
 def _arena_top(apply: bool) -> tuple[bool, int]:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
-    applied, grown = subprocess.run([sys.executable, "-c", ARENA_TOP.format(root=root, apply=apply)], env=clean,
-                                    capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    applied, grown = _in_fresh_process(ARENA_TOP.format(root=ROOT, apply=apply))
     return applied == "True", int(grown)
 
 
