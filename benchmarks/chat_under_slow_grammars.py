@@ -17,23 +17,17 @@ import os
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Optional
 
+from benchmarks.memory_after_attacks import post
 
-def post(url: str, body: dict, key: str, timeout: float = 120) -> tuple[int, float]:
-    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), headers=headers)
+
+def chat(url: str, body: dict, key: str) -> tuple[int, float]:
+    """(status, seconds) of one chat completion (status 0: no answer)."""
     t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            r.read()
-            code = r.status
-    except urllib.error.HTTPError as e:
-        e.read()
-        code = e.code
-    return code, time.perf_counter() - t0
+    status = post(url + "/v1/chat/completions", json.dumps(body).encode(),
+                  {"authorization": f"Bearer {key}"} if key else {})
+    return status, time.perf_counter() - t0
 
 
 def slow_schema(model: str, i: int) -> dict:
@@ -61,17 +55,17 @@ def main(argv: Optional[list[str]] = None) -> None:
              "temperature": 0}
 
     def measure(seconds: float) -> list[tuple[int, float]]:
-        out, end = [post(args.url, plain, args.api_key)], time.time() + seconds
+        out, end = [chat(args.url, plain, args.api_key)], time.time() + seconds
         while time.time() < end:
             time.sleep(0.1)
-            out.append(post(args.url, plain, args.api_key))
+            out.append(chat(args.url, plain, args.api_key))
         return out
 
     for _ in range(3):
-        post(args.url, plain, args.api_key)             # (warm)
+        chat(args.url, plain, args.api_key)             # (warm)
     alone = measure(args.seconds[0])
     slow: list[tuple[int, float]] = []
-    threads = [threading.Thread(target=lambda i=i: slow.append(post(args.url, slow_schema(args.model, i),
+    threads = [threading.Thread(target=lambda i=i: slow.append(chat(args.url, slow_schema(args.model, i),
                                                                     args.api_key))) for i in range(args.slow)]
     for t in threads:
         t.start()
