@@ -15,7 +15,7 @@ MODEL ?=
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-py312 test-unit test-integration serve serve-dynamo model model-random tritonserver dynamo dynamo-services bench docs gpu-wheels clean
+.PHONY: install test test-setup test-py312 test-unit test-integration serve serve-dynamo model model-random tritonserver dynamo dynamo-services bench docs gpu-wheels clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,16 +58,23 @@ model-random: $(STAMP)
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
 # modules whose servers are their own (the session's server, which lane A's use, starts
 # in lane A only) and five unit folders; lane A takes everything else, so that a new test
-# file needs no list. The lanes are about equal (docs/development.md has their times).
-LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
+# file needs no list. Lane A runs the integration modules first (pytest's order), lane B
+# its unit folders first: a lane waiting on a server's start or a fault's timeout then
+# leaves its core to the other's computing, not to another wait. The lanes are about equal
+# (docs/development.md has their times).
+LANE_B := $(addprefix tests/unit/,parallel builder attention models ops \
+	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py) \
+	$(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	dynamo_serving.py dynamo_disagg.py cli.py) $(addprefix tests/unit/,parallel builder attention models ops \
-	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py)
+	dynamo_serving.py dynamo_disagg.py cli.py)
 # Each lane's temporary files (server logs included) and its JUnit report (every test's
 # time: lane-a.xml, lane-b.xml) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
 PYTEST := PYTHONUNBUFFERED=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15
-test: $(STAMP) tritonserver dynamo test-py312
+# The setup first, two jobs at once: the main install is one process that leaves the
+# second core idle, which the Python 3.12 check and the Dynamo services then use.
+test:
+	@$(MAKE) --no-print-directory -j2 test-setup
 	@set -u; mkdir -p $(TEST_TMP); \
 	( $(PYTEST) --basetemp=$(TEST_TMP)/lane-a --junitxml=$(TEST_TMP)/lane-a.xml $(addprefix --ignore=,$(LANE_B)) tests 2>&1 \
 	  | sed -u 's/^/A| /'; \
@@ -76,6 +83,8 @@ test: $(STAMP) tritonserver dynamo test-py312
 	  exit $${PIPESTATUS[0]} ) & b=$$!; \
 	wait $$a; ra=$$?; wait $$b; rb=$$?; echo "make test: lane A exited $$ra, lane B $$rb"; \
 	test $$ra -eq 0 && test $$rb -eq 0
+
+test-setup: $(STAMP) tritonserver dynamo test-py312
 
 # NVIDIA's image (tritonserver:25.08-py3) runs Python 3.12: every module must compile under
 # it, and the launcher's parts that need no torch (supervisor sidecars and status port, the
