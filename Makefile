@@ -58,11 +58,15 @@ model-random: $(STAMP)
 # The suite runs in two lanes at once, as CI has two cores. Lane B takes the integration
 # modules whose servers are their own (the session's server, which lane A's use, starts
 # in lane A only) and five unit folders; lane A takes everything else, so that a new test
-# file needs no list. The lanes are about equal (docs/development.md has their times).
-LANE_B := $(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
+# file needs no list. Lane A runs the integration modules first (pytest's order), lane B
+# its unit folders first: a lane waiting on a server's start or a fault's timeout then
+# leaves its core to the other's computing, not to another wait. The lanes are about equal
+# (docs/development.md has their times).
+LANE_B := $(addprefix tests/unit/,parallel builder attention models ops \
+	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py) \
+	$(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
-	dynamo_serving.py dynamo_disagg.py cli.py) $(addprefix tests/unit/,parallel builder attention models ops \
-	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py)
+	dynamo_serving.py dynamo_disagg.py cli.py)
 # Each lane's temporary files (server logs included) and its JUnit report (every test's
 # time: lane-a.xml, lane-b.xml) stay here until the next run.
 TEST_TMP ?= /tmp/paged_llm-tests
