@@ -31,7 +31,7 @@ from frontend.openai_api.errors import APIError, from_triton
 from frontend.openai_api.nulls import NullMeansDefault
 from frontend.openai_api.protocol import TokenId
 from frontend.openai_api.request_body import read_request
-from frontend.openai_api.triton_client import ServedModel
+from frontend.openai_api.triton_client import ServedModel, stream_end
 
 MAX_INPUTS = 2048          # OpenAI's bound on inputs per request
 
@@ -124,6 +124,7 @@ async def _embed_one(client, model: str, prompt: Union[str, list[int]]) -> tuple
                 tokens = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
+                await stream_end(call)          # not cancelled at once: triton_client.stream_end
                 break
     except InferenceServerException as e:
         raise from_triton(e.message() or str(e)) from None

@@ -330,18 +330,33 @@ class Generation:
 
 
     async def _stream_end(self) -> None:
-        """After the final response, let Triton end the stream (our side has half-closed
-        it: one request) instead of cancelling it. A cancel that overtakes the backend's
-        release of the request (a request the engine refuses at once sends its final
-        response while execute() is still returning) left the request behind in Triton
-        24.10: the model stayed live and shutdown waited out its 30 s exit timeout."""
-        async def rest() -> None:
-            async for _ in self._call:
-                pass
+        await stream_end(self._call)
+
+
+async def stream_end(call) -> None:
+    """After a request's final response, let Triton end its stream (our side has
+    half-closed it: one request) instead of cancelling it, for at most
+    STREAM_END_TIMEOUT_S; the caller's cancel then ends what is left. A cancel that
+    overtakes the backend's release of the request (a request the engine refuses at once
+    sends its final response while execute() is still returning) left the request behind
+    in Triton 24.10: the model stayed live and shutdown waited out its 30 s exit timeout.
+    A cancellation of the calling task meanwhile (an embeddings sibling that failed)
+    waits for the end too, then goes on."""
+    async def rest() -> None:
+        async for _ in call:
+            pass
+
+    async def bounded() -> None:
         try:
             await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
         except (asyncio.TimeoutError, InferenceServerException, grpc.RpcError):
-            pass                        # the cancel in __aiter__'s finally ends it
+            pass
+    end = asyncio.ensure_future(bounded())
+    try:
+        await asyncio.shield(end)
+    except asyncio.CancelledError:
+        await asyncio.wait([end])
+        raise
 
 
 def _max_model_len(params: dict, checkpoint: Optional[str]) -> int:

@@ -69,3 +69,69 @@ def test_the_official_client_may_pass_none_for_every_optional_argument(client, m
     r = client.post("/v1/embeddings", json={"model": "emb", "input": "hi", "encoding_format": None,
                                              "dimensions": None, "user": None}, headers=KEY)
     assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [0.5, 0.5]
+
+
+class _Final:
+    bool_param = True
+
+
+class _Result:
+    """A Triton stream response carrying an embedding and the final-response flag."""
+
+    def __init__(self) -> None:
+        self.values = {"embedding": np.ones(4, dtype=np.float32), "num_input_tokens": np.array([3])}
+
+    def as_numpy(self, name):
+        return self.values.get(name)
+
+    def get_response(self):
+        return type("Response", (), {"parameters": {"triton_final_response": _Final()}})()
+
+
+class _Call:
+    """A gRPC stream that Triton ends a little after its final response; records when
+    it ended and when it was cancelled."""
+
+    def __init__(self, events: list, end_after_s: float = 0.05) -> None:
+        self.events, self.end_after_s = events, end_after_s
+
+    async def __aiter__(self):
+        yield _Result(), None
+        await asyncio.sleep(self.end_after_s)       # the backend releasing the request
+        self.events.append("ended")
+
+    def cancel(self) -> None:
+        self.events.append("cancelled")
+
+
+class _Client:
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def stream_infer(self, requests):
+        return _Call(self.events)
+
+
+def test_an_answered_stream_is_left_to_triton_to_end_before_any_cancel():
+    """A cancel right after the final response could overtake the backend's release of
+    the request: Triton 24.10 then kept the model live and its shutdown waited out the
+    30 s exit timeout (seen in CI: the embedding server's stop took 31 s in 3 of 5 runs)."""
+    events = []
+    vector, tokens = asyncio.run(embeddings._embed_one(_Client(events), "emb", [5, 6, 7]))
+    assert vector.tolist() == [1.0] * 4 and tokens == 3
+    assert events[0] == "ended", events
+
+
+def test_a_sibling_cancelled_after_its_answer_still_lets_the_stream_end():
+    """The first failure cancels the other inputs: one already answered waits for its
+    stream's end (bounded), then takes the cancellation."""
+    events = []
+
+    async def scenario():
+        task = asyncio.ensure_future(embeddings._embed_one(_Client(events), "emb", [5]))
+        await asyncio.sleep(0.01)                   # answered; its stream not ended yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(scenario())
+    assert events[0] == "ended", events
