@@ -340,8 +340,11 @@ async def stream_end(call) -> None:
     overtakes the backend's release of the request (a request the engine refuses at once
     sends its final response while execute() is still returning) left the request behind
     in Triton 24.10: the model stayed live and shutdown waited out its 30 s exit timeout.
-    A cancellation of the calling task meanwhile (an embeddings sibling that failed)
-    waits for the end too, then goes on."""
+    One cancellation of the calling task meanwhile (what /v1/embeddings does to the
+    other inputs when one fails) waits for the end too, then goes on. A cancel scope
+    that cancels again and again (Starlette's, when a streaming client hangs up right
+    after the last token) ends the wait early, and the caller's cancel then comes as
+    early as it did before."""
     async def rest() -> None:
         async for _ in call:
             pass

@@ -93,12 +93,18 @@ class _Call:
     it ended and when it was cancelled."""
 
     def __init__(self, events: list, end_after_s: float = 0.05) -> None:
-        self.events, self.end_after_s = events, end_after_s
+        self.events, self.end_after_s, self.answered = events, end_after_s, False
 
-    async def __aiter__(self):
-        yield _Result(), None
+    def __aiter__(self):
+        return self                                 # one stream, as tritonclient's iterator
+
+    async def __anext__(self):
+        if not self.answered:
+            self.answered = True
+            return _Result(), None
         await asyncio.sleep(self.end_after_s)       # the backend releasing the request
         self.events.append("ended")
+        raise StopAsyncIteration
 
     def cancel(self) -> None:
         self.events.append("cancelled")
