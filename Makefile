@@ -62,8 +62,7 @@ model-random: $(STAMP)
 # its unit folders first: a lane waiting on a server's start or a fault's timeout then
 # leaves its core to the other's computing, not to another wait. The lanes are about equal
 # (docs/development.md has their times).
-LANE_B := $(addprefix tests/unit/,parallel builder attention models ops \
-	engine/spec_decode/test_trained_heads.py engine/spec_decode/test_medusa.py) \
+LANE_B := $(addprefix tests/unit/,parallel builder attention models ops) \
 	$(addprefix tests/integration/test_,recovery.py trtllm_contract.py \
 	tensor_parallel_serving.py fp8_serving.py graph_serving.py speculative_serving.py stress.py \
 	dynamo_serving.py dynamo_disagg.py cli.py)
