@@ -307,7 +307,7 @@ class Generation:
                         yield delta
                 if param is not None and param.bool_param:
                     self._answered = True
-                    await self._stream_end()
+                    await stream_end(self._call)
                     break
             if failure is not None:
                 raise failure
@@ -327,10 +327,6 @@ class Generation:
             # Ends the gRPC stream too: one left open keeps Triton from unloading the
             # model (a decoupled model stays live while any of its streams is open).
             self.cancel()
-
-
-    async def _stream_end(self) -> None:
-        await stream_end(self._call)
 
 
 async def stream_end(call) -> None:

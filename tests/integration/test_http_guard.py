@@ -123,6 +123,7 @@ def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
     import subprocess
 
     from clients.tritonserver import free_port, server_binary
+    from supervisor.triton_api import TritonAPI
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log = open(tmp_path / "tritonserver.log", "w")
     proc = subprocess.Popen([server_binary(), "--model-repository", str(tmp_path), "--model-control-mode", "explicit",
@@ -133,13 +134,7 @@ def test_an_unguarded_tritonserver_24_10_dies_on_the_bracket_body(tmp_path):
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+        while not TritonAPI(f"127.0.0.1:{http_port}").server_ready():
             assert proc.poll() is None and time.monotonic() < deadline, "the bare server did not start"
             time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", http_port), timeout=30) as s:
