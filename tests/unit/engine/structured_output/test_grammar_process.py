@@ -1,5 +1,6 @@
 """backend/engine/structured_output/grammar_process.py: compiles in child processes that can be killed."""
 
+import multiprocessing
 import threading
 import time
 
@@ -144,10 +145,17 @@ def test_a_process_not_ready_is_killed_not_waited_on_for_ever(info_json):
         broken.wait_ready()
     broken.close()
     slow = GrammarProcess(info_json)
+    # Its answers go to a pipe the wait does not read, so however fast the child starts
+    # it is not ready in time (a child ready within the 0.1 ms, the parent descheduled
+    # meanwhile, let the wait pass once: CI run 100).
+    silent, unused = multiprocessing.Pipe()
+    answers, slow._conn = slow._conn, silent
     with pytest.raises(CompileKilled, match="no answer"):
         slow.wait_ready(timeout_s=0.0001)
     assert not slow.alive
     slow.close()
+    answers.close()
+    unused.close()
 
 
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
