@@ -1,4 +1,5 @@
-"""W8A8 INT8 GEMM and the INT8 KV cache against bf16, on one GPU (issue 33).
+"""W8A8 INT8 GEMM, the INT4 weight-only GEMMs and the INT8 KV cache against bf16, on one
+GPU (issues 33 and 50).
 
     python -m benchmarks.quant_kernel_bench         # also run by benchmarks.gpu_check
 
@@ -7,6 +8,12 @@
   quantization, then the Triton int8 GEMM (backend/ops/w8a8_gemm_triton.py); bf16 is
   `F.linear` (cuBLAS) on the same shape. Each row also gives the kernel's largest
   difference from the exact integer reference on the same quantized inputs.
+- INT4 (GPTQ g128, groups in order): Llama-3.1-8B's projections at M = 1, 16, 64 and
+  256 rows. bf16 `F.linear` against the gathering kernel (`int_gemm`, what act-order
+  checkpoints run) and the blocked kernel (`int_gemm_blocked`, what the rest run), with
+  the split of K the planner picks, and the best of a sweep of forced splits (to check
+  `TILES` and `PROGRAMS_PER_SM`). The floor reads the packed weights, scales and zeros
+  once; each timed call cycles through copies of the weights larger than L2 together.
 - INT8 KV: the one-token paged attention kernel on decode shapes over an INT8 pool (per
   KV-head scales) and over a bf16 pool of the same blocks: half the K/V bytes read. The
   floor is the bf16 pool's bytes over the measured copy bandwidth.
@@ -28,6 +35,12 @@ from benchmarks.attention_bench import _time_ms, gpu_main
 GEMM_SHAPES = [(f"{p} M={m}", m, k, n) for m in (1, 16, 256, 2048)
                for p, k, n in (("gate_up 4096x28672", 4096, 28672), ("down 14336x4096", 14336, 4096))]
 # (name, sequences, context): decode steps of Llama-3.1-8B's attention (32/8 heads, dim 128).
+# (name, rows, in features, out features): the 8B's fused q/k/v, o, gate_up and down.
+INT4_SHAPES = [(f"{p} M={m}", m, k, n) for m in (1, 16, 64, 256)
+               for p, k, n in (("qkv 4096x6144", 4096, 6144), ("o 4096x4096", 4096, 4096),
+                               ("gate_up 4096x28672", 4096, 28672), ("down 14336x4096", 14336, 4096))]
+INT4_SPLITS = (1, 2, 4, 8, 16)
+L2_BYTES = 64 << 20             # more than an H100's or H200's L2 (50 MB)
 KV_SHAPES = [("decode b1 ctx8192", 1, 8192), ("decode b64 ctx2048", 64, 2048), ("decode b256 ctx1024", 256, 1024)]
 
 
@@ -54,6 +67,62 @@ def w8a8_rows(bandwidth_gbs: float, device: torch.device, shapes=GEMM_SHAPES, dt
                      "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                      "max_abs_diff_vs_exact": (w8a8().float() - ref).abs().max().item()})
     return rows
+
+
+def int4_rows(bandwidth_gbs: float, device: torch.device, shapes=INT4_SHAPES, dtype: torch.dtype = torch.bfloat16,
+              iters: int = 20, group_size: int = 128, splits=INT4_SPLITS) -> list[dict]:
+    from backend.ops.int_gemm_triton import block_for_kernel, int_gemm, int_gemm_blocked
+    g = torch.Generator(device=device).manual_seed(0)
+    element = torch.tensor([], dtype=dtype).element_size()
+    made: dict[tuple[int, int], tuple] = {}         # (K, N) -> (packed copies, dense copies), kept across M
+
+    def weights(K: int, N: int) -> tuple:
+        if (K, N) not in made:
+            groups = K // group_size
+            packed_bytes = N * K // 2 + groups * N * (element + 4)
+            packed = []
+            for _ in range(max(1, -(-L2_BYTES // packed_bytes))):
+                words = torch.randint(-2 ** 31, 2 ** 31 - 1, (K // 8, N), generator=g, device=device,
+                                      dtype=torch.int32)                   # random words: random 4-bit codes
+                scales = (torch.rand(groups, N, generator=g, device=device) * 0.02 + 0.001).to(dtype)
+                zeros = torch.randint(0, 16, (groups, N), generator=g, device=device).float()
+                packed.append((words, block_for_kernel(words, 4), scales, zeros))
+            dense = [(torch.randn(N, K, generator=g, device=device) / K ** 0.5).to(dtype)
+                     for _ in range(max(1, -(-L2_BYTES // (N * K * element))))]
+            made[(K, N)] = (packed, dense, packed_bytes)
+        return made[(K, N)]
+
+    def cycling(fn, pool):
+        turn = iter(range(1 << 30))
+        return lambda: fn(pool[next(turn) % len(pool)])
+    rows = []
+    for name, M, K, N in shapes:
+        packed, dense, packed_bytes = weights(K, N)
+        g_idx = (torch.arange(K, device=device) // group_size).to(torch.int32)
+        x = torch.randn(M, K, generator=g, device=device).to(dtype)
+        bf16_ms = _time_ms(cycling(lambda w: F.linear(x, w), dense), iters, device)
+        gather_ms = _time_ms(cycling(lambda w: int_gemm(x, w[0], w[2], w[3], g_idx, 4), packed), iters, device)
+        blocked_ms = _time_ms(cycling(lambda w: int_gemm_blocked(x, w[1], w[2], w[3], 4, group_size), packed),
+                              iters, device)
+        forced = {k: _time_ms(cycling(lambda w, k=k: int_gemm_blocked(x, w[1], w[2], w[3], 4, group_size, split_k=k),
+                                      packed), iters, device) for k in splits}
+        best = min(forced, key=forced.get)
+        words, blocked, scales, zeros = packed[0]
+        groups = g_idx.long()
+        ref = F.linear(x.float(), ((_codes(words).float() - zeros[groups]) * scales.float()[groups]).t())
+        got = int_gemm_blocked(x, blocked, scales, zeros, 4, group_size).float()
+        floor_ms = (packed_bytes + M * K * element + M * N * element) / (bandwidth_gbs * 1e9) * 1e3
+        rows.append({"shape": name, "bf16_ms": bf16_ms, "gather_ms": gather_ms, "blocked_ms": blocked_ms,
+                     "speedup": bf16_ms / blocked_ms, "floor_ms": floor_ms, "x_floor": blocked_ms / floor_ms,
+                     "best_split": best, "best_split_ms": forced[best],
+                     "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
+    return rows
+
+
+def _codes(packed: torch.Tensor) -> torch.Tensor:
+    """The packed 4-bit codes as [K, N] (int_formats' unpacking, on the tensor's device)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    return ((packed.unsqueeze(1) >> shifts.view(1, 8, 1)) & 15).reshape(packed.shape[0] * 8, packed.shape[1])
 
 
 def int8_kv_rows(bandwidth_gbs: float, device: torch.device, shapes=KV_SHAPES, heads: int = 32, kv_heads: int = 8,
@@ -101,8 +170,10 @@ def int8_kv_rows(bandwidth_gbs: float, device: torch.device, shapes=KV_SHAPES, h
     return rows
 
 
-def run(bandwidth_gbs: float, device: torch.device, gemm_shapes=GEMM_SHAPES, kv_shapes=KV_SHAPES, **kw) -> dict:
+def run(bandwidth_gbs: float, device: torch.device, gemm_shapes=GEMM_SHAPES, kv_shapes=KV_SHAPES,
+        int4_shapes=INT4_SHAPES, int4_splits=INT4_SPLITS, **kw) -> dict:
     return {"w8a8": w8a8_rows(bandwidth_gbs, device, gemm_shapes, **kw),
+            "int4": int4_rows(bandwidth_gbs, device, int4_shapes, splits=int4_splits, **kw),
             "int8_kv": int8_kv_rows(bandwidth_gbs, device, kv_shapes, **kw)}
 
 
@@ -111,6 +182,11 @@ def render(report: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['w8a8_ms']:.3f} | {r['speedup']:.2f} | {r['floor_ms']:.3f} | "
               f"{r['x_floor']:.2f} | {r['max_abs_diff_vs_exact']:.2g} |" for r in report["w8a8"]]
+    lines += ["", "| INT4 GEMM (g128) | bf16 ms | gathering ms | blocked ms | speed-up | floor ms | x floor | "
+              "best forced split (ms) | max rel diff |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['gather_ms']:.3f} | {r['blocked_ms']:.3f} | "
+              f"{r['speedup']:.2f} | {r['floor_ms']:.3f} | {r['x_floor']:.2f} | {r['best_split']} "
+              f"({r['best_split_ms']:.3f}) | {r['max_rel_diff']:.2g} |" for r in report.get("int4", [])]
     lines += ["", "| INT8 KV attention | bf16 ms | INT8 ms | speed-up | bf16 floor ms | INT8 floor ms | max diff |",
               "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['int8_ms']:.3f} | {r['speedup']:.2f} | "

@@ -46,6 +46,7 @@ from backend.engine.structured_output.structured_output_manager import Structure
 from backend.lora import make_lora_manager
 from backend.models.config import ModelConfig, load_model_config
 from backend.models.cpu_packed_linear import own_remaining_weights, pack_cpu_linears
+from backend.models.int_linear import prepare_kernel_layouts
 from backend.models.loader import load_model, load_tokenizer
 from backend.models.rotary import long_rope
 from backend.ops import make_layer_ops
@@ -291,7 +292,9 @@ def load_cpu_kernels() -> None:
 
 def pack_weights(model, device: torch.device, dtype: torch.dtype, workers=None) -> None:
     """One rank's fp32 CPU projections as oneDNN's pre-packed weights
-    (backend/models/cpu_packed_linear.py), after LoRA wrapped them."""
+    (backend/models/cpu_packed_linear.py), after LoRA wrapped them; INT weights in their
+    Triton kernel's layout."""
+    prepare_kernel_layouts(model)
     if device.type == "cpu" and dtype == torch.float32 and not workers:
         if pack_cpu_linears(model):
             own_remaining_weights(model)    # so the checkpoint file's mapping can go

@@ -1,11 +1,13 @@
 """Weight-only INT4/INT8 linear layers (W4A16 / W8A16) over the one packed layout of
 backend/models/int_formats.py (bitsandbytes NF4/FP4 too: codes with a value table).
 
-On CUDA (and with attention_backend="triton" anywhere) the matmul is the Triton kernel
-of backend/ops/int_gemm_triton.py, which unpacks and dequantizes each weight tile in
-registers: the weights stay packed in memory (4 or 8 bits each). The torch path (CPU)
-dequantizes once and keeps the result: it is the correctness reference, the checkpoint
-is what is smaller.
+On CUDA (and with attention_backend="triton" anywhere) the matmul is a Triton kernel of
+backend/ops/int_gemm_triton.py, which unpacks and dequantizes each weight tile in
+registers: the weights stay packed in memory (4 or 8 bits each). Where the groups allow
+(no act order; groups of 128 4-bit or 64 8-bit rows, or per channel) the first kernel
+call re-packs qweight in place for the blocked kernel; it then serves that kernel only.
+The torch path (CPU) dequantizes once and keeps the result: it is the correctness
+reference, the checkpoint is what is smaller.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class IntLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.use_kernel = scheme.bits, use_kernel
+        self.group_size = scheme.group_size
         self.part_sizes = part_sizes
         groups = 1 if scheme.group_size == -1 else -(-in_features // scheme.group_size)
         p = lambda *shape, dtype=torch.float32: nn.Parameter(torch.empty(*shape, dtype=dtype),  # noqa: E731
@@ -42,6 +45,7 @@ class IntLinear(nn.Module):
         self.quant_map = p(16) if scheme.lookup else None       # bitsandbytes NF4/FP4 code values
         self._dequantized: Optional[torch.Tensor] = None
         self._shared_groups: Optional[bool] = None
+        self._blocked = False               # qweight re-packed for int_gemm_blocked (kernel path only)
 
     def weight_only(self) -> IntWeight:
         return IntWeight(self.qweight, self.scales, self.zeros, self.g_idx, self.bias, self.quant_map)
@@ -49,19 +53,46 @@ class IntLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.use_kernel or x.is_cuda:
-            from backend.ops.int_gemm_triton import int_gemm
-            if self._shared_groups is None:         # once, at the first call: one launch if the parts agree
-                self._shared_groups = bool((self.g_idx == self.g_idx[:1]).all())
-            bounds = [(0, self.out_features)] if self._shared_groups else int_formats.part_bounds(self.part_sizes)
+            from backend.ops.int_gemm_triton import int_gemm, int_gemm_blocked
+            if self._shared_groups is None:         # not prepared at load (pack_weights): at the first call
+                self.prepare_kernel()
             out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            if self._blocked:
+                int_gemm_blocked(x, self.qweight, self.scales, self.zeros, self.bits, self.group_size, out)
+                return out if bias is None else out + bias
+            bounds = [(0, self.out_features)] if self._shared_groups else int_formats.part_bounds(self.part_sizes)
             for part, (a, b) in enumerate(bounds):
                 zeros = None if self.zeros is None else self.zeros[:, a:b]
                 int_gemm(x, self.qweight[:, a:b], self.scales[:, a:b], zeros, self.g_idx[part], self.bits, out[:, a:b],
                          self.quant_map)
             return out if bias is None else out + bias
+        assert not self._blocked, "qweight was re-packed for the Triton kernel"
         if self._dequantized is None or self._dequantized.dtype != x.dtype:
             self._dequantized = int_formats.dequantize(self.weight_only(), self.bits, self.part_sizes).to(x.dtype)
         return F.linear(x, self._dequantized, bias)
+
+    def runs_kernel(self) -> bool:
+        return self.use_kernel or self.qweight.is_cuda
+
+    def prepare_kernel(self) -> None:
+        """One launch if the parts' groups agree; the blocked kernel's layout if they are
+        in order (g_idx = row // group_size) in sizes it takes. Reads g_idx once: at load
+        (prepare_kernel_layouts), so that sleep mode's reloaded weights get the same layout."""
+        from backend.ops.int_gemm_triton import block_for_kernel, blocked_eligible
+        self._shared_groups = bool((self.g_idx == self.g_idx[:1]).all())
+        K = self.in_features
+        in_order = torch.arange(K, device=self.g_idx.device) // (K if self.group_size == -1 else self.group_size)
+        if (self._shared_groups and self.quant_map is None and blocked_eligible(K, self.bits, self.group_size)
+                and bool((self.g_idx[0] == in_order).all())):
+            self.qweight.data = block_for_kernel(self.qweight.data, self.bits)
+            self._blocked = True
+
+
+def prepare_kernel_layouts(model: nn.Module) -> None:
+    """Every IntLinear that runs the Triton kernel, prepared once its weights are loaded."""
+    for module in model.modules():
+        if isinstance(module, IntLinear) and module.runs_kernel() and module._shared_groups is None:
+            module.prepare_kernel()
 
 
 def swap_in_int_linears(model: nn.Module, scheme: IntScheme, use_kernel: bool) -> None:

@@ -5,6 +5,7 @@ Run without TRITON_INTERPRET:  python -m tests.helpers.compile_sm90"""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 
@@ -94,16 +95,36 @@ def lora_and_int_gemm(dtype: str) -> list:
             "scaling_ptr": "*fp32", **{n: "i32" for n in ("N", "K", "stride_x", "stride_ws", "stride_wn", "stride_o")}}
     out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, IEEE=dtype == "fp32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64))
            for add in (False, True)]
+    strides = {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om", "stride_os",
+                                  "K_PER_SPLIT")}
     gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,
-            **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om")}}
+            **strides}
     out += [compile_kernel(int_gemm_triton._int_gemm_kernel, gemm, dict(BITS=bits, BLOCK_M=16, BLOCK_N=64,
                                                                            BLOCK_K=64, lut_ptr=None, LUT=False,
                                                                            IEEE=dtype == "fp32"))
             for bits in (4, 8)]
-    # bitsandbytes NF4/FP4: the codes' values from a 16-entry table (last: its tiles are checked for MMA).
+    # bitsandbytes NF4/FP4: the codes' values from a 16-entry table (its tiles are checked for MMA).
     out.append(compile_kernel(int_gemm_triton._int_gemm_kernel, {**gemm, "s_ptr": "*fp32", "lut_ptr": "*fp32"},
                               dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, LUT=True, IEEE=dtype == "fp32")))
+    out.append(compile_kernel(int_gemm_triton._sum_splits_kernel,
+                              {"part_ptr": "*fp32", "out_ptr": act, "N": "i32", "stride_pm": "i32", "stride_ps": "i32",
+                               "stride_om": "i32"}, dict(SPLITS=5, BLOCK=1024)))
     return out
+
+
+def int_gemm_blocked(dtype: str) -> list:
+    """The blocked W4A16 / W8A16 GEMM over the re-packed layout: 4-bit with the mantissa
+    trick on a decode tile and a prefill tile (split K's fp32 partials), 8-bit converted."""
+    from backend.ops import int_gemm_triton as ig
+    act = f"*{dtype}"
+    types = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": act, "z_ptr": "*fp32", "out_ptr": act,
+             **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om", "stride_os",
+                                   "K_PER_SPLIT")}}
+    magic = dict(MAGIC=0x4300, OFFSET=128.0) if dtype == "bf16" else dict(MAGIC=0x6400, OFFSET=1024.0)
+    return [compile_kernel(ig._int_gemm_blocked_kernel, {**types, "out_ptr": out},
+                           dict(BITS=bits, GROUP_SIZE=128, BLOCK_M=bm, BLOCK_N=bn, IEEE=False,
+                                **(magic if bits == 4 else dict(MAGIC=0, OFFSET=0.0))))
+            for bits, bm, bn, out in ((4, 16, 64, "*fp32"), (4, 64, 128, act), (8, 16, 64, act))]
 
 
 def w8a8_gemm(dtype: str) -> list:
@@ -194,8 +215,16 @@ def main() -> int:
         return 1
     extra = lora_and_int_gemm("bf16")
     assert all(".target sm_90" in c.asm["ptx"] for c in extra)
-    if "mma" not in extra[-1].asm["ptx"]:
+    if "mma" not in extra[-2].asm["ptx"]:
         print("the INT GEMM's dequantized bf16 tiles do not reach tensor cores")
+        return 1
+    blocked = int_gemm_blocked("bf16") + int_gemm_blocked("fp16")
+    if not all(".target sm_90" in c.asm["ptx"] and "mma" in c.asm["ptx"] for c in blocked):
+        print("the blocked INT GEMM's tiles do not reach tensor cores")
+        return 1
+    # The 4-bit codes become floats by the mantissa trick: no integer-to-float convert per weight.
+    if any(re.search(r"cvt\.rn\.(f32|f16|bf16)\.[us]32", c.asm["ptx"]) for c in blocked[:2] + blocked[3:5]):
+        print("the blocked INT4 GEMM converts its codes to floats instruction by instruction")
         return 1
     # Decode tiles (16 rows) use mma.sync ...s32.s8.s8.s32, 64-row tiles Hopper's wgmma ...s32.s8.s8.
     w8a8 = w8a8_gemm("bf16")
@@ -221,7 +250,7 @@ def main() -> int:
     mma = all("mma" in ptx[v] for v in [("bf16", False, 0), ("bf16", False, 4096, 0, 50.0),
                                         ("bf16", False, 128, 0, 0.0, True)])
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM, W8A8 INT8 GEMM (int8 MMA), block FP8 "
+          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM (gathering and blocked), W8A8 INT8 GEMM (int8 MMA), block FP8 "
           "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 and FP8 tiles too)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1

@@ -89,15 +89,19 @@ def test_moe_kernel_bench_runs_and_mxfp4_agrees():
 
 
 def test_quant_kernel_bench_runs_and_agrees():
-    """Issue 33's GPU stage (W8A8 GEMM and INT8 KV attention against bf16) on tiny shapes
-    through the interpreter: the W8A8 kernel equals the exact integer reference, the INT8
-    pool's attention is close to the bf16 pool's, and the report renders both tables."""
+    """Issue 33's and 50's GPU stage (W8A8 and INT4 GEMMs and INT8 KV attention against
+    bf16) on tiny shapes through the interpreter: the W8A8 kernel equals the exact integer
+    reference, the blocked INT4 kernel the dequantized weights, the INT8 pool's attention
+    is close to the bf16 pool's, and the report renders the tables."""
     from benchmarks import quant_kernel_bench
     report = quant_kernel_bench.run(100.0, torch.device("cpu"), gemm_shapes=[("tiny", 3, 64, 32)],
-                                    kv_shapes=[("tiny", 2, 40)], dtype=torch.float32, iters=1)
-    (gemm,), (kv,) = report["w8a8"], report["int8_kv"]
+                                    kv_shapes=[("tiny", 2, 40)], int4_shapes=[("tiny int4", 2, 256, 64)],
+                                    int4_splits=(1, 2), dtype=torch.float32, iters=1)
+    (gemm,), (kv,), (int4,) = report["w8a8"], report["int8_kv"], report["int4"]
+    assert int4["max_rel_diff"] < 1e-5 and int4["best_split"] in (1, 2) and int4["floor_ms"] > 0
+    assert int4["bf16_ms"] > 0 and int4["gather_ms"] > 0 and int4["blocked_ms"] > 0
     assert gemm["max_abs_diff_vs_exact"] < 1e-5 and gemm["bf16_ms"] > 0 and gemm["w8a8_ms"] > 0
     assert kv["max_abs_diff_vs_bf16"] < 0.05 and kv["int8_floor_ms"] == kv["bf16_floor_ms"] / 2
     text = gpu_check.render({"gpu": "cpu", "torch": "t", "date": "d", "command": "x", "unit_tests": "skipped",
                              "copy_bandwidth_gbs": 1.0, "quant_kernels": report, "models": {}})
-    assert "| tiny | " in text and "INT8 KV attention" in text
+    assert "| tiny | " in text and "INT8 KV attention" in text and "| tiny int4 | " in text

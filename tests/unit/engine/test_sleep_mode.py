@@ -110,3 +110,20 @@ def test_level_2_with_fp8_weights_and_their_dequantized_caches(base, tmp_path):
     assert all(m._dequantized is None for m in cached)
     llm.engine.wake_up()
     assert tokens(llm) == want
+
+
+def test_level_2_with_int4_weights_in_the_kernel_layout(ckpt_dir, tmp_path):
+    """GPTQ INT4 on the Triton kernel (the interpreter on CPU): its weights are re-packed
+    for the blocked kernel at load, and wake_up's reloaded weights are packed the same way."""
+    from backend.models.int_linear import IntLinear
+    from tests.helpers import int_checkpoints as ic
+    wide = make_checkpoint(str(ckpt_dir / "llama-int-sleep"), "llama", hidden_size=128, intermediate_size=256)
+    llm = LLM(ic.write_gptq(wide, str(tmp_path / "gptq"), 4, 128, desc_act=False), block_size=4, num_kv_blocks=64,
+              attention_backend="triton")
+    params = SamplingParams(max_tokens=3, min_tokens=3, temperature=0)
+    want = [o.token_ids for o in llm.generate(PROMPTS[:2], params)]
+    llm.engine.sleep(2)
+    llm.engine.wake_up()
+    assert all(m._blocked for m in llm.engine.model.modules() if isinstance(m, IntLinear))
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == want
+    assert_pool_free(llm)

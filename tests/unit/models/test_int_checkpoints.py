@@ -85,6 +85,10 @@ def test_triton_backend_engine_runs_the_kernel(base, quantized):
     params = SamplingParams(max_tokens=6, min_tokens=6, temperature=0)
     assert [o.token_ids for o in triton_llm.generate(prompts, params)] == \
         [o.token_ids for o in torch_llm.generate(prompts, params)]
+    # GPTQ g128 without act order: every projection runs the blocked kernel, re-packed at load.
+    from backend.models.int_linear import IntLinear
+    layers = [m for m in triton_llm.engine.model.modules() if isinstance(m, IntLinear)]
+    assert layers and all(m._blocked for m in layers)
 
 
 def test_lora_adapter_on_an_int4_base(base, quantized, tmp_path):

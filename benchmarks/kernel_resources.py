@@ -1,0 +1,108 @@
+"""What the INT4 weight-only GEMMs cost a Hopper SM, read from the compiler without a GPU:
+Triton compiles each kernel for sm_90 at the launch's tile sizes (int_gemm_triton.TILES),
+ptxas -v reports registers, spills and shared memory, and the PTX is counted for the
+instructions that bound a memory-bound GEMM (global loads, tensor-core MMAs, integer-to-
+float converts of the weights). Occupancy follows: 65,536 registers and 228 KB of shared
+memory per SM.
+
+    python -m benchmarks.kernel_resources            # run without TRITON_INTERPRET
+
+A stand-in for timing where no GPU is lent (the timing is benchmarks/quant_kernel_bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REGISTERS_PER_SM, SHARED_PER_SM, MAX_THREADS_PER_SM = 65536, 228 * 1024, 2048
+COUNTED = {"mma": r"\bmma\.sync|\bwgmma\.mma_async", "weight_converts": r"cvt\.rn\.(?:f32|f16|bf16)\.[us]32",
+           "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)"}
+
+
+def compile_sm90(fn, types: dict, consts: dict, num_warps: int, num_stages: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {**types, **{k: "constexpr" for k in consts}}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def ptxas_usage(ptx: str) -> dict:
+    """{registers, spill_bytes} from ptxas -v (the ptxas Triton itself uses for sm_90)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        proc = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                              capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    text = proc.stdout + proc.stderr
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
+    return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)), "spill_bytes": spills}
+
+
+def int4_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
+    """The gathering and the blocked 4-bit kernel at each M bucket's tiles."""
+    from backend.ops import int_gemm_triton as ig
+    act = f"*{dtype}"
+    scalars = {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om", "stride_os",
+                                  "K_PER_SPLIT")}
+    magic = dict(MAGIC=0x4300, OFFSET=128.0) if dtype == "bf16" else dict(MAGIC=0x6400, OFFSET=1024.0)
+    out = []
+    for m in rows:
+        block_m, block_n, warps, stages = ig.tile_config(m)
+        kernels = {
+            "gathering": (ig._int_gemm_kernel,
+                          {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": act, "z_ptr": "*fp32", "g_ptr": "*i32",
+                           "out_ptr": act, **scalars},
+                          dict(BITS=4, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, lut_ptr=None, LUT=False,
+                               IEEE=False), 64),
+            "blocked": (ig._int_gemm_blocked_kernel,
+                        {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": act, "z_ptr": "*fp32", "out_ptr": act, **scalars},
+                        dict(BITS=4, GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=False, **magic), 128)}
+        for name, (fn, types, consts, block_k) in kernels.items():
+            compiled = compile_sm90(fn, types, consts, warps, stages)
+            ptx = compiled.asm["ptx"]
+            usage = ptxas_usage(ptx)
+            threads = warps * 32
+            blocks = min(REGISTERS_PER_SM // (usage["registers"] * threads), MAX_THREADS_PER_SM // threads,
+                         SHARED_PER_SM // max(1, compiled.metadata.shared))
+            out.append({"kernel": name, "M": m, "tile": f"{block_m}x{block_n}x{block_k}", "warps": warps,
+                        "stages": stages, **usage, "shared_bytes": compiled.metadata.shared,
+                        "blocks_per_sm": blocks,
+                        **{k: len(re.findall(p, ptx)) for k, p in COUNTED.items()}})
+    return out
+
+
+def render(rows: list[dict]) -> str:
+    lines = ["| kernel | M | tile (MxNxK) | warps | registers | spills (B) | shared (B) | blocks/SM | "
+             "MMAs | weight converts | global loads |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['M']} | {r['tile']} | {r['warps']} | {r['registers']} | {r['spill_bytes']} | "
+              f"{r['shared_bytes']} | {r['blocks_per_sm']} | {r['mma']} | {r['weight_converts']} | "
+              f"{r['global_loads']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_resources", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256], help="M of each tile bucket to compile")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET to compile for sm_90")
+        return 2
+    print(render(int4_kernels(a.dtype, a.rows)))
+    print("\nMMAs, converts and loads are counted in the PTX (a loop body may be unrolled or pipelined); "
+          "blocks/SM is the occupancy limit of registers, threads and shared memory.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
