@@ -15,7 +15,7 @@ MODEL ?=
 # The OpenAI API's tool calls and reasoning, as the default model writes them (vLLM's flags)
 OPENAI_FLAGS ?= --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
-.PHONY: install test test-setup test-py312 test-unit test-integration serve serve-dynamo model model-random tritonserver dynamo dynamo-services bench docs gpu-wheels clean
+.PHONY: install test test-setup test-py312 test-unit test-integration serve serve-dynamo model model-random tritonserver dynamo dynamo-services bench docs gpu-wheels gpu-bundle clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -133,6 +133,10 @@ docs: $(STAMP)
 # Wheels the device tool's GPU machines lack (pydantic, xgrammar), into .whl/ for them.
 gpu-wheels: $(STAMP) $(DYNAMO_STAMP)
 	$(PY) -m benchmarks.gpu_wheels --dest .whl
+
+# What issue 50's two device calls carry (benchmarks/gpu_bundle.py): .gpu/perf and .gpu/serve.
+gpu-bundle: $(STAMP) tritonserver
+	$(PY) -m benchmarks.gpu_bundle
 
 clean:
 	rm -rf $(VENV) .venv312 third_party model_repository/llm

@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_check --out results/          # writes gpu_check.json and gpu_check.md
     python -m benchmarks.gpu_check --stages models attention --models llama-3.2-1b --budget-s 200
+    python -m benchmarks.gpu_check --perf [--dry-run]      # issue 50's table in 8 minutes (gpu_perf.py)
 
 Needs only torch, triton, transformers, numpy and pydantic (no tritonclient, no network;
 packages may live outside site-packages: child processes inherit sys.path). Every stage
@@ -471,7 +472,14 @@ def main(argv=None) -> int:
     ap.add_argument("--test-timeout-s", type=int, default=400)
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no stage after this many seconds; the report says which were skipped")
+    ap.add_argument("--perf", action="store_true", help="issue 50's performance table instead, in at most 8 "
+                    "minutes (benchmarks/gpu_perf.py)")
+    ap.add_argument("--dry-run", action="store_true", help="with --perf: print and check the plan, run nothing")
+    ap.add_argument("--perf-stages", nargs="+", help="with --perf: only these stages")
     a = ap.parse_args(argv)
+    if a.perf or a.dry_run:
+        from benchmarks import gpu_perf
+        return gpu_perf.main(a.out, a.dry_run, a.perf_stages)
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)")
         return 2

@@ -8,6 +8,9 @@ GPU (issues 33 and 50).
   quantization, then the Triton int8 GEMM (backend/ops/w8a8_gemm_triton.py); bf16 is
   `F.linear` (cuBLAS) on the same shape. Each row also gives the kernel's largest
   difference from the exact integer reference on the same quantized inputs.
+- FP8: what `FP8Linear` does on CUDA with dynamic per-token activation scales (the
+  rounding, then `torch._scaled_mm` with per-channel weight scales) on the W8A8 shapes;
+  the difference is against bf16 `F.linear` on the dequantized weights.
 - INT4 (GPTQ g128, groups in order): Llama-3.1-8B's projections at M = 1, 16, 64 and
   256 rows. bf16 `F.linear` against the gathering kernel (`int_gemm`, what act-order
   checkpoints run) and the blocked kernel (`int_gemm_blocked`, what the rest run), with
@@ -66,6 +69,27 @@ def w8a8_rows(bandwidth_gbs: float, device: torch.device, shapes=GEMM_SHAPES, dt
         rows.append({"shape": name, "bf16_ms": bf16_ms, "w8a8_ms": ms, "speedup": bf16_ms / ms,
                      "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                      "max_abs_diff_vs_exact": (w8a8().float() - ref).abs().max().item()})
+    return rows
+
+
+def fp8_rows(bandwidth_gbs: float, device: torch.device, shapes=GEMM_SHAPES, dtype: torch.dtype = torch.bfloat16,
+             iters: int = 20) -> list[dict]:
+    from backend.models.fp8 import FP8Linear, quantize_per_channel
+    g = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for name, M, K, N in shapes:
+        x = torch.randn(M, K, generator=g, device=device).to(dtype)
+        w = (torch.randn(N, K, generator=g, device=device) / K ** 0.5).to(dtype)
+        lin = FP8Linear(K, N, bias=False, dynamic=True).to(device)
+        lin.weight.data, lin.weight_scale.data = quantize_per_channel(w)
+        dequantized = (lin.weight.float() * lin.weight_scale[:, None]).to(dtype)
+        bf16_ms = _time_ms(lambda: F.linear(x, w), iters, device)
+        ms = _time_ms(lambda: lin(x), iters, device)
+        want = F.linear(x.float(), dequantized.float())
+        floor_ms = (N * K + M * K * 2 + M * N * 2) / (bandwidth_gbs * 1e9) * 1e3
+        rows.append({"shape": name, "bf16_ms": bf16_ms, "fp8_ms": ms, "speedup": bf16_ms / ms, "floor_ms": floor_ms,
+                     "x_floor": ms / floor_ms,
+                     "max_rel_diff": ((lin(x).float() - want).abs().max() / want.abs().max()).item()})
     return rows
 
 
@@ -173,6 +197,7 @@ def int8_kv_rows(bandwidth_gbs: float, device: torch.device, shapes=KV_SHAPES, h
 def run(bandwidth_gbs: float, device: torch.device, gemm_shapes=GEMM_SHAPES, kv_shapes=KV_SHAPES,
         int4_shapes=INT4_SHAPES, int4_splits=INT4_SPLITS, **kw) -> dict:
     return {"w8a8": w8a8_rows(bandwidth_gbs, device, gemm_shapes, **kw),
+            "fp8": fp8_rows(bandwidth_gbs, device, gemm_shapes, **kw),
             "int4": int4_rows(bandwidth_gbs, device, int4_shapes, splits=int4_splits, **kw),
             "int8_kv": int8_kv_rows(bandwidth_gbs, device, kv_shapes, **kw)}
 
@@ -182,6 +207,10 @@ def render(report: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['w8a8_ms']:.3f} | {r['speedup']:.2f} | {r['floor_ms']:.3f} | "
               f"{r['x_floor']:.2f} | {r['max_abs_diff_vs_exact']:.2g} |" for r in report["w8a8"]]
+    lines += ["", "| FP8 GEMM (dynamic per token) | bf16 ms | FP8 ms | speed-up | floor ms | x floor | max rel diff |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['fp8_ms']:.3f} | {r['speedup']:.2f} | {r['floor_ms']:.3f} | "
+              f"{r['x_floor']:.2f} | {r['max_rel_diff']:.2g} |" for r in report.get("fp8", [])]
     lines += ["", "| INT4 GEMM (g128) | bf16 ms | gathering ms | blocked ms | speed-up | floor ms | x floor | "
               "best forced split (ms) | max rel diff |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['bf16_ms']:.3f} | {r['gather_ms']:.3f} | {r['blocked_ms']:.3f} | "

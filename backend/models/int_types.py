@@ -46,5 +46,6 @@ def pack_along_k(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Unsigned values [K, N] -> int32 [K / pack, N], the first row in the low bits."""
     per = 32 // bits
     K, N = q.shape
-    q = q.to(torch.int64).view(K // per, per, N) << (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    shifts = torch.arange(per, dtype=torch.int64, device=q.device) * bits
+    q = q.to(torch.int64).view(K // per, per, N) << shifts.view(1, per, 1)
     return q.sum(dim=1).to(torch.int32)            # no overlapping bits: the sum is the bitwise or

@@ -31,6 +31,8 @@ def test_gptq_writer_round_trips(ckpt_dir, tmp_path):
 def test_bench_int_runs(ckpt_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
     src = make_checkpoint(str(ckpt_dir / "llama"), "llama")
-    out = main(["--checkpoint", src, "--group-size", "32", "--tokens", "4", "--repeats", "1", "--dtype", "float32"])
-    assert [r["config"] for r in out["results"]] == ["float32", "int4 g32"]
-    assert out["results"][0]["vs_baseline"] == 1.0
+    out = main(["--checkpoint", src, "--group-size", "32", "--tokens", "4", "--repeats", "1", "--dtype", "float32",
+                "--batch", "1", "3"])
+    assert [(r["config"], r["batch"]) for r in out["results"]] == [("float32", 1), ("int4 g32", 1), ("float32", 3),
+                                                                   ("int4 g32", 3)]
+    assert out["results"][0]["vs_baseline"] == out["results"][2]["vs_baseline"] == 1.0
