@@ -77,9 +77,11 @@ class FP8Linear(nn.Module):
                         None if self.bias is None else self.bias.to(x.dtype))
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
-        scale = per_token_scale(x) if self.input_scale is None else self.input_scale
-        xq = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        scale_a = scale.expand(x.shape[0], 1).contiguous()
+        # One launch for the rounding (per token, or by the static scale), equal to the
+        # emulated path's: backend/ops/quant_rows_triton.py.
+        from backend.ops.quant_rows_triton import quantize_rows
+        xq, scale = quantize_rows(x.contiguous(), fp8=True, static_scale=self.input_scale)
+        scale_a = scale.reshape(-1, 1).expand(x.shape[0], 1).contiguous()
         scale_b = self.weight_scale[None, :].contiguous()
         # cuBLAS takes a bias only with a 16-bit output (fp32: "Bias is not supported when
         # out_dtype is set to Float32", seen on an H100): an fp32 model adds it after.

@@ -127,6 +127,17 @@ def int_gemm_blocked(dtype: str) -> list:
             for bits, bm, bn, out in ((4, 16, 64, "*fp32"), (4, 64, 128, act), (8, 16, 64, act))]
 
 
+def quant_rows(dtype: str) -> list:
+    """The one-launch activation quantizer: INT8 per token, FP8 per token, FP8 per group of 128."""
+    from backend.ops import quant_rows_triton as qr
+    types = {"x_ptr": f"*{dtype}", "s_ptr": "*fp32", "K": "i32", "stride_x": "i32", "stride_q": "i32",
+             "stride_s": "i32"}
+    return [compile_kernel(qr._quant_rows_kernel, {**types, "q_ptr": "*fp8e4nv" if fp8 else "*i8"},
+                           dict(GROUP=group, BLOCK=min(group, 2048), FP8=fp8, STATIC=False,
+                                MIN_AMAX=1e-12 if fp8 else 1e-10, QMAX=448.0 if fp8 else 127.0))
+            for fp8, group in ((False, 4096), (True, 4096), (True, 128))]
+
+
 def w8a8_gemm(dtype: str) -> list:
     """The W8A8 INT8 GEMM (int8 x int8 -> int32), with and without a bias."""
     from backend.ops import w8a8_gemm_triton as w
@@ -226,6 +237,12 @@ def main() -> int:
     if any(re.search(r"cvt\.rn\.(f32|f16|bf16)\.[us]32", c.asm["ptx"]) for c in blocked[:2] + blocked[3:5]):
         print("the blocked INT4 GEMM converts its codes to floats instruction by instruction")
         return 1
+    # Rounding as torch's: IEEE division (not div.full's 2 ulp), FP8 by the round-to-nearest-even convert.
+    quant = [c.asm["ptx"] for c in quant_rows("bf16")]
+    if not all("div.rn.f32" in p and "div.full" not in p for p in quant) \
+            or not all("cvt.rn.satfinite.e4m3x2.f32" in p for p in quant[1:]):
+        print("the activation quantizer does not round as torch does")
+        return 1
     # Decode tiles (16 rows) use mma.sync ...s32.s8.s8.s32, 64-row tiles Hopper's wgmma ...s32.s8.s8.
     w8a8 = w8a8_gemm("bf16")
     if not all(".target sm_90" in c.asm["ptx"] and ".s32.s8.s8" in c.asm["ptx"] for c in w8a8) \
@@ -250,7 +267,7 @@ def main() -> int:
     mma = all("mma" in ptx[v] for v in [("bf16", False, 0), ("bf16", False, 4096, 0, 50.0),
                                         ("bf16", False, 128, 0, 0.0, True)])
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
-          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM (gathering and blocked), W8A8 INT8 GEMM (int8 MMA), block FP8 "
+          "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM (gathering and blocked), the activation quantizer, W8A8 INT8 GEMM (int8 MMA), block FP8 "
           "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 and FP8 tiles too)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
