@@ -51,13 +51,14 @@ def ptxas_usage(ptx: str) -> dict:
 def int4_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
     """The gathering and the blocked 4-bit kernel at each M bucket's tiles."""
     from backend.ops import int_gemm_triton as ig
+    from backend.ops.gemm_tiles import tile_config
     act = f"*{dtype}"
     scalars = {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om", "stride_os",
                                   "K_PER_SPLIT")}
     magic = dict(MAGIC=0x4300, OFFSET=128.0) if dtype == "bf16" else dict(MAGIC=0x6400, OFFSET=1024.0)
     out = []
     for m in rows:
-        block_m, block_n, warps, stages = ig.tile_config(m)
+        block_m, block_n, warps, stages = tile_config(m, ig.TILES)
         kernels = {
             "gathering": (ig._int_gemm_kernel,
                           {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": act, "z_ptr": "*fp32", "g_ptr": "*i32",

@@ -16,9 +16,8 @@ looked up in their 16-value table first. Two kernels:
   zeros gathered per weight row.
 
 Both split K across programs when the output tiles alone would leave most SMs idle (a
-decode step: M of 1-16 rows, N of 4-28k). Each split writes fp32 partials and a second
-kernel sums them in order, so results do not depend on scheduling. Tile sizes per M
-bucket are in `TILES`: chosen from the roofline (the weight stream must keep about two
+decode step: M of 1-16 rows, N of 4-28k; backend/ops/gemm_tiles.launch). Tile sizes per
+M bucket are in `TILES`: chosen from the roofline (the weight stream must keep about two
 waves of programs busy at M <= 16), not yet measured on a GPU
 (benchmarks/quant_kernel_bench.py times them against bf16 and the weight-read floor).
 fp32 accumulation, one rounding to x's dtype at the end. The torch reference is
@@ -27,31 +26,18 @@ int_formats.dequantize + F.linear. With TRITON_INTERPRET=1 they run on CPU tenso
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from backend.ops.gemm_tiles import load_rows, output_tile, store_tile
+from backend.ops.gemm_tiles import launch, load_rows, output_tile, store_result
 
 # (largest M, BLOCK_M, BLOCK_N, num_warps, num_stages). A blocked K step is always 16
 # packed rows (BLOCK_K = 16 * 32 / bits): the smallest K a tensor-core dot takes.
 TILES = ((16, 16, 64, 4, 4), (64, 64, 64, 4, 3), (1 << 62, 64, 128, 8, 3))
 PACKED_ROWS = 16
-# Split K until the grid holds about this many programs per SM (two waves).
-PROGRAMS_PER_SM = 2
-# Off CUDA (the interpreter) a small count, so that CI's small shapes split too.
-CPU_SMS = 4
-
-
-@triton.jit
-def _store_result(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om, stride_os):
-    """The tile into the output, or into this split's fp32 partials ([splits, M, N])."""
-    store_tile(out_ptr + tl.program_id(2).to(tl.int64) * stride_os, acc, rows, cols, mask_m, mask_n, stride_om)
-
-
 @triton.jit
 def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_sg,
                      stride_om, stride_os, K_PER_SPLIT, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -79,7 +65,7 @@ def _int_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, strid
             acc += tl.dot(xt, w, input_precision="ieee")
         else:       # 16-bit operands are exact in TF32: tensor cores lose nothing
             acc += tl.dot(xt, w)
-    _store_result(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om, stride_os)
+    store_result(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om, stride_os)
 
 
 @triton.jit
@@ -119,61 +105,7 @@ def _int_gemm_blocked_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stri
         scale = tl.load(s_ptr + g * stride_sg + cols, mask=mask_n, other=0.0).to(tl.float32)
         zero = tl.load(z_ptr + g * stride_sg + cols, mask=mask_n, other=0.0).to(tl.float32) + OFFSET
         acc += step * scale[None, :] - x_sum[:, None] * (zero * scale)[None, :]
-    _store_result(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om, stride_os)
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, N, stride_pm, stride_ps, stride_om, SPLITS: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """out[m, :] = the sum of the splits' partials, in split order (deterministic)."""
-    m = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(part_ptr + s * stride_ps + m * stride_pm + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return CPU_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def tile_config(M: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for M rows."""
-    for most, block_m, block_n, warps, stages in TILES:
-        if M <= most:
-            return block_m, block_n, warps, stages
-    raise AssertionError("TILES ends with an unbounded bucket")
-
-
-def plan_splits(tiles: int, k_steps: int, num_sms: int, split_k: Optional[int] = None) -> tuple[int, int]:
-    """(splits, K steps per split): enough programs for PROGRAMS_PER_SM on every SM, each
-    split an equal whole number of K steps (split_k: a forced count, for tests and tuning)."""
-    want = split_k if split_k else -(-PROGRAMS_PER_SM * num_sms // tiles)
-    per = -(-k_steps // max(1, min(want, k_steps)))
-    return -(-k_steps // per), per
-
-
-def _launch(kernel, x: torch.Tensor, N: int, block_k: int, out: torch.Tensor, split_k: Optional[int],
-            args: tuple, consts: dict) -> torch.Tensor:
-    M, K = x.shape
-    block_m, block_n, warps, stages = tile_config(M)
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    splits, steps = plan_splits(tiles, triton.cdiv(K, block_k), _num_sms(x.device), split_k)
-    target = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-    stride_om, stride_os = (out.stride(0), 0) if splits == 1 else (N, M * N)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
-    kernel[grid](x, *args[:-1], target, M, N, K, *args[-1], stride_om, stride_os, steps * block_k,
-                 BLOCK_M=block_m, BLOCK_N=block_n, IEEE=x.dtype == torch.float32, num_warps=warps,
-                 num_stages=stages, **consts)
-    if splits > 1:
-        _sum_splits_kernel[(M, triton.cdiv(N, 1024))](target, out, N, N, M * N, out.stride(0), SPLITS=splits,
-                                                       BLOCK=1024)
-    return out
+    store_result(out_ptr, acc, rows, cols, mask_m, mask_n, stride_om, stride_os)
 
 
 def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
@@ -188,9 +120,9 @@ def int_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     assert qweight.stride(1) == 1 and scales.stride(1) == 1
     assert quant_map is not None or scales.stride() == zeros.stride()
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
-    return _launch(_int_gemm_kernel, x, N, 64, out, split_k,
-                   (qweight, scales, zeros, g_idx, (x.stride(0), qweight.stride(0), scales.stride(0))),
-                   dict(BITS=bits, BLOCK_K=64, lut_ptr=quant_map, LUT=quant_map is not None))
+    return launch(_int_gemm_kernel, M, N, K, 64, TILES, out, split_k, (x, qweight, scales, zeros, g_idx),
+                  (x.stride(0), qweight.stride(0), scales.stride(0)), BITS=bits, BLOCK_K=64, lut_ptr=quant_map,
+                  LUT=quant_map is not None, IEEE=x.dtype == torch.float32)
 
 
 def blocked_eligible(K: int, bits: int, group_size: int) -> bool:
@@ -230,6 +162,7 @@ def int_gemm_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     magic, offset = 0, 0.0
     if bits == 4 and x.dtype in (torch.bfloat16, torch.float16):
         magic, offset = (0x4300, 128.0) if x.dtype == torch.bfloat16 else (0x6400, 1024.0)
-    return _launch(_int_gemm_blocked_kernel, x, N, PACKED_ROWS * 32 // bits, out, split_k,
-                   (qweight, scales, zeros, (x.stride(0), qweight.stride(0), scales.stride(0))),
-                   dict(BITS=bits, GROUP_SIZE=0 if group_size == -1 else group_size, MAGIC=magic, OFFSET=offset))
+    return launch(_int_gemm_blocked_kernel, M, N, K, PACKED_ROWS * 32 // bits, TILES, out, split_k,
+                  (x, qweight, scales, zeros), (x.stride(0), qweight.stride(0), scales.stride(0)), BITS=bits,
+                  GROUP_SIZE=0 if group_size == -1 else group_size, MAGIC=magic, OFFSET=offset,
+                  IEEE=x.dtype == torch.float32)

@@ -4,9 +4,13 @@
 Each program computes a [BLOCK_M, BLOCK_N] tile: int8 x int8 tl.dot accumulating in
 int32 (exact: |sum| <= K * 128^2 fits int32 for K < 131072), then one float32 epilogue
 multiplies by the row (token) and column (channel) scales, adds the bias and rounds once
-to the output dtype. On Hopper the int8 dot maps to the INT8 tensor-core MMA. The exact
-torch reference is backend/models/w8a8.int8_gemm_reference; with TRITON_INTERPRET=1 the
-kernel runs on CPU tensors (CI).
+to the output dtype. On Hopper the int8 dot maps to the INT8 tensor-core MMA. At decode
+sizes K is split across programs (backend/ops/gemm_tiles.launch): each split scales its
+own int32 sum, the bias goes with the first, and the fp32 partials are summed in order.
+Tiles per M bucket in `TILES`, chosen from the compiler's register report, not yet
+measured on a GPU. The exact torch reference is
+backend/models/w8a8.int8_gemm_reference; with TRITON_INTERPRET=1 the kernel runs on CPU
+tensors (CI).
 """
 
 from __future__ import annotations
@@ -17,15 +21,24 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.ops.gemm_tiles import load_rows, load_transposed, output_tile, store_tile
+from backend.ops.gemm_tiles import launch, load_rows, load_transposed, output_tile, store_result
+
+# (largest M, BLOCK_M, BLOCK_N, num_warps, num_stages). Read from ptxas for sm_90
+# (benchmarks/kernel_resources.py's method): 16x64x64 uses 210 registers and spills
+# nothing; 128x128x64 with 8 warps spills 96 bytes, where 64x64x64 with 4 warps (this
+# kernel's only tile before) spilled 344 and 128x128x128 2,204.
+TILES = ((16, 16, 64, 4, 4), (1 << 62, 128, 128, 8, 3))
+BLOCK_K = 64
 
 
 @triton.jit
 def _w8a8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      stride_os, K_PER_SPLIT, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     rows, cols, mask_m, mask_n = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * K_PER_SPLIT
+    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
         xt = load_rows(x_ptr, rows, ks, mask_m, mask_k, stride_xm)
@@ -35,23 +48,20 @@ def _w8a8_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, str
     ws = tl.load(ws_ptr + cols, mask=mask_n, other=0.0)
     out = acc.to(tl.float32) * xs[:, None] * ws[None, :]
     if HAS_BIAS:
-        out += tl.load(b_ptr + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    store_tile(out_ptr, out, rows, cols, mask_m, mask_n, stride_om)
+        if tl.program_id(2) == 0:
+            out += tl.load(b_ptr + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    store_result(out_ptr, out, rows, cols, mask_m, mask_n, stride_om, stride_os)
 
 
 def w8a8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
-              bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
-    """xq int8 [M, K], x_scale fp32 [M], wq int8 [N, K], w_scale fp32 [N] -> [M, N]."""
+              bias: Optional[torch.Tensor], out_dtype: torch.dtype, split_k: Optional[int] = None) -> torch.Tensor:
+    """xq int8 [M, K], x_scale fp32 [M], wq int8 [N, K], w_scale fp32 [N] -> [M, N]
+    (split_k: a forced number of K splits, for tests and tuning)."""
     xq = xq.contiguous()
     M, K = xq.shape
     N = wq.shape[0]
     assert wq.stride(1) == 1 and xq.dtype == wq.dtype == torch.int8
     out = torch.empty(M, N, dtype=out_dtype, device=xq.device)
-    # int8 MMA tiles want K steps of 32 or more; 16-row tiles for decode-sized M.
-    block_m = 16 if M <= 16 else 64
-    block_n, block_k = 64, 64
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    _w8a8_gemm_kernel[grid](xq, wq, x_scale, w_scale, bias if bias is not None else w_scale, out, M, N, K,
-                            xq.stride(0), wq.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
+    return launch(_w8a8_gemm_kernel, M, N, K, BLOCK_K, TILES, out, split_k,
+                  (xq, wq, x_scale, w_scale, bias if bias is not None else w_scale), (xq.stride(0), wq.stride(0)),
+                  HAS_BIAS=bias is not None, BLOCK_K=BLOCK_K)

@@ -106,7 +106,8 @@ def lora_and_int_gemm(dtype: str) -> list:
     # bitsandbytes NF4/FP4: the codes' values from a 16-entry table (its tiles are checked for MMA).
     out.append(compile_kernel(int_gemm_triton._int_gemm_kernel, {**gemm, "s_ptr": "*fp32", "lut_ptr": "*fp32"},
                               dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, LUT=True, IEEE=dtype == "fp32")))
-    out.append(compile_kernel(int_gemm_triton._sum_splits_kernel,
+    from backend.ops import gemm_tiles
+    out.append(compile_kernel(gemm_tiles._sum_splits_kernel,
                               {"part_ptr": "*fp32", "out_ptr": act, "N": "i32", "stride_pm": "i32", "stride_ps": "i32",
                                "stride_om": "i32"}, dict(SPLITS=5, BLOCK=1024)))
     return out
@@ -142,9 +143,11 @@ def w8a8_gemm(dtype: str) -> list:
     """The W8A8 INT8 GEMM (int8 x int8 -> int32), with and without a bias."""
     from backend.ops import w8a8_gemm_triton as w
     types = {"x_ptr": "*i8", "w_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": f"*{dtype}",
-             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}}
-    return [compile_kernel(w._w8a8_gemm_kernel, types, dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64))
-            for bias, bm in ((False, 16), (True, 64))]
+             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
+                                                           "stride_os", "K_PER_SPLIT")}}
+    return [compile_kernel(w._w8a8_gemm_kernel, {**types, "out_ptr": out},
+                           dict(HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=w.BLOCK_K))
+            for bias, bm, bn, out in ((False, 16, 64, "*fp32"), (True, 128, 128, f"*{dtype}"))]
 
 
 def fp8_block_gemm(dtype: str) -> list:

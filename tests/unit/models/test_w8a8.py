@@ -108,8 +108,13 @@ def test_triton_w8a8_gemm_equals_the_exact_reference():
         want = int8_gemm_reference(xq, xs, wq, ws, b, torch.float32)
         # A GPU contracts the scales and bias into FMAs (a last-bit difference, 5e-6 seen on an H100).
         rtol = 1e-6 if KERNEL_DEVICE.type == "cpu" else 1e-5
-        got = on_kernel_device(w8a8_gemm)(xq, xs, wq, ws, b, torch.float32)
+        got = on_kernel_device(w8a8_gemm)(xq, xs, wq, ws, b, torch.float32, split_k=1)
         torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+        # K split (as decode sizes are): each split scales its own int32 sum, the bias goes
+        # once, the fp32 partials are summed: within fp32's rounding of the sum.
+        for split_k in (None, 2):
+            split = on_kernel_device(w8a8_gemm)(xq, xs, wq, ws, b, torch.float32, split_k=split_k)
+            torch.testing.assert_close(split, want, rtol=1e-5, atol=1e-5)
         # The reference is the integer product: against a float64 dot of the dequantized values.
         exact = (xq.double() * xs.double()[:, None]) @ (wq.double() * ws.double()[:, None]).t()
         torch.testing.assert_close(want.double(), exact + (0 if b is None else b.double()), rtol=1e-5, atol=1e-5)

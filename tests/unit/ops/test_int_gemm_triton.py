@@ -90,12 +90,14 @@ def test_gather_kernel_with_split_k_keeps_act_order():
 
 
 def test_plan_splits_fills_two_waves_with_equal_whole_splits():
+    from backend.ops.gemm_tiles import plan_splits, tile_config
     # 8B down_proj at decode: 64 tiles of 64 columns, 112 K steps, 132 SMs -> 5 splits of 23 steps.
-    assert ig.plan_splits(64, 112, 132) == (5, 23)
-    assert ig.plan_splits(1024, 32, 132) == (1, 32)         # enough tiles: no split
-    assert ig.plan_splits(4, 3, 132) == (3, 1)              # never more splits than K steps
-    assert ig.plan_splits(4, 10, 132, split_k=4) == (4, 3)  # forced: 3 + 3 + 3 + 1 steps
-    assert ig.tile_config(1)[0] == 16 and ig.tile_config(64)[0] == 64 and ig.tile_config(4096)[1] == 128
+    assert plan_splits(64, 112, 132) == (5, 23)
+    assert plan_splits(1024, 32, 132) == (1, 32)         # enough tiles: no split
+    assert plan_splits(4, 3, 132) == (3, 1)              # never more splits than K steps
+    assert plan_splits(4, 10, 132, split_k=4) == (4, 3)  # forced: 3 + 3 + 3 + 1 steps
+    tiles = ig.TILES
+    assert tile_config(1, tiles)[0] == 16 and tile_config(64, tiles)[0] == 64 and tile_config(4096, tiles)[1] == 128
 
 
 @pytest.mark.parametrize("K, bits, group_size, ok", [
