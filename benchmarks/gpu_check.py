@@ -477,7 +477,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="with --perf: print and check the plan, run nothing")
     ap.add_argument("--perf-stages", nargs="+", help="with --perf: only these stages")
     a = ap.parse_args(argv)
-    if a.perf or a.dry_run:
+    if a.perf:
         from benchmarks import gpu_perf
         return gpu_perf.main(a.out, a.dry_run, a.perf_stages)
     if not torch.cuda.is_available():

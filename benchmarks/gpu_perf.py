@@ -137,7 +137,11 @@ def run_stages(out: str, stages=PERF_STAGES, names: Optional[list[str]] = None) 
             status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"
         except subprocess.TimeoutExpired:
             status = f"killed at its budget of {stage.budget_s} s"
-        figures = json.load(open(result)) if os.path.isfile(result) else {}
+        try:
+            with open(result) as f:
+                figures = json.load(f)
+        except (OSError, ValueError):
+            figures = {}
         report["stages"][stage.name] = {"status": status, **figures}
         report["seconds"][stage.name] = round(time.perf_counter() - t0, 1)
         with open(os.path.join(out, "gpu_perf.json"), "w") as f:

@@ -36,8 +36,9 @@ class Figures(dict):
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        with open(self.path, "w") as f:
+        with open(self.path + ".tmp", "w") as f:        # a stage killed mid-write leaves the last whole file
             json.dump(self, f, indent=2)
+        os.replace(self.path + ".tmp", self.path)
 
 
 def ensure_checkpoint(name: str, work: str) -> str:
@@ -127,7 +128,9 @@ def kernels(fig: Figures, work: str) -> None:
     bw, dev = _bandwidth(fig), torch.device(DEVICE)
     fig["fp8"] = q.fp8_rows(bw, dev)
     fig["w8a8"] = q.w8a8_rows(bw, dev)
-    fig["int4"] = q.int4_rows(bw, dev)
+    fig["int4"] = []
+    for shape in q.INT4_SHAPES:                         # kept row by row: the stage's budget may end it
+        fig["int4"] = fig["int4"] + q.int4_rows(bw, dev, [shape])
     fig["int8_kv"] = q.int8_kv_rows(bw, dev)
 
 

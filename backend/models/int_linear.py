@@ -4,8 +4,9 @@ backend/models/int_formats.py (bitsandbytes NF4/FP4 too: codes with a value tabl
 On CUDA (and with attention_backend="triton" anywhere) the matmul is a Triton kernel of
 backend/ops/int_gemm_triton.py, which unpacks and dequantizes each weight tile in
 registers: the weights stay packed in memory (4 or 8 bits each). Where the groups allow
-(no act order; groups of 128 4-bit or 64 8-bit rows, or per channel) the first kernel
-call re-packs qweight in place for the blocked kernel; it then serves that kernel only.
+(no act order; groups of 128 4-bit or 64 8-bit rows, or per channel) qweight is re-packed
+in place for the blocked kernel at load (pack_weights; at the first kernel call where a
+loader does not call it); it then serves that kernel only.
 The torch path (CPU) dequantizes once and keeps the result: it is the correctness
 reference, the checkpoint is what is smaller.
 """

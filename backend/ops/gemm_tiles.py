@@ -102,6 +102,8 @@ def launch(kernel, M: int, N: int, K: int, block_k: int, tiles: tuple, out: torc
     """kernel[(M tiles, N tiles, splits)](*inputs, target, M, N, K, *scalars, stride_om,
     stride_os, K_PER_SPLIT, BLOCK_M, BLOCK_N, **consts): into `out` directly, or through
     fp32 partials summed into it. The kernel stores with store_result."""
+    if M == 0 or N == 0:                # (an empty grid: nothing to launch or sum)
+        return out
     block_m, block_n, warps, stages = tile_config(M, tiles)
     grid_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     splits, steps = plan_splits(grid_tiles, triton.cdiv(K, block_k), _num_sms(out.device), split_k)

@@ -120,10 +120,10 @@ def test_level_2_with_int4_weights_in_the_kernel_layout(ckpt_dir, tmp_path):
     wide = make_checkpoint(str(ckpt_dir / "llama-int-sleep"), "llama", hidden_size=128, intermediate_size=256)
     llm = LLM(ic.write_gptq(wide, str(tmp_path / "gptq"), 4, 128, desc_act=False), block_size=4, num_kv_blocks=64,
               attention_backend="triton")
+    assert all(m._blocked for m in llm.engine.model.modules() if isinstance(m, IntLinear))
     params = SamplingParams(max_tokens=3, min_tokens=3, temperature=0)
     want = [o.token_ids for o in llm.generate(PROMPTS[:2], params)]
     llm.engine.sleep(2)
     llm.engine.wake_up()
-    assert all(m._blocked for m in llm.engine.model.modules() if isinstance(m, IntLinear))
     assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == want
     assert_pool_free(llm)

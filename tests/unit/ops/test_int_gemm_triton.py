@@ -105,3 +105,9 @@ def test_plan_splits_fills_two_waves_with_equal_whole_splits():
     (4160, 4, 128, False)])
 def test_blocked_eligible(K, bits, group_size, ok):
     assert ig.blocked_eligible(K, bits, group_size) is ok
+
+
+def test_no_rows():
+    w, _ = quantized(256, 64, 4, 128)
+    out = ig.int_gemm_blocked(torch.empty(0, 256), ig.block_for_kernel(w.qweight, 4), w.scales, w.zeros, 4, 128)
+    assert out.shape == (0, 64)
