@@ -1,5 +1,6 @@
-"""What the INT4 weight-only GEMMs cost a Hopper SM, read from the compiler without a GPU:
-Triton compiles each kernel for sm_90 at the launch's tile sizes (int_gemm_triton.TILES),
+"""What the INT4 weight-only and the W8A8 GEMMs cost a Hopper SM, read from the compiler
+without a GPU: Triton compiles each kernel for sm_90 at the launch's tile sizes (the
+`TILES` of int_gemm_triton.py and w8a8_gemm_triton.py),
 ptxas -v reports registers, spills and shared memory, and the PTX is counted for the
 instructions that bound a memory-bound GEMM (global loads, tensor-core MMAs, integer-to-
 float converts of the weights). Occupancy follows: 65,536 registers and 228 KB of shared
@@ -24,7 +25,8 @@ COUNTED = {"mma": r"\bmma\.sync|\bwgmma\.mma_async", "weight_converts": r"cvt\.r
            "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)"}
 
 
-def compile_sm90(fn, types: dict, consts: dict, num_warps: int, num_stages: int):
+def compile_sm90(fn, types: dict, consts: dict, num_warps: int = 4, num_stages: int = 3):
+    """fn compiled for sm_90 (Triton's default warps and stages unless given)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -69,16 +71,35 @@ def int4_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
                         {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": act, "z_ptr": "*fp32", "out_ptr": act, **scalars},
                         dict(BITS=4, GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=False, **magic), 128)}
         for name, (fn, types, consts, block_k) in kernels.items():
-            compiled = compile_sm90(fn, types, consts, warps, stages)
-            ptx = compiled.asm["ptx"]
-            usage = ptxas_usage(ptx)
-            threads = warps * 32
-            blocks = min(REGISTERS_PER_SM // (usage["registers"] * threads), MAX_THREADS_PER_SM // threads,
-                         SHARED_PER_SM // max(1, compiled.metadata.shared))
-            out.append({"kernel": name, "M": m, "tile": f"{block_m}x{block_n}x{block_k}", "warps": warps,
-                        "stages": stages, **usage, "shared_bytes": compiled.metadata.shared,
-                        "blocks_per_sm": blocks,
-                        **{k: len(re.findall(p, ptx)) for k, p in COUNTED.items()}})
+            out.append(_row(name, m, fn, types, consts, (block_m, block_n, warps, stages), block_k))
+    return out
+
+
+def _row(kernel: str, m: int, fn, types: dict, consts: dict, tile: tuple, block_k: int) -> dict:
+    block_m, block_n, warps, stages = tile
+    compiled = compile_sm90(fn, types, consts, warps, stages)
+    ptx = compiled.asm["ptx"]
+    usage = ptxas_usage(ptx)
+    threads = warps * 32
+    blocks = min(REGISTERS_PER_SM // (usage["registers"] * threads), MAX_THREADS_PER_SM // threads,
+                 SHARED_PER_SM // max(1, compiled.metadata.shared))
+    return {"kernel": kernel, "M": m, "tile": f"{block_m}x{block_n}x{block_k}", "warps": warps, "stages": stages,
+            **usage, "shared_bytes": compiled.metadata.shared, "blocks_per_sm": blocks,
+            **{k: len(re.findall(p, ptx)) for k, p in COUNTED.items()}}
+
+
+def w8a8_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
+    """The W8A8 INT8 GEMM at each M bucket's tiles."""
+    from backend.ops import w8a8_gemm_triton as w
+    from backend.ops.gemm_tiles import tile_config
+    types = {"x_ptr": "*i8", "w_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": f"*{dtype}",
+             "out_ptr": f"*{dtype}", **{n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
+                                                           "stride_os", "K_PER_SPLIT")}}
+    out = []
+    for m in rows:
+        tile = tile_config(m, w.TILES)
+        out.append(_row("w8a8", m, w._w8a8_gemm_kernel, types,
+                        dict(HAS_BIAS=False, BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=w.BLOCK_K), tile, w.BLOCK_K))
     return out
 
 
@@ -99,9 +120,10 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET to compile for sm_90")
         return 2
-    print(render(int4_kernels(a.dtype, a.rows)))
+    print(render(int4_kernels(a.dtype, a.rows) + w8a8_kernels(a.dtype, a.rows)))
     print("\nMMAs, converts and loads are counted in the PTX (a loop body may be unrolled or pipelined); "
-          "blocks/SM is the occupancy limit of registers, threads and shared memory.")
+          "W8A8's converts are its epilogue's int32 sums, not weights; blocks/SM is the occupancy limit of "
+          "registers, threads and shared memory.")
     return 0
 
 

@@ -98,6 +98,7 @@ def fp8_rows(bandwidth_gbs: float, device: torch.device, shapes=GEMM_SHAPES, dty
 
 def int4_rows(bandwidth_gbs: float, device: torch.device, shapes=INT4_SHAPES, dtype: torch.dtype = torch.bfloat16,
               iters: int = 20, group_size: int = 128, splits=INT4_SPLITS) -> list[dict]:
+    from backend.models.int_formats import unpack
     from backend.ops.int_gemm_triton import block_for_kernel, int_gemm, int_gemm_blocked
     g = torch.Generator(device=device).manual_seed(0)
     element = torch.tensor([], dtype=dtype).element_size()
@@ -136,7 +137,7 @@ def int4_rows(bandwidth_gbs: float, device: torch.device, shapes=INT4_SHAPES, dt
         best = min(forced, key=forced.get)
         words, blocked, scales, zeros = packed[0]
         groups = g_idx.long()
-        ref = F.linear(x.float(), ((_codes(words).float() - zeros[groups]) * scales.float()[groups]).t())
+        ref = F.linear(x.float(), ((unpack(words, 4, dim=0).float() - zeros[groups]) * scales.float()[groups]).t())
         got = int_gemm_blocked(x, blocked, scales, zeros, 4, group_size).float()
         floor_ms = (packed_bytes + M * K * element + M * N * element) / (bandwidth_gbs * 1e9) * 1e3
         rows.append({"shape": name, "bf16_ms": bf16_ms, "gather_ms": gather_ms, "blocked_ms": blocked_ms,
@@ -144,12 +145,6 @@ def int4_rows(bandwidth_gbs: float, device: torch.device, shapes=INT4_SHAPES, dt
                      "best_split": best, "best_split_ms": forced[best],
                      "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
     return rows
-
-
-def _codes(packed: torch.Tensor) -> torch.Tensor:
-    """The packed 4-bit codes as [K, N] (int_formats' unpacking, on the tensor's device)."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    return ((packed.unsqueeze(1) >> shifts.view(1, 8, 1)) & 15).reshape(packed.shape[0] * 8, packed.shape[1])
 
 
 def int8_kv_rows(bandwidth_gbs: float, device: torch.device, shapes=KV_SHAPES, heads: int = 32, kv_heads: int = 8,

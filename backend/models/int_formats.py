@@ -74,7 +74,7 @@ def scheme_of(quant: dict[str, Any]) -> Optional[IntScheme]:
 def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words -> unsigned values, the first value in the low bits, along `dim`."""
     per = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
     if dim == 0:
         vals = (packed.unsqueeze(1) >> shifts.view(1, per, 1)) & ((1 << bits) - 1)
         return vals.reshape(packed.shape[0] * per, packed.shape[1])

@@ -19,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-INT8_MAX, FP8_MAX = 127.0, 448.0
+from backend.ops.fp8_quant import FP8_MAX
+
+INT8_MAX = 127.0
 ROUND_HALF_EVEN = tl.constexpr(12582912.0)       # 1.5 * 2^23: x + it - it rounds |x| < 2^22 to the nearest even integer
 
 

@@ -23,10 +23,10 @@ import triton.language as tl
 
 from backend.ops.gemm_tiles import launch, load_rows, load_transposed, output_tile, store_result
 
-# (largest M, BLOCK_M, BLOCK_N, num_warps, num_stages). Read from ptxas for sm_90
-# (benchmarks/kernel_resources.py's method): 16x64x64 uses 210 registers and spills
-# nothing; 128x128x64 with 8 warps spills 96 bytes, where 64x64x64 with 4 warps (this
-# kernel's only tile before) spilled 344 and 128x128x128 2,204.
+# (largest M, BLOCK_M, BLOCK_N, num_warps, num_stages). From ptxas for sm_90 (python -m
+# benchmarks.kernel_resources): 16x64x64 uses 210 registers and spills nothing;
+# 128x128x64 with 8 warps spills 96 bytes, where 64x64x64 with 4 warps (this kernel's only
+# tile before) spilled 344 and 128x128x128 2,204.
 TILES = ((16, 16, 64, 4, 4), (1 << 62, 128, 128, 8, 3))
 BLOCK_K = 64
 

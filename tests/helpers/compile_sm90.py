@@ -9,12 +9,9 @@ import re
 import sys
 
 
-def compile_kernel(fn, types: dict, consts: dict, arch: int = 90):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sig = {**types, **{k: "constexpr" for k in consts}}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
+def compile_kernel(fn, types: dict, consts: dict):
+    from benchmarks.kernel_resources import compile_sm90
+    return compile_sm90(fn, types, consts)
 
 
 def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0,
