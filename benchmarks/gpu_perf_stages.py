@@ -56,16 +56,12 @@ def fp8_checkpoint(src: str, dst: str, device: str = DEVICE) -> str:
     """`src`'s decoder projections rounded to FP8 E4M3 per output channel on `device` (the
     builder's quantize_per_channel), written by the builder's writer as a paged_llm_fp8
     checkpoint with dynamic per-token activations."""
-    from safetensors.torch import load_file
-
     from backend.models.fp8 import PROJECTIONS, QUANT_METHOD, quantize_per_channel
+    from backend.models.loader import load_weights
     from builder.entry_files import write_fp8_checkpoint
     if os.path.isfile(os.path.join(dst, ".complete")):
         return dst
-    state = {}
-    for f in sorted(os.listdir(src)):
-        if f.endswith(".safetensors"):
-            state.update(load_file(os.path.join(src, f)))
+    state = load_weights(src)
     for name in [k[:-len(".weight")] for k in state if k.endswith(".weight")]:
         if name.split("model.layers.")[-1].split(".", 1)[-1] in PROJECTIONS:
             q, scale = quantize_per_channel(state[f"{name}.weight"].to(device))
