@@ -1,10 +1,10 @@
-"""What the INT4 weight-only and the W8A8 GEMMs cost a Hopper SM, read from the compiler
-without a GPU: Triton compiles each kernel for sm_90 at the launch's tile sizes (the
-`TILES` of int_gemm_triton.py and w8a8_gemm_triton.py),
-ptxas -v reports registers, spills and shared memory, and the PTX is counted for the
-instructions that bound a memory-bound GEMM (global loads, tensor-core MMAs, integer-to-
-float converts of the weights). Occupancy follows: 65,536 registers and 228 KB of shared
-memory per SM.
+"""What the INT4 weight-only, the W8A8 and the MXFP4 MoE GEMMs cost a Hopper SM, read
+from the compiler without a GPU: Triton compiles each kernel for sm_90 at the launch's
+tile sizes (the `TILES` of int_gemm_triton.py and w8a8_gemm_triton.py, fused_moe's
+blocks and warps), ptxas -v reports registers, spills and shared memory, and the PTX is
+counted for the instructions that bound a memory-bound GEMM (global loads, tensor-core
+MMAs, integer-to-float converts of the weights, exp2s). Occupancy follows: 65,536
+registers and 228 KB of shared memory per SM.
 
     python -m benchmarks.kernel_resources            # run without TRITON_INTERPRET
 
@@ -22,7 +22,7 @@ import tempfile
 
 REGISTERS_PER_SM, SHARED_PER_SM, MAX_THREADS_PER_SM = 65536, 228 * 1024, 2048
 COUNTED = {"mma": r"\bmma\.sync|\bwgmma\.mma_async", "weight_converts": r"cvt\.rn\.(?:f32|f16|bf16)\.[us]32",
-           "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)"}
+           "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)", "exp2": r"\bex2\.approx"}
 
 
 def compile_sm90(fn, types: dict, consts: dict, num_warps: int = 4, num_stages: int = 3):
@@ -103,12 +103,31 @@ def w8a8_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
     return out
 
 
+def mxfp4_moe_kernels(rows=(16, 64)) -> list[dict]:
+    """gpt-oss's gate_up program (biases, clamped SwiGLU) over MXFP4 experts at fused_moe's
+    two block heights: the codes decoded by load_weight_tile (the fp32 path's) against
+    `tl.dot_scaled` with the warps fused_moe launches each with."""
+    from backend.ops import fused_moe_triton as m
+    types = {"a_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32", "bias_ptr": "*bf16",
+             "w_scale_ptr": "*u8", **{n: "i32" for n in ("N", "K", "num_slots", "stride_am", "stride_we", "stride_wn",
+                                                         "stride_om", "stride_be", "stride_se", "stride_sn")}}
+    out = []
+    for block_m in rows:
+        for name, scaled_dot, warps in (("mxfp4 decoded", False, 4), ("mxfp4 dot_scaled", True, 8)):
+            consts = dict(A_ROW_DIV=4, GATED=True, MUL_WEIGHT=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,
+                          IEEE=False, HAS_BIAS=True, SWIGLU_OAI=True, ALPHA=1.702, LIMIT=7.0, MXFP4=True, FP8=False,
+                          SCALED_DOT=scaled_dot)
+            out.append(_row(name, block_m, m._grouped_gemm_kernel, types, consts, (block_m, 64, warps, 3), 64))
+    return out
+
+
 def render(rows: list[dict]) -> str:
     lines = ["| kernel | M | tile (MxNxK) | warps | registers | spills (B) | shared (B) | blocks/SM | "
-             "MMAs | weight converts | global loads |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "MMAs | weight converts | global loads | exp2 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['kernel']} | {r['M']} | {r['tile']} | {r['warps']} | {r['registers']} | {r['spill_bytes']} | "
               f"{r['shared_bytes']} | {r['blocks_per_sm']} | {r['mma']} | {r['weight_converts']} | "
-              f"{r['global_loads']} |" for r in rows]
+              f"{r['global_loads']} | {r['exp2']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -116,14 +135,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_resources", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256], help="M of each tile bucket to compile")
+    ap.add_argument("--moe-rows", type=int, nargs="*", default=[16, 64],
+                    help="fused MoE block heights to compile (bf16 MXFP4 experts)")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET to compile for sm_90")
         return 2
-    print(render(int4_kernels(a.dtype, a.rows) + w8a8_kernels(a.dtype, a.rows)))
-    print("\nMMAs, converts and loads are counted in the PTX (a loop body may be unrolled or pipelined); "
-          "W8A8's converts are its epilogue's int32 sums, not weights; blocks/SM is the occupancy limit of "
-          "registers, threads and shared memory.")
+    print(render(int4_kernels(a.dtype, a.rows) + w8a8_kernels(a.dtype, a.rows) + mxfp4_moe_kernels(a.moe_rows)))
+    print("\nMMAs, converts, loads and exp2s are counted in the PTX (a loop body may be unrolled or pipelined); "
+          "W8A8's converts are its epilogue's int32 sums, not weights, and the MoE's exp2s include its "
+          "SwiGLU's sigmoid; blocks/SM is the occupancy limit of registers, threads and shared memory; the "
+          "MoE rows' M is the block height.")
     return 0
 
 

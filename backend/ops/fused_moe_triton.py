@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from backend.ops import moe_reference
-from backend.ops.mxfp4_triton import load_weight_tile
+from backend.ops.mxfp4_triton import dot_tile, load_weight_tile
 
 
 @triton.jit
@@ -39,15 +39,16 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
                          HAS_BIAS: tl.constexpr = False, SWIGLU_OAI: tl.constexpr = False,
                          ALPHA: tl.constexpr = 1.702, LIMIT: tl.constexpr = 7.0, MXFP4: tl.constexpr = False,
-                         FP8: tl.constexpr = False):
+                         FP8: tl.constexpr = False, SCALED_DOT: tl.constexpr = False):
     """out[slot, n] for the slots of block program_id(0): A's row is slot // A_ROW_DIV
     (the token for gate_up, the slot itself for down). GATED: W's rows [0, N) are the
     gate and [N, 2N) the up projection; the output is SiLU(gate) * up, or with
     SWIGLU_OAI gpt-oss's (clamp(up) + 1) * g * sigmoid(ALPHA * g), g = min(gate, LIMIT).
     HAS_BIAS: the expert's bias row (stride_be per expert) is added to the GEMM output.
     MXFP4: W is packed bytes [E, rows, K / 2] with scales [E, rows, K / 32] (stride_se,
-    stride_sn), decoded tile by tile (mxfp4_triton.py). FP8: W is float8_e4m3fn with an
-    fp32 scale per expert and row ([E, rows]: stride_se, stride_sn), dequantized in the tile."""
+    stride_sn), decoded tile by tile (mxfp4_triton.py); SCALED_DOT (MXFP4, bf16 A): by
+    `tl.dot_scaled` instead. FP8: W is float8_e4m3fn with an fp32 scale per expert and row
+    ([E, rows]: stride_se, stride_sn), dequantized in the tile."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -70,19 +71,24 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         mask_k = ks < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :], mask=valid[:, None] & mask_k[None, :],
                     other=0.0)
-        wmask = mask_k[:, None] & mask_n[None, :]
-        w = load_weight_tile(w_base, s_base, cols, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4,
-                             FP8)  # [BLOCK_K, BLOCK_N]
-        if IEEE:
-            acc += tl.dot(a, w, input_precision="ieee")
+        if SCALED_DOT:
+            acc = dot_tile(a, acc, w_base, s_base, cols, k0, K, mask_n, stride_wn, stride_sn, BLOCK_K)
+            if GATED:
+                acc_up = dot_tile(a, acc_up, w_base, s_base, cols + N, k0, K, mask_n, stride_wn, stride_sn, BLOCK_K)
         else:
-            acc += tl.dot(a, w)
-        if GATED:
-            wu = load_weight_tile(w_base, s_base, cols + N, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4, FP8)
+            wmask = mask_k[:, None] & mask_n[None, :]
+            w = load_weight_tile(w_base, s_base, cols, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4,
+                                 FP8)  # [BLOCK_K, BLOCK_N]
             if IEEE:
-                acc_up += tl.dot(a, wu, input_precision="ieee")
+                acc += tl.dot(a, w, input_precision="ieee")
             else:
-                acc_up += tl.dot(a, wu)
+                acc += tl.dot(a, w)
+            if GATED:
+                wu = load_weight_tile(w_base, s_base, cols + N, ks, wmask, stride_wn, stride_sn, wdtype, MXFP4, FP8)
+                if IEEE:
+                    acc_up += tl.dot(a, wu, input_precision="ieee")
+                else:
+                    acc_up += tl.dot(a, wu)
     dtype = out_ptr.dtype.element_ty
     b_base = bias_ptr + expert * stride_be
     if GATED:
@@ -210,6 +216,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         assert w13_scale.dtype == w2_scale.dtype == torch.float32
     if mxfp4:
         assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape[2] * 2 == I
+        assert H % 32 == 0 and I % 32 == 0, "MXFP4 scales one per 32 inputs"
         assert w13_scale.stride(2) == 1 and w2_scale.stride(2) == 1
     if T == 0:
         return torch.zeros_like(x)
@@ -219,8 +226,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     block_m = 16 if n <= 16 * E else 64
     sorted_ids, block_expert, num_padded = align_by_expert(topk_ids, E, block_m)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    scaled_dot = mxfp4 and x.dtype == torch.bfloat16
+    # sm_90 compile (benchmarks/kernel_resources.py): the scaled dot's gate_up program
+    # spills 496 bytes at 64 rows with 4 warps and none with 8; at 16 rows 8 warps take
+    # 128 registers a thread, so an SM holds 16 warps instead of 8.
     consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None, MXFP4=mxfp4,
-                  FP8=fp8)
+                  FP8=fp8, SCALED_DOT=scaled_dot, num_warps=8 if scaled_dot else 4)
     if b13 is not None:
         assert b13.stride(1) == 1 and b2.stride(1) == 1
     bias13 = b13 if b13 is not None else weights     # unread without HAS_BIAS

@@ -8,6 +8,13 @@ two k of a pair) and its scales (one per 32 k), decoded from the bit fields and 
 by 2^(s - 127); every value is exact in bf16 and fp32, so the tile feeds tl.dot like a
 loaded one (Hopper has no FP4 MMA: bf16 tiles on tensor cores). Memory read per weight:
 4.25 bits instead of 16.
+
+With bf16 activations the GEMM takes `dot_tile` instead: Triton's own microscaling dot
+(`tl.dot_scaled`, the OCP format, the even element in the low nibble as here) reads
+each byte once and upcasts in registers with the compiler's bit tricks (native FP4 MMA
+where the GPU has it), where `load_weight_tile` reads each byte twice and decodes every
+code with two exp2s and four selects. `tl.dot_scaled` takes no fp32 operand, so fp32
+(the exact CPU path) keeps the decode here.
 """
 
 import triton
@@ -43,3 +50,18 @@ def load_weight_tile(w_base, s_base, rows, ks, mask, stride_wn, stride_sn, dtype
     else:
         w = tl.load(w_base + rows[None, :] * stride_wn + ks[:, None], mask=mask, other=0.0)
     return w
+
+
+@triton.jit
+def dot_tile(a, acc, w_base, s_base, rows, k0, K, mask_n, stride_wn, stride_sn, BLOCK_K: tl.constexpr):
+    """acc + a @ W[rows, k0:k0 + BLOCK_K]^T for bf16 a [BLOCK_M, BLOCK_K] and MXFP4 W,
+    W's packed bytes read as a [BLOCK_K / 2, BLOCK_N] tile and its scales as
+    [BLOCK_N, BLOCK_K / 32], as `tl.dot_scaled` takes them. Bytes past K are 0 (+0.0)
+    and their scales 127 (1.0): they add nothing. K is a multiple of 32."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w = tl.load(w_base + rows[None, :] * stride_wn + kb[:, None], mask=(kb < K // 2)[:, None] & mask_n[None, :],
+                other=0)
+    s = tl.load(s_base + rows[:, None] * stride_sn + kg[None, :], mask=mask_n[:, None] & (kg < K // 32)[None, :],
+                other=127)
+    return tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc=acc)

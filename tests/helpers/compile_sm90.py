@@ -9,9 +9,9 @@ import re
 import sys
 
 
-def compile_kernel(fn, types: dict, consts: dict):
+def compile_kernel(fn, types: dict, consts: dict, num_warps: int = 4):
     from benchmarks.kernel_resources import compile_sm90
-    return compile_sm90(fn, types, consts)
+    return compile_sm90(fn, types, consts, num_warps=num_warps)
 
 
 def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0,
@@ -158,11 +158,13 @@ def fp8_block_gemm(dtype: str) -> list:
             for bias, bm in ((False, 16), (True, 64))]
 
 
-def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool = False) -> list:
+def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool = False,
+              scaled_dot: bool = False) -> list:
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
     weights) and the routing kernel; gpt_oss: with expert biases and the clamped
     SwiGLU, and routing by top-k logits then softmax; mxfp4: weights decoded from
-    packed bytes and E8M0 scales in the tiles; fp8: E4M3 weights times their per-expert,
+    packed bytes and E8M0 scales in the tiles (scaled_dot: by `tl.dot_scaled`, with the
+    8 warps fused_moe launches it with); fp8: E4M3 weights times their per-expert,
     per-channel fp32 scales in the tiles (FP8 MoE builds)."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
@@ -175,7 +177,7 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool 
     return [compile_kernel(m._grouped_gemm_kernel, types,
                            dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
                                 IEEE=dtype == "fp32", HAS_BIAS=gpt_oss, SWIGLU_OAI=gpt_oss and gated, ALPHA=1.702,
-                                LIMIT=7.0, MXFP4=mxfp4, FP8=fp8))
+                                LIMIT=7.0, MXFP4=mxfp4, FP8=fp8, SCALED_DOT=scaled_dot), num_warps=8 if scaled_dot else 4)
             for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
         compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
                                          "stride_l": "i32"},
@@ -258,9 +260,9 @@ def main() -> int:
     assert ".target sm_90" in decode_attention_with_sinks("bf16").asm["ptx"]
     assert all(".target sm_90" in c.asm["ptx"] for c in key_limits_attention("bf16"))
     moe = fused_moe("bf16") + fused_moe("bf16", gpt_oss=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True) + \
-        fused_moe("bf16", fp8=True)
+        fused_moe("bf16", fp8=True) + fused_moe("bf16", gpt_oss=True, mxfp4=True, scaled_dot=True)
     assert all(".target sm_90" in c.asm["ptx"] for c in moe)
-    if not all("mma" in c.asm["ptx"] for c in moe[:2] + moe[3:5] + moe[6:8] + moe[9:11]):
+    if not all("mma" in c.asm["ptx"] for c in moe[:2] + moe[3:5] + moe[6:8] + moe[9:11] + moe[12:14]):
         print("the fused MoE grouped GEMM's bf16 tiles do not reach tensor cores")
         return 1
     # Tensor cores: the bf16 tiled kernel's PTX uses MMA instructions.
@@ -268,7 +270,8 @@ def main() -> int:
                                         ("bf16", False, 128, 0, 0.0, True)])
     print("compiled for sm_90:", ", ".join(f"tiled_attention{v}" for v in variants),
           "+ INT8-KV attention, layer ops, LoRA SGMV, INT4/INT8/NF4 GEMM (gathering and blocked), the activation quantizer, W8A8 INT8 GEMM (int8 MMA), block FP8 "
-          "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 and FP8 tiles too)",
+          "GEMM (e4m3 wgmma) and fused MoE (bf16; gpt-oss's biased clamped SwiGLU, MXFP4 (decoded and by "
+          "tl.dot_scaled) and FP8 tiles too)",
           "| bf16 tiles on tensor cores:", mma)
     return 0 if mma else 1
 

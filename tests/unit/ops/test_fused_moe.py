@@ -173,6 +173,36 @@ def test_mxfp4_weights_decoded_in_the_kernel_tiles():
     assert rel_err(out, ref) < 1e-5
 
 
+def test_mxfp4_bf16_takes_the_scaled_dot_and_matches_the_reference():
+    """bf16 activations take `tl.dot_scaled` (bytes read once, upcast by the compiler;
+    the tile's exactness is test_mxfp4_triton.py's): within bf16's rounding of the
+    reference on the exactly dequantized weights, with K tails of 32 (not a multiple of
+    the 64-wide tile) in both GEMMs and a slot of another rank's experts that adds
+    nothing; the fp32 decode path agrees. The bound is loose because Triton 3.9's
+    interpreter truncates fp32 to bf16 where CUDA rounds (half its conversions differ
+    from torch's), and the kernel rounds after each GEMM and activation step: 1.7% here
+    against 0.5% for torch's bf16 reference; a misread nibble or scale is off by ~100%."""
+    from tests.helpers.mxfp4_pack import pack_mxfp4, unpack_mxfp4
+    g = torch.Generator().manual_seed(5)
+    T, E, K, H, I = 19, 4, 2, 96, 32
+    x = torch.randn(T, H, generator=g)
+    packed13, s13 = pack_mxfp4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5)
+    packed2, s2 = pack_mxfp4(torch.randn(E, H, I, generator=g) / I ** 0.5)
+    b13, b2 = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    ids = skewed_ids(T, E, K, g)
+    ids[3, 0] = -1
+    weights = torch.rand(T, K, generator=g)
+    w13, w2 = packed13.flatten(-2), packed2.flatten(-2)
+    kw = dict(w13_scale=s13, w2_scale=s2, limit=2.0)
+    dense = (unpack_mxfp4(packed13, s13).bfloat16(), unpack_mxfp4(packed2, s2).bfloat16())
+    ref = moe_reference.fused_moe(x.bfloat16(), *dense, weights, ids, "swigluoai", b13.bfloat16(), b2.bfloat16(),
+                                  limit=2.0)
+    out = fused_moe(x.bfloat16(), w13, w2, weights, ids, "swigluoai", b13.bfloat16(), b2.bfloat16(), **kw)
+    assert out.dtype == torch.bfloat16 and rel_err(out.float(), ref.float()) < 3e-2
+    exact = fused_moe(x, w13, w2, weights, ids, "swigluoai", b13, b2, **kw)
+    assert rel_err(out.float(), exact) < 3e-2
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-2)])
 def test_fp8_experts_dequantized_in_the_tiles_match_the_reference(dtype, tol):
     """FP8 E4M3 experts with per-expert, per-channel fp32 scales (FP8 MoE builds): the
