@@ -22,17 +22,35 @@ import tempfile
 
 REGISTERS_PER_SM, SHARED_PER_SM, MAX_THREADS_PER_SM = 65536, 228 * 1024, 2048
 COUNTED = {"mma": r"\bmma\.sync|\bwgmma\.mma_async", "weight_converts": r"cvt\.rn\.(?:f32|f16|bf16)\.[us]32",
-           "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)", "exp2": r"\bex2\.approx"}
+           "global_loads": r"\bld\.global|\bcp\.async\.(?:ca|cg)", "async_copies": r"\bcp\.async\.(?:ca|cg)",
+           "exp2": r"\bex2\.approx"}
 
 
-def compile_sm90(fn, types: dict, consts: dict, num_warps: int = 4, num_stages: int = 3):
-    """fn compiled for sm_90 (Triton's default warps and stages unless given)."""
+# Integer arguments that count rows: a launch sees any value, so they are not taken as
+# multiples of 16 (every other integer, a stride or a width at the models' shapes, is).
+ROW_COUNTS = frozenset({"M", "T", "num_seqs", "num_slots", "num_tokens"})
+
+
+def launch_attrs(fn, types: dict, consts: dict, odd=ROW_COUNTS) -> dict:
+    """The specialization a launch gives: Triton marks each tensor whose address and each
+    integer whose value is a multiple of 16 (torch's allocations are; so are the strides
+    and widths of the models' shapes), and only then vectorizes loads into 16-byte
+    accesses and pipelines a K loop through cp.async. Without it the compile is not the
+    one a GPU runs (no pipelining, other registers)."""
+    names = list(fn.arg_names)
+    return {(names.index(name),): [["tt.divisibility", 16]] for name, ty in types.items()
+            if name not in odd and name not in consts and (ty.startswith("*") or ty in ("i32", "i64"))}
+
+
+def compile_sm90(fn, types: dict, consts: dict, num_warps: int = 4, num_stages: int = 3, odd=ROW_COUNTS):
+    """fn compiled for sm_90 as a launch specializes it (launch_attrs; `odd`: integers not
+    taken as multiples of 16), with Triton's default warps and stages unless given."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sig = {**types, **{k: "constexpr" for k in consts}}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=launch_attrs(fn, types, consts, odd)),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def ptxas_usage(ptx: str) -> dict:
@@ -105,8 +123,8 @@ def w8a8_kernels(dtype: str = "bf16", rows=(1, 64, 256)) -> list[dict]:
 
 def mxfp4_moe_kernels(rows=(16, 64)) -> list[dict]:
     """gpt-oss's gate_up program (biases, clamped SwiGLU) over MXFP4 experts at fused_moe's
-    two block heights: the codes decoded by load_weight_tile (the fp32 path's) against
-    `tl.dot_scaled` with the warps fused_moe launches each with."""
+    two block heights, 4 warps as fused_moe launches it: the codes decoded by
+    load_weight_tile (the fp32 path's) against `tl.dot_scaled`."""
     from backend.ops import fused_moe_triton as m
     types = {"a_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "topk_w_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -114,20 +132,21 @@ def mxfp4_moe_kernels(rows=(16, 64)) -> list[dict]:
                                                          "stride_om", "stride_be", "stride_se", "stride_sn")}}
     out = []
     for block_m in rows:
-        for name, scaled_dot, warps in (("mxfp4 decoded", False, 4), ("mxfp4 dot_scaled", True, 8)):
+        for name, scaled_dot in (("mxfp4 decoded", False), ("mxfp4 dot_scaled", True)):
             consts = dict(A_ROW_DIV=4, GATED=True, MUL_WEIGHT=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,
                           IEEE=False, HAS_BIAS=True, SWIGLU_OAI=True, ALPHA=1.702, LIMIT=7.0, MXFP4=True, FP8=False,
                           SCALED_DOT=scaled_dot)
-            out.append(_row(name, block_m, m._grouped_gemm_kernel, types, consts, (block_m, 64, warps, 3), 64))
+            out.append(_row(name, block_m, m._grouped_gemm_kernel, types, consts, (block_m, 64, 4, 3), 64))
     return out
 
 
 def render(rows: list[dict]) -> str:
     lines = ["| kernel | M | tile (MxNxK) | warps | registers | spills (B) | shared (B) | blocks/SM | "
-             "MMAs | weight converts | global loads | exp2 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "MMAs | weight converts | global loads | exp2 | cp.async |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['kernel']} | {r['M']} | {r['tile']} | {r['warps']} | {r['registers']} | {r['spill_bytes']} | "
               f"{r['shared_bytes']} | {r['blocks_per_sm']} | {r['mma']} | {r['weight_converts']} | "
-              f"{r['global_loads']} | {r['exp2']} |" for r in rows]
+              f"{r['global_loads']} | {r['exp2']} | {r['async_copies']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -142,7 +161,8 @@ def main(argv=None) -> int:
         print("unset TRITON_INTERPRET to compile for sm_90")
         return 2
     print(render(int4_kernels(a.dtype, a.rows) + w8a8_kernels(a.dtype, a.rows) + mxfp4_moe_kernels(a.moe_rows)))
-    print("\nMMAs, converts, loads and exp2s are counted in the PTX (a loop body may be unrolled or pipelined); "
+    print("\nMMAs, converts, loads, exp2s and cp.async copies (a K loop pipelined through shared memory) are "
+          "counted in the PTX (a loop body may be unrolled or pipelined); "
           "W8A8's converts are its epilogue's int32 sums, not weights, and the MoE's exp2s include its "
           "SwiGLU's sigmoid; blocks/SM is the occupancy limit of registers, threads and shared memory; the "
           "MoE rows' M is the block height.")

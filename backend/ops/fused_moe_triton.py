@@ -226,12 +226,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     block_m = 16 if n <= 16 * E else 64
     sorted_ids, block_expert, num_padded = align_by_expert(topk_ids, E, block_m)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    scaled_dot = mxfp4 and x.dtype == torch.bfloat16
-    # sm_90 compile (benchmarks/kernel_resources.py): the scaled dot's gate_up program
-    # spills 496 bytes at 64 rows with 4 warps and none with 8; at 16 rows 8 warps take
-    # 128 registers a thread, so an SM holds 16 warps instead of 8.
     consts = dict(BLOCK_M=block_m, BLOCK_K=64, IEEE=x.dtype == torch.float32, HAS_BIAS=b13 is not None, MXFP4=mxfp4,
-                  FP8=fp8, SCALED_DOT=scaled_dot, num_warps=8 if scaled_dot else 4)
+                  FP8=fp8, SCALED_DOT=mxfp4 and x.dtype == torch.bfloat16)
     if b13 is not None:
         assert b13.stride(1) == 1 and b2.stride(1) == 1
     bias13 = b13 if b13 is not None else weights     # unread without HAS_BIAS

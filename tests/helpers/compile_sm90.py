@@ -9,9 +9,19 @@ import re
 import sys
 
 
-def compile_kernel(fn, types: dict, consts: dict, num_warps: int = 4):
+# The most shared memory one block may take on an H100 or H200 (227 KiB): a launch that
+# asks for more fails there (the H100 run of 2026-11-27 met one).
+MAX_SHARED = 227 * 1024
+
+
+def compile_kernel(fn, types: dict, consts: dict):
+    """fn compiled for sm_90 as a launch on aligned tensors compiles it (pipelined K loops
+    included), checked to fit an SM's shared memory."""
     from benchmarks.kernel_resources import compile_sm90
-    return compile_sm90(fn, types, consts, num_warps=num_warps)
+    compiled = compile_sm90(fn, types, consts)
+    assert compiled.metadata.shared <= MAX_SHARED, \
+        f"{fn.__name__} {consts} needs {compiled.metadata.shared} bytes of shared memory (at most {MAX_SHARED})"
+    return compiled
 
 
 def tiled_attention(dtype: str, fp8: bool, window: int, block_m: int = 0, soft_cap: float = 0.0,
@@ -163,8 +173,7 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool 
     """The fused MoE grouped GEMM (gate_up with SiLU-and-mul, down with the routing
     weights) and the routing kernel; gpt_oss: with expert biases and the clamped
     SwiGLU, and routing by top-k logits then softmax; mxfp4: weights decoded from
-    packed bytes and E8M0 scales in the tiles (scaled_dot: by `tl.dot_scaled`, with the
-    8 warps fused_moe launches it with); fp8: E4M3 weights times their per-expert,
+    packed bytes and E8M0 scales in the tiles (scaled_dot: by `tl.dot_scaled`); fp8: E4M3 weights times their per-expert,
     per-channel fp32 scales in the tiles (FP8 MoE builds)."""
     from backend.ops import fused_moe_triton as m
     act = f"*{dtype}"
@@ -177,7 +186,7 @@ def fused_moe(dtype: str, gpt_oss: bool = False, mxfp4: bool = False, fp8: bool 
     return [compile_kernel(m._grouped_gemm_kernel, types,
                            dict(A_ROW_DIV=div, GATED=gated, MUL_WEIGHT=not gated, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64,
                                 IEEE=dtype == "fp32", HAS_BIAS=gpt_oss, SWIGLU_OAI=gpt_oss and gated, ALPHA=1.702,
-                                LIMIT=7.0, MXFP4=mxfp4, FP8=fp8, SCALED_DOT=scaled_dot), num_warps=8 if scaled_dot else 4)
+                                LIMIT=7.0, MXFP4=mxfp4, FP8=fp8, SCALED_DOT=scaled_dot))
             for div, gated, bm in ((8, True, 16), (1, False, 64))] + [
         compile_kernel(m._route_kernel, {"logits_ptr": act, "weights_ptr": "*fp32", "ids_ptr": "*i64", "E": "i32",
                                          "stride_l": "i32"},
