@@ -13,7 +13,9 @@ every projection targeted) with random weights, written here. Rows:
 
 A decode step's time is (time for `tokens` tokens - time for 1 token) / (tokens - 1): the
 prefill cancels out. Configurations alternate, `repeats` times; the table shows the median
-and the ratio to LoRA off.
+and the ratio to LoRA off. `--profile` adds where the step's time goes for LoRA off and
+the most adapters (kernels per step, their time, the top kernels): whether LoRA's cost is
+its kernels' count or one slow kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import os
 import tempfile
 
-from benchmarks.bench_steps import decode_step_ms, report
+from benchmarks.bench_steps import decode_step_ms, decode_step_profile, report
 
 ADAPTERS = 16
 MODULES = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
@@ -71,10 +73,13 @@ def make_adapter(path: str, base: str, rank: int, seed: int) -> str:
     return path
 
 
-def step_ms(llm, prompts: list[list[int]], names: list, tokens: int) -> float:
+def _params(names: list):
     from backend import SamplingParams
-    return decode_step_ms(llm, prompts, lambda n: [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True,
-                                                                  lora_name=name) for name in names], tokens)
+    return lambda n: [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, lora_name=name) for name in names]
+
+
+def step_ms(llm, prompts: list[list[int]], names: list, tokens: int) -> float:
+    return decode_step_ms(llm, prompts, _params(names), tokens)
 
 
 def main(argv=None) -> dict:
@@ -93,6 +98,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--profile", action="store_true", help="also profile a decode step of LoRA off and of the most "
+                                                           "adapters")
     args = ap.parse_args(argv)
     import numpy as np
     import torch
@@ -123,7 +130,17 @@ def main(argv=None) -> dict:
     print(f"model {path}: Llama, hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, {args.dtype}, "
           f"device {lora_llm.engine.device}, batch {args.batch}, rank {args.rank} on all 7 projections, "
           f"{torch.get_num_threads()} threads; median of {args.repeats} alternating runs")
-    return {"results": report(times, "base (LoRA off)", {"batch": args.batch, "rank": args.rank}, args.json)}
+    out = {"results": report(times, "base (LoRA off)", {"batch": args.batch, "rank": args.rank}, args.json)}
+    if args.profile:
+        most = f"{max(args.adapters)} adapter{'s' if max(args.adapters) > 1 else ''}"
+        out["profile"] = {name: decode_step_profile(configs[name][0], prompts, _params(configs[name][1]),
+                                                    min(args.tokens, 16)) for name in ("base (LoRA off)", most)}
+        for name, prof in out["profile"].items():
+            unit = "kernels" if "device_ms_per_step" in prof else "operators"
+            print(f"{name}: {prof['kernels_per_step']:.0f} {unit} a step; top: " +
+                  ", ".join(f"{t['name'][:40]} {t['ms_per_step']:.3f} ms x{t['calls_per_step']:.0f}"
+                            for t in prof["top"][:4]))
+    return out
 
 
 if __name__ == "__main__":

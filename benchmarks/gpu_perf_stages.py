@@ -171,7 +171,8 @@ def moe_mxfp4(fig: Figures, work: str) -> None:
 def lora(fig: Figures, work: str) -> None:
     from benchmarks import bench_lora
     from benchmarks.gpu_check import LORA_BENCH
-    fig["lora"] = bench_lora.main(LORA_BENCH)["results"]
+    out = bench_lora.main(LORA_BENCH + ["--profile"])
+    fig["lora"], fig["lora_profile"] = out["results"], out["profile"]
 
 
 STAGES: dict[str, Callable[[Figures, str], None]] = {
