@@ -1,9 +1,9 @@
 """The model's projections with LoRA deltas: each wraps the base layer (plain, FP8) and
 holds every slot's A and B for its slices (q/k/v of qkv_proj, gate/up of gate_up_proj).
 
-forward = base(x), then per slice: out[:, slice] += SGMV(x, A, B) for the rows under an
-adapter. Rows of the base model get the base output untouched; so does every row of a
-step without adapters (no kernel runs).
+forward = base(x), then out[:, slice] += SGMV(x, A, B) for each slice, for the rows under
+an adapter: one shrink and one expand for all the slices. Rows of the base model get the
+base output untouched; so does every row of a step without adapters (no kernel runs).
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ class LoRALinear(nn.Module):
         self.offsets = [sum(slice_sizes[:i]) for i in range(len(slice_sizes))]
         # A of every slice stacked along the rank: one shrink serves them all.
         self.lora_a = torch.zeros(S, len(slice_sizes) * R, in_features, dtype=dtype, device=device)
-        # B stored [N, S, R] and handed out as [S, N, R] views: the torch path's dense expand
-        # reads every slot as one [N, S * R] matrix without a copy.
-        self._lora_b = [torch.zeros(n, S, R, dtype=dtype, device=device) for n in slice_sizes]
-        self.lora_b = [b.permute(1, 0, 2) for b in self._lora_b]
+        # Every slice's B in one tensor, stored [N, S, R] and handed out as [S, N, R] views
+        # (the whole, and one per slice): the expand takes all slices at once, and the
+        # torch path's dense form reads a slice's slots as one [n, S * R] matrix without a copy.
+        self.lora_b_all = torch.zeros(sum(slice_sizes), S, R, dtype=dtype, device=device).permute(1, 0, 2)
+        self.lora_b = [self.lora_b_all[:, off:off + n] for off, n in zip(self.offsets, slice_sizes)]
 
     def set_slot(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Write one adapter's (A [r, in], B [out, r]) per slice into `slot`; None: the
@@ -71,12 +72,9 @@ class LoRALinear(nn.Module):
         meta = self.state.meta
         if meta is None:
             return out
-        R = self.state.max_rank
         y = x.new_empty(x.shape[0], self.lora_a.shape[1])
         self.state.shrink(x, self.lora_a, meta, y)
-        for i, (off, n) in enumerate(zip(self.offsets, self.slice_sizes)):
-            self.state.expand(y[:, i * R:(i + 1) * R], self.lora_b[i], meta, out[:, off:off + n],
-                              self.state.scaling, self.state.scaling_cpu)
+        self.state.expand(y, self.lora_b_all, meta, out, self.state.scaling, self.state.scaling_cpu, self.slice_sizes)
         return out
 
 

@@ -115,9 +115,19 @@ def shrink_torch(x: torch.Tensor, a: torch.Tensor, meta: LoRAMetadata, out: torc
 
 
 def expand_torch(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor,
-                 scaling: torch.Tensor, scaling_cpu: list[float]) -> None:
+                 scaling: torch.Tensor, scaling_cpu: list[float], slice_sizes: Optional[list[int]] = None) -> None:
     """out[rows of s] += (y[rows of s] @ b[s]^T) * scaling[s]; b: [S, N, R] (a view of an
-    [N, S, R] tensor); out: [T, N] (a column slice of the projection's output)."""
+    [N, S, R] tensor); out: [T, N] (the projection's output, or a column slice of it).
+    slice_sizes: a fused projection's slices, N in all: slice i adds y's columns
+    [i R, (i + 1) R) times its part of b into its columns of out."""
+    R, off = b.shape[2], 0
+    for i, n in enumerate(slice_sizes or [b.shape[1]]):
+        _expand_slice(y[:, i * R:(i + 1) * R], b[:, off:off + n], meta, out[:, off:off + n], scaling, scaling_cpu)
+        off += n
+
+
+def _expand_slice(y: torch.Tensor, b: torch.Tensor, meta: LoRAMetadata, out: torch.Tensor,
+                  scaling: torch.Tensor, scaling_cpu: list[float]) -> None:
     T = y.shape[0]
     if _dense(meta, T):
         _, N, R = b.shape

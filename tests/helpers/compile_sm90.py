@@ -99,9 +99,11 @@ def lora_and_int_gemm(dtype: str) -> list:
     from backend.ops import int_gemm_triton, lora_triton
     act = f"*{dtype}"
     sgmv = {"x_ptr": act, "w_ptr": act, "out_ptr": act, "rows_ptr": "*i32", "starts_ptr": "*i32",
-            "scaling_ptr": "*fp32", **{n: "i32" for n in ("N", "K", "stride_x", "stride_ws", "stride_wn", "stride_o")}}
-    out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, IEEE=dtype == "fp32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64))
-           for add in (False, True)]
+            "scaling_ptr": "*fp32", **{n: "i32" for n in ("N", "K", "stride_x", "stride_ws", "stride_wn", "stride_o",
+                                                          "SLICE1", "SLICE2")}}
+    out = [compile_kernel(lora_triton._sgmv_kernel, sgmv, dict(ADD=add, IEEE=dtype == "fp32", BLOCK_M=16, BLOCK_N=64,
+                                                               BLOCK_K=64, NUM_SLICES=slices, RANK=16))
+           for add, slices in ((False, 1), (True, 1), (True, 3))]
     strides = {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_om", "stride_os",
                                   "K_PER_SPLIT")}
     gemm = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp32", "g_ptr": "*i32", "out_ptr": act,

@@ -74,3 +74,29 @@ def test_shrink_expand_equal_dense(impl, monkeypatch):
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     base_rows = [t for t, s in enumerate(token_slots) if s < 0]
     assert torch.equal(out[base_rows], base[base_rows])    # untouched, bit for bit
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("slice_sizes", [[16, 8, 24], [40, 8]])
+def test_expand_of_a_fused_projections_slices_in_one_call(impl, slice_sizes):
+    """qkv_proj's q, k, v (or gate/up) in one expand: slice i adds y's columns
+    [i R, (i + 1) R) times its rows of B into its own columns only (the Triton kernel
+    reads every slice's B as zeros outside its slice); equal to one expand per slice."""
+    dev = KERNEL_DEVICE if impl == "triton" else torch.device("cpu")
+    S, R, N, T = 4, 16, sum(slice_sizes), 23
+    x, _, _, meta, token_slots, scaling = batch(device=dev)
+    g = torch.Generator().manual_seed(7)
+    y = torch.randn(T, len(slice_sizes) * R, generator=g)
+    b = torch.randn(N, S, R, generator=g).permute(1, 0, 2)         # [S, N, R] over [N, S, R], as LoRALinear
+    base = torch.randn(T, N + 5, generator=g)
+    out = base.clone().to(dev)
+    expand = lora_triton.expand if impl == "triton" else punica.expand_torch
+    expand(y.to(dev), b.to(dev), meta, out[:, :N], scaling.to(dev), scaling.tolist(), slice_sizes)
+    want, off = base.clone(), 0
+    for i, n in enumerate(slice_sizes):
+        for t, s in enumerate(token_slots):
+            if s >= 0:
+                want[t, off:off + n] += y[t, i * R:(i + 1) * R] @ b[s, off:off + n].t() * scaling[s]
+        off += n
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out.cpu()[:, N:], base[:, N:])
